@@ -1,0 +1,228 @@
+"""Command processor: consume commands, decide against current state, and emit
+events, replies and the consumed offsets in ONE Kafka transaction.
+
+- Exactly once: events, replies, dead letters and the command offsets commit
+  together; a crash before the commit leaves no trace and the commands are
+  decided again by whoever takes over.
+- Group commit: every command of a fetched batch shares one transaction.
+- One active instance: the member of the consumer group that owns the
+  command topic's single partition.  It fences any earlier owner by starting
+  a transactional producer with the stable id `<group>.<partition>`, catches
+  its projection up to the tip of the event log, then serves.  Standbys wait.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError, ProducerFenced
+
+from libs import kafka, tracing
+from libs.faults import fault_point
+from libs.projection import Projection
+from schemas import Codec, Record, RecordError
+from schemas.reply import Reply, replies
+
+log = logging.getLogger(__name__)
+
+REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
+
+
+class CommandError(Exception):
+    """A command refused by the domain: `code` (MongoDB's name where one exists) and a message."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass
+class Decision:
+    events: list[Record] = field(default_factory=list)
+    result: dict | None = None
+
+
+# decide(command) -> Decision, raising CommandError; must not mutate state:
+# the processor applies the events, so the next command of the batch sees them.
+Decide = Callable[[Record], Decision]
+
+
+def header(headers, name: str) -> bytes | None:
+    for k, v in headers or ():
+        if k == name:
+            return v
+    return None
+
+
+class CommandProcessor:
+    def __init__(self, *, bootstrap: str, command_topic: str, command_codec: Codec, projection: Projection,
+                 decide: Decide, dead_letters: str, group_id: str, name: str,
+                 max_batch: int = 500, session_timeout_ms: int = 10_000):
+        self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
+        self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
+        self.group_id, self.name, self.max_batch = group_id, name, max_batch
+        self.session_timeout_ms = session_timeout_ms
+        self.tp = TopicPartition(command_topic, 0)
+        self.transactional_id = f"{group_id}.{self.tp.partition}"
+        self.active = asyncio.Event()
+        self.fenced = False
+        self.commands_done = 0
+        self._lock = asyncio.Lock()  # held for a whole transaction; revocation waits for it
+        self._consumer = None
+        self._producer = None
+        self._assigned = asyncio.Event()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        processor = self
+
+        class Listener(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked):
+                if processor.tp in revoked:
+                    async with processor._lock:
+                        processor._assigned.clear()
+                        await processor._deactivate("partition revoked")
+
+            async def on_partitions_assigned(self, assigned):
+                if processor.tp in assigned:
+                    processor._assigned.set()
+
+        self._consumer = kafka.consumer(self.bootstrap, group_id=self.group_id, client_id=self.name,
+                                        session_timeout_ms=self.session_timeout_ms)
+        await self._consumer.start()
+        self._consumer.subscribe([self.command_topic], listener=Listener())
+        try:
+            while True:
+                if not self._assigned.is_set():
+                    # Standby: keep heartbeating through getmany until the partition is ours.
+                    await self._consumer.getmany(timeout_ms=200)
+                    continue
+                if not self.active.is_set():
+                    await self._activate()
+                    continue
+                await self._serve_batch()
+        finally:
+            await self._deactivate("stopping")
+            await self._consumer.stop()
+
+    async def _activate(self) -> None:
+        async with self._lock:
+            if not self._assigned.is_set():
+                return
+            self._consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
+            self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id,
+                                            client_id=self.name)
+            await self._producer.start()  # init_transactions: fences every earlier owner
+            # Only now is the committed offset final (the fenced owner cannot commit any more).
+            committed = await self._consumer.committed(self.tp)
+            self._consumer.seek(self.tp, committed if committed is not None else 0)
+            self.projection.reset()
+            t0 = time.monotonic()
+            at = await self.projection.catch_up()
+            self._consumer.resume(self.tp)
+            self.active.set()
+            log.info("%s: active at ConfigTime %d (caught up in %.2fs), commands from offset %s",
+                     self.name, at, time.monotonic() - t0, committed)
+
+    async def _deactivate(self, why: str) -> None:
+        was = self.active.is_set()
+        self.active.clear()
+        if self._producer is not None:
+            try:
+                await self._producer.stop()
+            except Exception:  # a fenced producer may refuse to close cleanly
+                pass
+            self._producer = None
+        if was:
+            log.info("%s: standing by (%s)", self.name, why)
+
+    # ------------------------------------------------------------- serving
+
+    async def _serve_batch(self) -> None:
+        batch = await self._consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch)
+        records = batch.get(self.tp)
+        if not records:
+            return
+        async with self._lock:
+            if not self.active.is_set():
+                return  # revoked while fetching: the new owner decides these
+            try:
+                await self._transact(records)
+            except (ProducerFenced, KafkaError) as e:
+                # Someone else owns the log now (or the transaction failed): forget the
+                # in-memory state this batch built and rebuild it from the store.
+                self.fenced = isinstance(e, ProducerFenced)
+                log.error("%s: transaction failed (%s); reloading state and standing by", self.name, e)
+                self.projection.reset()
+                self._assigned.clear() if self.fenced else None
+                await self._deactivate(type(e).__name__)
+                if not self.fenced:
+                    self._consumer.seek(self.tp, records[0].offset)
+
+    async def _transact(self, records) -> None:
+        p = self._producer
+        events_topic = self.projection.topic
+        await p.begin_transaction()
+        # Per command: the futures of its events, its reply (or None) and where to send it.
+        pending: list[tuple[list[asyncio.Future], Reply | None, list, bytes | None]] = []
+        for rec in records:
+            reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
+            with tracing.process_span(f"{self.name} process", rec.headers,
+                                      **{"messaging.source.name": rec.topic, "messaging.offset": rec.offset}) as span:
+                futures: list[asyncio.Future] = []
+                try:
+                    command = self.codec.decode(rec.value)
+                    span.update_name(f"{self.name} {command.type}")
+                    decision = self.decide(command)
+                    for event in decision.events:
+                        self.projection.state.apply(event, -1)  # offset unknown until acked
+                        with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
+                            futures.append(await p.send(events_topic, Codec.encode(event), headers=tracing.inject()))
+                    reply = Reply(ok=True, result=decision.result)
+                except RecordError as e:
+                    await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
+                    reply = Reply(ok=False, code="BadRecord", error=e.reason)
+                except CommandError as e:
+                    reply = Reply(ok=False, code=e.code, error=e.message)
+                except Exception as e:  # a bug must not wedge the log: report it, decide nothing
+                    log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
+                    reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+                if not reply.ok:
+                    span.set_attribute("shardlog.error", reply.code)
+                headers = [(CORRELATION_ID, corr)] if corr else []
+                pending.append((futures, reply if reply_to else None, tracing.inject(headers), reply_to))
+        # Events must be acked before replies can name the ConfigTime that shows them.
+        last_event = None
+        for futures, reply, headers, reply_to in pending:
+            for f in futures:
+                last_event = await f
+            if reply is not None:
+                at = last_event.offset + 1 if (futures and last_event) else self.projection.position
+                reply = reply.model_copy(update={"configTime": at})
+                await p.send(reply_to.decode(), Codec.encode(reply), headers=headers)
+        await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
+        fault_point(f"{self.name}.before_commit", tag=_tag(records))
+        await p.commit_transaction()
+        self.commands_done += len(records)
+        if last_event is not None:
+            self.projection.advance(last_event.offset + 1, last_event.timestamp)
+
+
+def _tag(records) -> str:
+    """A fault-point tag: the text of the last command, so a test can aim at one command."""
+    try:
+        return records[-1].value.decode()
+    except Exception:
+        return ""
+
+
+def _dead_letter_headers(rec, reason: str) -> list[tuple[str, bytes]]:
+    return [("dlq.reason", reason.encode()), ("dlq.topic", rec.topic.encode()),
+            ("dlq.partition", str(rec.partition).encode()), ("dlq.offset", str(rec.offset).encode()),
+            *[(k, v) for k, v in (rec.headers or ()) if k in (REPLY_TO, CORRELATION_ID)]]

@@ -1,0 +1,115 @@
+"""aiokafka clients with the settings shardlog relies on.
+
+aiokafka's defaults (acks=1, no idempotence, auto-commit, read_uncommitted)
+are wrong for an event-sourced system; every client is made here instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from libs.topics import TopicSpec
+
+log = logging.getLogger(__name__)
+
+MAX_RECORD_BYTES = 16 * 1024 * 1024 + 64 * 1024  # a 16 MB document plus its envelope
+
+
+def producer(bootstrap: str, *, transactional_id: str | None = None, client_id: str = "shardlog",
+             linger_ms: int = 2, transaction_timeout_ms: int = 60_000) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=True,
+        transactional_id=transactional_id,
+        transaction_timeout_ms=transaction_timeout_ms,
+        linger_ms=linger_ms,
+        max_request_size=MAX_RECORD_BYTES,
+    )
+
+
+def consumer(bootstrap: str, *, group_id: str | None = None, client_id: str = "shardlog",
+             session_timeout_ms: int = 10_000, **kw) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=group_id,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=max(500, session_timeout_ms // 5),
+        fetch_max_bytes=MAX_RECORD_BYTES * 2,
+        max_partition_fetch_bytes=MAX_RECORD_BYTES,
+        **kw,
+    )
+
+
+async def ensure_topics(bootstrap: str, specs: list[TopicSpec]) -> list[str]:
+    """Create the topics that do not exist yet; returns the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(
+                    [NewTopic(s.name, s.partitions, 1, topic_configs=dict(s.config)) for s in missing])
+            except TopicAlreadyExistsError:
+                pass  # created concurrently by another starter: fine
+        # Metadata propagates asynchronously: wait until every topic is visible.
+        for _ in range(100):
+            if {s.name for s in specs} <= set(await admin.list_topics()):
+                break
+            await asyncio.sleep(0.05)
+        return [s.name for s in missing]
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap: str, names: list[str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        doomed = [n for n in names if n in existing]
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
+
+
+async def log_end(c: AIOKafkaConsumer, tp: TopicPartition) -> int:
+    """The last stable offset (read_committed end) of an assigned partition."""
+    return (await c.end_offsets([tp]))[tp]
+
+
+async def catch_up(c: AIOKafkaConsumer, tp: TopicPartition, on_batch, *, max_records: int = 5000) -> int:
+    """Feed `on_batch(records)` until the consumer has passed the log's stable end as of now.
+
+    With read_committed, a transaction's commit marker takes an offset no record
+    occupies, so `position` can stop one short of the end (aiokafka #911): two
+    empty polls in a row after reaching end-1 also mean "caught up".
+    """
+    target = await log_end(c, tp)
+    empty = 0
+    while await c.position(tp) < target:
+        batch = await c.getmany(tp, timeout_ms=200, max_records=max_records)
+        records = batch.get(tp, [])
+        if records:
+            empty = 0
+            await on_batch(records)
+        else:
+            empty += 1
+            if empty >= 2 and await c.position(tp) >= target - 1:
+                break
+            if empty >= 50:  # 10 s with nothing below a stable end: a hanging transaction, not "caught up"
+                target = await log_end(c, tp)
+                empty = 0
+    return await c.position(tp)

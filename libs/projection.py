@@ -1,0 +1,142 @@
+"""Projection: fold one partition of a log into a RocksDB store.
+
+The consumed offset goes into the same write batch as the state it produced,
+so a restart resumes exactly where the store stands.  A missing store replays
+from the start; a store whose checkpoint the log cannot vouch for (topic
+recreated, records deleted) is refused rather than silently diverging.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from libs import kafka
+from libs.store import Checkpoint, Store
+from schemas import Codec, Record, RecordError
+
+log = logging.getLogger(__name__)
+
+
+class State(Protocol):
+    """What a projection folds into.  `apply` must be deterministic."""
+
+    def load(self, store: Store) -> None: ...
+
+    def apply(self, event: Record, offset: int) -> None: ...
+
+    def drain_changes(self) -> dict[bytes, bytes | None]: ...
+
+
+class CheckpointMismatch(RuntimeError):
+    """The store's checkpoint does not belong to the log it is asked to follow."""
+
+
+class Projection:
+    def __init__(self, bootstrap: str, topic: str, codec: Codec, state: State, store: Store,
+                 *, partition: int = 0, name: str = "projection"):
+        self.bootstrap, self.topic, self.codec, self.state, self.store = bootstrap, topic, codec, state, store
+        self.tp = TopicPartition(topic, partition)
+        self.name = name
+        self.position = 0  # next offset to apply: for config.events, the ConfigTime reached
+        self.last_timestamp: int | None = None
+        self.skipped = 0
+        self._consumer = None
+        self._advanced = asyncio.Condition()
+
+    async def start(self) -> None:
+        self.state.load(self.store)
+        ckpt = self.store.checkpoint(self.topic, self.tp.partition)
+        self._consumer = kafka.consumer(self.bootstrap, client_id=f"{self.name}-projection")
+        await self._consumer.start()
+        self._consumer.assign([self.tp])
+        if ckpt is None:
+            self._consumer.seek(self.tp, 0)
+            return
+        await self._verify(ckpt)
+        self.position, self.last_timestamp = ckpt.next_offset, ckpt.last_timestamp
+        self._consumer.seek(self.tp, ckpt.next_offset)
+
+    async def _verify(self, ckpt: Checkpoint) -> None:
+        c = self._consumer
+        start = (await c.beginning_offsets([self.tp]))[self.tp]
+        end = await kafka.log_end(c, self.tp)
+        where = f"{self.name}: store {self.store.path} is at offset {ckpt.next_offset} of {self.topic}"
+        if ckpt.next_offset > end:
+            raise CheckpointMismatch(
+                f"{where}, but the log ends at {end}: the topic was recreated or truncated. "
+                f"Delete the store to rebuild it from the log.")
+        if ckpt.next_offset < start:
+            raise CheckpointMismatch(f"{where}, but the log now starts at {start}: records it has not applied "
+                                     f"were deleted. Delete the store to rebuild it from the log.")
+        if ckpt.next_offset == 0 or ckpt.last_timestamp is None:
+            return
+        # Fingerprint: the last record applied must still be where the store saw it.
+        c.seek(self.tp, ckpt.next_offset - 1)
+        batch = await c.getmany(self.tp, timeout_ms=2000, max_records=1)
+        records = batch.get(self.tp, [])
+        if records and records[0].offset == ckpt.next_offset - 1 and records[0].timestamp != ckpt.last_timestamp:
+            raise CheckpointMismatch(f"{where}, but the record before it is not the one the store applied: "
+                                     f"the topic was recreated. Delete the store to rebuild it from the log.")
+
+    def reset(self) -> None:
+        """Forget in-memory state: reload it from the store and resume reading at its checkpoint."""
+        self.state.load(self.store)
+        ckpt = self.store.checkpoint(self.topic, self.tp.partition)
+        self.position = ckpt.next_offset if ckpt else 0
+        self.last_timestamp = ckpt.last_timestamp if ckpt else None
+        self._consumer.seek(self.tp, self.position)
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    async def _apply_batch(self, records: list[ConsumerRecord]) -> None:
+        for rec in records:
+            try:
+                event = self.codec.decode(rec.value)
+            except RecordError as e:
+                # Only one writer appends to an event log, so this is a bug or a foreign
+                # producer: skip it loudly rather than stop the world.
+                self.skipped += 1
+                log.error("%s: skipping undecodable record at %s@%d: %s", self.name, self.topic, rec.offset, e.reason)
+                continue
+            self.state.apply(event, rec.offset)
+        last = records[-1]
+        self.advance(last.offset + 1, last.timestamp)
+
+    def advance(self, next_offset: int, last_timestamp: int | None) -> None:
+        """Persist the state's pending changes with the new position, in one batch."""
+        self.position, self.last_timestamp = next_offset, last_timestamp
+        self.store.commit(self.state.drain_changes().items(),
+                          Checkpoint(self.topic, self.tp.partition, next_offset, last_timestamp))
+        asyncio.get_running_loop().call_soon(self._notify)
+
+    def _notify(self) -> None:
+        async def wake():
+            async with self._advanced:
+                self._advanced.notify_all()
+        asyncio.ensure_future(wake())
+
+    async def catch_up(self) -> int:
+        """Apply everything committed to the log up to now; returns the position reached."""
+        await kafka.catch_up(self._consumer, self.tp, self._apply_batch)
+        return self.position
+
+    async def follow(self) -> None:
+        """Tail the log forever (until cancelled)."""
+        while True:
+            batch = await self._consumer.getmany(self.tp, timeout_ms=500, max_records=5000)
+            if records := batch.get(self.tp):
+                await self._apply_batch(records)
+
+    async def wait_for(self, offset: int, timeout: float) -> None:
+        """Block until the projection has applied every record below `offset`."""
+        async def reached():
+            async with self._advanced:
+                await self._advanced.wait_for(lambda: self.position >= offset)
+        await asyncio.wait_for(reached(), timeout)

@@ -1,0 +1,81 @@
+"""Request/reply over Kafka: send a record to a topic, await its reply on an inbox.
+
+The request carries `reply-to` (the inbox topic) and a `correlation-id` in its
+headers; the inbox is read from its end as of start-up, read_committed (a
+reply inside an aborted transaction was never sent).
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from aiokafka import TopicPartition
+
+from libs import kafka, tracing
+from libs.commands import CORRELATION_ID, REPLY_TO, header
+from schemas import Codec, Record, RecordError
+from schemas.reply import Reply, replies
+
+
+class RequestTimeout(TimeoutError):
+    pass
+
+
+class Requester:
+    def __init__(self, bootstrap: str, inbox: str, *, client_id: str = "shardlog-client"):
+        self.bootstrap, self.inbox, self.client_id = bootstrap, inbox, client_id
+        self._waiting: dict[bytes, asyncio.Future] = {}
+        self._producer = self._consumer = self._reader = None
+
+    async def start(self) -> None:
+        self._producer = kafka.producer(self.bootstrap, client_id=self.client_id, linger_ms=0)
+        self._consumer = kafka.consumer(self.bootstrap, client_id=self.client_id)
+        await asyncio.gather(self._producer.start(), self._consumer.start())
+        tp = TopicPartition(self.inbox, 0)
+        self._consumer.assign([tp])
+        # Replies to requests sent from now on come after this offset.
+        self._consumer.seek(tp, (await self._consumer.end_offsets([tp]))[tp])
+        self._reader = asyncio.create_task(self._read(tp))
+
+    async def stop(self) -> None:
+        if self._reader:
+            self._reader.cancel()
+        await asyncio.gather(*(c.stop() for c in (self._producer, self._consumer) if c), return_exceptions=True)
+
+    async def __aenter__(self) -> "Requester":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def _read(self, tp: TopicPartition) -> None:
+        while True:
+            batch = await self._consumer.getmany(tp, timeout_ms=500)
+            for rec in batch.get(tp, []):
+                fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)
+                if fut is None or fut.done():
+                    continue
+                try:
+                    fut.set_result(replies.decode(rec.value))
+                except RecordError as e:
+                    fut.set_result(Reply(ok=False, code="BadReply", error=e.reason))
+
+    async def send(self, topic: str, record: Record | bytes, *, key: bytes | None = None) -> asyncio.Future:
+        """Send without waiting for the reply; returns the future of the reply."""
+        corr = uuid.uuid4().hex.encode()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[corr] = fut
+        value = record if isinstance(record, bytes) else Codec.encode(record)
+        with tracing.producer_span(topic):
+            headers = tracing.inject([(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr)])
+            await self._producer.send_and_wait(topic, value, key=key, headers=headers)
+        return fut
+
+    async def request(self, topic: str, record: Record | bytes, *, timeout: float = 30.0,
+                      key: bytes | None = None) -> Reply:
+        fut = await self.send(topic, record, key=key)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"no reply from {topic} within {timeout:g}s (is the service running?)") from None

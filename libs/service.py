@@ -1,0 +1,91 @@
+"""Hosting a service: settings from the environment, logging, readiness, signals.
+
+A service is an asyncio component with `run()`; a host process runs one
+(compose, production, crash tests) or several (a light `make up`).  Readiness
+is reported by writing `<data_dir>/<name>.ready` (JSON: pid, ConfigTime) once
+the service has replayed its logs — for the launcher, never between services.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from libs import tracing
+from libs.topics import Topics
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    bootstrap: str
+    cluster: str
+    data_dir: Path
+    session_timeout_ms: int = 10_000
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.cluster)
+
+    @classmethod
+    def from_env(cls, **overrides) -> "ServiceSettings":
+        values = dict(
+            bootstrap=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+            cluster=os.environ.get("SHARDLOG_CLUSTER", "shardlog"),
+            data_dir=Path(os.environ.get("SHARDLOG_DATA_DIR", ".shardlog/data")),
+            session_timeout_ms=int(os.environ.get("SHARDLOG_SESSION_TIMEOUT_MS", "10000")),
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        values["data_dir"] = Path(values["data_dir"])
+        return cls(**values)
+
+
+def common_args(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP)")
+    p.add_argument("--cluster", help="cluster name, the topic prefix (default: $SHARDLOG_CLUSTER or 'shardlog')")
+    p.add_argument("--data-dir", help="where this service keeps its RocksDB (default: $SHARDLOG_DATA_DIR)")
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> ServiceSettings:
+    return ServiceSettings.from_env(bootstrap=args.bootstrap, cluster=args.cluster, data_dir=args.data_dir)
+
+
+def report_ready(settings: ServiceSettings, name: str, **info) -> None:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.data_dir / f"{name}.ready"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), **info}))
+    tmp.replace(path)
+    logging.getLogger(name).info("%s ready %s", name, info)
+
+
+def clear_ready(settings: ServiceSettings, name: str) -> None:
+    (settings.data_dir / f"{name}.ready").unlink(missing_ok=True)
+
+
+def run_service(name: str, main) -> None:
+    """Run `main()` (a coroutine function) until SIGTERM/SIGINT; exit cleanly."""
+    logging.basicConfig(level=os.environ.get("SHARDLOG_LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    tracing.setup(f"shardlog-{name}")
+
+    async def guarded():
+        task = asyncio.create_task(main())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        finally:
+            tracing.shutdown()
+
+    asyncio.run(guarded())

@@ -1,0 +1,70 @@
+"""Topic names of one cluster — the contract between services.
+
+Every name carries the cluster prefix so several clusters (and every test)
+can share a broker without seeing each other.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SHARD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int = 1
+    config: dict[str, str] = field(default_factory=dict)
+
+
+KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+SHORT_LIVED = {"retention.ms": str(3600_000)}  # replies and dead letters are for humans and waiting callers
+
+
+@dataclass(frozen=True)
+class Topics:
+    cluster: str
+
+    def __post_init__(self) -> None:
+        if not CLUSTER_NAME.match(self.cluster):
+            raise ValueError(f"invalid cluster name {self.cluster!r}: use 1-64 of A-Z a-z 0-9 _ -")
+
+    @property
+    def config_commands(self) -> str:
+        return f"{self.cluster}.config.commands"
+
+    @property
+    def config_events(self) -> str:
+        """The catalog's change log; its offset is the cluster's ConfigTime."""
+        return f"{self.cluster}.config.events"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.cluster}.deadletter"
+
+    @property
+    def cli_replies(self) -> str:
+        return f"{self.cluster}.cli.replies"
+
+    def shard_requests(self, shard: str) -> str:
+        return f"{self.cluster}.shard.{shard}.requests"
+
+    def shard_changelog(self, shard: str) -> str:
+        return f"{self.cluster}.shard.{shard}.changelog"
+
+    def core(self) -> list[TopicSpec]:
+        """Topics a cluster needs before any service starts."""
+        return [
+            TopicSpec(self.config_commands, config=KEEP_FOREVER),
+            TopicSpec(self.config_events, config=KEEP_FOREVER),
+            TopicSpec(self.dead_letters, config=SHORT_LIVED),
+            TopicSpec(self.cli_replies, config=SHORT_LIVED),
+        ]
+
+    def for_shard(self, shard: str) -> list[TopicSpec]:
+        return [
+            TopicSpec(self.shard_requests(shard), config=SHORT_LIVED),
+            TopicSpec(self.shard_changelog(shard), config={"cleanup.policy": "compact"}),
+        ]

@@ -1,0 +1,83 @@
+"""W3C trace context in Kafka record headers, and OTLP export from OTEL_* variables.
+
+Each hop opens its own spans (producer, consumer/process) from the context in
+the record's headers, so one client operation is one trace across services.
+Replay never opens spans: it is history, not work.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("shardlog")
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+def setup(service_name: str) -> None:
+    """Install a tracer provider that exports over OTLP/HTTP when configured.
+
+    Honours OTEL_SDK_DISABLED, OTEL_TRACES_EXPORTER (otlp|none), OTEL_SERVICE_NAME
+    and the OTLP exporter's own OTEL_EXPORTER_OTLP_* variables.  Without an
+    endpoint nothing is exported (spans still carry context across hops).
+    """
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return
+    if isinstance(trace.get_tracer_provider(), TracerProvider):
+        return  # already set up (tests install their own)
+    name = os.environ.get("OTEL_SERVICE_NAME", service_name)
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp" if _has_endpoint() else "none")
+    if exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+
+
+def shutdown() -> None:
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.force_flush(5000)
+
+
+def _has_endpoint() -> bool:
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def inject(headers: list[tuple[str, bytes]] | None = None) -> list[tuple[str, bytes]]:
+    """Headers plus the current span's traceparent (and tracestate)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    out = list(headers or [])
+    out.extend((k, v.encode()) for k, v in carrier.items())
+    return out
+
+
+def extract(headers: Headers | None) -> otel_context.Context:
+    carrier = {k: v.decode(errors="replace") for k, v in (headers or ()) if k in ("traceparent", "tracestate")}
+    return propagate.extract(carrier)
+
+
+@contextmanager
+def process_span(name: str, headers: Headers | None, **attributes) -> Iterator[trace.Span]:
+    """A consumer-side span for handling one record, child of the sender's span."""
+    with tracer.start_as_current_span(name, context=extract(headers), kind=SpanKind.CONSUMER,
+                                      attributes=attributes) as span:
+        yield span
+
+
+@contextmanager
+def producer_span(topic: str, **attributes) -> Iterator[trace.Span]:
+    with tracer.start_as_current_span(f"send {topic}", kind=SpanKind.PRODUCER,
+                                      attributes={"messaging.destination.name": topic, **attributes}) as span:
+        yield span

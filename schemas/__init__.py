@@ -1,0 +1,70 @@
+"""Every Kafka record in shardlog is a pydantic model defined here.
+
+One module per topic family (`schemas.config` for `config.commands` /
+`config.events` and replies).  Each record carries a `type` discriminator and a
+schema version `v`; a record that does not parse — bad JSON, unknown type,
+wrong version, wrong fields — raises `RecordError` with the reason, which the
+runtime turns into a dead letter.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+__all__ = ["Record", "RecordError", "Codec"]
+
+
+class Record(BaseModel):
+    """Base of every record: immutable, strict about unknown fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+
+class RecordError(ValueError):
+    """A record that cannot be decoded; `reason` says why in one line."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+R = TypeVar("R", bound=Record)
+
+
+class Codec(Generic[R]):
+    """Encodes and decodes one topic family's records (a discriminated union on `type`)."""
+
+    def __init__(self, name: str, union: Any, members: tuple[type[Record], ...]):
+        self.name = name
+        self._adapter: TypeAdapter = TypeAdapter(union)
+        self._versions = {m.model_fields["type"].default: m.SCHEMA_VERSION for m in members}
+        self.members = members
+
+    def decode(self, raw: bytes | None) -> R:
+        if raw is None:
+            raise RecordError(f"{self.name}: empty record")
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RecordError(f"{self.name}: not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        if not isinstance(obj, dict):
+            raise RecordError(f"{self.name}: a record must be a JSON object")
+        kind = obj.get("type")
+        if kind not in self._versions:
+            raise RecordError(f"{self.name}: unknown record type {kind!r}")
+        want = self._versions[kind]
+        if obj.get("v") != want:
+            raise RecordError(f"{self.name}: {kind} has schema version {obj.get('v')!r}, this build reads v{want}")
+        try:
+            return self._adapter.validate_python(obj)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"][1:]) or "record"
+            raise RecordError(f"{self.name}: {kind}.{where}: {first['msg']}") from None
+
+    @staticmethod
+    def encode(record: Record) -> bytes:
+        return record.model_dump_json().encode()

@@ -1,0 +1,246 @@
+"""Records of the config server: `config.commands` in, `config.events` out, replies.
+
+Events carry the facts decided by the config server (new chunk versions,
+epochs, uuids) so that every projection applies them without re-deciding.
+Shard-key bounds travel as MongoDB Extended JSON (`{"$minKey": 1}`).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field
+
+from schemas import Codec, Record
+
+Bound = dict[str, Any]  # a full shard-key document, Extended JSON
+
+
+class ChunkDoc(Record):
+    """A chunk as the catalog records it: [min, max) owned by `shard` at version (major, minor)."""
+
+    type: Literal["Chunk"] = "Chunk"
+    v: Literal[1] = 1
+    min: Bound
+    max: Bound
+    shard: str
+    version: tuple[int, int]
+    jumbo: bool = False
+
+
+class BalancerWindow(Record):
+    type: Literal["BalancerWindow"] = "BalancerWindow"
+    v: Literal[1] = 1
+    start: str  # "HH:MM"
+    stop: str
+    timeZone: str  # IANA name, e.g. "Europe/Paris"; explicit on purpose
+
+
+# ---------------------------------------------------------------- commands
+
+
+class AddShard(Record):
+    type: Literal["AddShard"] = "AddShard"
+    v: Literal[1] = 1
+    shard: str
+
+
+class RemoveShard(Record):
+    type: Literal["RemoveShard"] = "RemoveShard"
+    v: Literal[1] = 1
+    shard: str
+
+
+class CreateDatabase(Record):
+    type: Literal["CreateDatabase"] = "CreateDatabase"
+    v: Literal[1] = 1
+    db: str
+    primary: str | None = None  # None: the shard with the least data
+
+
+class ShardCollection(Record):
+    type: Literal["ShardCollection"] = "ShardCollection"
+    v: Literal[1] = 1
+    ns: str
+    key: dict[str, Any]
+    unique: bool = False
+    numInitialChunks: int | None = None  # hashed keys only
+
+
+class SplitChunk(Record):
+    type: Literal["SplitChunk"] = "SplitChunk"
+    v: Literal[1] = 1
+    ns: str
+    at: list[Bound]
+
+
+class MergeChunks(Record):
+    type: Literal["MergeChunks"] = "MergeChunks"
+    v: Literal[1] = 1
+    ns: str
+    min: Bound
+    max: Bound
+
+
+class AddShardToZone(Record):
+    type: Literal["AddShardToZone"] = "AddShardToZone"
+    v: Literal[1] = 1
+    shard: str
+    zone: str
+
+
+class RemoveShardFromZone(Record):
+    type: Literal["RemoveShardFromZone"] = "RemoveShardFromZone"
+    v: Literal[1] = 1
+    shard: str
+    zone: str
+
+
+class AssignZoneRange(Record):
+    type: Literal["AssignZoneRange"] = "AssignZoneRange"
+    v: Literal[1] = 1
+    ns: str
+    min: Bound
+    max: Bound
+    zone: str
+
+
+class RemoveZoneRange(Record):
+    type: Literal["RemoveZoneRange"] = "RemoveZoneRange"
+    v: Literal[1] = 1
+    ns: str
+    min: Bound
+    max: Bound
+
+
+class SetSetting(Record):
+    """Set a cluster setting, or a collection's when `ns` is given (value None resets)."""
+
+    type: Literal["SetSetting"] = "SetSetting"
+    v: Literal[1] = 1
+    key: str
+    value: Any = None
+    ns: str | None = None
+
+
+ConfigCommand = Annotated[
+    Union[AddShard, RemoveShard, CreateDatabase, ShardCollection, SplitChunk, MergeChunks,
+          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting],
+    Field(discriminator="type"),
+]
+COMMANDS = (AddShard, RemoveShard, CreateDatabase, ShardCollection, SplitChunk, MergeChunks,
+            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting)
+
+# ------------------------------------------------------------------ events
+
+
+class ShardAdded(Record):
+    type: Literal["ShardAdded"] = "ShardAdded"
+    v: Literal[1] = 1
+    shard: str
+
+
+class ShardDraining(Record):
+    type: Literal["ShardDraining"] = "ShardDraining"
+    v: Literal[1] = 1
+    shard: str
+
+
+class ShardRemoved(Record):
+    type: Literal["ShardRemoved"] = "ShardRemoved"
+    v: Literal[1] = 1
+    shard: str
+
+
+class DatabaseCreated(Record):
+    type: Literal["DatabaseCreated"] = "DatabaseCreated"
+    v: Literal[1] = 1
+    db: str
+    primary: str
+    uuid: str
+    lastMod: int = 1
+
+
+class CollectionSharded(Record):
+    type: Literal["CollectionSharded"] = "CollectionSharded"
+    v: Literal[1] = 1
+    ns: str
+    key: dict[str, Any]
+    unique: bool
+    epoch: str
+    uuid: str
+    chunks: list[ChunkDoc]
+
+
+class ChunkSplit(Record):
+    """The chunk [min, max) became `chunks` (same shard, bumped minors)."""
+
+    type: Literal["ChunkSplit"] = "ChunkSplit"
+    v: Literal[1] = 1
+    ns: str
+    epoch: str
+    min: Bound
+    max: Bound
+    chunks: list[ChunkDoc]
+
+
+class ChunksMerged(Record):
+    """Every chunk inside [chunk.min, chunk.max) became the one `chunk`."""
+
+    type: Literal["ChunksMerged"] = "ChunksMerged"
+    v: Literal[1] = 1
+    ns: str
+    epoch: str
+    chunk: ChunkDoc
+
+
+class ShardZoneAdded(Record):
+    type: Literal["ShardZoneAdded"] = "ShardZoneAdded"
+    v: Literal[1] = 1
+    shard: str
+    zone: str
+
+
+class ShardZoneRemoved(Record):
+    type: Literal["ShardZoneRemoved"] = "ShardZoneRemoved"
+    v: Literal[1] = 1
+    shard: str
+    zone: str
+
+
+class ZoneRangeAssigned(Record):
+    type: Literal["ZoneRangeAssigned"] = "ZoneRangeAssigned"
+    v: Literal[1] = 1
+    ns: str
+    min: Bound
+    max: Bound
+    zone: str
+
+
+class ZoneRangeRemoved(Record):
+    type: Literal["ZoneRangeRemoved"] = "ZoneRangeRemoved"
+    v: Literal[1] = 1
+    ns: str
+    min: Bound
+    max: Bound
+
+
+class SettingChanged(Record):
+    type: Literal["SettingChanged"] = "SettingChanged"
+    v: Literal[1] = 1
+    key: str
+    value: Any = None
+    ns: str | None = None
+
+
+ConfigEvent = Annotated[
+    Union[ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionSharded, ChunkSplit,
+          ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
+          SettingChanged],
+    Field(discriminator="type"),
+]
+EVENTS = (ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionSharded, ChunkSplit,
+          ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
+          SettingChanged)
+
+commands = Codec("config.commands", ConfigCommand, COMMANDS)
+events = Codec("config.events", ConfigEvent, EVENTS)

@@ -1,0 +1,25 @@
+"""Replies, sent to the requester's inbox topic with the request's correlation id."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from schemas import Codec, Record
+
+
+class Reply(Record):
+    """`ok` with a result, or an error `code` (MongoDB's names where one exists) and a one-line message.
+
+    `configTime` is the offset of `config.events` after which the effect is
+    visible: a reader whose projection has reached it sees the change.
+    """
+
+    type: Literal["Reply"] = "Reply"
+    v: Literal[1] = 1
+    ok: bool
+    code: str | None = None
+    error: str | None = None
+    configTime: int | None = None
+    result: dict[str, Any] | None = None
+
+
+replies = Codec("reply", Reply, (Reply,))

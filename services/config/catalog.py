@@ -1,0 +1,281 @@
+"""The cluster catalog: shards, databases, sharded collections with their chunks
+and zones, and settings — the fold of `config.events`.
+
+`Catalog.apply` is the only way the catalog changes, and it only applies facts
+(events); deciding what those facts are is `decide.py`'s job.  The same class
+serves the config server (persisted in RocksDB, entity per key) and any reader
+that wants "the catalog as of ConfigTime N" (in memory, from a replay).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from libs.shardkey import KeyPattern, from_ejson, to_ejson
+from libs.store import Store
+from schemas import config as ev
+from services.config.settings import ClusterSettings, CollectionSettings
+from services.config.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
+
+
+@dataclass
+class Chunk:
+    min: dict[str, Any]  # bounds with MinKey/MaxKey sentinels
+    max: dict[str, Any]
+    min_key: bytes  # order-preserving encodings of the bounds
+    max_key: bytes
+    shard: str
+    version: ChunkVersion
+    jumbo: bool = False
+
+    def doc(self) -> ev.ChunkDoc:
+        return ev.ChunkDoc(min=to_ejson(self.min), max=to_ejson(self.max), shard=self.shard,
+                           version=self.version.pair, jumbo=self.jumbo)
+
+
+@dataclass
+class ZoneRange:
+    min: dict[str, Any]
+    max: dict[str, Any]
+    min_key: bytes
+    max_key: bytes
+    zone: str
+
+
+@dataclass
+class Collection:
+    ns: str
+    pattern: KeyPattern
+    unique: bool
+    epoch: str
+    uuid: str
+    chunks: list[Chunk] = field(default_factory=list)  # sorted by min_key, contiguous, covering the key space
+    zones: list[ZoneRange] = field(default_factory=list)  # sorted by min_key, non-overlapping
+    settings: CollectionSettings = field(default_factory=CollectionSettings)
+
+    def chunk_index(self, key: bytes) -> int:
+        """Index of the chunk whose [min, max) contains the encoded key: O(log chunks)."""
+        i = bisect.bisect_right(self._mins(), key) - 1
+        return max(i, 0)
+
+    def _mins(self) -> list[bytes]:
+        return [c.min_key for c in self.chunks]
+
+    def version(self) -> ChunkVersion:
+        return collection_version(c.version for c in self.chunks)
+
+    def shard_version(self, shard: str) -> ChunkVersion:
+        return shard_version((c.version for c in self.chunks if c.shard == shard), self.epoch)
+
+    def chunks_per_shard(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.chunks:
+            out[c.shard] = out.get(c.shard, 0) + 1
+        return out
+
+
+@dataclass
+class Shard:
+    id: str
+    draining: bool = False
+    zones: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Database:
+    name: str
+    primary: str
+    version: DatabaseVersion
+
+
+class Catalog:
+    """In-memory catalog; with `track_changes`, also the entity writes to persist."""
+
+    def __init__(self, track_changes: bool = True):
+        self.track_changes = track_changes
+        self.shards: dict[str, Shard] = {}
+        self.databases: dict[str, Database] = {}
+        self.collections: dict[str, Collection] = {}
+        self.settings = ClusterSettings()
+        self.config_time = 0  # offset after the last applied event, when known
+        self._changes: dict[bytes, bytes | None] = {}
+
+    # ------------------------------------------------------------- queries
+
+    def active_shards(self) -> list[str]:
+        return sorted(s.id for s in self.shards.values() if not s.draining)
+
+    def chunk_count(self, shard: str) -> int:
+        return sum(1 for c in self.collections.values() for ch in c.chunks if ch.shard == shard)
+
+    def primary_of(self, shard: str) -> list[str]:
+        return sorted(d.name for d in self.databases.values() if d.primary == shard)
+
+    def zone_in_use(self, zone: str) -> bool:
+        return any(z.zone == zone for c in self.collections.values() for z in c.zones)
+
+    # ---------------------------------------------------------- persistence
+
+    def _put(self, key: bytes, value: dict | None) -> None:
+        if self.track_changes:
+            self._changes[key] = None if value is None else json.dumps(value, separators=(",", ":")).encode()
+
+    def drain_changes(self) -> dict[bytes, bytes | None]:
+        out, self._changes = self._changes, {}
+        return out
+
+    @staticmethod
+    def _chunk_key(ns: str, min_key: bytes) -> bytes:
+        return b"chunk/" + ns.encode() + b"\x00" + min_key
+
+    @staticmethod
+    def _zone_key(ns: str, min_key: bytes) -> bytes:
+        return b"zone/" + ns.encode() + b"\x00" + min_key
+
+    def _put_shard(self, s: Shard) -> None:
+        self._put(b"shard/" + s.id.encode(), {"draining": s.draining, "zones": sorted(s.zones)})
+
+    def _put_collection(self, c: Collection) -> None:
+        self._put(b"coll/" + c.ns.encode(), {"key": c.pattern.spec, "unique": c.unique, "epoch": c.epoch,
+                                             "uuid": c.uuid, "settings": c.settings.model_dump()})
+
+    def _put_chunk(self, ns: str, ch: Chunk) -> None:
+        self._put(self._chunk_key(ns, ch.min_key), ch.doc().model_dump())
+
+    def load(self, store: Store) -> None:
+        """Rebuild the in-memory catalog from the store's entities (no replay needed)."""
+        self.__init__(self.track_changes)
+        for k, v in store.scan(b"shard/"):
+            d = json.loads(v)
+            self.shards[k[6:].decode()] = Shard(k[6:].decode(), d["draining"], set(d["zones"]))
+        for k, v in store.scan(b"db/"):
+            d = json.loads(v)
+            self.databases[d["name"]] = Database(d["name"], d["primary"], DatabaseVersion(d["uuid"], d["lastMod"]))
+        for k, v in store.scan(b"coll/"):
+            d = json.loads(v)
+            ns = k[5:].decode()
+            self.collections[ns] = Collection(ns, KeyPattern.parse(d["key"]), d["unique"], d["epoch"], d["uuid"],
+                                              settings=CollectionSettings(**d["settings"]))
+        for k, v in store.scan(b"chunk/"):
+            ns = k[6:k.index(b"\x00", 6)].decode()
+            coll = self.collections[ns]
+            coll.chunks.append(self._chunk(coll, ev.ChunkDoc.model_validate_json(v)))
+        for k, v in store.scan(b"zone/"):
+            ns = k[5:k.index(b"\x00", 5)].decode()
+            coll = self.collections[ns]
+            d = json.loads(v)
+            coll.zones.append(self._zone(coll, d["min"], d["max"], d["zone"]))
+        if (raw := store.get(b"settings")) is not None:
+            self.settings = ClusterSettings.model_validate_json(raw)
+        ckpt = store.checkpoint_any()
+        self.config_time = ckpt.next_offset if ckpt else 0
+
+    # -------------------------------------------------------------- folding
+
+    @staticmethod
+    def _chunk(coll: Collection, doc: ev.ChunkDoc) -> Chunk:
+        lo, hi = from_ejson(doc.min), from_ejson(doc.max)
+        return Chunk(lo, hi, coll.pattern.encode_bound(lo), coll.pattern.encode_bound(hi), doc.shard,
+                     ChunkVersion(doc.version[0], doc.version[1], coll.epoch), doc.jumbo)
+
+    @staticmethod
+    def _zone(coll: Collection, lo: dict, hi: dict, zone: str) -> ZoneRange:
+        lo, hi = from_ejson(lo), from_ejson(hi)
+        return ZoneRange(lo, hi, coll.pattern.encode_bound(lo), coll.pattern.encode_bound(hi), zone)
+
+    def apply(self, e: ev.Record, offset: int) -> None:
+        getattr(self, f"_on_{e.type}")(e)
+        if offset >= 0:
+            self.config_time = offset + 1
+
+    def _on_ShardAdded(self, e: ev.ShardAdded) -> None:
+        self.shards[e.shard] = s = Shard(e.shard)
+        self._put_shard(s)
+
+    def _on_ShardDraining(self, e: ev.ShardDraining) -> None:
+        s = self.shards[e.shard]
+        s.draining = True
+        self._put_shard(s)
+
+    def _on_ShardRemoved(self, e: ev.ShardRemoved) -> None:
+        del self.shards[e.shard]
+        self._put(b"shard/" + e.shard.encode(), None)
+
+    def _on_DatabaseCreated(self, e: ev.DatabaseCreated) -> None:
+        self.databases[e.db] = Database(e.db, e.primary, DatabaseVersion(e.uuid, e.lastMod))
+        self._put(b"db/" + e.db.encode(), {"name": e.db, "primary": e.primary, "uuid": e.uuid, "lastMod": e.lastMod})
+
+    def _on_CollectionSharded(self, e: ev.CollectionSharded) -> None:
+        if (old := self.collections.get(e.ns)) is not None:  # a new incarnation replaces the old one
+            for ch in old.chunks:
+                self._put(self._chunk_key(e.ns, ch.min_key), None)
+            for z in old.zones:
+                self._put(self._zone_key(e.ns, z.min_key), None)
+        coll = Collection(e.ns, KeyPattern.parse(e.key), e.unique, e.epoch, e.uuid)
+        coll.chunks = [self._chunk(coll, d) for d in e.chunks]
+        self.collections[e.ns] = coll
+        self._put_collection(coll)
+        for ch in coll.chunks:
+            self._put_chunk(e.ns, ch)
+
+    def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
+        coll = self.collections[e.ns]
+        new = [self._chunk(coll, d) for d in e.chunks]
+        i = coll.chunk_index(new[0].min_key)
+        coll.chunks[i:i + 1] = new
+        for ch in new:
+            self._put_chunk(e.ns, ch)
+
+    def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
+        coll = self.collections[e.ns]
+        merged = self._chunk(coll, e.chunk)
+        lo = coll.chunk_index(merged.min_key)
+        hi = lo
+        while hi < len(coll.chunks) and coll.chunks[hi].max_key <= merged.max_key:
+            hi += 1
+        for ch in coll.chunks[lo + 1:hi]:
+            self._put(self._chunk_key(e.ns, ch.min_key), None)
+        coll.chunks[lo:hi] = [merged]
+        self._put_chunk(e.ns, merged)
+
+    def _on_ShardZoneAdded(self, e: ev.ShardZoneAdded) -> None:
+        s = self.shards[e.shard]
+        s.zones.add(e.zone)
+        self._put_shard(s)
+
+    def _on_ShardZoneRemoved(self, e: ev.ShardZoneRemoved) -> None:
+        s = self.shards[e.shard]
+        s.zones.discard(e.zone)
+        self._put_shard(s)
+
+    def _on_ZoneRangeAssigned(self, e: ev.ZoneRangeAssigned) -> None:
+        coll = self.collections[e.ns]
+        z = self._zone(coll, e.min, e.max, e.zone)
+        bisect.insort(coll.zones, z, key=lambda r: r.min_key)
+        self._put(self._zone_key(e.ns, z.min_key), {"min": e.min, "max": e.max, "zone": e.zone})
+
+    def _on_ZoneRangeRemoved(self, e: ev.ZoneRangeRemoved) -> None:
+        coll = self.collections[e.ns]
+        key = coll.pattern.encode_bound(from_ejson(e.min))
+        coll.zones = [z for z in coll.zones if z.min_key != key]
+        self._put(self._zone_key(e.ns, key), None)
+
+    def _on_SettingChanged(self, e: ev.SettingChanged) -> None:
+        if e.ns is None:
+            data = self.settings.model_dump()
+            data.pop(e.key) if e.value is None else data.__setitem__(e.key, e.value)
+            self.settings = ClusterSettings.model_validate(data)
+            self._put(b"settings", self.settings.model_dump())
+        else:
+            coll = self.collections[e.ns]
+            data = coll.settings.model_dump()
+            data.pop(e.key) if e.value is None else data.__setitem__(e.key, e.value)
+            coll.settings = CollectionSettings.model_validate(data)
+            self._put_collection(coll)
+
+    # --------------------------------------------------------------- views
+
+    def iter_chunks(self, ns: str) -> Iterator[Chunk]:
+        yield from self.collections[ns].chunks

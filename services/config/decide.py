@@ -1,0 +1,321 @@
+"""The config server's decisions: a command and the current catalog in, the
+events that record its effect out — or a CommandError, and no event at all.
+
+Pure apart from minting epochs and uuids; nothing here touches Kafka or disk.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from libs.commands import CommandError, Decision
+from libs.shardkey import (MAX_KEY, MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, to_ejson)
+from schemas import Record
+from schemas import config as c
+from services.config.catalog import Catalog, Collection
+from services.config.settings import ClusterSettings, CollectionSettings, validated
+from services.config.versions import (hashed_split_points, initial_versions, merge_version, new_database_version,
+                                      new_epoch, new_uuid, split_versions)
+
+SHARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DB_FORBIDDEN = set('/\\. "$*<>:|?\x00')
+RESERVED_DBS = {"admin", "config", "local"}
+MAX_INITIAL_CHUNKS_PER_SHARD = 8192
+
+
+def decide(catalog: Catalog, cmd: Record) -> Decision:
+    handler = _HANDLERS.get(type(cmd))
+    if handler is None:
+        raise CommandError("CommandNotFound", f"unknown command {cmd.type!r}")
+    return handler(catalog, cmd)
+
+
+# ------------------------------------------------------------------ names
+
+def check_shard_name(name: str) -> None:
+    if not SHARD_NAME.match(name):
+        raise CommandError("BadValue", f"invalid shard name {name!r}: use 1-64 of A-Z a-z 0-9 _ -")
+
+
+def check_db_name(db: str) -> None:
+    if not db or len(db) >= 64 or any(ch in DB_FORBIDDEN for ch in db):
+        raise CommandError("InvalidNamespace",
+                           f"invalid database name {db!r}: 1-63 characters, none of / \\ . space \" $ * < > : | ?")
+    if db in RESERVED_DBS:
+        raise CommandError("InvalidNamespace", f"database {db!r} is reserved")
+
+
+def split_ns(ns: str) -> tuple[str, str]:
+    db, dot, coll = ns.partition(".")
+    if not dot or not coll:
+        raise CommandError("InvalidNamespace", f"invalid namespace {ns!r}: expected 'database.collection'")
+    check_db_name(db)
+    if len(ns.encode()) > 255 or "\x00" in coll or "$" in coll or coll.startswith("system."):
+        raise CommandError("InvalidNamespace",
+                           f"invalid collection name in {ns!r}: no '$' or NUL, not 'system.*', namespace <= 255 bytes")
+    return db, coll
+
+
+def check_zone_name(zone: str) -> None:
+    if not zone or len(zone) > 64 or "\x00" in zone:
+        raise CommandError("BadValue", f"invalid zone name {zone!r}: 1-64 characters")
+
+
+def _shard(catalog: Catalog, shard: str):
+    s = catalog.shards.get(shard)
+    if s is None:
+        raise CommandError("ShardNotFound", f"shard {shard!r} does not exist")
+    return s
+
+
+def _collection(catalog: Catalog, ns: str) -> Collection:
+    split_ns(ns)
+    coll = catalog.collections.get(ns)
+    if coll is None:
+        raise CommandError("NamespaceNotFound", f"collection {ns!r} is not sharded")
+    return coll
+
+
+def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict, bytes]:
+    if not isinstance(raw, dict):
+        raise CommandError("BadValue", f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}")
+    try:
+        b = coll.pattern.validate_bound(raw)
+        return b, coll.pattern.encode_bound(b)
+    except ShardKeyError as e:
+        raise CommandError("BadValue", f"{what}: {e}") from None
+
+
+# ----------------------------------------------------------------- shards
+
+def least_loaded_shard(catalog: Catalog) -> str:
+    """The shard with the least data, ties by name.  Until shards report data
+    sizes, "data" is counted in chunks, then databases the shard is primary of."""
+    active = catalog.active_shards()
+    if not active:
+        raise CommandError("ShardNotFound", "the cluster has no shard to place data on: add one with add-shard")
+    chunks = {s: 0 for s in active}
+    for coll in catalog.collections.values():
+        for ch in coll.chunks:
+            if ch.shard in chunks:
+                chunks[ch.shard] += 1
+    primaries = {s: len(catalog.primary_of(s)) for s in active}
+    return min(active, key=lambda s: (chunks[s], primaries[s], s))
+
+
+def add_shard(catalog: Catalog, cmd: c.AddShard) -> Decision:
+    check_shard_name(cmd.shard)
+    if cmd.shard in catalog.shards:
+        raise CommandError("ShardAlreadyExists", f"a shard named {cmd.shard!r} already exists")
+    return Decision([c.ShardAdded(shard=cmd.shard)], {"shardAdded": cmd.shard})
+
+
+def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
+    s = _shard(catalog, cmd.shard)
+    chunks, dbs = catalog.chunk_count(s.id), catalog.primary_of(s.id)
+    if not s.draining and len(catalog.active_shards()) == 1 and len(catalog.shards) == 1:
+        raise CommandError("IllegalOperation", f"cannot remove {s.id!r}: it is the last shard of the cluster")
+    if chunks == 0 and not dbs:
+        return Decision([c.ShardRemoved(shard=s.id)], {"state": "completed", "shard": s.id})
+    remaining = {"chunks": chunks, "dbs": dbs}
+    if s.draining:
+        return Decision([], {"state": "ongoing", "shard": s.id, "remaining": remaining})
+    if not [x for x in catalog.active_shards() if x != s.id]:
+        raise CommandError("IllegalOperation", f"cannot drain {s.id!r}: no other shard could take its data")
+    return Decision([c.ShardDraining(shard=s.id)], {"state": "started", "shard": s.id, "remaining": remaining})
+
+
+# -------------------------------------------------------------- databases
+
+def _create_database_events(catalog: Catalog, db: str, primary: str | None) -> list[Record]:
+    if primary is None:
+        primary = least_loaded_shard(catalog)
+    elif _shard(catalog, primary).draining:
+        raise CommandError("ShardNotFound", f"shard {primary!r} is draining and cannot be a primary")
+    v = new_database_version()
+    return [c.DatabaseCreated(db=db, primary=primary, uuid=v.uuid, lastMod=v.last_mod)]
+
+
+def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
+    check_db_name(cmd.db)
+    existing = catalog.databases.get(cmd.db)
+    if existing is not None:
+        if cmd.primary not in (None, existing.primary):
+            raise CommandError("NamespaceExists",
+                               f"database {cmd.db!r} already exists with primary {existing.primary!r}")
+        return Decision([], {"db": cmd.db, "primary": existing.primary, "created": False})
+    events = _create_database_events(catalog, cmd.db, cmd.primary)
+    return Decision(events, {"db": cmd.db, "primary": events[0].primary, "created": True})
+
+
+# ------------------------------------------------------------ collections
+
+def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
+    db, _ = split_ns(cmd.ns)
+    if cmd.ns in catalog.collections:
+        raise CommandError("AlreadyInitialized", f"collection {cmd.ns!r} is already sharded")
+    try:
+        pattern = KeyPattern.parse(cmd.key)
+    except InvalidKeyPattern as e:
+        raise CommandError("InvalidOptions", f"invalid shard key: {e}") from None
+    if cmd.unique and pattern.is_hashed:
+        raise CommandError("InvalidOptions", "a hashed shard key cannot be unique")
+    hashed_prefix = pattern.hashed_field == pattern.fields[0]
+    if cmd.numInitialChunks is not None and not hashed_prefix:
+        raise CommandError("InvalidOptions", "numInitialChunks is only for a shard key with a hashed prefix")
+    events: list[Record] = []
+    if db not in catalog.databases:  # sharding a collection creates its database, as in MongoDB
+        events += _create_database_events(catalog, db, None)
+    primary = events[0].primary if events else catalog.databases[db].primary
+
+    epoch = new_epoch()
+    if hashed_prefix:
+        shards = catalog.active_shards()
+        n = cmd.numInitialChunks or 2 * len(shards)
+        if not 1 <= n <= MAX_INITIAL_CHUNKS_PER_SHARD * len(shards):
+            raise CommandError("InvalidOptions", f"numInitialChunks must be between 1 and "
+                                                 f"{MAX_INITIAL_CHUNKS_PER_SHARD * len(shards)}, got {n}")
+        chunks = hashed_initial_chunks(pattern, shards, n, epoch)
+    else:
+        lo, hi = pattern.global_min(), pattern.global_max()
+        chunks = [c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=primary, version=(1, 0))]
+    events.append(c.CollectionSharded(ns=cmd.ns, key=pattern.spec, unique=cmd.unique, epoch=epoch,
+                                      uuid=new_uuid(), chunks=chunks))
+    return Decision(events, {"ns": cmd.ns, "epoch": epoch, "chunks": len(chunks), "primary": primary})
+
+
+def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch: str) -> list[c.ChunkDoc]:
+    """n chunks evenly over the hash space; each shard gets a contiguous run of them."""
+    points = hashed_split_points(n)
+    rest = {f: MIN_KEY for f in pattern.fields[1:]}
+    bounds = [pattern.global_min()] + [{pattern.fields[0]: p, **rest} for p in points] + [pattern.global_max()]
+    per_shard = max(1, n // len(shards))
+    versions = initial_versions(epoch, n)
+    return [c.ChunkDoc(min=to_ejson(bounds[i]), max=to_ejson(bounds[i + 1]),
+                       shard=shards[(i // per_shard) % len(shards)], version=versions[i].pair)
+            for i in range(n)]
+
+
+def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
+    coll = _collection(catalog, cmd.ns)
+    if not cmd.at:
+        raise CommandError("BadValue", "give at least one split point")
+    points = [_bound(coll, p, f"split point {i + 1}") for i, p in enumerate(cmd.at)]
+    keys = [k for _, k in points]
+    if any(a >= b for a, b in zip(keys, keys[1:])):
+        raise CommandError("BadValue", "split points must be sorted ascending and distinct")
+    chunk = coll.chunks[coll.chunk_index(keys[0])]
+    for (p, k) in points:
+        if not chunk.min_key < k < chunk.max_key:
+            raise CommandError("BadValue", f"split point {to_ejson(p)} is not strictly inside the chunk "
+                                           f"[{to_ejson(chunk.min)}, {to_ejson(chunk.max)})")
+    bounds = [chunk.min] + [p for p, _ in points] + [chunk.max]
+    versions = split_versions(coll.version(), len(points) + 1)
+    new = [c.ChunkDoc(min=to_ejson(bounds[i]), max=to_ejson(bounds[i + 1]), shard=chunk.shard,
+                      version=versions[i].pair) for i in range(len(bounds) - 1)]
+    return Decision([c.ChunkSplit(ns=coll.ns, epoch=coll.epoch, min=to_ejson(chunk.min), max=to_ejson(chunk.max),
+                                  chunks=new)],
+                    {"ns": coll.ns, "chunks": [d.model_dump() for d in new]})
+
+
+def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
+    coll = _collection(catalog, cmd.ns)
+    lo, lo_key = _bound(coll, cmd.min, "min")
+    hi, hi_key = _bound(coll, cmd.max, "max")
+    if lo_key >= hi_key:
+        raise CommandError("BadValue", "min must be below max")
+    first = coll.chunk_index(lo_key)
+    if coll.chunks[first].min_key != lo_key:
+        raise CommandError("BadValue", f"min {to_ejson(lo)} is not the lower bound of a chunk")
+    last = coll.chunk_index(hi_key) if hi_key < coll.chunks[-1].max_key else len(coll.chunks) - 1
+    if coll.chunks[last].min_key == hi_key:
+        last -= 1
+    if coll.chunks[last].max_key != hi_key:
+        raise CommandError("BadValue", f"max {to_ejson(hi)} is not the upper bound of a chunk")
+    run = coll.chunks[first:last + 1]
+    if len(run) == 1:
+        return Decision([], {"ns": coll.ns, "merged": 0, "chunk": run[0].doc().model_dump()})
+    owners = sorted({ch.shard for ch in run})
+    if len(owners) > 1:
+        raise CommandError("IllegalOperation", f"chunks in [{to_ejson(lo)}, {to_ejson(hi)}) are on several "
+                                               f"shards ({', '.join(owners)}); merge needs them on one")
+    merged = c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=owners[0], version=merge_version(coll.version()).pair)
+    return Decision([c.ChunksMerged(ns=coll.ns, epoch=coll.epoch, chunk=merged)],
+                    {"ns": coll.ns, "merged": len(run), "chunk": merged.model_dump()})
+
+
+# ------------------------------------------------------------------ zones
+
+def add_shard_to_zone(catalog: Catalog, cmd: c.AddShardToZone) -> Decision:
+    s = _shard(catalog, cmd.shard)
+    check_zone_name(cmd.zone)
+    if cmd.zone in s.zones:
+        return Decision([], {"shard": s.id, "zones": sorted(s.zones)})
+    return Decision([c.ShardZoneAdded(shard=s.id, zone=cmd.zone)], {"shard": s.id, "zones": sorted(s.zones | {cmd.zone})})
+
+
+def remove_shard_from_zone(catalog: Catalog, cmd: c.RemoveShardFromZone) -> Decision:
+    s = _shard(catalog, cmd.shard)
+    if cmd.zone not in s.zones:
+        return Decision([], {"shard": s.id, "zones": sorted(s.zones)})
+    others = [x for x in catalog.shards.values() if x.id != s.id and cmd.zone in x.zones]
+    if not others and catalog.zone_in_use(cmd.zone):
+        raise CommandError("ZoneStillInUse", f"{s.id!r} is the last shard of zone {cmd.zone!r}, which still has "
+                                             f"key ranges: remove those first")
+    return Decision([c.ShardZoneRemoved(shard=s.id, zone=cmd.zone)], {"shard": s.id, "zones": sorted(s.zones - {cmd.zone})})
+
+
+def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
+    coll = _collection(catalog, cmd.ns)
+    check_zone_name(cmd.zone)
+    if not any(cmd.zone in s.zones for s in catalog.shards.values()):
+        raise CommandError("ZoneNotFound", f"zone {cmd.zone!r} has no shard: add a shard to it first")
+    lo, lo_key = _bound(coll, cmd.min, "min")
+    hi, hi_key = _bound(coll, cmd.max, "max")
+    if lo_key >= hi_key:
+        raise CommandError("BadValue", "min must be below max")
+    for z in coll.zones:
+        if z.min_key == lo_key and z.max_key == hi_key and z.zone == cmd.zone:
+            return Decision([], {"ns": coll.ns, "zone": cmd.zone})
+        if z.min_key < hi_key and lo_key < z.max_key:
+            raise CommandError("RangeOverlapConflict", f"[{to_ejson(lo)}, {to_ejson(hi)}) overlaps the range "
+                                                       f"[{to_ejson(z.min)}, {to_ejson(z.max)}) of zone {z.zone!r}")
+    return Decision([c.ZoneRangeAssigned(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi), zone=cmd.zone)],
+                    {"ns": coll.ns, "zone": cmd.zone})
+
+
+def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
+    coll = _collection(catalog, cmd.ns)
+    lo, lo_key = _bound(coll, cmd.min, "min")
+    hi, hi_key = _bound(coll, cmd.max, "max")
+    for z in coll.zones:
+        if z.min_key == lo_key and z.max_key == hi_key:
+            return Decision([c.ZoneRangeRemoved(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi))],
+                            {"ns": coll.ns, "zone": z.zone})
+    raise CommandError("ZoneRangeNotFound", f"{coll.ns} has no zone range exactly [{to_ejson(lo)}, {to_ejson(hi)})")
+
+
+# --------------------------------------------------------------- settings
+
+def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
+    if cmd.ns is None:
+        model, current = ClusterSettings, catalog.settings
+    else:
+        model, current = CollectionSettings, _collection(catalog, cmd.ns).settings
+    try:
+        new = validated(model, current, cmd.key, cmd.value)
+    except ValueError as e:
+        raise CommandError("BadValue", str(e)) from None
+    value = new.model_dump()[cmd.key]
+    if value == current.model_dump()[cmd.key]:
+        return Decision([], {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
+    return Decision([c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns)],
+                    {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True})
+
+
+_HANDLERS = {
+    c.AddShard: add_shard, c.RemoveShard: remove_shard, c.CreateDatabase: create_database,
+    c.ShardCollection: shard_collection, c.SplitChunk: split_chunk, c.MergeChunks: merge_chunks,
+    c.AddShardToZone: add_shard_to_zone, c.RemoveShardFromZone: remove_shard_from_zone,
+    c.AssignZoneRange: assign_zone_range, c.RemoveZoneRange: remove_zone_range, c.SetSetting: set_setting,
+}

@@ -1,0 +1,42 @@
+"""The config server: a projection of config.events (the catalog) driving a
+command processor on config.commands."""
+from __future__ import annotations
+
+from libs import kafka
+from libs.commands import CommandProcessor
+from libs.projection import Projection
+from libs.service import ServiceSettings, clear_ready, report_ready
+from libs.store import Store
+from schemas import config as schema
+from services.config.catalog import Catalog
+from services.config.decide import decide
+
+NAME = "config"
+
+
+class ConfigServer:
+    def __init__(self, settings: ServiceSettings, *, instance: str = "0", max_batch: int = 500):
+        self.settings = settings
+        t = settings.topics
+        self.catalog = Catalog()
+        self.store = Store(settings.data_dir / f"config-{instance}" / "catalog")
+        self.projection = Projection(settings.bootstrap, t.config_events, schema.events, self.catalog, self.store,
+                                     name=NAME)
+        self.processor = CommandProcessor(
+            bootstrap=settings.bootstrap, command_topic=t.config_commands, command_codec=schema.commands,
+            projection=self.projection, decide=lambda cmd: decide(self.catalog, cmd),
+            dead_letters=t.dead_letters, group_id=f"{settings.cluster}.config", name=NAME,
+            max_batch=max_batch, session_timeout_ms=settings.session_timeout_ms)
+
+    async def run(self) -> None:
+        await kafka.ensure_topics(self.settings.bootstrap, self.settings.topics.core())
+        await self.projection.start()
+        at = await self.projection.catch_up()
+        # Ready = replayed and in the group; active or standing by.
+        report_ready(self.settings, NAME, configTime=at)
+        try:
+            await self.processor.run()
+        finally:
+            clear_ready(self.settings, NAME)
+            await self.projection.stop()
+            self.store.close()

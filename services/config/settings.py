@@ -1,0 +1,92 @@
+"""Cluster and collection settings: every knob from the seeds, with MongoDB's defaults.
+
+Settings are catalog state: changed by `SetSetting` commands, recorded as
+`SettingChanged` events, so every service reads the same values at the same
+ConfigTime.  Names follow MongoDB's where it has one.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MB = 1024 * 1024
+HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+
+
+class Window(BaseModel):
+    """The balancing window, e.g. 23:00–06:00 in Europe/Paris (may wrap midnight)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: str
+    stop: str
+    timeZone: str
+
+    @field_validator("start", "stop")
+    @classmethod
+    def _hhmm(cls, v: str) -> str:
+        if not HHMM.match(v):
+            raise ValueError(f"{v!r} is not a time of day HH:MM")
+        return v
+
+    @field_validator("timeZone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {v!r} (use an IANA name such as 'UTC' or 'Europe/Paris')") from None
+        return v
+
+
+class ClusterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # seed 003: chunk size (MongoDB 6.0+: 128 MB; allowed 1..1024 MB)
+    maxChunkSizeBytes: int = Field(128 * MB, ge=1 * MB, le=1024 * MB)
+    # seed 000: balancer on/off and its window (None: any time)
+    balancerEnabled: bool = True
+    balancerWindow: Window | None = None
+    balancerRoundIntervalSecs: float = Field(10.0, gt=0)
+    balancerMigrationsThrottlingMs: int = Field(1000, ge=0)
+    # seed 000 / 004: range deletion after migrations
+    orphanCleanupDelaySecs: int = Field(900, ge=0)
+    rangeDeleterBatchSize: int = Field(128, ge=1)
+    rangeDeleterBatchDelayMS: int = Field(20, ge=0)
+    # seed 002: auto-merger and defragmentation
+    autoMergerEnabled: bool = True
+    autoMergerIntervalSecs: int = Field(3600, ge=1)
+    autoMergerThrottlingMS: int = Field(15000, ge=0)
+    chunkDefragmentationThrottlingMS: int = Field(0, ge=0)
+    # seed 001: history kept for snapshot reads; chunks migrated within it are not auto-merged
+    minSnapshotHistoryWindowInSeconds: int = Field(300, ge=0)
+
+
+class CollectionSettings(BaseModel):
+    """Per-collection overrides; None means "the cluster's"."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    maxChunkSizeBytes: int | None = Field(None, ge=1 * MB, le=1024 * MB)
+    balancerEnabled: bool = True
+    autoMergerEnabled: bool = True
+    autoSplit: bool = False
+    allowMigrations: bool = True
+
+
+def validated(model: type[BaseModel], current: BaseModel, key: str, value: Any) -> BaseModel:
+    """The settings with `key` set to `value` (None: back to the default); raises ValueError with a clear reason."""
+    if key not in model.model_fields:
+        known = ", ".join(model.model_fields)
+        raise ValueError(f"unknown setting {key!r}; known: {known}")
+    data = current.model_dump()
+    if value is None:
+        data.pop(key)
+    else:
+        data[key] = value
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{key}: {err['msg']}") from None

@@ -1,0 +1,456 @@
+"""Static checks of the Docker Compose demo cluster (no Docker engine needed).
+
+docker-compose.yml is parsed with yaml.safe_load (anchors and `<<` merge keys
+resolve) and cross-checked against infra/Dockerfile, .dockerignore,
+pyproject.toml and the Python packages the containers will run.
+"""
+from __future__ import annotations
+
+import base64
+import fnmatch
+import importlib.util
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "infra" / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+PYPROJECT = ROOT / "pyproject.toml"
+
+# The demo cluster: module -> how many containers run it.
+EXPECTED_MODULES = {
+    "services.config": 1,
+    "services.shard": 3,
+    "services.router": 1,
+    "services.balancer": 1,
+    "services.range_deleter": 1,
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _load_compose() -> dict:
+    with COMPOSE_FILE.open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+_INTERP = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+def interpolate(value: str) -> str:
+    """Compose-style `${VAR:-default}` interpolation using only the defaults, so the
+    result does not depend on the environment the tests run in."""
+
+    def repl(m: re.Match) -> str:
+        if m.group("op") in (":-", "-"):
+            return m.group("arg")
+        raise AssertionError(f"{value!r}: ${{{m.group('name')}}} has no default")
+
+    return _INTERP.sub(repl, value.replace("$$", "\0")).replace("\0", "$")
+
+
+def env_of(svc: dict) -> dict[str, str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): interpolate(str(v)) if v is not None else "" for k, v in env.items()}
+
+
+def argv_of(svc: dict) -> list[str]:
+    cmd = svc.get("command")
+    if cmd is None:
+        return []
+    if isinstance(cmd, str):
+        return shlex.split(cmd)
+    return [str(a) for a in cmd]
+
+
+def built_from_dockerfile(svc: dict) -> bool:
+    build = svc.get("build")
+    if build is None:
+        return False
+    if isinstance(build, str):
+        context, dockerfile = build, "Dockerfile"
+    else:
+        context, dockerfile = build.get("context", "."), build.get("dockerfile", "Dockerfile")
+    return (ROOT / context / dockerfile).resolve() == DOCKERFILE.resolve()
+
+
+def find_service(services: dict, image_prefix: str) -> tuple[str, dict]:
+    hits = [(n, s) for n, s in services.items() if str(s.get("image", "")).startswith(image_prefix)]
+    assert len(hits) == 1, f"expected exactly one service with image {image_prefix}*, got {hits}"
+    return hits[0]
+
+
+def listeners(spec: str) -> dict[str, tuple[str, int]]:
+    """'PLAINTEXT://:9092,CONTROLLER://0.0.0.0:9093' -> {name: (host, port)}."""
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        m = re.fullmatch(r"([A-Za-z0-9_]+)://([^:/]*):(\d+)", item)
+        assert m, f"malformed listener {item!r}"
+        out[m.group(1)] = (m.group(2), int(m.group(3)))
+    return out
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with comments dropped and continuations joined."""
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    logical, buf = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if buf and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        logical.append(buf)
+        buf = ""
+    if buf:
+        logical.append(buf)
+    out = []
+    for line in logical:
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def copy_sources() -> list[str]:
+    """Sources of COPY/ADD instructions that come from the build context."""
+    sources = []
+    for instr, args in dockerfile_instructions():
+        if instr not in ("COPY", "ADD"):
+            continue
+        if args.startswith("["):
+            parts = json.loads(args)
+        else:
+            parts = shlex.split(args)
+        flags = [p for p in parts if p.startswith("--")]
+        if any(f.startswith("--from") for f in flags):
+            continue
+        paths = [p for p in parts if not p.startswith("--")]
+        assert len(paths) >= 2, f"{instr} {args}: needs a source and a destination"
+        sources.extend(paths[:-1])
+    return sources
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Good-enough .dockerignore matching (last matching pattern wins, `!` negates)."""
+    path = path.strip("/").removeprefix("./")
+    ignored = False
+    for pat in patterns:
+        neg = pat.startswith("!")
+        pat = pat.lstrip("!").strip("/").removeprefix("./")
+        candidates = [path] + [str(p) for p in Path(path).parents if str(p) != "."]
+        if any(fnmatch.fnmatchcase(c, pat) or fnmatch.fnmatchcase(c, pat.removeprefix("**/")) for c in candidates):
+            ignored = not neg
+    return ignored
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+
+
+def pyproject() -> dict:
+    with PYPROJECT.open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def module_entry_exists(module: str) -> tuple[bool, str]:
+    """Can `python -m module` run?  Prefer the import system; for services.X fall
+    back to services/X/__main__.py on disk (the package may be mid-development)."""
+    spec = None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        if spec.submodule_search_locations:  # a package: needs __main__
+            for loc in spec.submodule_search_locations:
+                if (Path(loc) / "__main__.py").is_file():
+                    return True, f"{loc}/__main__.py"
+            return False, f"package {module} has no __main__.py"
+        return True, str(spec.origin)
+    parts = module.split(".")
+    if parts[0] == "services":
+        rel = Path(*parts)
+        for candidate in (ROOT / rel / "__main__.py", ROOT / rel.with_suffix(".py")):
+            if candidate.is_file():
+                return True, str(candidate)
+        return False, f"neither importable nor {rel}/__main__.py in the repo"
+    return False, f"module {module} not importable"
+
+
+# Load at import time so services can parametrize tests (a broken file fails collection).
+COMPOSE = _load_compose()
+SERVICES: dict = COMPOSE.get("services") or {}
+BUILT = {name: svc for name, svc in SERVICES.items() if built_from_dockerfile(svc)}
+
+
+# --------------------------------------------------------------------------- compose basics
+
+def test_compose_has_services_built_from_the_dockerfile():
+    assert isinstance(SERVICES, dict) and SERVICES
+    assert len(BUILT) >= 8, f"expected topics + config + 3 shards + router + balancer + range-deleter, got {sorted(BUILT)}"
+    for name, svc in BUILT.items():
+        assert svc["build"]["context"] in (".", "./"), f"{name}: build context must be the repo root"
+
+
+# --------------------------------------------------------------------------- kafka
+
+def test_kafka_is_single_node_kraft():
+    name, kafka = find_service(SERVICES, "apache/kafka:")
+    assert re.fullmatch(r"apache/kafka:4\.\d+\.\d+", kafka["image"]), kafka["image"]
+    env = env_of(kafka)
+    roles = {r.strip() for r in env["KAFKA_PROCESS_ROLES"].split(",")}
+    assert roles == {"broker", "controller"}
+    node_id = env["KAFKA_NODE_ID"]
+    assert node_id.isdigit()
+
+    lst = listeners(env["KAFKA_LISTENERS"])
+    controller_names = env["KAFKA_CONTROLLER_LISTENER_NAMES"].split(",")
+    assert controller_names and all(c in lst for c in controller_names)
+    proto = dict(item.split(":", 1) for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(lst) <= set(proto), f"listeners without a security protocol: {set(lst) - set(proto)}"
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] in lst
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] not in controller_names
+
+    adv = listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+    assert set(adv) <= set(lst) and not set(adv) & set(controller_names)
+
+    # 1@kafka:9093 — this node, reachable by service name, on the controller listener.
+    voters = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert len(voters) == 1
+    m = re.fullmatch(r"(\d+)@([^:]+):(\d+)", voters[0])
+    assert m, voters
+    assert m.group(1) == node_id
+    assert m.group(2) in (name, kafka.get("hostname"))
+    assert int(m.group(3)) in {lst[c][1] for c in controller_names}
+
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR",
+        "KAFKA_MIN_INSYNC_REPLICAS",
+        "KAFKA_DEFAULT_REPLICATION_FACTOR",
+    ):
+        assert env.get(key) == "1", f"{key} must be 1 on a single broker (got {env.get(key)!r})"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"].lower() == "false"
+    assert env["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"] == "0"
+    assert "-Xmx" in env["KAFKA_HEAP_OPTS"]
+
+    # KRaft storage format needs a fixed cluster id: base64url of 16 bytes, 22 chars.
+    cid = env["CLUSTER_ID"]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{22}", cid), cid
+    assert len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+    # Log dirs live on a named volume, so topics survive `docker compose restart`.
+    log_dir = env["KAFKA_LOG_DIRS"].split(",")[0]
+    mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in kafka.get("volumes", [])}
+    assert log_dir in mounts, f"{log_dir} is not a mounted volume"
+    assert mounts[log_dir] in (COMPOSE.get("volumes") or {})
+
+
+def test_kafka_has_a_healthcheck_and_a_host_listener():
+    _, kafka = find_service(SERVICES, "apache/kafka:")
+    test = kafka["healthcheck"]["test"]
+    cmd = " ".join(test) if isinstance(test, list) else test
+    assert "/opt/kafka/bin/" in cmd and "--bootstrap-server" in cmd
+    env = env_of(kafka)
+    adv = listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+    lst = listeners(env["KAFKA_LISTENERS"])
+    host = [(n, p) for n, (h, p) in adv.items() if h == "localhost"]
+    assert host, "no listener advertised for clients on the host"
+    published = {str(p).split(":")[-1] for p in kafka.get("ports", [])}
+    for listener_name, port in host:
+        assert lst[listener_name][1] == port
+        assert str(port) in published, f"host listener port {port} is not published"
+
+
+# --------------------------------------------------------------------------- jaeger
+
+def test_jaeger_v2_with_otlp():
+    _, jaeger = find_service(SERVICES, "jaegertracing/jaeger:")
+    assert re.fullmatch(r"jaegertracing/jaeger:2\.\d+\.\d+", jaeger["image"]), jaeger["image"]
+    # Jaeger v2 binds localhost by default; other containers need it on all interfaces.
+    assert env_of(jaeger).get("JAEGER_LISTEN_HOST", "0.0.0.0") == "0.0.0.0"
+    published = {str(p).split(":")[-1] for p in jaeger.get("ports", [])}
+    assert {"16686", "4318"} <= published
+
+
+# --------------------------------------------------------------------------- shardlog services
+
+def test_demo_cluster_membership():
+    modules: dict[str, list[list[str]]] = {}
+    for svc in BUILT.values():
+        argv = argv_of(svc)
+        if argv[:2] == ["python", "-m"]:
+            modules.setdefault(argv[2], []).append(argv[3:])
+    for module, count in EXPECTED_MODULES.items():
+        assert len(modules.get(module, [])) == count, f"{module}: want {count} containers, got {modules.get(module)}"
+    shard_ids = []
+    for args in modules["services.shard"]:
+        assert "--shard-id" in args, args
+        shard_ids.append(args[args.index("--shard-id") + 1])
+    assert sorted(shard_ids) == ["s0", "s1", "s2"]
+
+
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_command_entry_point_exists(name):
+    argv = argv_of(BUILT[name])
+    assert argv, f"{name}: no command"
+    if argv[0] in ("python", "python3"):
+        assert argv[1] == "-m" and len(argv) >= 3, f"{name}: expected `python -m <module> ...`, got {argv}"
+        module = argv[2]
+        # The module's top-level package must be one pyproject installs.
+        include = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+        assert any(fnmatch.fnmatchcase(module.split(".")[0], pat) for pat in include), (module, include)
+        ok, where = module_entry_exists(module)
+        assert ok, f"{name}: `python -m {module}`: {where}"
+    elif argv[0] == "shardlog":
+        assert len(argv) >= 2, f"{name}: bare `shardlog`"
+        scripts = pyproject()["project"]["scripts"]
+        assert scripts.get("shardlog") == "cli.main:app"
+        main = ROOT / "cli" / "main.py"
+        assert main.is_file(), f"{name}: cli/main.py does not exist"
+        source = main.read_text(encoding="utf-8")
+        for word in argv[1:]:
+            if word.startswith("-"):
+                break
+            assert re.search(rf"\b{re.escape(word)}\b", source), f"{name}: cli/main.py never mentions {word!r}"
+    else:
+        pytest.fail(f"{name}: command must be `python -m <module>` or `shardlog <sub>`, got {argv}")
+
+
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_service_environment(name):
+    env = env_of(BUILT[name])
+    kafka_name, kafka = find_service(SERVICES, "apache/kafka:")
+    kenv = env_of(kafka)
+
+    # KAFKA_BOOTSTRAP: the broker's in-network listener, by service name.
+    assert "KAFKA_BOOTSTRAP" in env, name
+    adv = listeners(kenv["KAFKA_ADVERTISED_LISTENERS"])
+    lst = listeners(kenv["KAFKA_LISTENERS"])
+    in_network = {p for n, (h, p) in adv.items() if h in (kafka_name, kafka.get("hostname"))}
+    for server in env["KAFKA_BOOTSTRAP"].split(","):
+        host, _, port = server.strip().rpartition(":")
+        assert host == kafka_name, f"{name}: KAFKA_BOOTSTRAP host {host!r} is not the kafka service"
+        assert int(port) in {p for _, p in lst.values()}, f"{name}: no listener on port {port}"
+        assert int(port) in in_network, f"{name}: port {port} is not advertised as {kafka_name}:{port}"
+
+    assert env.get("SHARDLOG_CLUSTER"), f"{name}: SHARDLOG_CLUSTER is empty"
+    assert env.get("SHARDLOG_DATA_DIR", "").startswith("/"), f"{name}: SHARDLOG_DATA_DIR must be absolute"
+
+    # Traces over OTLP to Jaeger.
+    jaeger_name, jaeger = find_service(SERVICES, "jaegertracing/jaeger:")
+    url = urlparse(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""))
+    assert url.hostname == jaeger_name, f"{name}: OTLP endpoint {url.geturl()!r} is not the jaeger service"
+    assert url.port in (4317, 4318), f"{name}: OTLP port {url.port}"
+    assert url.scheme == "http"
+    if url.port == 4318:
+        assert env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").startswith("http/")
+    assert env.get("OTEL_TRACES_EXPORTER", "otlp") == "otlp"
+    assert env.get("OTEL_SERVICE_NAME", "").startswith("shardlog"), f"{name}: OTEL_SERVICE_NAME"
+
+
+def test_otel_service_names_are_distinct():
+    names = [env_of(svc).get("OTEL_SERVICE_NAME") for svc in BUILT.values()]
+    assert None not in names
+    assert len(set(names)) == len(names), names
+
+
+def test_startup_order_and_restart_policy():
+    kafka_name, _ = find_service(SERVICES, "apache/kafka:")
+    jaeger_name, _ = find_service(SERVICES, "jaegertracing/jaeger:")
+    one_shot = [n for n, s in BUILT.items() if argv_of(s)[:3] == ["shardlog", "topics", "create"]]
+    assert len(one_shot) == 1, f"want exactly one `shardlog topics create` service, got {one_shot}"
+    topics = one_shot[0]
+    deps = BUILT[topics]["depends_on"]
+    assert deps[kafka_name]["condition"] == "service_healthy"
+    restart = str(SERVICES[topics].get("restart", "no"))
+    assert restart == "no" or restart.startswith("on-failure"), f"{topics} is one-shot, restart={restart}"
+
+    for name, svc in BUILT.items():
+        if name == topics:
+            continue
+        deps = svc.get("depends_on") or {}
+        assert isinstance(deps, dict), f"{name}: depends_on needs conditions"
+        assert deps.get(topics, {}).get("condition") == "service_completed_successfully", name
+        assert deps.get(jaeger_name, {}).get("condition") == "service_started", name
+        assert svc.get("restart") == "unless-stopped", name
+
+
+def test_each_service_keeps_its_state_on_its_own_named_volume():
+    declared = COMPOSE.get("volumes") or {}
+    seen: dict[str, str] = {}
+    for name, svc in BUILT.items():
+        if argv_of(svc)[:1] == ["shardlog"]:
+            continue  # one-shot CLI, stateless
+        data_dir = env_of(svc)["SHARDLOG_DATA_DIR"]
+        mounts = {}
+        for v in svc.get("volumes", []):
+            if isinstance(v, dict):
+                mounts[v["target"]] = v.get("source")
+            else:
+                src, target = str(v).split(":")[:2]
+                mounts[target] = src
+        assert data_dir in mounts, f"{name}: nothing mounted at SHARDLOG_DATA_DIR={data_dir}"
+        vol = mounts[data_dir]
+        assert vol in declared, f"{name}: {vol} is not a named volume"
+        assert vol not in seen, f"{name} and {seen.get(vol)} share volume {vol}"
+        seen[vol] = name
+
+
+# --------------------------------------------------------------------------- image
+
+def test_dockerfile_builds_the_package():
+    assert DOCKERFILE.is_file()
+    instrs = dockerfile_instructions()
+    froms = [a.split()[0] for i, a in instrs if i == "FROM"]
+    assert froms and all(f == "python:3.11-slim" for f in froms), froms
+    runs = " ".join(a for i, a in instrs if i == "RUN")
+    assert re.search(r"pip install --no-cache-dir (--\S+ )*\.(\s|$)", runs), "no `pip install --no-cache-dir .`"
+    users = [a for i, a in instrs if i == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), f"last USER must be non-root, got {users}"
+    workdirs = [a for i, a in instrs if i == "WORKDIR"]
+    assert workdirs[-1] == "/app"
+
+
+def test_dockerfile_copy_sources_exist_and_cover_the_package():
+    sources = copy_sources()
+    assert sources
+    for src in sources:
+        matches = list(ROOT.glob(src.rstrip("/"))) if any(c in src for c in "*?[") else [ROOT / src]
+        assert any(m.exists() for m in matches), f"COPY source {src!r} does not exist in the repo"
+
+    norm = {s.strip("/").removeprefix("./") for s in sources}
+    assert "pyproject.toml" in norm
+    readme = pyproject()["project"].get("readme")
+    if isinstance(readme, str):
+        assert readme in norm, f"pyproject's readme {readme} is not copied, `pip install .` would fail"
+    # Every top-level package pyproject installs must be in the image.
+    for pat in pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]:
+        pkg = pat.rstrip("*").rstrip(".")
+        assert pkg in norm, f"package {pkg} is not copied into the image"
+
+
+def test_dockerignore():
+    patterns = dockerignore_patterns()
+    for must in (".git", ".venv", ".shardlog", "tests", "bench", "__pycache__"):
+        assert dockerignored(must, patterns) or dockerignored(f"cli/{must}", patterns), f".dockerignore lets {must} in"
+    for src in copy_sources():
+        assert not dockerignored(src, patterns), f".dockerignore excludes COPY source {src}"
