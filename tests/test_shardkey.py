@@ -58,10 +58,6 @@ def ref_rank(v: Any) -> int:
     raise TypeError(v)
 
 
-def sign(x: Any) -> int:
-    return (x > 0) - (x < 0)
-
-
 def cmp(a: Any, b: Any) -> int:
     return (a > b) - (a < b)
 

@@ -1,0 +1,1 @@
+"""The `shardlog` operator command (typer + rich): human output, or `--json`."""

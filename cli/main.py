@@ -1,0 +1,337 @@
+"""shardlog — the operator's entry point.
+
+Every subcommand prints for humans, or JSON with `--json`; an error exits
+non-zero with one line.  Cluster address from --bootstrap / $KAFKA_BOOTSTRAP,
+cluster name (topic prefix) from --cluster / $SHARDLOG_CLUSTER.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from libs import kafka, tracing
+from libs.requests import RequestTimeout, Requester
+from libs.shardkey import to_ejson
+from libs.topics import Topics
+from schemas import Record
+from schemas import config as c
+from schemas.reply import Reply
+
+app = typer.Typer(help="Operate a shardlog cluster.", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
+zone_app = typer.Typer(help="Zones: tag shards, pin key ranges to them.", no_args_is_help=True)
+settings_app = typer.Typer(help="Cluster and collection settings.", no_args_is_help=True)
+topics_app = typer.Typer(help="Kafka topics of the cluster.", no_args_is_help=True)
+app.add_typer(zone_app, name="zone")
+app.add_typer(settings_app, name="settings")
+app.add_typer(topics_app, name="topics")
+
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = typer.Option(False, "--json", help="machine-readable output")
+
+
+@dataclass
+class Ctx:
+    bootstrap: str
+    cluster: str
+    timeout: float
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.cluster)
+
+
+_ctx: Ctx | None = None
+
+
+@app.callback()
+def main(
+    bootstrap: str = typer.Option(None, "--bootstrap", envvar="KAFKA_BOOTSTRAP", help="Kafka bootstrap servers"),
+    cluster: str = typer.Option("shardlog", "--cluster", envvar="SHARDLOG_CLUSTER", help="cluster name (topic prefix)"),
+    timeout: float = typer.Option(30.0, "--timeout", help="seconds to wait for a reply"),
+) -> None:
+    global _ctx
+    _ctx = Ctx(bootstrap or "127.0.0.1:9092", cluster, timeout)
+    try:
+        Topics(cluster)
+    except ValueError as e:
+        fail(str(e), code="BadValue", as_json=False, exit_code=2)
+
+
+# ----------------------------------------------------------------- helpers
+
+def fail(message: str, *, code: str = "Error", as_json: bool, exit_code: int = 1) -> None:
+    if as_json:
+        print(json.dumps({"ok": False, "code": code, "error": message}))
+    else:
+        err.print(f"[red]error[/red]: {code}: {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(exit_code)
+
+
+def parse_json(text: str, what: str, as_json: bool) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        fail(f"invalid JSON for {what}: {e.msg} at column {e.colno}", code="BadValue", as_json=as_json, exit_code=2)
+
+
+def run(coro):
+    try:
+        return asyncio.run(coro)
+    except RequestTimeout as e:
+        fail(str(e), code="Timeout", as_json="--json" in sys.argv)
+    except (OSError, kafka_errors()) as e:
+        fail(f"cannot reach Kafka at {_ctx.bootstrap}: {e}", code="KafkaUnavailable", as_json="--json" in sys.argv)
+
+
+def kafka_errors():
+    from aiokafka.errors import KafkaError
+    return KafkaError
+
+
+async def _request(command: Record, span_name: str) -> Reply:
+    tracing.setup("shardlog-cli")
+    with tracing.tracer.start_as_current_span(span_name, attributes={"shardlog.command": command.type}):
+        async with Requester(_ctx.bootstrap, _ctx.topics.cli_replies, client_id="shardlog-cli") as r:
+            try:
+                return await r.request(_ctx.topics.config_commands, command, timeout=_ctx.timeout)
+            finally:
+                tracing.shutdown()
+
+
+def send(command: Record, as_json: bool, human) -> None:
+    """Send a config command, print its reply; exit 1 on a refusal."""
+    reply = run(_request(command, f"shardlog {command.type}"))
+    if not reply.ok:
+        fail(reply.error or "", code=reply.code or "Error", as_json=as_json)
+    if as_json:
+        print(json.dumps({"ok": True, "configTime": reply.configTime, **(reply.result or {})}))
+    else:
+        human(reply.result or {})
+        out.print(f"[dim]ConfigTime {reply.configTime}[/dim]")
+
+
+def b(doc: Any) -> str:
+    return json.dumps(to_ejson(doc), separators=(",", ":"))
+
+
+# ------------------------------------------------------------------ topics
+
+@topics_app.command("create")
+def topics_create(json_out: bool = JsonOpt) -> None:
+    """Create the cluster's core topics (idempotent)."""
+    created = run(kafka.ensure_topics(_ctx.bootstrap, _ctx.topics.core()))
+    if json_out:
+        print(json.dumps({"ok": True, "created": created}))
+    else:
+        out.print(f"created {', '.join(created)}" if created else "all topics already exist")
+
+
+# ------------------------------------------------------------------ shards
+
+@app.command("add-shard")
+def add_shard(shard: str, json_out: bool = JsonOpt) -> None:
+    """Add a shard to the cluster."""
+    send(c.AddShard(shard=shard), json_out, lambda r: out.print(f"added shard {r['shardAdded']}"))
+
+
+@app.command("remove-shard")
+def remove_shard(shard: str, json_out: bool = JsonOpt) -> None:
+    """Start draining a shard; run again to see progress; it disappears once empty."""
+    def human(r):
+        rem = r.get("remaining")
+        msg = {"completed": f"shard {r['shard']} removed", "started": f"draining shard {r['shard']}",
+               "ongoing": f"shard {r['shard']} is still draining"}[r["state"]]
+        if rem:
+            msg += f": {rem['chunks']} chunks left, primary of {len(rem['dbs'])} databases {rem['dbs']}"
+        out.print(msg)
+    send(c.RemoveShard(shard=shard), json_out, human)
+
+
+@app.command("create-database")
+def create_database(db: str, primary: Optional[str] = typer.Option(None, help="primary shard (default: least data)"),
+                    json_out: bool = JsonOpt) -> None:
+    """Create a database; its unsharded collections live on its primary shard."""
+    send(c.CreateDatabase(db=db, primary=primary), json_out,
+         lambda r: out.print(f"database {r['db']} {'created' if r['created'] else 'exists'}, primary {r['primary']}"))
+
+
+@app.command("shard-collection")
+def shard_collection(ns: str, key: str = typer.Option(..., help='shard key pattern, e.g. \'{"x": 1}\' or \'{"_id": "hashed"}\''),
+                     unique: bool = typer.Option(False, help="enforce uniqueness of the shard key"),
+                     num_initial_chunks: Optional[int] = typer.Option(None, help="hashed keys: initial chunks"),
+                     json_out: bool = JsonOpt) -> None:
+    """Shard a collection by a range, compound or hashed key."""
+    pattern = parse_json(key, "--key", json_out)
+    if not isinstance(pattern, dict):
+        fail("--key must be a JSON object such as {\"x\": 1}", code="BadValue", as_json=json_out, exit_code=2)
+    send(c.ShardCollection(ns=ns, key=pattern, unique=unique, numInitialChunks=num_initial_chunks), json_out,
+         lambda r: out.print(f"sharded {r['ns']}: {r['chunks']} chunk(s), epoch {r['epoch']}"))
+
+
+@app.command("split")
+def split(ns: str, at: list[str] = typer.Option(..., help="split point (full shard key); repeat for several"),
+          json_out: bool = JsonOpt) -> None:
+    """Split the chunk containing the points at those points."""
+    points = [parse_json(p, "--at", json_out) for p in at]
+    send(c.SplitChunk(ns=ns, at=points), json_out,
+         lambda r: out.print(f"split into {len(r['chunks'])} chunks: " +
+                             ", ".join(f"[{b(x['min'])}, {b(x['max'])})" for x in r["chunks"])))
+
+
+@app.command("merge")
+def merge(ns: str, min: str = typer.Option(..., "--min"), max: str = typer.Option(..., "--max"),
+          json_out: bool = JsonOpt) -> None:
+    """Merge the contiguous chunks of [min, max) (all on one shard) into one."""
+    lo, hi = parse_json(min, "--min", json_out), parse_json(max, "--max", json_out)
+    send(c.MergeChunks(ns=ns, min=lo, max=hi), json_out,
+         lambda r: out.print(f"merged {r['merged']} chunks into [{b(r['chunk']['min'])}, {b(r['chunk']['max'])})"
+                             if r["merged"] else "already a single chunk: nothing to merge"))
+
+
+# ------------------------------------------------------------------- zones
+
+@zone_app.command("add-shard")
+def zone_add_shard(shard: str, zone: str, json_out: bool = JsonOpt) -> None:
+    """Tag SHARD with ZONE."""
+    send(c.AddShardToZone(shard=shard, zone=zone), json_out,
+         lambda r: out.print(f"shard {r['shard']} zones: {', '.join(r['zones']) or '-'}"))
+
+
+@zone_app.command("remove-shard")
+def zone_remove_shard(shard: str, zone: str, json_out: bool = JsonOpt) -> None:
+    """Untag SHARD from ZONE."""
+    send(c.RemoveShardFromZone(shard=shard, zone=zone), json_out,
+         lambda r: out.print(f"shard {r['shard']} zones: {', '.join(r['zones']) or '-'}"))
+
+
+@zone_app.command("add-range")
+def zone_add_range(ns: str, min: str = typer.Option(..., "--min"), max: str = typer.Option(..., "--max"),
+                   zone: str = typer.Option(...), json_out: bool = JsonOpt) -> None:
+    """Pin the key range [min, max) of NS to ZONE."""
+    lo, hi = parse_json(min, "--min", json_out), parse_json(max, "--max", json_out)
+    send(c.AssignZoneRange(ns=ns, min=lo, max=hi, zone=zone), json_out,
+         lambda r: out.print(f"{r['ns']} [{min}, {max}) -> zone {r['zone']}"))
+
+
+@zone_app.command("remove-range")
+def zone_remove_range(ns: str, min: str = typer.Option(..., "--min"), max: str = typer.Option(..., "--max"),
+                      json_out: bool = JsonOpt) -> None:
+    """Unpin the key range [min, max) of NS."""
+    lo, hi = parse_json(min, "--min", json_out), parse_json(max, "--max", json_out)
+    send(c.RemoveZoneRange(ns=ns, min=lo, max=hi), json_out,
+         lambda r: out.print(f"{r['ns']} [{min}, {max}) no longer in zone {r['zone']}"))
+
+
+# ---------------------------------------------------------------- settings
+
+def _value(text: str) -> Any:
+    """A setting value: JSON if it parses (numbers, true/false, objects), else the plain string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+@settings_app.command("set")
+def settings_set(key: str, value: str = typer.Argument(..., help="JSON value; 'null' resets to the default"),
+                 ns: Optional[str] = typer.Option(None, help="set for this collection only"),
+                 json_out: bool = JsonOpt) -> None:
+    """Set a cluster setting (or a collection's with --ns)."""
+    send(c.SetSetting(key=key, value=_value(value), ns=ns), json_out,
+         lambda r: out.print(f"{r['key']} = {json.dumps(r['value'])}" + (f" for {r['ns']}" if r["ns"] else "")
+                             + ("" if r["changed"] else " (unchanged)")))
+
+
+@settings_app.command("get")
+def settings_get(ns: Optional[str] = typer.Option(None, help="this collection's settings"),
+                 json_out: bool = JsonOpt) -> None:
+    """Show cluster settings (or a collection's with --ns)."""
+    cat = _catalog(None, json_out)
+    if ns is not None:
+        if ns not in cat.collections:
+            fail(f"collection {ns!r} is not sharded", code="NamespaceNotFound", as_json=json_out)
+        values = cat.collections[ns].settings.model_dump()
+    else:
+        values = cat.settings.model_dump()
+    if json_out:
+        print(json.dumps({"ok": True, "configTime": cat.config_time, "ns": ns, "settings": values}))
+        return
+    t = Table("setting", "value", title=f"settings{' of ' + ns if ns else ''} at ConfigTime {cat.config_time}")
+    for k, v in values.items():
+        t.add_row(k, json.dumps(v))
+    out.print(t)
+
+
+# ------------------------------------------------------------------ status
+
+def _catalog(at: Optional[int], as_json: bool):
+    from services.config.replay import replay_catalog
+    return run(replay_catalog(_ctx.bootstrap, _ctx.topics.config_events, until=at))
+
+
+def status_document(cat, verbose: bool) -> dict:
+    shards = []
+    for s in sorted(cat.shards.values(), key=lambda s: s.id):
+        shards.append({"id": s.id, "state": "draining" if s.draining else "active", "zones": sorted(s.zones),
+                       "chunks": cat.chunk_count(s.id)})
+    dbs = [{"db": d.name, "primary": d.primary, "version": {"uuid": d.version.uuid, "lastMod": d.version.last_mod}}
+           for d in sorted(cat.databases.values(), key=lambda d: d.name)]
+    colls = []
+    for coll in sorted(cat.collections.values(), key=lambda c: c.ns):
+        doc = {"ns": coll.ns, "key": coll.pattern.spec, "unique": coll.unique, "epoch": coll.epoch,
+               "version": list(coll.version().pair), "chunkCount": len(coll.chunks),
+               "chunksPerShard": coll.chunks_per_shard(),
+               "zones": [{"zone": z.zone, "min": to_ejson(z.min), "max": to_ejson(z.max)} for z in coll.zones]}
+        if verbose:
+            doc["chunks"] = [ch.doc().model_dump(exclude={"type", "v"}) for ch in coll.chunks]
+        colls.append(doc)
+    return {"configTime": cat.config_time, "shards": shards, "databases": dbs, "collections": colls,
+            "settings": cat.settings.model_dump()}
+
+
+@app.command("status")
+def status(verbose: bool = typer.Option(False, "--verbose", "-v", help="list every chunk"),
+           at: Optional[int] = typer.Option(None, "--at", help="the catalog as of this ConfigTime"),
+           json_out: bool = JsonOpt) -> None:
+    """Shards, databases and sharded collections (like sh.status())."""
+    doc = status_document(_catalog(at, json_out), verbose)
+    if json_out:
+        print(json.dumps({"ok": True, **doc}))
+        return
+    out.print(f"[bold]shardlog cluster[/bold] {_ctx.cluster!r} at ConfigTime {doc['configTime']}")
+    t = Table("shard", "state", "zones", "chunks", title="shards")
+    for s in doc["shards"]:
+        t.add_row(s["id"], s["state"], ", ".join(s["zones"]) or "-", str(s["chunks"]))
+    out.print(t)
+    t = Table("database", "primary", "version", title="databases")
+    for d in doc["databases"]:
+        t.add_row(d["db"], d["primary"], f"{d['version']['uuid']}|{d['version']['lastMod']}")
+    out.print(t)
+    for coll in doc["collections"]:
+        out.print(f"[bold]{coll['ns']}[/bold] key {json.dumps(coll['key'])}"
+                  f"{' unique' if coll['unique'] else ''}  version {coll['version'][0]}|{coll['version'][1]}"
+                  f"||{coll['epoch']}  {coll['chunkCount']} chunks: " +
+                  ", ".join(f"{s} {n}" for s, n in sorted(coll["chunksPerShard"].items())))
+        for z in coll["zones"]:
+            out.print(f"  zone {z['zone']}: [{b(z['min'])}, {b(z['max'])})")
+        if verbose:
+            t = Table("min", "max", "shard", "version", "jumbo")
+            for ch in coll["chunks"]:
+                t.add_row(b(ch["min"]), b(ch["max"]), ch["shard"], f"{ch['version'][0]}|{ch['version'][1]}",
+                          "yes" if ch["jumbo"] else "")
+            out.print(t)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""shardlog services: one package per service, named after what it is."""

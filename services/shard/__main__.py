@@ -1,0 +1,19 @@
+"""python -m services.shard --shard-id s0"""
+from libs.service import common_args, run_service, settings_from
+from libs.topics import SHARD_ID
+from services.thin import run_following_catalog
+
+
+def main() -> None:
+    p = common_args("shardlog shard")
+    p.add_argument("--shard-id", required=True, help="this shard's id, as added with `shardlog add-shard`")
+    args = p.parse_args()
+    if not SHARD_ID.match(args.shard_id):
+        p.error(f"invalid shard id {args.shard_id!r}: use 1-64 of A-Z a-z 0-9 _ -")
+    settings = settings_from(args)
+    name = f"shard-{args.shard_id}"
+    run_service(name, lambda: run_following_catalog(settings, name, settings.topics.for_shard(args.shard_id)))
+
+
+if __name__ == "__main__":
+    main()
