@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 
 from libs import kafka, tracing
 from libs.faults import fault_point
-from libs.projection import Projection
+from libs.projection import Projection, fingerprint
 from schemas import Codec, Record, RecordError
 from schemas.reply import Reply, replies
 
@@ -62,11 +62,13 @@ def header(headers, name: str) -> bytes | None:
 class CommandProcessor:
     def __init__(self, *, bootstrap: str, command_topic: str, command_codec: Codec, projection: Projection,
                  decide: Decide, dead_letters: str, group_id: str, name: str,
-                 max_batch: int = 500, session_timeout_ms: int = 10_000):
+                 max_batch: int = 500, session_timeout_ms: int = 10_000,
+                 on_role: Callable[[str], None] | None = None):
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
         self.group_id, self.name, self.max_batch = group_id, name, max_batch
         self.session_timeout_ms = session_timeout_ms
+        self.on_role = on_role or (lambda role: None)  # told "active" / "standby"
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -127,6 +129,7 @@ class CommandProcessor:
             at = await self.projection.catch_up()
             self._consumer.resume(self.tp)
             self.active.set()
+            self.on_role("active")
             log.info("%s: active at ConfigTime %d (caught up in %.2fs), commands from offset %s",
                      self.name, at, time.monotonic() - t0, committed)
 
@@ -140,6 +143,7 @@ class CommandProcessor:
                 pass
             self._producer = None
         if was:
+            self.on_role("standby")
             log.info("%s: standing by (%s)", self.name, why)
 
     # ------------------------------------------------------------- serving
@@ -171,6 +175,7 @@ class CommandProcessor:
         await p.begin_transaction()
         # Per command: the futures of its events, its reply (or None) and where to send it.
         pending: list[tuple[list[asyncio.Future], Reply | None, list, bytes | None]] = []
+        last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint
         for rec in records:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
             with tracing.process_span(f"{self.name} process", rec.headers,
@@ -182,8 +187,10 @@ class CommandProcessor:
                     decision = self.decide(command)
                     for event in decision.events:
                         self.projection.state.apply(event, -1)  # offset unknown until acked
+                        value = Codec.encode(event)
                         with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
-                            futures.append(await p.send(events_topic, Codec.encode(event), headers=tracing.inject()))
+                            futures.append(await p.send(events_topic, value, headers=tracing.inject()))
+                        last_value = value
                     reply = Reply(ok=True, result=decision.result)
                 except RecordError as e:
                     await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
@@ -211,7 +218,7 @@ class CommandProcessor:
         await p.commit_transaction()
         self.commands_done += len(records)
         if last_event is not None:
-            self.projection.advance(last_event.offset + 1, last_event.timestamp)
+            self.projection.advance(last_event.offset + 1, fingerprint(last_value))
 
 
 def _tag(records) -> str:

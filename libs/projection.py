@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from typing import Protocol
 
 from aiokafka import TopicPartition
@@ -31,6 +32,11 @@ class State(Protocol):
     def drain_changes(self) -> dict[bytes, bytes | None]: ...
 
 
+def fingerprint(value: bytes | None) -> int:
+    """What a checkpoint remembers of the last record it applied (to recognise a recreated log)."""
+    return zlib.crc32(value or b"")
+
+
 class CheckpointMismatch(RuntimeError):
     """The store's checkpoint does not belong to the log it is asked to follow."""
 
@@ -42,7 +48,7 @@ class Projection:
         self.tp = TopicPartition(topic, partition)
         self.name = name
         self.position = 0  # next offset to apply: for config.events, the ConfigTime reached
-        self.last_timestamp: int | None = None
+        self.last_fingerprint: int | None = None
         self.skipped = 0
         self._consumer = None
         self._advanced = asyncio.Condition()
@@ -57,7 +63,7 @@ class Projection:
             self._consumer.seek(self.tp, 0)
             return
         await self._verify(ckpt)
-        self.position, self.last_timestamp = ckpt.next_offset, ckpt.last_timestamp
+        self.position, self.last_fingerprint = ckpt.next_offset, ckpt.last_fingerprint
         self._consumer.seek(self.tp, ckpt.next_offset)
 
     async def _verify(self, ckpt: Checkpoint) -> None:
@@ -72,13 +78,13 @@ class Projection:
         if ckpt.next_offset < start:
             raise CheckpointMismatch(f"{where}, but the log now starts at {start}: records it has not applied "
                                      f"were deleted. Delete the store to rebuild it from the log.")
-        if ckpt.next_offset == 0 or ckpt.last_timestamp is None:
+        if ckpt.next_offset == 0 or ckpt.last_fingerprint is None:
             return
         # Fingerprint: the last record applied must still be where the store saw it.
         c.seek(self.tp, ckpt.next_offset - 1)
         batch = await c.getmany(self.tp, timeout_ms=2000, max_records=1)
         records = batch.get(self.tp, [])
-        if records and records[0].offset == ckpt.next_offset - 1 and records[0].timestamp != ckpt.last_timestamp:
+        if records and records[0].offset == ckpt.next_offset - 1 and fingerprint(records[0].value) != ckpt.last_fingerprint:
             raise CheckpointMismatch(f"{where}, but the record before it is not the one the store applied: "
                                      f"the topic was recreated. Delete the store to rebuild it from the log.")
 
@@ -87,7 +93,7 @@ class Projection:
         self.state.load(self.store)
         ckpt = self.store.checkpoint(self.topic, self.tp.partition)
         self.position = ckpt.next_offset if ckpt else 0
-        self.last_timestamp = ckpt.last_timestamp if ckpt else None
+        self.last_fingerprint = ckpt.last_fingerprint if ckpt else None
         self._consumer.seek(self.tp, self.position)
 
     async def stop(self) -> None:
@@ -107,13 +113,13 @@ class Projection:
                 continue
             self.state.apply(event, rec.offset)
         last = records[-1]
-        self.advance(last.offset + 1, last.timestamp)
+        self.advance(last.offset + 1, fingerprint(last.value))
 
-    def advance(self, next_offset: int, last_timestamp: int | None) -> None:
+    def advance(self, next_offset: int, last_fingerprint: int | None) -> None:
         """Persist the state's pending changes with the new position, in one batch."""
-        self.position, self.last_timestamp = next_offset, last_timestamp
+        self.position, self.last_fingerprint = next_offset, last_fingerprint
         self.store.commit(self.state.drain_changes().items(),
-                          Checkpoint(self.topic, self.tp.partition, next_offset, last_timestamp))
+                          Checkpoint(self.topic, self.tp.partition, next_offset, last_fingerprint))
         asyncio.get_running_loop().call_soon(self._notify)
 
     def _notify(self) -> None:

@@ -24,13 +24,13 @@ META = b"\x00meta/"
 @dataclass(frozen=True)
 class Checkpoint:
     """Where a projection stands in its log: the next offset to read, and a
-    fingerprint (offset and timestamp) of the last record applied, so a log
+    fingerprint (CRC-32 of the value) of the last record applied, so a log
     that was recreated under the store is recognised."""
 
     topic: str
     partition: int
     next_offset: int
-    last_timestamp: int | None = None
+    last_fingerprint: int | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.__dict__).encode()

@@ -17,7 +17,7 @@ from services.config.settings import ClusterSettings, CollectionSettings, valida
 from services.config.versions import (hashed_split_points, initial_versions, merge_version, new_database_version,
                                       new_epoch, new_uuid, split_versions)
 
-SHARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SHARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z, not $: "$" also matches before a final newline
 DB_FORBIDDEN = set('/\\. "$*<>:|?\x00')
 RESERVED_DBS = {"admin", "config", "local"}
 MAX_INITIAL_CHUNKS_PER_SHARD = 8192
@@ -189,10 +189,11 @@ def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch:
     points = hashed_split_points(n)
     rest = {f: MIN_KEY for f in pattern.fields[1:]}
     bounds = [pattern.global_min()] + [{pattern.fields[0]: p, **rest} for p in points] + [pattern.global_max()]
-    per_shard = max(1, n // len(shards))
     versions = initial_versions(epoch, n)
+    # Shard j gets chunks [j*n/S, (j+1)*n/S): contiguous runs whose sizes differ by at most one.
+    # (i // (n // S)) % S wrapped around when S does not divide n, e.g. a a b b a for 5 on 2.
     return [c.ChunkDoc(min=to_ejson(bounds[i]), max=to_ejson(bounds[i + 1]),
-                       shard=shards[(i // per_shard) % len(shards)], version=versions[i].pair)
+                       shard=shards[i * len(shards) // n], version=versions[i].pair)
             for i in range(n)]
 
 

@@ -26,17 +26,25 @@ class ConfigServer:
             bootstrap=settings.bootstrap, command_topic=t.config_commands, command_codec=schema.commands,
             projection=self.projection, decide=lambda cmd: decide(self.catalog, cmd),
             dead_letters=t.dead_letters, group_id=f"{settings.cluster}.config", name=NAME,
-            max_batch=max_batch, session_timeout_ms=settings.session_timeout_ms)
+            max_batch=max_batch, session_timeout_ms=settings.session_timeout_ms, on_role=self._report)
+        self.instance = instance
+
+    def _report(self, role: str) -> None:
+        report_ready(self.settings, self.ready_name, role=role, configTime=self.projection.position)
+
+    @property
+    def ready_name(self) -> str:
+        return NAME if self.instance == "0" else f"{NAME}-{self.instance}"
 
     async def run(self) -> None:
         await kafka.ensure_topics(self.settings.bootstrap, self.settings.topics.core())
         await self.projection.start()
         at = await self.projection.catch_up()
         # Ready = replayed and in the group; active or standing by.
-        report_ready(self.settings, NAME, configTime=at)
+        report_ready(self.settings, self.ready_name, role="standby", configTime=at)
         try:
             await self.processor.run()
         finally:
-            clear_ready(self.settings, NAME)
+            clear_ready(self.settings, self.ready_name)
             await self.projection.stop()
             self.store.close()

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MB = 1024 * 1024
-HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d\Z")  # \Z, not $: "$" also matches before a final newline
 
 
 class Window(BaseModel):
@@ -89,4 +89,6 @@ def validated(model: type[BaseModel], current: BaseModel, key: str, value: Any) 
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        raise ValueError(f"{key}: {err['msg']}") from None
+        # The full location, e.g. "balancerWindow.timeZone: Field required", not just the key.
+        where = ".".join(str(p) for p in err["loc"]) or key
+        raise ValueError(f"{where}: {err['msg']}") from None

@@ -1,0 +1,198 @@
+"""Shared fixtures: a real broker (KAFKA_BOOTSTRAP), a fresh cluster name per
+test (topic prefix, so tests never see each other), services in-process or as
+child processes for kill -9, and bounded waits with clear failure messages."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> str:
+    b = os.environ.get("KAFKA_BOOTSTRAP")
+    if not b:
+        pytest.fail("KAFKA_BOOTSTRAP is not set: run the suite with `make test` (it starts a broker)")
+    return b
+
+
+@pytest.fixture
+def cluster(bootstrap, request) -> str:
+    """A fresh cluster name with its core topics created."""
+    from libs import kafka
+    from libs.topics import Topics
+
+    name = f"t{uuid.uuid4().hex[:10]}"
+    asyncio.run(kafka.ensure_topics(bootstrap, Topics(name).core()))
+    return name
+
+
+@pytest.fixture
+def settings(bootstrap, cluster, tmp_path):
+    from libs.service import ServiceSettings
+    return ServiceSettings(bootstrap, cluster, tmp_path / "data", session_timeout_ms=6000)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
+    """Poll `predicate` until truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+async def async_wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class ServiceProcess:
+    """A service in its own process (for kill -9), with its readiness file."""
+
+    def __init__(self, settings, module: str, *args: str, ready_name: str, env: dict | None = None,
+                 log: Path | None = None):
+        self.settings, self.ready_name = settings, ready_name
+        self.ready_file = settings.data_dir / f"{ready_name}.ready"
+        self.ready_file.unlink(missing_ok=True)
+        self.log = log or settings.data_dir.parent / f"{ready_name}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        full_env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "SHARDLOG_CLUSTER": settings.cluster,
+                    "SHARDLOG_DATA_DIR": str(settings.data_dir),
+                    "SHARDLOG_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+                    "PYTHONPATH": str(ROOT), **(env or {})}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], env=full_env, cwd=ROOT,
+                                         stdout=out, stderr=subprocess.STDOUT)
+
+    def ready_info(self) -> dict | None:
+        try:
+            info = json.loads(self.ready_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return info if info.get("pid") == self.proc.pid else None
+
+    def wait_ready(self, timeout: float = 60, role: str | None = None) -> dict:
+        def check():
+            if self.proc.poll() is not None:
+                pytest.fail(f"{self.ready_name} exited with {self.proc.returncode}:\n{self.tail()}")
+            info = self.ready_info()
+            return info if info and (role is None or info.get("role") == role) else None
+        return wait_until(check, timeout, f"{self.ready_name} to be ready{' as ' + role if role else ''}")
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def signal(self, sig) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def spawn():
+    """Start services as child processes; every one is stopped at teardown."""
+    started: list[ServiceProcess] = []
+
+    def start(settings, module: str, *args: str, ready_name: str, env: dict | None = None) -> ServiceProcess:
+        p = ServiceProcess(settings, module, *args, ready_name=ready_name, env=env)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.stop()
+
+
+@pytest.fixture
+def config_server(settings):
+    """A config server running in this process, in a background thread's event loop."""
+    import threading
+
+    from services.config.server import ConfigServer
+
+    server = ConfigServer(settings)
+    loop = asyncio.new_event_loop()
+    task_box: dict = {}
+
+    def run():
+        asyncio.set_event_loop(loop)
+        task_box["task"] = loop.create_task(server.run())
+        try:
+            loop.run_until_complete(task_box["task"])
+        except (asyncio.CancelledError, Exception):
+            pass
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    wait_until(lambda: server.processor.active.is_set(), 60, "the in-process config server to become active")
+    yield server
+    loop.call_soon_threadsafe(task_box["task"].cancel)
+    t.join(30)
+
+
+def read_events(bootstrap: str, topic: str) -> list:
+    """Every committed record of a single-partition topic, as (offset, record-or-raw)."""
+    from aiokafka import TopicPartition
+
+    from libs import kafka
+    from schemas import config as schema
+
+    async def go():
+        c = kafka.consumer(bootstrap)
+        await c.start()
+        try:
+            tp = TopicPartition(topic, 0)
+            c.assign([tp])
+            c.seek(tp, 0)
+            out = []
+
+            async def take(records):
+                out.extend((r.offset, schema.events.decode(r.value)) for r in records)
+            await kafka.catch_up(c, tp, take)
+            return out
+        finally:
+            await c.stop()
+    return asyncio.run(go())
+
+
+def cli(settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the real `shardlog` command line in a child process."""
+    return subprocess.run([sys.executable, "-m", "cli.main", "--bootstrap", settings.bootstrap,
+                           "--cluster", settings.cluster, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -1,0 +1,254 @@
+"""The config server against a real broker: commands, refusals, dead letters,
+crash recovery (kill -9), standby takeover and zombie fencing."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import signal
+
+import pytest
+from aiokafka import TopicPartition
+
+from libs import kafka
+from libs.requests import Requester
+from schemas import config as c
+from tests.conftest import async_wait_until, cli, read_events, wait_until
+
+pytestmark = pytest.mark.kafka
+
+
+def request_all(settings, commands, timeout=60.0):
+    async def go():
+        async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
+            return [await r.request(settings.topics.config_commands, cmd, timeout=timeout) for cmd in commands]
+    return asyncio.run(go())
+
+
+def test_cli_commands_and_status(settings, config_server):
+    assert cli(settings, "add-shard", "s0").returncode == 0
+    assert cli(settings, "add-shard", "s1").returncode == 0
+    r = cli(settings, "shard-collection", "app.users", "--key", '{"_id": "hashed"}', "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["chunks"] == 4
+    r = cli(settings, "shard-collection", "app.orders", "--key", '{"cust": 1, "ts": 1}')
+    assert r.returncode == 0, r.stderr
+    r = cli(settings, "split", "app.orders", "--at", '{"cust": 10, "ts": 0}', "--at", '{"cust": 20, "ts": 0}')
+    assert r.returncode == 0, r.stderr
+    r = cli(settings, "zone", "add-shard", "s1", "eu")
+    assert r.returncode == 0, r.stderr
+    r = cli(settings, "zone", "add-range", "app.orders", "--min", '{"cust": 10, "ts": 0}',
+            "--max", '{"cust": 20, "ts": 0}', "--zone", "eu")
+    assert r.returncode == 0, r.stderr
+    r = cli(settings, "settings", "set", "balancerWindow", '{"start": "23:00", "stop": "06:00", "timeZone": "Europe/Paris"}')
+    assert r.returncode == 0, r.stderr
+
+    status = json.loads(cli(settings, "status", "--verbose", "--json").stdout)
+    assert [s["id"] for s in status["shards"]] == ["s0", "s1"]
+    assert status["shards"][1]["zones"] == ["eu"]
+    orders = next(x for x in status["collections"] if x["ns"] == "app.orders")
+    # seed 001: splitting the (1, 0) chunk into three gives <1, 1>, <1, 2>, <1, 3>.
+    assert orders["chunkCount"] == 3 and orders["version"] == [1, 3]
+    assert [tuple(ch["version"]) for ch in orders["chunks"]] == [(1, 1), (1, 2), (1, 3)]
+    assert orders["zones"] == [{"zone": "eu", "min": {"cust": 10, "ts": 0}, "max": {"cust": 20, "ts": 0}}]
+    assert status["settings"]["balancerWindow"] == {"start": "23:00", "stop": "06:00", "timeZone": "Europe/Paris"}
+    human = cli(settings, "status")
+    assert human.returncode == 0 and "app.users" in human.stdout and "s1" in human.stdout
+    # The catalog as of an earlier ConfigTime does not have what came later.
+    early = json.loads(cli(settings, "status", "--at", "2", "--json").stdout)
+    assert [s["id"] for s in early["shards"]] == ["s0"] and early["collections"] == []
+
+
+BAD_INPUTS = [
+    (("add-shard", "s0"), "ShardAlreadyExists"),
+    (("add-shard", "bad name!"), "BadValue"),
+    (("remove-shard", "nope"), "ShardNotFound"),
+    (("create-database", "bad.db"), "InvalidNamespace"),
+    (("create-database", "admin"), "InvalidNamespace"),
+    (("shard-collection", "nodot", "--key", '{"x": 1}'), "InvalidNamespace"),
+    (("shard-collection", "app.c", "--key", '{"x": -1}'), "InvalidOptions"),
+    (("shard-collection", "app.c", "--key", '{"$x": 1}'), "InvalidOptions"),
+    (("shard-collection", "app.c", "--key", '{"x": "hashed", "y": "hashed"}'), "InvalidOptions"),
+    (("shard-collection", "app.c", "--key", '{bad json'), "BadValue"),
+    (("shard-collection", "app.sharded", "--key", '{"x": 1}'), "AlreadyInitialized"),
+    (("split", "app.missing", "--at", '{"x": 1}'), "NamespaceNotFound"),
+    (("split", "app.sharded", "--at", '{"y": 1}'), "BadValue"),
+    (("split", "app.sharded", "--at", '{"x": 5}', "--at", '{"x": 1}'), "BadValue"),
+    (("merge", "app.sharded", "--min", '{"x": 3}', "--max", '{"x": 7}'), "BadValue"),
+    (("zone", "add-shard", "ghost", "eu"), "ShardNotFound"),
+    (("zone", "add-range", "app.sharded", "--min", '{"x": 1}', "--max", '{"x": 2}', "--zone", "nozone"), "ZoneNotFound"),
+    (("settings", "set", "noSuchKnob", "1"), "BadValue"),
+    (("settings", "set", "maxChunkSizeBytes", "5"), "BadValue"),
+    (("settings", "set", "balancerWindow", '{"start": "23:00", "stop": "06:00", "timeZone": "Mars/Base"}'), "BadValue"),
+    (("settings", "set", "maxChunkSizeBytes", "1048576", "--ns", "app.missing"), "NamespaceNotFound"),
+]
+
+
+def test_bad_input_gets_a_clear_error_and_no_event(settings, config_server):
+    assert request_all(settings, [c.AddShard(shard="s0"), c.ShardCollection(ns="app.sharded", key={"x": 1})])[-1].ok
+    before = read_events(settings.bootstrap, settings.topics.config_events)
+    for args, code in BAD_INPUTS:
+        r = cli(settings, *args)
+        assert r.returncode != 0, f"{args} should fail"
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and code in lines[0], f"{args}: expected one line with {code}, got {r.stderr!r}"
+        j = cli(settings, *args, "--json")
+        assert j.returncode != 0 and json.loads(j.stdout)["code"] == code, (args, j.stdout)
+    after = read_events(settings.bootstrap, settings.topics.config_events)
+    assert [e for _, e in after] == [e for _, e in before], "a refused command appended an event"
+
+
+def test_malformed_records_go_to_dead_letters_and_the_server_carries_on(settings, config_server):
+    t = settings.topics
+    garbage = [b"not json", b"[1, 2]", b'{"type": "NoSuchCommand", "v": 1}',
+               b'{"type": "AddShard", "v": 99, "shard": "x"}', b'{"type": "AddShard", "v": 1}',
+               b'{"type": "AddShard", "v": 1, "shard": "s0", "extra": true}']
+
+    async def go():
+        async with Requester(settings.bootstrap, t.cli_replies) as r:
+            replies = [await r.request(t.config_commands, raw, timeout=30) for raw in garbage]
+            ok = await r.request(t.config_commands, c.AddShard(shard="s0"), timeout=30)
+            return replies, ok
+    replies, ok = asyncio.run(go())
+    assert all(not rep.ok and rep.code == "BadRecord" for rep in replies)
+    assert "unknown record type 'NoSuchCommand'" in replies[2].error
+    assert "schema version 99" in replies[3].error
+    assert "shard" in replies[4].error and "extra" in replies[5].error
+    assert ok.ok, "a valid command after the garbage must still be served"
+
+    async def dead_letters():
+        cons = kafka.consumer(settings.bootstrap)
+        await cons.start()
+        try:
+            tp = TopicPartition(t.dead_letters, 0)
+            cons.assign([tp])
+            cons.seek(tp, 0)
+            out = []
+
+            async def take(records):
+                out.extend(records)
+            await kafka.catch_up(cons, tp, take)
+            return out
+        finally:
+            await cons.stop()
+    dl = asyncio.run(dead_letters())
+    assert [r.value for r in dl] == garbage
+    reasons = [dict(r.headers)["dlq.reason"].decode() for r in dl]
+    assert all(reasons) and "not JSON" in reasons[0]
+    assert [e.type for _, e in read_events(settings.bootstrap, t.config_events)] == ["ShardAdded"]
+
+
+def _burst(settings, n: int, on_progress):
+    """Send n ShardCollection commands (each creates a database too) pipelined; collect replies."""
+    async def go():
+        async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
+            futures = [await r.send(settings.topics.config_commands,
+                                    c.ShardCollection(ns=f"db{i}.coll", key={"x": 1})) for i in range(n)]
+            acked = {}
+            pending = set(range(n))
+            while pending:
+                for i in list(pending):
+                    if futures[i].done():
+                        acked[i] = futures[i].result()
+                        pending.discard(i)
+                on_progress(len(acked))
+                await asyncio.sleep(0.02)
+            return acked
+    return go()
+
+
+def check_exactly_once(settings, n: int) -> None:
+    events = [e for _, e in read_events(settings.bootstrap, settings.topics.config_events)]
+    created = collections.Counter(e.db for e in events if e.type == "DatabaseCreated")
+    sharded = collections.Counter(e.ns for e in events if e.type == "CollectionSharded")
+    for i in range(n):
+        assert created[f"db{i}"] == 1, f"db{i} created {created[f'db{i}']} times"
+        assert sharded[f"db{i}.coll"] == 1, f"db{i}.coll sharded {sharded[f'db{i}.coll']} times"
+    # Never half-applied: each CollectionSharded comes right after its own DatabaseCreated.
+    for a, b in zip(events, events[1:]):
+        if b.type == "CollectionSharded":
+            assert a.type == "DatabaseCreated" and b.ns == f"{a.db}.coll"
+
+
+def test_kill9_during_a_burst_loses_nothing_and_applies_once(settings, spawn):
+    n = 300
+    srv = spawn(settings, "services.config", ready_name="config")
+    srv.wait_ready(role="active")
+    assert request_all(settings, [c.AddShard(shard="s0")])[0].ok
+    state = {"killed": False, "restarted": None}
+
+    def on_progress(acked: int) -> None:
+        if not state["killed"] and acked >= 60:
+            srv.kill9()  # mid-burst: some commands acked, some in flight, some not yet read
+            state["killed"] = True
+            state["acked_at_kill"] = acked
+            state["restarted"] = spawn(settings, "services.config", ready_name="config")
+    acked = asyncio.run(asyncio.wait_for(_burst(settings, n, on_progress), 180))
+    assert state["killed"] and state["acked_at_kill"] < n, "the kill must land mid-burst"
+    assert all(rep.ok for rep in acked.values()), [r for r in acked.values() if not r.ok][:3]
+    check_exactly_once(settings, n)
+    # The restarted server's store equals a fresh replay of the log.
+    state["restarted"].wait_ready(role="active")
+    state["restarted"].stop()
+    assert_store_matches_replay(settings, settings.data_dir / "config-0" / "catalog")
+
+
+def assert_store_matches_replay(settings, store_path):
+    from cli.main import status_document
+    from libs.store import Store
+    from services.config.catalog import Catalog
+    from services.config.replay import replay_catalog
+
+    store = Store(store_path)
+    try:
+        durable = Catalog()
+        durable.load(store)
+    finally:
+        store.close()
+    fresh = asyncio.run(replay_catalog(settings.bootstrap, settings.topics.config_events))
+    a, b = status_document(durable, verbose=True), status_document(fresh, verbose=True)
+    a.pop("configTime"), b.pop("configTime")
+    assert a == b
+
+
+def test_standby_takes_over_when_the_active_config_server_dies(settings, spawn):
+    active = spawn(settings, "services.config", ready_name="config")
+    active.wait_ready(role="active")
+    standby = spawn(settings, "services.config", "--instance", "1", ready_name="config-1")
+    standby.wait_ready(role="standby")
+    first = request_all(settings, [c.AddShard(shard=f"a{i}") for i in range(20)])
+    assert all(r.ok for r in first)
+    active.kill9()
+    second = request_all(settings, [c.AddShard(shard=f"b{i}") for i in range(20)], timeout=90)
+    assert all(r.ok for r in second)
+    standby.wait_ready(role="active", timeout=5)
+    names = collections.Counter(e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events))
+    assert names == collections.Counter([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
+
+
+def test_a_zombie_config_server_cannot_append(settings, spawn):
+    # The first server freezes itself (SIGSTOP) inside the transaction of one command.
+    zombie = spawn(settings, "services.config", ready_name="config",
+                   env={"SHARDLOG_FAULTS": "config.before_commit@zombie-shard=stop"})
+    zombie.wait_ready(role="active")
+    assert request_all(settings, [c.AddShard(shard="before")])[0].ok
+    heir = spawn(settings, "services.config", "--instance", "1", ready_name="config-1")
+    heir.wait_ready(role="standby")
+
+    async def go():
+        async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
+            fut = await r.send(settings.topics.config_commands, c.AddShard(shard="zombie-shard"))
+            # The zombie froze before committing; the heir takes over after the session
+            # timeout, fences it, and decides the command again.
+            reply = await asyncio.wait_for(fut, 90)
+            assert reply.ok, reply
+            await async_wait_until(lambda: heir.ready_info() and heir.ready_info().get("role") == "active",
+                                   10, "the heir to report itself active")
+            zombie.signal(signal.SIGCONT)  # the zombie wakes up and tries to commit
+            await async_wait_until(lambda: "ProducerFenced" in zombie.tail(200) or "fenced" in zombie.tail(200).lower(),
+                                   60, "the zombie to notice it was fenced")
+            after = await r.request(settings.topics.config_commands, c.AddShard(shard="after"), timeout=60)
+            assert after.ok
+    asyncio.run(go())
+    shards = [e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events)]
+    assert shards == ["before", "zombie-shard", "after"]
