@@ -33,7 +33,7 @@ from libs import kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, header
 from libs.requests import Requester
 from libs.service import ServiceSettings
-from libs.topics import SHORT_LIVED, TopicSpec
+from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import Codec
 from schemas import config as schema
 from schemas.reply import Reply
@@ -117,35 +117,54 @@ async def drive(req: Requester, topic: str, counter: Counter, n: int, concurrenc
     wall = time.perf_counter() - t0
     if failures:
         raise SystemExit(f"{len(failures)} commands failed or changed nothing, e.g. {failures[0]}")
-    latencies.sort()
-    return {"n": n, "concurrency": concurrency, "seconds": wall, "per_s": E.rate(n, wall),
-            "p50_ms": percentile(latencies, 0.50) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3,
-            "max_ms": latencies[-1] * 1e3}
+    return {"n": n, "seconds": wall, "latencies": latencies}
 
 
-async def measure(req: Requester, topic: str, counter: Counter, plan: list[tuple[int, int]], stats, label: str):
-    await drive(req, topic, counter, 50, 10)  # warm-up: producer ids, metadata, first transactions
-    out = []
-    for n, c in plan:
-        before = (stats["txns"], stats["records"], RETRIES.count, dict(BACKOFFS))
-        r = await drive(req, topic, counter, n, c)
-        txns, records = stats["txns"] - before[0], stats["records"] - before[1]
-        r["commands_per_txn"] = records / txns if txns else float("nan")
-        r["transactions"], r["produce_retries"] = txns, RETRIES.count - before[2]
-        r["coordinator_backoffs"] = {k: v - before[3].get(k, 0) for k, v in BACKOFFS.items() if v - before[3].get(k, 0)}
-        out.append(r)
-        print(f"  {label:9s} concurrency {c:4d}: {n:6_} commands in {r['seconds']:6.2f}s = {r['per_s']:8,.0f}/s, "
-              f"latency p50 {r['p50_ms']:7.2f} ms, p99 {r['p99_ms']:7.2f} ms, max {r['max_ms']:7.1f} ms, "
-              f"{r['commands_per_txn']:.1f} commands/txn", flush=True)
-        print(f"  {'':9s} {r['transactions']} transactions; retried after a backoff: {r['produce_retries']} produce "
-              f"requests, coordinator requests {r['coordinator_backoffs'] or 'none'}", flush=True)
-    return out
+class System:
+    """One side of the comparison: where to send, and its transaction counters."""
+
+    def __init__(self, label: str, req: Requester, topic: str, stats: dict):
+        self.label, self.req, self.topic, self.stats = label, req, topic, stats
+        self.counter = Counter()
+        self.rounds: dict[int, list[dict]] = {}
+
+    async def round(self, n: int, concurrency: int) -> dict:
+        before = (self.stats["txns"], self.stats["records"], RETRIES.count, dict(BACKOFFS))
+        r = await drive(self.req, self.topic, self.counter, n, concurrency)
+        r["transactions"] = self.stats["txns"] - before[0]
+        r["records"] = self.stats["records"] - before[1]
+        r["produce_retries"] = RETRIES.count - before[2]
+        r["coordinator_backoffs"] = {k: v - before[3].get(k, 0) for k, v in BACKOFFS.items()
+                                     if v - before[3].get(k, 0)}
+        self.rounds.setdefault(concurrency, []).append(r)
+        lat = sorted(r["latencies"])
+        print(f"  {self.label:8s} c={concurrency:<4d} {n:6_} commands {r['seconds']:6.2f}s = "
+              f"{E.rate(n, r['seconds']):7,.0f}/s  p50 {percentile(lat, .5) * 1e3:6.1f} ms  "
+              f"p99 {percentile(lat, .99) * 1e3:6.1f} ms  {r['transactions']} txns  "
+              f"backoffs: {r['produce_retries']} produce, {r['coordinator_backoffs'] or 'no coordinator'}", flush=True)
+        return r
+
+    def summary(self, concurrency: int) -> dict:
+        """All rounds at one concurrency pooled: throughput = commands / time, percentiles of every latency."""
+        rs = self.rounds[concurrency]
+        n, secs = sum(r["n"] for r in rs), sum(r["seconds"] for r in rs)
+        lat = sorted(x for r in rs for x in r["latencies"])
+        backoffs: dict[str, int] = {}
+        for r in rs:
+            for k, v in r["coordinator_backoffs"].items():
+                backoffs[k] = backoffs.get(k, 0) + v
+        txns = sum(r["transactions"] for r in rs)
+        return {"commands": n, "rounds": len(rs), "per_s": round(E.rate(n, secs), 1),
+                "p50_ms": round(percentile(lat, .5) * 1e3, 2), "p99_ms": round(percentile(lat, .99) * 1e3, 2),
+                "max_ms": round(lat[-1] * 1e3, 1), "transactions": txns,
+                "commands_per_txn": round(sum(r["records"] for r in rs) / txns, 1) if txns else None,
+                "produce_retries": sum(r["produce_retries"] for r in rs), "coordinator_backoffs": backoffs}
 
 
 # ------------------------------------------------------------------ shardlog
 
 
-async def run_shardlog(bootstrap: str, cluster: str, data_dir: Path, plan) -> list[dict]:
+async def start_shardlog(bootstrap: str, cluster: str, data_dir: Path) -> tuple[asyncio.Task, str, str, dict]:
     settings = ServiceSettings(bootstrap=bootstrap, cluster=cluster, data_dir=data_dir)
     server = ConfigServer(settings, max_batch=MAX_BATCH)
     stats = {"txns": 0, "records": 0}
@@ -158,13 +177,8 @@ async def run_shardlog(bootstrap: str, cluster: str, data_dir: Path, plan) -> li
 
     server.processor._transact = counted
     task = asyncio.create_task(server.run())
-    try:
-        await asyncio.wait_for(server.processor.active.wait(), 60)
-        async with Requester(bootstrap, settings.topics.cli_replies, client_id="bench-client") as req:
-            return await measure(req, settings.topics.config_commands, Counter(), plan, stats, "shardlog")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait_for(server.processor.active.wait(), 60)
+    return task, settings.topics.config_commands, settings.topics.cli_replies, stats
 
 
 # ----------------------------------------------------------------------- raw
@@ -200,23 +214,40 @@ async def raw_loop(bootstrap: str, in_topic: str, out_topic: str, group: str, st
         await producer.stop()
 
 
-async def run_raw(bootstrap: str, cluster: str, plan, retry_backoff_ms: int) -> list[dict]:
+async def start_raw(bootstrap: str, cluster: str, retry_backoff_ms: int) -> tuple[asyncio.Task, str, str, dict]:
     t_in, t_out, t_replies = f"{cluster}.raw.in", f"{cluster}.raw.out", f"{cluster}.raw.replies"
     await kafka.ensure_topics(bootstrap, [TopicSpec(t_in), TopicSpec(t_out), TopicSpec(t_replies, config=SHORT_LIVED)])
     stats = {"txns": 0, "records": 0}
     task = asyncio.create_task(raw_loop(bootstrap, t_in, t_out, f"{cluster}.raw", stats, retry_backoff_ms))
+    return task, t_in, t_replies, stats
+
+
+async def run(bootstrap: str, cluster: str, data_dir: Path, plan, repeat: int, retry_backoff_ms: int,
+              profile: cProfile.Profile | None) -> tuple[System, System]:
+    """Both sides up at once (the idle one only polls), rounds alternating between them."""
+    ours = await start_shardlog(bootstrap, cluster, data_dir)
+    raw = await start_raw(bootstrap, cluster, retry_backoff_ms)
+    tasks = [ours[0], raw[0]]
     try:
-        async with Requester(bootstrap, t_replies, client_id="bench-client") as req:
-            return await measure(req, t_in, Counter(), plan, stats, "raw")
+        async with Requester(bootstrap, ours[2], client_id="bench-client") as r1, \
+                Requester(bootstrap, raw[2], client_id="bench-client") as r2:
+            systems = (System("shardlog", r1, ours[1], ours[3]), System("raw", r2, raw[1], raw[3]))
+            for s in systems:  # warm-up: producer ids, metadata, group join, first transactions
+                await drive(s.req, s.topic, s.counter, 50, 10)
+            for i in range(repeat):
+                print(f"round {i + 1}/{repeat}")
+                for n, c in plan:
+                    for s in systems:
+                        if profile and s.label == "shardlog":
+                            profile.enable()
+                        await s.round(n, c)
+                        if profile:
+                            profile.disable()
+            return systems
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-def summary(r: dict) -> dict:
-    keys = ("per_s", "p50_ms", "p99_ms", "max_ms", "commands_per_txn", "transactions", "produce_retries",
-            "coordinator_backoffs")
-    return {k: round(r[k], 3) if isinstance(r[k], float) else r[k] for k in keys}
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def main() -> None:
@@ -228,8 +259,9 @@ def main() -> None:
                    help="leave OpenTelemetry's no-op provider (a service host installs the SDK's, as here by default)")
     p.add_argument("--raw-retry-backoff-ms", type=int, default=100,
                    help="the baseline producer's retry_backoff_ms (default 100, aiokafka's and so shardlog's)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds, alternating shardlog and raw (default 3)")
     p.add_argument("--profile", action="store_true",
-                   help="cProfile the shardlog phase (server and client: one process, one event loop)")
+                   help="cProfile the shardlog rounds (server and client: one process, one event loop)")
     args = p.parse_args()
     logging.basicConfig(level=logging.ERROR)
     sender = logging.getLogger("aiokafka.producer.sender")
@@ -242,37 +274,35 @@ def main() -> None:
     bootstrap, cluster = E.bootstrap(), E.cluster_name()
     plan = [(args.n, args.concurrency), (min(args.n_serial, args.n), 1)]
     tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-commands-"))
-    print(f"command benchmark: cluster {cluster}, plan {plan} (commands, concurrency), max batch {MAX_BATCH}, "
-          f"tracing {'off' if args.no_tracing else 'SDK'}")
+    print(f"command benchmark: cluster {cluster}; {args.repeat} rounds of {plan} (commands, concurrency) "
+          f"alternating shardlog / raw; max batch {MAX_BATCH}; tracing {'off' if args.no_tracing else 'SDK'}")
+    prof = cProfile.Profile() if args.profile else None
     try:
-        prof = cProfile.Profile() if args.profile else None
-        if prof:
-            prof.enable()
-        ours = asyncio.run(run_shardlog(bootstrap, cluster, tmp, plan))
-        if prof:
-            prof.disable()
-            out = io.StringIO()
-            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
-            print(out.getvalue())
-        raw = asyncio.run(run_raw(bootstrap, cluster, plan, args.raw_retry_backoff_ms))
+        ours, raw = asyncio.run(run(bootstrap, cluster, tmp, plan, args.repeat, args.raw_retry_backoff_ms, prof))
     finally:
-        from libs.topics import Topics
         t = Topics(cluster)
         E.delete_topics(bootstrap, [s.name for s in t.core()]
                         + [f"{cluster}.raw.in", f"{cluster}.raw.out", f"{cluster}.raw.replies"])
         shutil.rmtree(tmp, ignore_errors=True)
+    if prof:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+        print(out.getvalue())
     figures = {}
-    for o, r in zip(ours, raw):
-        c = o["concurrency"]
+    print("pooled over all rounds:")
+    for _, c in plan:
+        o, r = ours.summary(c), raw.summary(c)
+        for label, x in (("shardlog", o), ("raw", r)):
+            print(f"  {label:8s} c={c:<4d} {x['commands']:7_} commands: {x['per_s']:8,.0f}/s  p50 {x['p50_ms']:6.1f} ms  "
+                  f"p99 {x['p99_ms']:6.1f} ms  max {x['max_ms']:6.1f} ms  {x['commands_per_txn']} commands/txn")
         tput, p50, p99 = o["per_s"] / r["per_s"], o["p50_ms"] / r["p50_ms"], o["p99_ms"] / r["p99_ms"]
-        print(f"ratio shardlog / raw at concurrency {c}: throughput {tput:.3f}, p50 latency {p50:.2f}x, "
+        print(f"  ratio shardlog / raw at concurrency {c}: throughput {tput:.3f}, p50 latency {p50:.2f}x, "
               f"p99 latency {p99:.2f}x")
-        figures[f"c{c}"] = {
-            "n": o["n"],
-            "shardlog": summary(o), "raw": summary(r),
-            "ratio_throughput": round(tput, 4), "ratio_p50": round(p50, 3), "ratio_p99": round(p99, 3)}
-    E.result_line("commands", tracing=not args.no_tracing, max_batch=MAX_BATCH,
-                  raw_retry_backoff_ms=args.raw_retry_backoff_ms, **figures)
+        figures[f"c{c}"] = {"shardlog": o, "raw": r, "ratio_throughput": round(tput, 4),
+                            "ratio_p50": round(p50, 3), "ratio_p99": round(p99, 3)}
+    E.result_line("commands", n=args.n, n_serial=plan[1][0], concurrency=args.concurrency, repeat=args.repeat,
+                  tracing=not args.no_tracing, max_batch=MAX_BATCH, raw_retry_backoff_ms=args.raw_retry_backoff_ms,
+                  **figures)
 
 
 if __name__ == "__main__":

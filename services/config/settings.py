@@ -42,7 +42,9 @@ class Window(BaseModel):
 
 
 class ClusterSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No inf/NaN: the event log is JSON, where pydantic writes them as null, which replays as
+    # "reset to the default" — followers would disagree with the config server.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # seed 003: chunk size (MongoDB 6.0+: 128 MB; allowed 1..1024 MB)
     maxChunkSizeBytes: int = Field(128 * MB, ge=1 * MB, le=1024 * MB)

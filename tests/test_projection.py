@@ -1,0 +1,174 @@
+"""Projection against a real broker: kill -9 mid-stream, restart, and compare
+with a fresh full replay; refuse a store whose log was recreated; rebuild a
+missing store."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+
+from libs import kafka
+from libs.projection import CheckpointMismatch, Projection
+from libs.store import Store
+from schemas import Codec
+from schemas import config as c
+from services.config.catalog import Catalog
+from services.config.versions import new_epoch
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.kafka
+
+
+def catalog_events(n_rounds: int, start: int = 0):
+    """A long, valid stream whose end state depends on every event: shards, a
+    collection, then ever more splits (every third round merging the last two
+    chunks back), with growing versions, zone tags and setting changes."""
+    epoch = "6b0000000000000000000001"
+    lo, top = {"x": {"$minKey": 1}}, {"x": {"$maxKey": 1}}
+    if start == 0:
+        yield c.ShardAdded(shard="s0")
+        yield c.ShardAdded(shard="s1")
+        yield c.DatabaseCreated(db="db", primary="s0", uuid="u-1")
+        yield c.CollectionSharded(ns="db.c", key={"x": 1}, unique=False, epoch=epoch, uuid="u-2", chunks=[
+            c.ChunkDoc(min=lo, max=top, shard="s0", version=(1, 0))])
+    mins = [lo]  # lower bounds of the chunks, in order; the last chunk ends at MaxKey
+    minor = 0
+    for i in range(start, start + n_rounds):
+        at = {"x": i}
+        yield c.ChunkSplit(ns="db.c", epoch=epoch, min=mins[-1], max=top, chunks=[
+            c.ChunkDoc(min=mins[-1], max=at, shard="s0", version=(1, minor + 1)),
+            c.ChunkDoc(min=at, max=top, shard="s0", version=(1, minor + 2))])
+        mins.append(at)
+        minor += 2
+        if i % 3 == 2:
+            mins.pop()
+            yield c.ChunksMerged(ns="db.c", epoch=epoch, chunk=c.ChunkDoc(min=mins[-1], max=top, shard="s0",
+                                                                          version=(1, minor + 1)))
+            minor += 1
+        if i % 50 == 0:
+            yield c.SettingChanged(key="rangeDeleterBatchSize", value=100 + i)
+            yield c.ShardZoneAdded(shard="s1", zone=f"z{i}")
+
+
+async def produce(bootstrap: str, topic: str, events, txn_id: str, per_txn: int = 500) -> int:
+    """Append events in transactions (as the config server does), so the log has commit markers."""
+    p = kafka.producer(bootstrap, transactional_id=txn_id)
+    await p.start()
+    count = 0
+    try:
+        batch = []
+        for e in events:
+            batch.append(Codec.encode(e))
+            if len(batch) == per_txn:
+                count += await _txn(p, topic, batch)
+                batch = []
+        if batch:
+            count += await _txn(p, topic, batch)
+    finally:
+        await p.stop()
+    return count
+
+
+async def _txn(p, topic, values) -> int:
+    async with p.transaction():
+        futs = [await p.send(topic, v) for v in values]
+        await asyncio.gather(*futs)
+    return len(values)
+
+
+def durable_entities(path) -> dict:
+    store = Store(path)
+    try:
+        return {k: v for k, v in store.scan(b"") if not k.startswith(b"\x00")}
+    finally:
+        store.close()
+
+
+async def fresh_replay(bootstrap: str, topic: str, path) -> tuple[dict, int]:
+    store = Store(path)
+    proj = Projection(bootstrap, topic, c.events, Catalog(), store, name="fresh")
+    await proj.start()
+    at = await proj.catch_up()
+    await proj.stop()
+    store.close()
+    return durable_entities(path), at
+
+
+def test_kill9_mid_stream_then_restart_equals_a_fresh_replay(settings, spawn, tmp_path):
+    topic = settings.topics.config_events
+    rounds = 6000  # ~12k events
+    # A shard service follows config.events into its own store: the projection under test.
+    follower = spawn(settings, "services.shard", "--shard-id", "s0", ready_name="shard-s0")
+    follower.wait_ready()
+    events = list(catalog_events(rounds))
+    half = len(events) // 2
+    asyncio.run(produce(settings.bootstrap, topic, events[:half], f"{settings.cluster}.writer"))
+    # Kill it while it is still folding the stream: more events keep arriving after the kill.
+    follower.kill9()
+    asyncio.run(produce(settings.bootstrap, topic, events[half:], f"{settings.cluster}.writer"))
+    restarted = spawn(settings, "services.shard", "--shard-id", "s0", ready_name="shard-s0")
+    info = restarted.wait_ready()
+    restarted.stop()
+    store_path = settings.data_dir / "shard-s0" / "catalog"
+    fresh, end = asyncio.run(fresh_replay(settings.bootstrap, topic, tmp_path / "fresh"))
+    assert info["configTime"] == end, "the restarted projection must reach the end of the log"
+    assert durable_entities(store_path) == fresh
+    assert sum(k.startswith(b"chunk/") for k in fresh) > rounds // 2  # the state is the whole history's
+
+
+def test_checkpoint_ahead_of_a_recreated_log_is_refused(settings, tmp_path):
+    topic = settings.topics.config_events
+    path = tmp_path / "store"
+
+    async def go():
+        await produce(settings.bootstrap, topic, catalog_events(20), f"{settings.cluster}.w1")
+        store = Store(path)
+        proj = Projection(settings.bootstrap, topic, c.events, Catalog(), store)
+        await proj.start()
+        await proj.catch_up()
+        await proj.stop()
+        store.close()
+        # The topic is deleted and recreated, then a shorter history is written.
+        await kafka.delete_topics(settings.bootstrap, [topic])
+        for _ in range(100):
+            try:
+                await kafka.ensure_topics(settings.bootstrap, settings.topics.core())
+                break
+            except Exception:
+                await asyncio.sleep(0.1)
+        await produce(settings.bootstrap, topic, catalog_events(3), f"{settings.cluster}.w2")
+        store = Store(path)
+        proj = Projection(settings.bootstrap, topic, c.events, Catalog(), store)
+        try:
+            with pytest.raises(CheckpointMismatch, match="recreated or truncated"):
+                await proj.start()
+        finally:
+            await proj.stop()
+            store.close()
+        # Same again with a longer history: the fingerprint of the last applied record catches it.
+        await produce(settings.bootstrap, topic, catalog_events(40, start=500), f"{settings.cluster}.w3")
+        store = Store(path)
+        proj = Projection(settings.bootstrap, topic, c.events, Catalog(), store)
+        try:
+            with pytest.raises(CheckpointMismatch, match="not the one the store applied"):
+                await proj.start()
+        finally:
+            await proj.stop()
+            store.close()
+    asyncio.run(go())
+
+
+def test_a_missing_store_is_rebuilt_from_the_log(settings, tmp_path):
+    topic = settings.topics.config_events
+
+    async def go():
+        await produce(settings.bootstrap, topic, catalog_events(200), f"{settings.cluster}.w")
+        first, end = await fresh_replay(settings.bootstrap, topic, tmp_path / "a")
+        shutil.rmtree(tmp_path / "a")
+        again, end2 = await fresh_replay(settings.bootstrap, topic, tmp_path / "a")
+        assert (again, end2) == (first, end)
+        # And a restart from the checkpoint applies nothing twice.
+        third, end3 = await fresh_replay(settings.bootstrap, topic, tmp_path / "a")
+        assert (third, end3) == (first, end)
+    asyncio.run(go())

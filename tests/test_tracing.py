@@ -1,0 +1,51 @@
+"""One CLI command is one trace spanning the CLI and the config server."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from typer.testing import CliRunner
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def spans():
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.clear()
+    exporter.shutdown()
+
+
+def test_one_cli_command_is_one_trace_across_cli_and_config_server(settings, spans, config_server):
+    from cli.main import app
+
+    spans.clear()  # activation of the server emits nothing, but be sure
+    result = CliRunner().invoke(app, ["--bootstrap", settings.bootstrap, "--cluster", settings.cluster,
+                                      "add-shard", "s0", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["shardAdded"] == "s0"
+    finished = spans.get_finished_spans()
+    by_name = {s.name: s for s in finished}
+    root = by_name["shardlog AddShard"]
+    send_cmd = by_name[f"send {settings.topics.config_commands}"]
+    process = by_name["config AddShard"]
+    send_event = by_name[f"send {settings.topics.config_events}"]
+    assert root.parent is None
+    assert {s.context.trace_id for s in (root, send_cmd, process, send_event)} == {root.context.trace_id}
+    assert send_cmd.parent.span_id == root.context.span_id and send_cmd.kind == SpanKind.PRODUCER
+    # The config server's span continues the context carried in the record's headers.
+    assert process.parent.span_id == send_cmd.context.span_id and process.kind == SpanKind.CONSUMER
+    assert send_event.parent.span_id == process.context.span_id
+    # Replay and activation opened no spans of their own: every span belongs to this trace.
+    assert {s.context.trace_id for s in finished} == {root.context.trace_id}
