@@ -185,7 +185,7 @@ async def start_shardlog(bootstrap: str, cluster: str, data_dir: Path) -> tuple[
 
 
 async def raw_loop(bootstrap: str, in_topic: str, out_topic: str, group: str, stats: dict,
-                   retry_backoff_ms: int) -> None:
+                   retry_backoff_ms: int, two_phase: bool) -> None:
     """The least a transactional consume-produce service can do per fetched batch."""
     consumer = AIOKafkaConsumer(in_topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
                                 isolation_level="read_committed", auto_offset_reset="earliest",
@@ -201,8 +201,13 @@ async def raw_loop(bootstrap: str, in_topic: str, out_topic: str, group: str, st
             batch = await consumer.getmany(timeout_ms=100, max_records=MAX_BATCH)
             for tp, records in batch.items():
                 await producer.begin_transaction()
+                if two_phase:  # as the processor: outputs acked before any reply is sent
+                    futures = [await producer.send(out_topic, rec.value) for rec in records]
+                    for f in futures:
+                        await f
                 for rec in records:
-                    await producer.send(out_topic, rec.value)
+                    if not two_phase:
+                        await producer.send(out_topic, rec.value)
                     corr, reply_to = header(rec.headers, CORRELATION_ID), header(rec.headers, REPLY_TO)
                     await producer.send(reply_to.decode(), reply, headers=[(CORRELATION_ID, corr)])
                 await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, group)
@@ -214,19 +219,19 @@ async def raw_loop(bootstrap: str, in_topic: str, out_topic: str, group: str, st
         await producer.stop()
 
 
-async def start_raw(bootstrap: str, cluster: str, retry_backoff_ms: int) -> tuple[asyncio.Task, str, str, dict]:
+async def start_raw(bootstrap: str, cluster: str, retry_backoff_ms: int, two_phase: bool) -> tuple[asyncio.Task, str, str, dict]:
     t_in, t_out, t_replies = f"{cluster}.raw.in", f"{cluster}.raw.out", f"{cluster}.raw.replies"
     await kafka.ensure_topics(bootstrap, [TopicSpec(t_in), TopicSpec(t_out), TopicSpec(t_replies, config=SHORT_LIVED)])
     stats = {"txns": 0, "records": 0}
-    task = asyncio.create_task(raw_loop(bootstrap, t_in, t_out, f"{cluster}.raw", stats, retry_backoff_ms))
+    task = asyncio.create_task(raw_loop(bootstrap, t_in, t_out, f"{cluster}.raw", stats, retry_backoff_ms, two_phase))
     return task, t_in, t_replies, stats
 
 
 async def run(bootstrap: str, cluster: str, data_dir: Path, plan, repeat: int, retry_backoff_ms: int,
-              profile: cProfile.Profile | None) -> tuple[System, System]:
+              two_phase: bool, profile: cProfile.Profile | None) -> tuple[System, System]:
     """Both sides up at once (the idle one only polls), rounds alternating between them."""
     ours = await start_shardlog(bootstrap, cluster, data_dir)
-    raw = await start_raw(bootstrap, cluster, retry_backoff_ms)
+    raw = await start_raw(bootstrap, cluster, retry_backoff_ms, two_phase)
     tasks = [ours[0], raw[0]]
     try:
         async with Requester(bootstrap, ours[2], client_id="bench-client") as r1, \
@@ -259,6 +264,9 @@ def main() -> None:
                    help="leave OpenTelemetry's no-op provider (a service host installs the SDK's, as here by default)")
     p.add_argument("--raw-retry-backoff-ms", type=int, default=100,
                    help="the baseline producer's retry_backoff_ms (default 100, aiokafka's and so shardlog's)")
+    p.add_argument("--raw-two-phase", action="store_true",
+                   help="the baseline waits for its output records' acks before sending replies, as the processor "
+                        "does to name the ConfigTime in a reply (default: send both, one produce round trip)")
     p.add_argument("--repeat", type=int, default=3, help="rounds, alternating shardlog and raw (default 3)")
     p.add_argument("--profile", action="store_true",
                    help="cProfile the shardlog rounds (server and client: one process, one event loop)")
@@ -278,7 +286,8 @@ def main() -> None:
           f"alternating shardlog / raw; max batch {MAX_BATCH}; tracing {'off' if args.no_tracing else 'SDK'}")
     prof = cProfile.Profile() if args.profile else None
     try:
-        ours, raw = asyncio.run(run(bootstrap, cluster, tmp, plan, args.repeat, args.raw_retry_backoff_ms, prof))
+        ours, raw = asyncio.run(run(bootstrap, cluster, tmp, plan, args.repeat, args.raw_retry_backoff_ms,
+                                 args.raw_two_phase, prof))
     finally:
         t = Topics(cluster)
         E.delete_topics(bootstrap, [s.name for s in t.core()]
@@ -302,7 +311,7 @@ def main() -> None:
                             "ratio_p50": round(p50, 3), "ratio_p99": round(p99, 3)}
     E.result_line("commands", n=args.n, n_serial=plan[1][0], concurrency=args.concurrency, repeat=args.repeat,
                   tracing=not args.no_tracing, max_batch=MAX_BATCH, raw_retry_backoff_ms=args.raw_retry_backoff_ms,
-                  **figures)
+                  raw_two_phase=args.raw_two_phase, **figures)
 
 
 if __name__ == "__main__":

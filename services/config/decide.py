@@ -5,8 +5,11 @@ Pure apart from minting epochs and uuids; nothing here touches Kafka or disk.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
+
+from pydantic_core import PydanticSerializationError
 
 from libs.commands import CommandError, Decision
 from libs.shardkey import (MAX_KEY, MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, to_ejson)
@@ -27,6 +30,12 @@ def decide(catalog: Catalog, cmd: Record) -> Decision:
     handler = _HANDLERS.get(type(cmd))
     if handler is None:
         raise CommandError("CommandNotFound", f"unknown command {cmd.type!r}")
+    try:
+        # json.loads lets lone surrogates ("\ud800") through; a name holding one would make the
+        # events unwritable only after the config server had applied them to its state.
+        cmd.model_dump_json()
+    except PydanticSerializationError:
+        raise CommandError("BadValue", "the command holds text that is not valid Unicode") from None
     return handler(catalog, cmd)
 
 
@@ -76,14 +85,29 @@ def _collection(catalog: Catalog, ns: str) -> Collection:
     return coll
 
 
+def _finite(v: Any) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, dict):
+        return all(_finite(x) for x in v.values())
+    if isinstance(v, list):
+        return all(_finite(x) for x in v)
+    return True
+
+
 def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict, bytes]:
     if not isinstance(raw, dict):
         raise CommandError("BadValue", f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}")
     try:
         b = coll.pattern.validate_bound(raw)
-        return b, coll.pattern.encode_bound(b)
+        key = coll.pattern.encode_bound(b)
     except ShardKeyError as e:
         raise CommandError("BadValue", f"{what}: {e}") from None
+    # The events are JSON, which writes Infinity and NaN as null: the config server would keep
+    # the bound it decided while every reader of config.events got a different one.
+    if not _finite(b):
+        raise CommandError("BadValue", f"{what}: Infinity and NaN cannot be chunk or zone bounds")
+    return b, key
 
 
 # ----------------------------------------------------------------- shards
