@@ -164,7 +164,8 @@ class CommandProcessor:
                 self.fenced = isinstance(e, ProducerFenced)
                 log.error("%s: transaction failed (%s); reloading state and standing by", self.name, e)
                 self.projection.reset()
-                self._assigned.clear() if self.fenced else None
+                if self.fenced:
+                    self._assigned.clear()  # wait to be given the partition again, if ever
                 await self._deactivate(type(e).__name__)
                 if not self.fenced:
                     self._consumer.seek(self.tp, records[0].offset)
@@ -181,25 +182,31 @@ class CommandProcessor:
             with tracing.process_span(f"{self.name} process", rec.headers,
                                       **{"messaging.source.name": rec.topic, "messaging.offset": rec.offset}) as span:
                 futures: list[asyncio.Future] = []
+                decision, values = None, []
                 try:
                     command = self.codec.decode(rec.value)
                     span.update_name(f"{self.name} {command.type}")
                     decision = self.decide(command)
-                    for event in decision.events:
-                        self.projection.state.apply(event, -1)  # offset unknown until acked
-                        value = Codec.encode(event)
-                        with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
-                            futures.append(await p.send(events_topic, value, headers=tracing.inject()))
-                        last_value = value
+                    # Encode every event before applying any: an event that cannot be written
+                    # must refuse the command, not leave state the log will never show.
+                    values = [Codec.encode(event) for event in decision.events]
                     reply = Reply(ok=True, result=decision.result)
                 except RecordError as e:
                     await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
                     reply = Reply(ok=False, code="BadRecord", error=e.reason)
                 except CommandError as e:
                     reply = Reply(ok=False, code=e.code, error=e.message)
-                except Exception as e:  # a bug must not wedge the log: report it, decide nothing
+                except Exception as e:  # a bug in deciding must not wedge the log: report it, decide nothing
                     log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
                     reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+                if reply.ok:
+                    # Applying a decided event cannot fail but through a bug; if it does, the
+                    # exception aborts the whole transaction rather than commit half a command.
+                    for event, value in zip(decision.events, values):
+                        self.projection.state.apply(event, -1)  # its offset is known once acked
+                        with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
+                            futures.append(await p.send(events_topic, value, headers=tracing.inject()))
+                        last_value = value
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)
                 headers = [(CORRELATION_ID, corr)] if corr else []

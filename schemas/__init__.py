@@ -31,6 +31,11 @@ class RecordError(ValueError):
         self.reason = reason
 
 
+def _no_constant(name: str):
+    # NaN and Infinity are not JSON; a record carrying them could not be written back faithfully.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 R = TypeVar("R", bound=Record)
 
 
@@ -47,9 +52,11 @@ class Codec(Generic[R]):
         if raw is None:
             raise RecordError(f"{self.name}: empty record")
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, parse_constant=_no_constant)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RecordError(f"{self.name}: not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        except ValueError as e:
+            raise RecordError(f"{self.name}: {e}") from None
         if not isinstance(obj, dict):
             raise RecordError(f"{self.name}: a record must be a JSON object")
         kind = obj.get("type")

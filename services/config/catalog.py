@@ -55,13 +55,16 @@ class Collection:
     zones: list[ZoneRange] = field(default_factory=list)  # sorted by min_key, non-overlapping
     settings: CollectionSettings = field(default_factory=CollectionSettings)
 
+    mins: list[bytes] = field(default_factory=list)  # chunks[i].min_key, kept beside for bisect
+
     def chunk_index(self, key: bytes) -> int:
         """Index of the chunk whose [min, max) contains the encoded key: O(log chunks)."""
-        i = bisect.bisect_right(self._mins(), key) - 1
-        return max(i, 0)
+        return max(bisect.bisect_right(self.mins, key) - 1, 0)
 
-    def _mins(self) -> list[bytes]:
-        return [c.min_key for c in self.chunks]
+    def replace_chunks(self, lo: int, hi: int, new: list[Chunk]) -> None:
+        """chunks[lo:hi] = new, keeping the bisect index in step."""
+        self.chunks[lo:hi] = new
+        self.mins[lo:hi] = [c.min_key for c in new]
 
     def version(self) -> ChunkVersion:
         return collection_version(c.version for c in self.chunks)
@@ -161,7 +164,8 @@ class Catalog:
         for k, v in store.scan(b"chunk/"):
             ns = k[6:k.index(b"\x00", 6)].decode()
             coll = self.collections[ns]
-            coll.chunks.append(self._chunk(coll, ev.ChunkDoc.model_validate_json(v)))
+            ch = self._chunk(coll, ev.ChunkDoc.model_validate_json(v))
+            coll.replace_chunks(len(coll.chunks), len(coll.chunks), [ch])
         for k, v in store.scan(b"zone/"):
             ns = k[5:k.index(b"\x00", 5)].decode()
             coll = self.collections[ns]
@@ -214,7 +218,7 @@ class Catalog:
             for z in old.zones:
                 self._put(self._zone_key(e.ns, z.min_key), None)
         coll = Collection(e.ns, KeyPattern.parse(e.key), e.unique, e.epoch, e.uuid)
-        coll.chunks = [self._chunk(coll, d) for d in e.chunks]
+        coll.replace_chunks(0, 0, [self._chunk(coll, d) for d in e.chunks])
         self.collections[e.ns] = coll
         self._put_collection(coll)
         for ch in coll.chunks:
@@ -224,7 +228,7 @@ class Catalog:
         coll = self.collections[e.ns]
         new = [self._chunk(coll, d) for d in e.chunks]
         i = coll.chunk_index(new[0].min_key)
-        coll.chunks[i:i + 1] = new
+        coll.replace_chunks(i, i + 1, new)
         for ch in new:
             self._put_chunk(e.ns, ch)
 
@@ -237,7 +241,7 @@ class Catalog:
             hi += 1
         for ch in coll.chunks[lo + 1:hi]:
             self._put(self._chunk_key(e.ns, ch.min_key), None)
-        coll.chunks[lo:hi] = [merged]
+        coll.replace_chunks(lo, hi, [merged])
         self._put_chunk(e.ns, merged)
 
     def _on_ShardZoneAdded(self, e: ev.ShardZoneAdded) -> None:

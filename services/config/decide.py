@@ -9,8 +9,6 @@ import math
 import re
 from typing import Any
 
-from pydantic_core import PydanticSerializationError
-
 from libs.commands import CommandError, Decision
 from libs.shardkey import (MAX_KEY, MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, to_ejson)
 from schemas import Record
@@ -30,13 +28,28 @@ def decide(catalog: Catalog, cmd: Record) -> Decision:
     handler = _HANDLERS.get(type(cmd))
     if handler is None:
         raise CommandError("CommandNotFound", f"unknown command {cmd.type!r}")
-    try:
-        # json.loads lets lone surrogates ("\ud800") through; a name holding one would make the
-        # events unwritable only after the config server had applied them to its state.
-        cmd.model_dump_json()
-    except PydanticSerializationError:
-        raise CommandError("BadValue", "the command holds text that is not valid Unicode") from None
+    # json.loads lets lone surrogates ("\ud800") through.  Events holding one either fail to
+    # encode after the config server applied them, or (as dict keys) are written lossily.
+    if not _utf8_ok(cmd.model_dump()):
+        raise CommandError("BadValue", "the command holds text that is not valid Unicode")
     return handler(catalog, cmd)
+
+
+def _utf8_ok(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return True
 
 
 # ------------------------------------------------------------------ names

@@ -1,0 +1,33 @@
+"""The RocksDB store: state and checkpoint in one batch; a corrupt store is moved aside."""
+from __future__ import annotations
+
+from libs.store import Checkpoint, Store
+
+
+def test_changes_and_checkpoint_commit_together(tmp_path):
+    s = Store(tmp_path / "db")
+    s.commit([(b"a", b"1"), (b"b", b"2")], Checkpoint("t", 0, 5, 123))
+    s.commit([(b"a", None), (b"c", b"3")], Checkpoint("t", 0, 9, 456))
+    s.close()
+    s = Store(tmp_path / "db")
+    assert {k: v for k, v in s.scan(b"") if not k.startswith(b"\x00")} == {b"b": b"2", b"c": b"3"}
+    assert s.checkpoint("t", 0) == Checkpoint("t", 0, 9, 456)
+    assert s.checkpoint("t", 1) is None and s.checkpoint_any() == Checkpoint("t", 0, 9, 456)
+    assert list(s.scan(b"b")) == [(b"b", b"2")]
+    s.close()
+
+
+def test_a_corrupt_store_is_moved_aside_and_starts_empty(tmp_path):
+    path = tmp_path / "db"
+    s = Store(path)
+    s.commit([(b"k", b"v")], Checkpoint("t", 0, 1, 1))
+    s.close()
+    for f in path.iterdir():  # clobber every file RocksDB needs to open
+        if f.is_file():
+            f.write_bytes(b"\x00garbage")
+    s = Store(path)
+    try:
+        assert s.checkpoint("t", 0) is None and list(s.scan(b"")) == []
+        assert [p.name.startswith("db.corrupt-") for p in tmp_path.iterdir()].count(True) == 1
+    finally:
+        s.close()
