@@ -26,7 +26,7 @@ down:
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
 test: venv jars
-	PY=$(PY) bash infra/test.sh $(ARGS)
+	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
 unit: venv
 	$(PY) -m pytest -q -m "not kafka" $(ARGS)
@@ -36,4 +36,4 @@ schemas: venv
 	$(PY) -m schemas.export
 
 bench: venv jars
-	PY=$(PY) bash infra/bench.sh
+	PY=$(PY) bash infra/with-kafka.sh bash -c 'for b in bench/bench_*.py; do echo "== $$b"; $(PY) "$$b" || exit 1; done'

@@ -137,6 +137,42 @@ def topics_create(json_out: bool = JsonOpt) -> None:
         out.print(f"created {', '.join(created)}" if created else "all topics already exist")
 
 
+@app.command("dead-letters")
+def dead_letters(limit: int = typer.Option(20, help="show the last N"), json_out: bool = JsonOpt) -> None:
+    """Records that did not parse, with the reason and where they came from."""
+    from aiokafka import TopicPartition
+
+    async def read():
+        cons = kafka.consumer(_ctx.bootstrap, client_id="shardlog-cli")
+        await cons.start()
+        try:
+            tp = TopicPartition(_ctx.topics.dead_letters, 0)
+            cons.assign([tp])
+            end = await kafka.log_end(cons, tp)
+            cons.seek(tp, max(0, end - limit * 2))  # commit markers take offsets too
+            got = []
+
+            async def take(records):
+                got.extend(records)
+            await kafka.catch_up(cons, tp, take)
+            return got[-limit:]
+        finally:
+            await cons.stop()
+    rows = []
+    for r in run(read()):
+        h = {k: v.decode(errors="replace") for k, v in r.headers or ()}
+        rows.append({"offset": r.offset, "timestamp": r.timestamp, "reason": h.get("dlq.reason"),
+                     "from": f"{h.get('dlq.topic')}@{h.get('dlq.offset')}",
+                     "value": (r.value or b"")[:200].decode(errors="replace")})
+    if json_out:
+        print(json.dumps({"ok": True, "deadLetters": rows}))
+        return
+    t = Table("offset", "from", "reason", "value", title=f"dead letters of {_ctx.cluster!r}")
+    for row in rows:
+        t.add_row(str(row["offset"]), row["from"], row["reason"] or "", row["value"])
+    out.print(t if rows else "no dead letters")
+
+
 # ------------------------------------------------------------------ shards
 
 @app.command("add-shard")

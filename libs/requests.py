@@ -56,10 +56,11 @@ class Requester:
                 fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)
                 if fut is None or fut.done():
                     continue
-                try:
-                    fut.set_result(replies.decode(rec.value))
-                except RecordError as e:
-                    fut.set_result(Reply(ok=False, code="BadReply", error=e.reason))
+                with tracing.process_span("receive reply", rec.headers, **{"messaging.source.name": rec.topic}):
+                    try:
+                        fut.set_result(replies.decode(rec.value))
+                    except RecordError as e:
+                        fut.set_result(Reply(ok=False, code="BadReply", error=e.reason))
 
     async def send(self, topic: str, record: Record | bytes, *, key: bytes | None = None) -> asyncio.Future:
         """Send without waiting for the reply; returns the future of the reply."""

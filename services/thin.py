@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from libs import kafka
-from libs.service import ServiceSettings, clear_ready, report_ready
+from libs.service import ServiceSettings, clear_ready, common_args, report_ready, run_service, settings_from
 from libs.topics import TopicSpec
 from services.config.follower import CatalogFollower
 
@@ -23,3 +23,9 @@ async def run_following_catalog(settings: ServiceSettings, name: str, topics: li
         clear_ready(settings, name)
         await follower.stop()
         logging.getLogger(name).info("%s stopped at ConfigTime %d", name, follower.config_time)
+
+
+def main(name: str) -> None:
+    """Entry point of a service that only follows the catalog for now."""
+    settings = settings_from(common_args(f"shardlog {name}").parse_args())
+    run_service(name, lambda: run_following_catalog(settings, name))

@@ -136,6 +136,8 @@ def test_malformed_records_go_to_dead_letters_and_the_server_carries_on(settings
     reasons = [dict(r.headers)["dlq.reason"].decode() for r in dl]
     assert all(reasons) and "not JSON" in reasons[0]
     assert [e.type for _, e in read_events(settings.bootstrap, t.config_events)] == ["ShardAdded"]
+    listed = json.loads(cli(settings, "dead-letters", "--json").stdout)["deadLetters"]
+    assert [d["reason"] for d in listed] == reasons and listed[0]["from"].startswith(t.config_commands)
 
 
 def _burst(settings, n: int, on_progress):

@@ -47,5 +47,7 @@ def test_one_cli_command_is_one_trace_across_cli_and_config_server(settings, spa
     # The config server's span continues the context carried in the record's headers.
     assert process.parent.span_id == send_cmd.context.span_id and process.kind == SpanKind.CONSUMER
     assert send_event.parent.span_id == process.context.span_id
+    # The reply's receipt continues the config server's context.
+    assert by_name["receive reply"].parent.span_id == process.context.span_id
     # Replay and activation opened no spans of their own: every span belongs to this trace.
     assert {s.context.trace_id for s in finished} == {root.context.trace_id}
