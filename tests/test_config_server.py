@@ -10,6 +10,9 @@ import signal
 import pytest
 from aiokafka import TopicPartition
 
+from typer.testing import CliRunner
+
+from cli.main import app
 from libs import kafka
 from libs.requests import Requester
 from schemas import config as c
@@ -92,8 +95,9 @@ def test_bad_input_gets_a_clear_error_and_no_event(settings, config_server):
         assert r.returncode != 0, f"{args} should fail"
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and code in lines[0], f"{args}: expected one line with {code}, got {r.stderr!r}"
-        j = cli(settings, *args, "--json")
-        assert j.returncode != 0 and json.loads(j.stdout)["code"] == code, (args, j.stdout)
+        # The --json flavour, in-process (same code, no interpreter start-up).
+        j = CliRunner().invoke(app, ["--bootstrap", settings.bootstrap, "--cluster", settings.cluster, *args, "--json"])
+        assert j.exit_code != 0 and json.loads(j.stdout)["code"] == code, (args, j.stdout)
     after = read_events(settings.bootstrap, settings.topics.config_events)
     assert [e for _, e in after] == [e for _, e in before], "a refused command appended an event"
 
