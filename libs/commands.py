@@ -102,8 +102,10 @@ class CommandProcessor:
         try:
             while True:
                 if not self._assigned.is_set():
-                    # Standby: keep heartbeating through getmany until the partition is ours.
-                    await self._consumer.getmany(timeout_ms=200)
+                    # Standby: heartbeat through getmany until the partition is ours, and keep
+                    # the projection warm so that taking over needs only a short catch-up.
+                    await self._consumer.getmany(timeout_ms=100)
+                    await self.projection.poll(timeout_ms=100)
                     continue
                 if not self.active.is_set():
                     await self._activate()

@@ -133,12 +133,16 @@ class Projection:
         await kafka.catch_up(self._consumer, self.tp, self._apply_batch)
         return self.position
 
+    async def poll(self, timeout_ms: int = 500) -> None:
+        """Apply whatever the log has beyond the position, waiting up to `timeout_ms` for it."""
+        batch = await self._consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=5000)
+        if records := batch.get(self.tp):
+            await self._apply_batch(records)
+
     async def follow(self) -> None:
         """Tail the log forever (until cancelled)."""
         while True:
-            batch = await self._consumer.getmany(self.tp, timeout_ms=500, max_records=5000)
-            if records := batch.get(self.tp):
-                await self._apply_batch(records)
+            await self.poll()
 
     async def wait_for(self, offset: int, timeout: float) -> None:
         """Block until the projection has applied every record below `offset`."""
