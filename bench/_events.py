@@ -153,11 +153,12 @@ async def produce(bootstrap: str, topic: str, values: Iterator[bytes], *, txn_si
     """Append `values` to partition 0 of `topic` in transactions of `txn_size`, as the
     single writer of an event log does; returns (records, seconds)."""
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                         transactional_id=f"{topic}.bench-writer", linger_ms=20, max_batch_size=1 << 20,
+                         transactional_id=f"{topic}.bench-writer", linger_ms=20,
+                         max_batch_size=16384,  # aiokafka's default, as the config server writes its log
                          max_request_size=kafka.MAX_RECORD_BYTES)
     await p.start()
     t0 = time.perf_counter()
-    count = 0
+    count = printed = 0
     try:
         done = False
         while not done:
@@ -170,7 +171,8 @@ async def produce(bootstrap: str, topic: str, values: Iterator[bytes], *, txn_si
                 await p.send(topic, v, partition=0)
                 count += 1
             await p.commit_transaction()
-            if progress and count % 100_000 < txn_size and count >= 100_000:
+            if progress and count - printed >= 100_000:
+                printed = count
                 print(f"  produced {count:_} ({rate(count, time.perf_counter() - t0):,.0f}/s)", flush=True)
     finally:
         await p.stop()

@@ -27,13 +27,10 @@ from pathlib import Path
 import _events as E
 from rocksdict import Options, Rdict, WriteBatch
 
-from libs import kafka
 from libs.projection import Projection
-from libs.store import Checkpoint, Store
+from libs.store import Store
 from schemas import config as schema
 from services.config.catalog import Catalog
-
-from aiokafka import TopicPartition
 
 
 async def project(bootstrap: str, topic: str, path: Path, profile: bool) -> dict:
@@ -68,64 +65,82 @@ async def project(bootstrap: str, topic: str, path: Path, profile: bool) -> dict
             "chunks": sum(len(c.chunks) for c in catalog.collections.values())}
 
 
-class StreamCatalog(Catalog):
-    """Also keeps every write of every event, before a batch's writes to one key collapse into one."""
+class TimedCodec:
+    """The projection's codec, timing every decode."""
+
+    def __init__(self, codec):
+        self.codec, self.seconds = codec, 0.0
+
+    def decode(self, raw):
+        t = time.perf_counter()
+        try:
+            return self.codec.decode(raw)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+
+class TimedCatalog(Catalog):
+    """Times apply + drain_changes, and keeps every write of every event before a
+    batch's writes to one key collapse into one (for the second baseline)."""
 
     def __init__(self, track_changes: bool = True):
         super().__init__(track_changes)
+        self.seconds = 0.0
         self.stream: list[tuple[bytes, bytes | None]] = []
 
     def _put(self, key: bytes, value: dict | None) -> None:
         super()._put(key, value)
         self.stream.append((key, self._changes[key]))
 
+    def apply(self, event, offset: int) -> None:
+        t = time.perf_counter()
+        super().apply(event, offset)
+        self.seconds += time.perf_counter() - t
 
-async def instrumented_pass(bootstrap: str, topic: str) -> dict:
-    """Fetch the log as the projection does, timing decode and apply separately and
-    capturing every write batch the projection makes (for the baseline)."""
-    c = kafka.consumer(bootstrap, client_id="bench-replay-breakdown")
-    await c.start()
-    tp = TopicPartition(topic, 0)
-    c.assign([tp])
-    c.seek(tp, 0)
-    catalog = StreamCatalog()
-    captured: list[tuple[list[tuple[bytes, bytes | None]], bytes]] = []
-    streamed: list[tuple[list[tuple[bytes, bytes | None]], bytes]] = []
-    t_decode = t_apply = 0.0
-    events = 0
-    ckpt_key = Store._ckpt_key(topic, 0)
+    def drain_changes(self):
+        t = time.perf_counter()
+        out = super().drain_changes()
+        self.seconds += time.perf_counter() - t
+        return out
 
-    async def on_batch(records):
-        nonlocal t_decode, t_apply, events
-        t0 = time.perf_counter()
-        decoded = [(schema.events.decode(r.value), r.offset) for r in records]
-        t1 = time.perf_counter()
-        for ev, off in decoded:
-            catalog.apply(ev, off)
-        changes = list(catalog.drain_changes().items())
-        last = records[-1]
-        ckpt = Checkpoint(topic, 0, last.offset + 1, last.timestamp).to_bytes()
-        t2 = time.perf_counter()
-        t_decode += t1 - t0
-        t_apply += t2 - t1
-        events += len(records)
-        captured.append((changes, ckpt))
-        streamed.append((catalog.stream, ckpt))
+
+async def instrumented_pass(bootstrap: str, topic: str, path: Path) -> dict:
+    """The real Projection again over the same log, with decode and apply timed and the
+    store's commit replaced by a capture of every write batch (changes + checkpoint),
+    which the baselines then write with raw rocksdict."""
+    codec, catalog = TimedCodec(schema.events), TimedCatalog()
+    store = Store(path)
+    captured: list[tuple[list[tuple[bytes, bytes | None]], bytes, bytes]] = []
+    streamed: list[tuple[list[tuple[bytes, bytes | None]], bytes, bytes]] = []
+    t_capture = 0.0
+
+    def capture(changes, checkpoint):
+        nonlocal t_capture
+        t = time.perf_counter()
+        key, value = Store._ckpt_key(checkpoint.topic, checkpoint.partition), checkpoint.to_bytes()
+        captured.append((list(changes), key, value))
+        streamed.append((catalog.stream, key, value))
         catalog.stream = []
+        t_capture += time.perf_counter() - t
 
+    store.commit = capture
+    proj = Projection(bootstrap, topic, codec, catalog, store, name="bench-replay-instrumented")
     t0 = time.perf_counter()
-    await kafka.catch_up(c, tp, on_batch)
-    total = time.perf_counter() - t0
-    await c.stop()
-    return {"total": total, "decode": t_decode, "apply": t_apply, "fetch": total - t_decode - t_apply,
-            "events": events, "captured": captured, "streamed": streamed, "ckpt_key": ckpt_key}
+    await proj.start()
+    await proj.catch_up()
+    total = time.perf_counter() - t0 - t_capture
+    await proj.stop()
+    store.close()
+    return {"total": total, "decode": codec.seconds, "apply": catalog.seconds,
+            "fetch": total - codec.seconds - catalog.seconds, "position": proj.position,
+            "captured": captured, "streamed": streamed}
 
 
-def raw_ingest(path: Path, captured, ckpt_key: bytes) -> dict:
+def raw_ingest(path: Path, captured) -> dict:
     db = Rdict(str(path), Options(raw_mode=True))
     writes = 0
     t0 = time.perf_counter()
-    for changes, ckpt in captured:
+    for changes, ckpt_key, ckpt in captured:
         wb = WriteBatch(raw_mode=True)
         for k, v in changes:
             if v is None:
@@ -143,7 +158,11 @@ def raw_ingest(path: Path, captured, ckpt_key: bytes) -> dict:
 def same_contents(a: Path, b: Path) -> bool:
     da, db = Rdict(str(a), Options(raw_mode=True)), Rdict(str(b), Options(raw_mode=True))
     try:
-        return list(da.items()) == list(db.items())
+        ia, ib = dict(da.items()), dict(db.items())
+        if ia != ib:
+            diff = [k for k in ia.keys() | ib.keys() if ia.get(k) != ib.get(k)]
+            print(f"stores differ at {len(diff)} keys, e.g. {[(k, ia.get(k), ib.get(k)) for k in diff[:3]]}")
+        return ia == ib
     finally:
         da.close()
         db.close()
@@ -162,7 +181,8 @@ def main() -> None:
           f"topic {topic}, stores under {tmp}")
     try:
         asyncio.run(E.create_events_topic(bootstrap, topic))
-        n, t_prod = asyncio.run(E.produce(bootstrap, topic, E.catalog_events(args.n, collections=args.collections, chunks=args.chunks)))
+        events = E.catalog_events(args.n, collections=args.collections, chunks=args.chunks)
+        n, t_prod = asyncio.run(E.produce(bootstrap, topic, events))
         print(f"produced {n:_} events in {t_prod:.1f}s ({E.rate(n, t_prod):,.0f}/s, transactions of 10k)")
 
         proj = asyncio.run(project(bootstrap, topic, tmp / "projection", args.profile))
@@ -172,16 +192,16 @@ def main() -> None:
         print(f"(a) projection start+catch_up: {n:_} events in {proj['seconds']:.2f}s = {proj_rate:,.0f} events/s "
               f"({proj['batches']:_} write batches, position {proj['position']:_}, {proj['chunks']} chunks)")
 
-        br = asyncio.run(instrumented_pass(bootstrap, topic))
-        if br["events"] != n:
-            raise SystemExit(f"instrumented pass saw {br['events']} events, expected {n}")
-        raw = raw_ingest(tmp / "raw", br["captured"], br["ckpt_key"])
+        br = asyncio.run(instrumented_pass(bootstrap, topic, tmp / "instrumented"))
+        if br["position"] != proj["position"]:
+            raise SystemExit(f"instrumented pass reached {br['position']}, the projection {proj['position']}")
+        raw = raw_ingest(tmp / "raw", br["captured"])
         raw_rate = E.rate(n, raw["seconds"])
         identical = same_contents(tmp / "projection", tmp / "raw")
         print(f"(b) raw rocksdict WriteBatch ingest of the same {len(br['captured']):_} batches "
               f"({raw['writes']:_} puts/deletes): {raw['seconds']:.2f}s = {raw_rate:,.0f} events/s "
               f"({E.rate(raw['writes'], raw['seconds']):,.0f} writes/s); stores identical: {identical}")
-        stream = raw_ingest(tmp / "raw-stream", br["streamed"], br["ckpt_key"])
+        stream = raw_ingest(tmp / "raw-stream", br["streamed"])
         stream_rate = E.rate(n, stream["seconds"])
         print(f"(b') raw ingest of every event's writes, no collapsing within a batch ({stream['writes']:_} "
               f"puts/deletes, same batches): {stream['seconds']:.2f}s = {stream_rate:,.0f} events/s "
@@ -191,11 +211,12 @@ def main() -> None:
               f"against the uncollapsed stream: {proj_rate / stream_rate:.4f}")
         write_est = raw["seconds"]
         print(f"where the time goes (instrumented pass {br['total']:.2f}s + raw write {write_est:.2f}s):")
-        for what, s in (("Kafka fetch + aiokafka parsing", br["fetch"]), ("decode (JSON + pydantic)", br["decode"]),
+        for what, s in (("Kafka fetch, parsing, loop", br["fetch"]), ("decode (JSON + pydantic)", br["decode"]),
                         ("Catalog.apply + drain_changes", br["apply"]), ("RocksDB write batches", write_est)):
             print(f"  {what:32s} {s:7.2f}s  {E.rate(n, s):>12,.0f} events/s")
         E.result_line(
-            "replay", events=n, collections=args.collections, chunks_per_collection=args.chunks, produce_s=round(t_prod, 3),
+            "replay", events=n, collections=args.collections, chunks_per_collection=args.chunks,
+            produce_s=round(t_prod, 3),
             projection_s=round(proj["seconds"], 3), projection_eps=round(proj_rate),
             raw_rocksdb_s=round(raw["seconds"], 3), raw_rocksdb_eps=round(raw_rate), raw_writes=raw["writes"],
             write_batches=proj["batches"], ratio_projection_over_raw=round(ratio, 5),

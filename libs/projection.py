@@ -59,8 +59,10 @@ class Projection:
         self._consumer = kafka.consumer(self.bootstrap, client_id=f"{self.name}-projection")
         await self._consumer.start()
         self._consumer.assign([self.tp])
+        # Seek before any await: otherwise the consumer starts fetching from the log's
+        # start, and the fingerprint read waits behind a fetch it throws away.
+        self._consumer.seek(self.tp, max(ckpt.next_offset - 1, 0) if ckpt else 0)
         if ckpt is None:
-            self._consumer.seek(self.tp, 0)
             return
         await self._verify(ckpt)
         self.position, self.last_fingerprint = ckpt.next_offset, ckpt.last_fingerprint

@@ -35,12 +35,15 @@ def setup(service_name: str) -> None:
         return
     if isinstance(trace.get_tracer_provider(), TracerProvider):
         return  # already set up (tests install their own)
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp" if _has_endpoint() else "none")
+    if exporter != "otlp":
+        # Nothing to export: keep the API's no-op tracer.  It still passes the incoming
+        # traceparent on, so traces stay whole across hops, at no recording cost.
+        return
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     name = os.environ.get("OTEL_SERVICE_NAME", service_name)
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "otlp" if _has_endpoint() else "none")
-    if exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
 
 

@@ -49,6 +49,18 @@ class Codec(Generic[R]):
         self.members = members
 
     def decode(self, raw: bytes | None) -> R:
+        # Fast path: pydantic parses and validates in one pass.  It would accept the
+        # non-JSON constants NaN/Infinity, so records mentioning them take the careful path.
+        if raw is not None and b"NaN" not in raw and b"Infinity" not in raw:
+            try:
+                record = self._adapter.validate_json(raw)
+                if record.v == self._versions[record.type]:
+                    return record
+            except (ValidationError, ValueError):
+                pass  # fall through to the careful path, which says why
+        return self._decode_explained(raw)
+
+    def _decode_explained(self, raw: bytes | None) -> R:
         if raw is None:
             raise RecordError(f"{self.name}: empty record")
         try:

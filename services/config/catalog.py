@@ -144,8 +144,10 @@ class Catalog:
         self._put(b"coll/" + c.ns.encode(), {"key": c.pattern.spec, "unique": c.unique, "epoch": c.epoch,
                                              "uuid": c.uuid, "settings": c.settings.model_dump()})
 
-    def _put_chunk(self, ns: str, ch: Chunk) -> None:
-        self._put(self._chunk_key(ns, ch.min_key), ch.doc().model_dump())
+    def _put_chunk(self, ns: str, ch: Chunk, doc: ev.ChunkDoc) -> None:
+        # The event's own document is what is stored: serialising it is cheaper than rebuilding one.
+        if self.track_changes:
+            self._changes[self._chunk_key(ns, ch.min_key)] = doc.model_dump_json().encode()
 
     def load(self, store: Store) -> None:
         """Rebuild the in-memory catalog from the store's entities (no replay needed)."""
@@ -221,16 +223,16 @@ class Catalog:
         coll.replace_chunks(0, 0, [self._chunk(coll, d) for d in e.chunks])
         self.collections[e.ns] = coll
         self._put_collection(coll)
-        for ch in coll.chunks:
-            self._put_chunk(e.ns, ch)
+        for ch, doc in zip(coll.chunks, e.chunks):
+            self._put_chunk(e.ns, ch, doc)
 
     def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
         coll = self.collections[e.ns]
         new = [self._chunk(coll, d) for d in e.chunks]
         i = coll.chunk_index(new[0].min_key)
         coll.replace_chunks(i, i + 1, new)
-        for ch in new:
-            self._put_chunk(e.ns, ch)
+        for ch, doc in zip(new, e.chunks):
+            self._put_chunk(e.ns, ch, doc)
 
     def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
         coll = self.collections[e.ns]
@@ -242,7 +244,7 @@ class Catalog:
         for ch in coll.chunks[lo + 1:hi]:
             self._put(self._chunk_key(e.ns, ch.min_key), None)
         coll.replace_chunks(lo, hi, [merged])
-        self._put_chunk(e.ns, merged)
+        self._put_chunk(e.ns, merged, e.chunk)
 
     def _on_ShardZoneAdded(self, e: ev.ShardZoneAdded) -> None:
         s = self.shards[e.shard]
