@@ -235,6 +235,87 @@ def merge(ns: str, min: str = typer.Option(..., "--min"), max: str = typer.Optio
                              if r["merged"] else "already a single chunk: nothing to merge"))
 
 
+# --------------------------------------------------------------- documents
+
+def _with_client(fn, as_json: bool):
+    """Run fn(async cluster) through the routers; a refusal is one clear line."""
+    from libs.client import AsyncCluster, ShardlogError
+
+    async def go():
+        async with AsyncCluster(_ctx.bootstrap, _ctx.cluster, timeout=_ctx.timeout) as c:
+            return await fn(c)
+    try:
+        return run(go())
+    except ShardlogError as e:
+        fail(e.message, code=e.code, as_json=as_json)
+
+
+def _filter(text: str, as_json: bool) -> dict:
+    flt = parse_json(text, "the filter", as_json)
+    if not isinstance(flt, dict):
+        fail("a filter must be a JSON object such as {\"x\": 1}", code="BadValue", as_json=as_json, exit_code=2)
+    return flt
+
+
+@app.command("insert")
+def insert(ns: str, docs: str = typer.Argument(..., help="a JSON document, or an array of them"),
+           unordered: bool = typer.Option(False, help="keep going past a refused document"),
+           json_out: bool = JsonOpt) -> None:
+    """Insert documents through a router."""
+    value = parse_json(docs, "the document", json_out)
+    many = value if isinstance(value, list) else [value]
+    db, coll = ns.partition(".")[0], ns.partition(".")[2]
+    ids = _with_client(lambda c: c[db][coll].insert_many(many, ordered=not unordered), json_out)
+    if json_out:
+        print(json.dumps({"ok": True, "inserted": len(ids), "insertedIds": ids}))
+    else:
+        out.print(f"inserted {len(ids)} document(s): {', '.join(json.dumps(i) for i in ids[:10])}"
+                  f"{' …' if len(ids) > 10 else ''}")
+
+
+@app.command("find")
+def find(ns: str, filter: str = typer.Argument("{}", help="a filter, e.g. '{\"age\": {\"$gt\": 30}}'"),
+         sort: Optional[str] = typer.Option(None, help='e.g. \'{"age": -1}\''),
+         skip: int = typer.Option(0, min=0), limit: int = typer.Option(0, min=0, help="0: no limit"),
+         projection: Optional[str] = typer.Option(None), json_out: bool = JsonOpt) -> None:
+    """Query documents through a router (merge-sorted across shards with --sort)."""
+    flt = _filter(filter, json_out)
+    srt = parse_json(sort, "--sort", json_out) if sort else None
+    proj = parse_json(projection, "--projection", json_out) if projection else None
+    db, coll = ns.partition(".")[0], ns.partition(".")[2]
+
+    async def go(c):
+        return await c[db][coll].find(flt, sort=srt, skip=skip, limit=limit, projection=proj).to_list()
+    docs = _with_client(go, json_out)
+    if json_out:
+        print(json.dumps({"ok": True, "docs": docs}))
+    else:
+        for d in docs:
+            out.print_json(json.dumps(d))
+        out.print(f"[dim]{len(docs)} document(s)[/dim]")
+
+
+@app.command("count")
+def count(ns: str, filter: str = typer.Argument("{}"), json_out: bool = JsonOpt) -> None:
+    """Count matching documents through a router."""
+    flt = _filter(filter, json_out)
+    db, coll = ns.partition(".")[0], ns.partition(".")[2]
+    n = _with_client(lambda c: c[db][coll].count_documents(flt), json_out)
+    print(json.dumps({"ok": True, "n": n})) if json_out else out.print(str(n))
+
+
+@app.command("explain")
+def explain(ns: str, filter: str = typer.Argument("{}"), json_out: bool = JsonOpt) -> None:
+    """Which shards a query targets, and why."""
+    flt = _filter(filter, json_out)
+    db, coll = ns.partition(".")[0], ns.partition(".")[2]
+    r = _with_client(lambda c: c[db][coll].explain(flt), json_out)
+    if json_out:
+        print(json.dumps({"ok": True, **r}))
+    else:
+        out.print(f"{r['ns']}: {', '.join(r['shards']) or 'no shard'} — {r['reason']} (ConfigTime {r['configTime']})")
+
+
 # ------------------------------------------------------------------- zones
 
 @zone_app.command("add-shard")

@@ -17,7 +17,7 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
@@ -36,9 +36,9 @@ REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
 class CommandError(Exception):
     """A command refused by the domain: `code` (MongoDB's name where one exists) and a message."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, info: dict | None = None):
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.info = code, message, info  # info: details for the caller (e.g. StaleConfig's versions)
 
 
 @dataclass
@@ -63,12 +63,16 @@ class CommandProcessor:
     def __init__(self, *, bootstrap: str, command_topic: str, command_codec: Codec, projection: Projection,
                  decide: Decide, dead_letters: str, group_id: str, name: str,
                  max_batch: int = 500, session_timeout_ms: int = 10_000,
-                 on_role: Callable[[str], None] | None = None):
+                 on_role: Callable[[str], None] | None = None,
+                 event_key: Callable[[Record], bytes | None] | None = None,
+                 prepare: Callable[[list], Awaitable[None]] | None = None):
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
         self.group_id, self.name, self.max_batch = group_id, name, max_batch
         self.session_timeout_ms = session_timeout_ms
         self.on_role = on_role or (lambda role: None)  # told "active" / "standby"
+        self.event_key = event_key or (lambda event: None)  # the Kafka key of an event (compaction)
+        self.prepare = prepare  # awaited before a batch is decided (e.g. catch up to its ConfigTime)
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -155,6 +159,8 @@ class CommandProcessor:
         records = batch.get(self.tp)
         if not records:
             return
+        if self.prepare is not None:
+            await self.prepare(records)
         async with self._lock:
             if not self.active.is_set():
                 return  # revoked while fetching: the new owner decides these
@@ -197,7 +203,7 @@ class CommandProcessor:
                     await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
                     reply = Reply(ok=False, code="BadRecord", error=e.reason)
                 except CommandError as e:
-                    reply = Reply(ok=False, code=e.code, error=e.message)
+                    reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
                 except Exception as e:  # a bug in deciding must not wedge the log: report it, decide nothing
                     log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
                     reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
@@ -207,7 +213,8 @@ class CommandProcessor:
                     for event, value in zip(decision.events, values):
                         self.projection.state.apply(event, -1)  # its offset is known once acked
                         with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
-                            futures.append(await p.send(events_topic, value, headers=tracing.inject()))
+                            futures.append(await p.send(events_topic, value, key=self.event_key(event),
+                                                        headers=tracing.inject()))
                         last_value = value
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)

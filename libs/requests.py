@@ -62,21 +62,23 @@ class Requester:
                     except RecordError as e:
                         fut.set_result(Reply(ok=False, code="BadReply", error=e.reason))
 
-    async def send(self, topic: str, record: Record | bytes, *, key: bytes | None = None) -> asyncio.Future:
+    async def send(self, topic: str, record: Record | bytes, *, key: bytes | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """Send without waiting for the reply; returns the future of the reply."""
         corr = uuid.uuid4().hex.encode()
         fut = asyncio.get_running_loop().create_future()
         self._waiting[corr] = fut
         value = record if isinstance(record, bytes) else Codec.encode(record)
         with tracing.producer_span(topic):
-            headers = tracing.inject([(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr)])
+            headers = tracing.inject([(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr), *(headers or [])])
             await self._producer.send_and_wait(topic, value, key=key, headers=headers)
         return fut
 
     async def request(self, topic: str, record: Record | bytes, *, timeout: float = 30.0,
-                      key: bytes | None = None) -> Reply:
-        fut = await self.send(topic, record, key=key)
+                      key: bytes | None = None, headers: list[tuple[str, bytes]] | None = None) -> Reply:
+        fut = await self.send(topic, record, key=key, headers=headers)
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
+            self._waiting = {k: f for k, f in self._waiting.items() if f is not fut}
             raise RequestTimeout(f"no reply from {topic} within {timeout:g}s (is the service running?)") from None

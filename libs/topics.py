@@ -20,7 +20,10 @@ class TopicSpec:
 
 
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
-SHORT_LIVED = {"retention.ms": str(3600_000)}  # replies and dead letters are for humans and waiting callers
+# Records that carry documents must fit a 16 MB document plus its envelope (the broker's default is 1 MB).
+LARGE_RECORDS = {"max.message.bytes": str(17 * 1024 * 1024)}
+ROUTER_PARTITIONS = 4  # at most this many routers share the client load
+SHORT_LIVED = {"retention.ms": str(3600_000), **LARGE_RECORDS}  # replies and dead letters are for humans and waiting callers
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,15 @@ class Topics:
     def cli_replies(self) -> str:
         return f"{self.cluster}.cli.replies"
 
+    @property
+    def router_requests(self) -> str:
+        """Client operations; routers share them through one consumer group."""
+        return f"{self.cluster}.router.requests"
+
+    def inbox(self, owner: str) -> str:
+        """A per-instance inbox (replies to a router or a client, a router's cursor requests)."""
+        return f"{self.cluster}.inbox.{owner}"
+
     def shard_requests(self, shard: str) -> str:
         return f"{self.cluster}.shard.{shard}.requests"
 
@@ -61,10 +73,11 @@ class Topics:
             TopicSpec(self.config_events, config=KEEP_FOREVER),
             TopicSpec(self.dead_letters, config=SHORT_LIVED),
             TopicSpec(self.cli_replies, config=SHORT_LIVED),
+            TopicSpec(self.router_requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
         ]
 
     def for_shard(self, shard: str) -> list[TopicSpec]:
         return [
             TopicSpec(self.shard_requests(shard), config=SHORT_LIVED),
-            TopicSpec(self.shard_changelog(shard), config={"cleanup.policy": "compact"}),
+            TopicSpec(self.shard_changelog(shard), config={"cleanup.policy": "compact", **LARGE_RECORDS}),
         ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from schemas import config, reply
+from schemas import config, reply, shard
 
 OUT = Path(__file__).resolve().parent / "json"
 
@@ -19,6 +19,8 @@ FAMILIES = {
     "config.commands": config.ConfigCommand,
     "config.events": config.ConfigEvent,
     "reply": reply.Reply,
+    "shard.requests": shard.ShardRequest,
+    "shard.changelog": shard.ShardEvent,
 }
 
 

@@ -196,3 +196,93 @@ def cli(settings, *args: str, timeout: float = 60) -> subprocess.CompletedProces
     return subprocess.run([sys.executable, "-m", "cli.main", "--bootstrap", settings.bootstrap,
                            "--cluster", settings.cluster, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+class InProcessCluster:
+    """Config server, shards and a router as tasks on one event loop in a background thread
+    ("a host process can run several services"); they still talk only through Kafka."""
+
+    def __init__(self, settings, shards=("s0", "s1", "s2")):
+        import threading
+
+        from services.config.server import ConfigServer
+        from services.router.server import RouterServer
+        from services.shard.server import ShardServer
+
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.config = ConfigServer(settings)
+        self.shards = {sid: ShardServer(settings, sid) for sid in shards}
+        self.router = RouterServer(settings)
+        self.tasks = []
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self._start())
+
+    def call(self, coro, timeout: float = 120):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self):
+        from libs.requests import Requester
+        from schemas import config as c
+
+        self.tasks.append(asyncio.create_task(self.config.run()))
+        await async_wait_until(lambda: self.config.processor.active.is_set(), 60, "config server active")
+        async with Requester(self.settings.bootstrap, self.settings.topics.cli_replies) as r:
+            for sid in self.shards:
+                reply = await r.request(self.settings.topics.config_commands, c.AddShard(shard=sid), timeout=60)
+                assert reply.ok, reply
+        for s in self.shards.values():
+            self.tasks.append(asyncio.create_task(s.run()))
+        self.tasks.append(asyncio.create_task(self.router.run()))
+        await async_wait_until(lambda: all(s.processor.active.is_set() for s in self.shards.values()), 60,
+                               "every shard active")
+        await async_wait_until(lambda: self.router.follower._tail is not None, 60, "the router to follow the catalog")
+
+    def command(self, cmd):
+        """Send a config command and wait until the router and shards have seen its effect."""
+        from libs.requests import Requester
+
+        async def go():
+            async with Requester(self.settings.bootstrap, self.settings.topics.cli_replies) as r:
+                reply = await r.request(self.settings.topics.config_commands, cmd, timeout=60)
+            assert reply.ok, reply
+            await self.router.follower.wait_for(reply.configTime, 30)
+            for s in self.shards.values():
+                await s.follower.wait_for(reply.configTime, 30)
+            return reply
+        return self.call(go())
+
+    def command_without_router(self, cmd):
+        """A config command whose effect the shards see before it returns (the router may lag)."""
+        from libs.requests import Requester
+
+        async def go():
+            async with Requester(self.settings.bootstrap, self.settings.topics.cli_replies) as r:
+                reply = await r.request(self.settings.topics.config_commands, cmd, timeout=60)
+            assert reply.ok, reply
+            for s in self.shards.values():
+                await s.follower.wait_for(reply.configTime, 30)
+            return reply
+        return self.call(go())
+
+    def served(self, kind: str, ns: str) -> dict:
+        return {sid: s.decider.served[(kind, ns)] for sid, s in self.shards.items()}
+
+    def stop(self):
+        async def stop_all():
+            for t in self.tasks:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        try:
+            self.call(stop_all(), timeout=60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
+@pytest.fixture
+def data_cluster(settings):
+    c = InProcessCluster(settings)
+    yield c
+    c.stop()

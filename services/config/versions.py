@@ -6,11 +6,11 @@ incarnation of the collection.  Versions of different epochs are not ordered.
 """
 from __future__ import annotations
 
-import os
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterable
+
+from libs.ids import new_object_id
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ class ChunkVersion:
 
 
 def new_epoch() -> str:
-    """An ObjectId-like epoch: 4 bytes of seconds, 8 random bytes, as hex."""
-    return f"{int(time.time()):08x}{os.urandom(8).hex()}"
+    """An ObjectId-like epoch."""
+    return new_object_id()
 
 
 def new_uuid() -> str:

@@ -1,6 +1,14 @@
-"""Router (any number of instances): will route client operations by shard key
-(issue 3) from a routing-table cache projected from config.events.  Today: follows the catalog.
+"""Router (any number of instances): routes client operations by shard key from a
+routing-table cache projected from config.events, and merges shard replies.
 
-Reads:   <cluster>.router.requests, its own inbox, <cluster>.config.events
-Writes:  <cluster>.shard.<id>.requests, replies to clients
+Reads:   <cluster>.router.requests  (client operations; one consumer group for all routers)
+         <cluster>.inbox.router-<instance>          (shard and config server replies)
+         <cluster>.inbox.router-<instance>-cursors  (getMore for this router's cursors)
+         <cluster>.config.events    (the routing-table cache)
+Writes:  <cluster>.shard.<id>.requests, <cluster>.config.commands (implicit database creation),
+         replies to each operation's `reply-to`
+
+- `targeting.py`  which shards a query or document goes to (pure)
+- `route.py`      one operation: target, send, merge, StaleConfig retries
+- `server.py`     the wiring
 """

@@ -1,6 +1,13 @@
-"""Shard (one process per shard id): will own its documents, migration registry
-and range-deletion tasks (issues 3 and 4).  Today: follows the catalog.
+"""Shard (one active process per shard id): owns its documents, in RocksDB as
+the fold of its changelog; serves CRUD from routers, checking their routing
+against its own view of the catalog.
 
-Reads:   <cluster>.shard.<id>.requests, <cluster>.config.events
-Writes:  <cluster>.shard.<id>.changelog
+Reads:   <cluster>.shard.<id>.requests   (CRUD from routers; exactly once, group commit)
+         <cluster>.config.events         (its catalog: versions and chunk ownership)
+Writes:  <cluster>.shard.<id>.changelog  (every write, before it is acknowledged; compacted)
+         replies to each request's `reply-to`, <cluster>.deadletter
+
+- `documents.py`  the document store layout and the fold of the changelog
+- `decide.py`     requests -> changelog events + replies (versions, ownership filter)
+- `server.py`     the wiring
 """

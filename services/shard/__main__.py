@@ -1,7 +1,7 @@
 """python -m services.shard --shard-id s0"""
 from libs.service import common_args, run_service, settings_from
 from libs.topics import SHARD_ID
-from services.thin import run_following_catalog
+from services.shard.server import ShardServer
 
 
 def main() -> None:
@@ -11,8 +11,7 @@ def main() -> None:
     if not SHARD_ID.match(args.shard_id):
         p.error(f"invalid shard id {args.shard_id!r}: use 1-64 of A-Z a-z 0-9 _ -")
     settings = settings_from(args)
-    name = f"shard-{args.shard_id}"
-    run_service(name, lambda: run_following_catalog(settings, name, settings.topics.for_shard(args.shard_id)))
+    run_service(f"shard-{args.shard_id}", lambda: ShardServer(settings, args.shard_id).run())
 
 
 if __name__ == "__main__":

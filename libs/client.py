@@ -1,0 +1,280 @@
+"""The shardlog client, shaped like pymongo: `Cluster` -> database -> collection.
+
+    async with AsyncCluster("127.0.0.1:9092", cluster="shardlog") as c:
+        users = c["app"]["users"]
+        await users.insert_one({"name": "ada"})
+        async for doc in users.find({"age": {"$gt": 30}}, sort={"age": 1}): ...
+
+    with Cluster("127.0.0.1:9092") as c:           # the same, synchronous
+        c["app"]["users"].count_documents({})
+
+Operations go to the routers through `router.requests`; replies come back to
+this client's own inbox topic (created on connect, deleted on close).  A write
+carries an operation id, and documents get their `_id` here when they have
+none, so a retry after a timeout or a dead router is applied once.
+
+_id uniqueness across shards holds only when the shard key includes _id, as in
+MongoDB: each shard enforces it for its own documents.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator, Iterator
+
+from libs import kafka
+from libs.requests import Requester, RequestTimeout
+from libs.topics import SHORT_LIVED, Topics, TopicSpec
+from schemas import Record
+from schemas import shard as s
+from schemas.reply import Reply
+from libs.ids import new_object_id
+
+
+class ShardlogError(Exception):
+    """An operation the cluster refused: `code` (MongoDB's name) and a message."""
+
+    def __init__(self, code: str, message: str, details: dict | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.details = code, message, details or {}
+
+
+class DuplicateKeyError(ShardlogError): ...
+class ShardKeyError(ShardlogError): ...
+class StaleConfigError(ShardlogError): ...
+class InvalidNamespace(ShardlogError): ...
+class DocumentTooLarge(ShardlogError): ...
+class OperationTimeout(ShardlogError, TimeoutError): ...
+
+
+class BulkWriteError(ShardlogError):
+    """Some documents of an insert_many were refused; `details` has `writeErrors` and `inserted`."""
+
+
+_ERRORS = {"DuplicateKey": DuplicateKeyError, "ShardKeyNotFound": ShardKeyError, "ShardKeyTooLarge": ShardKeyError,
+           "ImmutableField": ShardKeyError, "StaleConfig": StaleConfigError, "InvalidNamespace": InvalidNamespace,
+           "DocumentTooLarge": DocumentTooLarge}
+
+
+def error_for(code: str, message: str, details: dict | None = None) -> ShardlogError:
+    return _ERRORS.get(code, ShardlogError)(code, message, details)
+
+
+class AsyncCluster:
+    def __init__(self, bootstrap: str, cluster: str = "shardlog", *, timeout: float = 30.0,
+                 attempt_timeout: float = 10.0):
+        self.bootstrap, self.topics = bootstrap, Topics(cluster)
+        self.timeout, self.attempt_timeout = timeout, attempt_timeout
+        self.inbox = self.topics.inbox(f"client-{uuid.uuid4().hex[:12]}")
+        self._requester: Requester | None = None
+
+    async def connect(self) -> "AsyncCluster":
+        await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.inbox, config=SHORT_LIVED)])
+        self._requester = Requester(self.bootstrap, self.inbox, client_id="shardlog-client")
+        await self._requester.start()
+        return self
+
+    async def close(self) -> None:
+        if self._requester:
+            await self._requester.stop()
+            self._requester = None
+            await kafka.delete_topics(self.bootstrap, [self.inbox])
+
+    async def __aenter__(self) -> "AsyncCluster":
+        return await self.connect()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def __getitem__(self, db: str) -> "AsyncDatabase":
+        return AsyncDatabase(self, db)
+
+    async def call(self, req: Record, *, topic: str | None = None) -> dict:
+        """Send an operation, retrying the same operation (same opId) until the deadline."""
+        deadline = time.monotonic() + self.timeout
+        key = (getattr(req, "opId", None) or uuid.uuid4().hex).encode()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OperationTimeout("Timeout", f"no answer from the routers within {self.timeout:g}s")
+            try:
+                reply: Reply = await self._requester.request(topic or self.topics.router_requests, req, key=key,
+                                                             timeout=min(self.attempt_timeout, left))
+            except RequestTimeout:
+                continue  # a router may have died with it: send it again
+            if reply.ok:
+                return reply.result or {}
+            raise error_for(reply.code or "Error", reply.error or "", reply.result)
+
+
+class AsyncDatabase:
+    def __init__(self, cluster: AsyncCluster, name: str):
+        self.cluster, self.name = cluster, name
+
+    def __getitem__(self, coll: str) -> "AsyncCollection":
+        return AsyncCollection(self.cluster, f"{self.name}.{coll}")
+
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+
+
+def _prepared(doc: dict) -> dict:
+    """The document with an _id (so a retry inserts it once), refused here if over 16 MB."""
+    doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
+    size = len(json.dumps(doc, separators=(",", ":")).encode())
+    if size > MAX_DOCUMENT_BYTES:
+        raise DocumentTooLarge("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")
+    return doc
+
+
+class AsyncCollection:
+    def __init__(self, cluster: AsyncCluster, ns: str):
+        self.cluster, self.ns = cluster, ns
+
+    async def insert_one(self, doc: dict) -> Any:
+        doc = _prepared(doc)
+        result = await self.cluster.call(s.Insert(ns=self.ns, docs=[doc], opId=uuid.uuid4().hex))
+        _raise_write_errors(result)
+        return doc["_id"]
+
+    async def insert_many(self, docs: list[dict], *, ordered: bool = True) -> list[Any]:
+        docs = [_prepared(d) for d in docs]
+        result = await self.cluster.call(s.Insert(ns=self.ns, docs=docs, ordered=ordered, opId=uuid.uuid4().hex))
+        _raise_write_errors(result, many=True)
+        return [d["_id"] for d in docs]
+
+    def find(self, filter: dict | None = None, *, sort: dict | None = None, skip: int = 0, limit: int = 0,
+             projection: dict | None = None, batch_size: int = 101) -> "AsyncCursor":
+        return AsyncCursor(self.cluster, s.Find(ns=self.ns, filter=filter or {}, sort=sort, skip=skip, limit=limit,
+                                                projection=projection, batchSize=batch_size))
+
+    async def find_one(self, filter: dict | None = None, **kw) -> dict | None:
+        async for doc in self.find(filter, limit=1, **kw):
+            return doc
+        return None
+
+    async def count_documents(self, filter: dict | None = None) -> int:
+        return (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {})))["n"]
+
+    async def update_one(self, filter: dict, update: dict, *, upsert: bool = False) -> dict:
+        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert,
+                                                opId=uuid.uuid4().hex))
+
+    async def update_many(self, filter: dict, update: dict, *, upsert: bool = False) -> dict:
+        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert,
+                                                opId=uuid.uuid4().hex))
+
+    async def delete_one(self, filter: dict) -> int:
+        return (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, opId=uuid.uuid4().hex)))["deleted"]
+
+    async def delete_many(self, filter: dict) -> int:
+        return (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True,
+                                                 opId=uuid.uuid4().hex)))["deleted"]
+
+    async def explain(self, filter: dict | None = None) -> dict:
+        return await self.cluster.call(s.Explain(ns=self.ns, filter=filter or {}))
+
+
+class AsyncCursor:
+    """Fetches in batches: the first with the find, the rest with getMore from the router holding it."""
+
+    def __init__(self, cluster: AsyncCluster, find: s.Find):
+        self.cluster, self._find = cluster, find
+        self._buffer: list[dict] = []
+        self._cursor_id: int | None = None
+        self._topic: str | None = None
+
+    def __aiter__(self) -> AsyncIterator[dict]:
+        return self._iterate()
+
+    async def _iterate(self):
+        first = await self.cluster.call(self._find)
+        self.shards = first.get("shards", [])
+        batch, cid, topic = first["docs"], first["cursorId"], first.get("cursorTopic")
+        while True:
+            for doc in batch:
+                yield doc
+            if not cid:
+                return
+            more = await self.cluster.call(s.GetMore(cursorId=cid, batchSize=self._find.batchSize), topic=topic)
+            batch, cid = more["docs"], more["cursorId"]
+
+    async def to_list(self) -> list[dict]:
+        return [d async for d in self]
+
+
+def _raise_write_errors(result: dict, many: bool = False) -> None:
+    errors = result.get("writeErrors") or []
+    if not errors:
+        return
+    first = errors[0]
+    if many and (result.get("inserted") or len(errors) > 1):
+        raise BulkWriteError("BulkWriteError", f"{len(errors)} document(s) refused; first: {first['code']}: "
+                                               f"{first['errmsg']}", result)
+    raise error_for(first["code"], first["errmsg"], result)
+
+
+# ------------------------------------------------------------------ synchronous flavour
+
+
+class Cluster:
+    """The synchronous client: the async one on a private event loop in a background thread."""
+
+    def __init__(self, bootstrap: str, cluster: str = "shardlog", **kw):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="shardlog-client")
+        self._thread.start()
+        self._async = AsyncCluster(bootstrap, cluster, **kw)
+        self._run(self._async.connect())
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        self._run(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getitem__(self, db: str) -> "Database":
+        return Database(self, db)
+
+
+class Database:
+    def __init__(self, cluster: Cluster, name: str):
+        self.cluster, self.name = cluster, name
+
+    def __getitem__(self, coll: str) -> "Collection":
+        return Collection(self.cluster, AsyncCollection(self.cluster._async, f"{self.name}.{coll}"))
+
+
+class Collection:
+    def __init__(self, cluster: Cluster, inner: AsyncCollection):
+        self._cluster, self._inner = cluster, inner
+        self.ns = inner.ns
+
+    def __getattr__(self, name: str):
+        method = getattr(self._inner, name)
+
+        def call(*args, **kw):
+            return self._cluster._run(method(*args, **kw))
+        return call
+
+    def find(self, filter: dict | None = None, **kw) -> Iterator[dict]:
+        cursor = self._inner.find(filter, **kw).__aiter__()
+        while True:
+            try:
+                yield self._cluster._run(cursor.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def find_one(self, filter: dict | None = None, **kw) -> dict | None:
+        return self._cluster._run(self._inner.find_one(filter, **kw))

@@ -1,0 +1,893 @@
+"""Document operations of a shard, with MongoDB semantics: filters, sort, projection
+and updates.  Pure: no I/O.  Every comparison goes through ``libs.shardkey``'s
+ordering (``encode_value`` bytes / ``compare_values``).
+
+Supported
+---------
+* Filters (:func:`compile_filter`): implicit equality ``{a: v}``, ``$eq $ne $gt $gte
+  $lt $lte $in $nin $exists``, ``$not`` on an operator object, ``$and $or $nor`` (top
+  level and nested), dotted paths.  MongoDB's array rules: a path reaching an array
+  tests the array itself and each element; ``a.b`` fans out over the subdocuments of
+  an array ``a`` (not over nested arrays, not over scalar elements); a numeric
+  component indexes an array.  ``$ne``/``$nin``/``$not`` negate the whole path, so
+  ``{a: {$ne: 1}}`` does not match ``a: [1, 2]``.  Equality is value equality
+  (``1 == 1.0``, ``true != 1``); ``$gt``-style operators only match values of the
+  operand's canonical type (numbers with numbers, ...), except MinKey/MaxKey operands.
+  NaN equals NaN and is neither below nor above anything.  A missing field (or a
+  path through a scalar) equals null for ``$eq``/``$in``/``$gte``/``$lte``; ``$exists``
+  tells them apart.
+* Targeting (``Matcher.equality_on / in_values_on / bounds_on``), see :class:`Matcher`.
+* Sort (:func:`sort_key`, :func:`merge_sorted`): ``{field: 1 | -1, ...}``.
+* Projection (:func:`apply_projection`): inclusion or exclusion, dotted paths, ``_id``.
+* Updates (:func:`apply_update`, :func:`upsert_document`): ``$set $unset $inc
+  $setOnInsert``, replacement documents, ``_id`` immutability, upsert seeding.
+* :func:`get_path`: plain dotted lookup (objects only) returning :data:`MISSING`.
+
+Not supported (refused with :class:`QueryError`)
+------------------------------------------------
+``$regex $elemMatch $size $all $type $mod $expr $where $text $jsonSchema``, geo and
+bitwise operators; update operators other than the four above (``$push $pull
+$addToSet $pop $rename $min $max $mul $currentDate``...), positional ``$``/``$[]``
+paths, aggregation-pipeline updates, updates through arrays; projection operators
+(``$slice $elemMatch $meta``, expressions); collations; ``$natural``/``$meta`` sorts.
+
+Deliberate deviations from MongoDB
+----------------------------------
+* Sort reads a field with :func:`get_path` (no fan-out over arrays): an array value
+  sorts as a whole array, a path through an array sorts as null.  MongoDB sorts by
+  the smallest (ascending) or largest (descending) element.
+* A numeric path component only indexes arrays; MongoDB also looks for a field of
+  that name in the array's subdocuments.  An index past the end is missing.
+* ``{a: {$gt: 1, b: 2}}`` (operators mixed with fields) is refused; MongoDB reads it
+  as an operator object or an exact object depending on the first key.
+* ``$exists`` takes a boolean or number only.  ``$set``/``$inc`` through an array
+  (``a.0.b``) are refused; ``$unset`` through one is a no-op.  Update fields are
+  applied in path order component by component, numeric names compared as strings.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+import operator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from libs.shardkey import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_KEY,
+    MAX_NESTING_DEPTH,
+    MIN_KEY,
+    ShardKeyError,
+    compare_values,
+    encode_value,
+)
+
+__all__ = [
+    "MISSING",
+    "NOT_CONSTRAINED",
+    "Bounds",
+    "Matcher",
+    "QueryError",
+    "apply_projection",
+    "apply_update",
+    "compile_filter",
+    "get_path",
+    "is_update_operator_doc",
+    "merge_sorted",
+    "sort_key",
+    "upsert_document",
+]
+
+
+class QueryError(ValueError):
+    """A malformed filter, sort, projection or update, or an update that cannot apply."""
+
+
+class _Marker:
+    """A named singleton; pickles and copies as itself."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+    def __reduce__(self) -> str:
+        return self._name
+
+
+MISSING: Any = _Marker("MISSING")
+"""What :func:`get_path` returns for an absent field."""
+NOT_CONSTRAINED: Any = _Marker("NOT_CONSTRAINED")
+"""What :meth:`Matcher.equality_on` returns when the filter does not pin the path."""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ------------------------------------------------------------------------------- paths
+
+
+def _split_path(path: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(path, str) or not path:
+        raise QueryError(f"{what} field names must be non-empty strings, got {_short(path)}")
+    parts = tuple(path.split("."))
+    if "" in parts:
+        raise QueryError(f"{what} field {path!r} has an empty path component")
+    if any(p.startswith("$") for p in parts):
+        raise QueryError(
+            f"{what} field {path!r}: path components must not start with '$' "
+            "(positional operators are not supported)"
+        )
+    return parts
+
+
+def get_path(doc: Any, path: str) -> Any:
+    """The value at dotted ``path`` (``"a.b.c"``) through nested objects, or
+    :data:`MISSING`.  No fan-out over arrays: a path through a non-object is missing."""
+    value = doc
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def _is_index(part: str) -> bool:
+    return part.isascii() and part.isdigit() and str(int(part)) == part
+
+
+def _collect(value: Any, parts: tuple[str, ...], i: int, out: list[Any]) -> None:
+    if i == len(parts):
+        out.append(value)
+        if isinstance(value, list):
+            out.extend(value)  # a leaf array: the array and each element
+        return
+    part = parts[i]
+    if isinstance(value, dict):
+        if part in value:
+            _collect(value[part], parts, i + 1, out)
+        else:
+            out.append(MISSING)
+    elif isinstance(value, list):
+        if _is_index(part):
+            idx = int(part)
+            if idx < len(value):
+                _collect(value[idx], parts, i + 1, out)
+            else:
+                out.append(MISSING)
+        else:
+            for element in value:  # subdocuments only: not scalars, not nested arrays
+                if isinstance(element, dict):
+                    _collect(element, parts, i, out)
+    else:
+        out.append(MISSING)  # a path through a scalar is missing
+
+
+def _candidates(doc: dict, parts: tuple[str, ...]) -> list[tuple[Any, bytes | None]]:
+    """The values a leaf predicate tests, each with its encoding (None: missing)."""
+    out: list[Any] = []
+    _collect(doc, parts, 0, out)
+    return [(v, None if v is MISSING else encode_value(v)) for v in out]
+
+
+def _encode(value: Any, where: str) -> bytes:
+    try:
+        return encode_value(value)
+    except ShardKeyError as e:
+        raise QueryError(f"{where}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- filters
+
+_CMP: dict[str, Callable[[int], bool]] = {
+    "$eq": lambda c: c == 0,
+    "$gt": lambda c: c > 0,
+    "$gte": lambda c: c >= 0,
+    "$lt": lambda c: c < 0,
+    "$lte": lambda c: c <= 0,
+}
+_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$not")
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and v != v
+
+
+def _hit(op: str, cand: Any, cenc: bytes | None, v: Any, venc: bytes) -> bool:
+    """Does one candidate satisfy ``op v``?  (MongoDB's ComparisonMatchExpression.)"""
+    if cenc is None:  # missing behaves as null, for the operators that admit equality
+        return v is None and op in ("$eq", "$gte", "$lte")
+    if cenc[0] != venc[0]:  # the first byte is the canonical type
+        if v is MIN_KEY:
+            return op in ("$gt", "$gte")
+        if v is MAX_KEY:
+            return op in ("$lt", "$lte")
+        return False
+    if _is_nan(cand) != _is_nan(v):
+        return False
+    return _CMP[op]((cenc > venc) - (cenc < venc))
+
+
+_Cands = list[tuple[Any, bytes | None]]
+
+
+@dataclass(frozen=True)
+class _Cmp:
+    op: str
+    value: Any
+    enc: bytes
+
+    def test(self, cands: _Cands) -> bool:
+        return any(_hit(self.op, c, e, self.value, self.enc) for c, e in cands)
+
+
+@dataclass(frozen=True)
+class _In:
+    values: tuple[Any, ...]
+    encs: frozenset[bytes]
+
+    def test(self, cands: _Cands) -> bool:
+        # Equality is byte equality of encodings (NaN included); missing equals null.
+        return any(e in self.encs if e is not None else None in self.values for _, e in cands)
+
+
+@dataclass(frozen=True)
+class _Exists:
+    want: bool
+
+    def test(self, cands: _Cands) -> bool:
+        return any(e is not None for _, e in cands) == self.want
+
+
+@dataclass(frozen=True)
+class _Not:
+    tests: tuple[Any, ...]
+
+    def test(self, cands: _Cands) -> bool:
+        return not all(t.test(cands) for t in self.tests)
+
+
+@dataclass(frozen=True)
+class _Field:
+    path: str
+    parts: tuple[str, ...]
+    tests: tuple[Any, ...]
+
+    def matches(self, doc: dict) -> bool:
+        cands = _candidates(doc, self.parts)
+        return all(t.test(cands) for t in self.tests)
+
+
+@dataclass(frozen=True)
+class _Logic:
+    op: str  # "$and" | "$or" | "$nor"
+    children: tuple[Any, ...]
+
+    def matches(self, doc: dict) -> bool:
+        if self.op == "$and":
+            return all(c.matches(doc) for c in self.children)
+        hit = any(c.matches(doc) for c in self.children)
+        return hit if self.op == "$or" else not hit
+
+
+def _is_operator_object(value: Any) -> bool:
+    """True for ``{"$gt": 1, ...}``, False for any other value; mixing raises."""
+    if not isinstance(value, dict) or not value:
+        return False
+    dollar = [isinstance(k, str) and k.startswith("$") for k in value]
+    if all(dollar):
+        return True
+    if any(dollar):
+        raise QueryError(
+            f"cannot mix operators and plain fields in {_short(value)}: use either "
+            "an operator object like {'$gt': 1} or a plain value to compare exactly"
+        )
+    return False
+
+
+def _parse(flt: Any, depth: int = 0) -> _Logic:
+    if not isinstance(flt, dict):
+        raise QueryError(f"a filter must be an object, got {type(flt).__name__}: {_short(flt)}")
+    if depth > MAX_NESTING_DEPTH:
+        raise QueryError(f"filter nested deeper than {MAX_NESTING_DEPTH} levels")
+    nodes: list[Any] = []
+    for key, value in flt.items():
+        if key in ("$and", "$or", "$nor"):
+            if not isinstance(value, list) or not value or not all(isinstance(x, dict) for x in value):
+                raise QueryError(f"{key} needs a non-empty array of objects, got {_short(value)}")
+            nodes.append(_Logic(key, tuple(_parse(x, depth + 1) for x in value)))
+        elif isinstance(key, str) and key.startswith("$"):
+            raise QueryError(f"unknown top-level operator {key!r} (supported: $and, $or, $nor)")
+        else:
+            parts = _split_path(key, "filter")
+            if _is_operator_object(value):
+                tests = _parse_operators(key, value)
+            else:
+                tests = (_Cmp("$eq", value, _encode(value, f"value of {key!r}")),)
+            nodes.append(_Field(key, parts, tests))
+    return _Logic("$and", tuple(nodes))
+
+
+def _parse_in(path: str, op: str, arg: Any) -> _In:
+    if not isinstance(arg, list):
+        raise QueryError(f"{op} on {path!r} needs an array, got {_short(arg)}")
+    for v in arg:
+        if _is_operator_object(v):
+            raise QueryError(f"{op} on {path!r}: cannot nest operators inside {op}, got {_short(v)}")
+    return _In(tuple(arg), frozenset(_encode(v, f"{op} on {path!r}") for v in arg))
+
+
+def _parse_operators(path: str, ops: dict) -> tuple[Any, ...]:
+    tests: list[Any] = []
+    for op, arg in ops.items():
+        if op in _CMP:
+            tests.append(_Cmp(op, arg, _encode(arg, f"{op} on {path!r}")))
+        elif op == "$ne":
+            tests.append(_Not((_Cmp("$eq", arg, _encode(arg, f"$ne on {path!r}")),)))
+        elif op in ("$in", "$nin"):
+            test = _parse_in(path, op, arg)
+            tests.append(test if op == "$in" else _Not((test,)))
+        elif op == "$exists":
+            if type(arg) not in (bool, int, float):
+                raise QueryError(f"$exists on {path!r} needs true or false, got {_short(arg)}")
+            tests.append(_Exists(bool(arg)))
+        elif op == "$not":
+            if not _is_operator_object(arg):
+                raise QueryError(
+                    f"$not on {path!r} needs a non-empty operator object such as "
+                    f"{{'$gt': 5}}, got {_short(arg)}"
+                )
+            tests.append(_Not(_parse_operators(path, arg)))
+        else:
+            raise QueryError(
+                f"unknown operator {op!r} on {path!r} (supported: {', '.join(_OPERATORS)})"
+            )
+    return tuple(tests)
+
+
+# --------------------------------------------------------------------------- targeting
+
+
+class Bounds(NamedTuple):
+    """A range of values in MongoDB order; ``lo``/``hi`` are values (``None`` is null)."""
+
+    lo: Any
+    lo_inclusive: bool
+    hi: Any
+    hi_inclusive: bool
+
+
+def _bracket(v: Any) -> Bounds:
+    """The range of ``v``'s canonical type: where ``$gt/$lt v`` can match."""
+    if v is MIN_KEY or v is MAX_KEY:
+        return Bounds(MIN_KEY, True, MAX_KEY, True)
+    if v is None:
+        return Bounds(None, True, None, True)
+    if isinstance(v, bool):
+        return Bounds(False, True, True, True)
+    if isinstance(v, (int, float)):  # NaN sorts lowest but only matches NaN operands
+        return Bounds(v if _is_nan(v) else -math.inf, True, math.inf, True)
+    if isinstance(v, str):
+        return Bounds("", True, {}, False)
+    if isinstance(v, dict):
+        return Bounds({}, True, [], False)
+    return Bounds([], True, False, False)  # arrays sort below booleans
+
+
+def _within(v: Any, b: Bounds) -> bool:
+    lo, hi = compare_values(v, b.lo), compare_values(v, b.hi)
+    return (lo > 0 or (lo == 0 and b.lo_inclusive)) and (hi < 0 or (hi == 0 and b.hi_inclusive))
+
+
+def _hull(values: Iterable[Any]) -> Bounds:
+    ordered = sorted(values, key=encode_value)
+    return Bounds(ordered[0], True, ordered[-1], True)
+
+
+def _pick(
+    a: tuple[Any, bool], b: tuple[Any, bool], larger: bool, tie: Callable[[bool, bool], bool]
+) -> tuple[Any, bool]:
+    """The larger (or smaller) of two (value, inclusive) ends; ``tie`` merges the
+    inclusive flags of equal values."""
+    c = compare_values(a[0], b[0])
+    if c == 0:
+        return a[0], tie(a[1], b[1])
+    return a if (c > 0) == larger else b
+
+
+def _bounds_and(a: Bounds | None, b: Bounds | None) -> Bounds | None:
+    """Intersection (None: unconstrained)."""
+    if a is None or b is None:
+        return a if b is None else b
+    lo = _pick(a[:2], b[:2], larger=True, tie=operator.and_)
+    hi = _pick(a[2:], b[2:], larger=False, tie=operator.and_)
+    return Bounds(*lo, *hi)
+
+
+def _bounds_or(a: Bounds | None, b: Bounds | None) -> Bounds | None:
+    """Smallest range holding both (None: unconstrained)."""
+    if a is None or b is None:
+        return None
+    lo = _pick(a[:2], b[:2], larger=False, tie=operator.or_)
+    hi = _pick(a[2:], b[2:], larger=True, tie=operator.or_)
+    return Bounds(*lo, *hi)
+
+
+@dataclass(frozen=True)
+class _Range:
+    """What a (sub)filter implies about the value at one path for every matching
+    document with no array along that path (missing counts as null): it lies within
+    ``bounds`` (None: anywhere) and, unless ``values`` is None, equals one of them."""
+
+    bounds: Bounds | None
+    values: tuple[Any, ...] | None
+
+
+def _make_range(bounds: Bounds | None, values: Iterable[Any] | None) -> _Range:
+    if values is None:
+        return _Range(bounds, None)
+    kept: dict[bytes, Any] = {}
+    for v in values:  # dedup by value (1 == 1.0) and drop values outside the bounds
+        if bounds is None or _within(v, bounds):
+            kept.setdefault(encode_value(v), v)
+    vs = tuple(kept.values())
+    return _Range(_hull(vs) if vs else bounds, vs)
+
+
+def _range_of_test(test: Any) -> _Range | None:
+    if isinstance(test, _Cmp):
+        v = test.value
+        if test.op == "$eq":
+            return _make_range(None, (v,))
+        lo, lo_inc, hi, hi_inc = _bracket(v)
+        if test.op in ("$gt", "$gte"):
+            return _Range(Bounds(v, test.op == "$gte", hi, hi_inc), None)
+        return _Range(Bounds(lo, lo_inc, v, test.op == "$lte"), None)
+    if isinstance(test, _In):
+        return _make_range(None, test.values)
+    return None  # $ne, $nin, $not, $exists: no range
+
+
+def _intersect(ranges: Iterable[_Range | None]) -> _Range | None:
+    result: _Range | None = None
+    for r in ranges:
+        if r is None:
+            continue
+        if result is None:
+            result = r
+            continue
+        bounds = _bounds_and(result.bounds, r.bounds)
+        if result.values is None or r.values is None:
+            values = result.values if r.values is None else r.values
+        else:
+            other = {encode_value(v) for v in r.values}
+            values = tuple(v for v in result.values if encode_value(v) in other)
+        result = _make_range(bounds, values)
+    return result
+
+
+def _union(ranges: list[_Range | None]) -> _Range | None:
+    if any(r is None for r in ranges):
+        return None  # some branch does not constrain the path
+    result = ranges[0]
+    for r in ranges[1:]:
+        assert result is not None and r is not None
+        values = None if result.values is None or r.values is None else result.values + r.values
+        result = _make_range(_bounds_or(result.bounds, r.bounds), values)
+    return result
+
+
+def _range_of(node: Any, path: str) -> _Range | None:
+    if isinstance(node, _Field):
+        return _intersect(_range_of_test(t) for t in node.tests) if node.path == path else None
+    if node.op == "$and":
+        return _intersect(_range_of(c, path) for c in node.children)
+    if node.op == "$or":
+        return _union([_range_of(c, path) for c in node.children])
+    return None  # $nor
+
+
+class Matcher:
+    """A compiled filter.
+
+    ``matches(doc)`` evaluates it.  The targeting helpers describe the value at a
+    dotted ``path`` (matched literally against the filter's field names) for every
+    document the filter matches; they are conservative: they never claim a
+    constraint that could fail, for documents with no array along ``path`` (shard
+    keys never hold arrays) and a missing field counted as null (as
+    ``KeyPattern.extract`` does).  They look at top-level fields, into ``$and`` at any
+    depth, and into ``$or`` only when every branch constrains the path (the union);
+    ``$nor``, ``$not``, ``$ne``, ``$nin`` and ``$exists`` constrain nothing.
+    """
+
+    __slots__ = ("filter", "_root")
+
+    def __init__(self, filter: dict, root: _Logic) -> None:
+        self.filter = filter
+        self._root = root
+
+    def __repr__(self) -> str:
+        return f"Matcher({_short(self.filter, 200)})"
+
+    def matches(self, doc: dict) -> bool:
+        if not isinstance(doc, dict):
+            raise QueryError(f"documents must be objects, got {type(doc).__name__}")
+        return self._root.matches(doc)
+
+    def equality_on(self, path: str) -> Any:
+        """The one value ``path`` must equal (by ``compare_values``) -- from ``{path: v}``,
+        ``$eq``, a one-value ``$in`` or intersections -- else :data:`NOT_CONSTRAINED`.
+        ``None`` means null-or-missing.  The value may be an array, which only arrays
+        match: for array-free documents such a filter matches nothing."""
+        r = _range_of(self._root, path)
+        if r is None or r.values is None or len(r.values) != 1:
+            return NOT_CONSTRAINED
+        return r.values[0]
+
+    def in_values_on(self, path: str) -> list[Any] | None:
+        """The finite set of values ``path`` must equal one of (deduplicated, in filter
+        order), from equality, ``$in`` and their intersections and ``$or`` unions; None
+        if not finite.  ``[]`` means no array-free document matches."""
+        r = _range_of(self._root, path)
+        return None if r is None or r.values is None else list(r.values)
+
+    def bounds_on(self, path: str) -> Bounds | None:
+        """A range ``(lo, lo_inclusive, hi, hi_inclusive)`` holding the value at ``path``,
+        or None if unconstrained.  ``$gt``-style bounds stop at the edge of the operand's
+        type (``{$gt: 5}`` -> ``(5, False, inf, True)``; ``{$lt: "m"}`` -> ``("", True,
+        "m", False)``) because other types never match.  The range may be empty
+        (``lo > hi``) when no array-free document can match."""
+        r = _range_of(self._root, path)
+        return None if r is None else r.bounds
+
+
+def compile_filter(filter: dict) -> Matcher:
+    """Validate and compile a MongoDB filter; :class:`QueryError` if malformed."""
+    return Matcher(filter, _parse(filter))
+
+
+# -------------------------------------------------------------------------------- sort
+
+_COMPLEMENT = bytes(range(255, -1, -1))
+
+
+def _sort_fields(spec: Any) -> list[tuple[str, bool]]:
+    if not isinstance(spec, dict) or not spec:
+        raise QueryError(f"a sort must be a non-empty object of field: 1 | -1, got {_short(spec)}")
+    fields = []
+    for path, direction in spec.items():
+        _split_path(path, "sort")
+        if type(direction) not in (int, float) or direction not in (1, -1):
+            raise QueryError(f"sort direction for {path!r} must be 1 or -1, got {_short(direction)}")
+        fields.append((path, direction == -1))
+    return fields
+
+
+def sort_key(spec: dict) -> Callable[[dict], tuple[bytes, ...]]:
+    """A ``key=`` function for ``sorted()`` ordering documents by ``spec`` in MongoDB
+    order; a missing field sorts as null.
+
+    Each field is its ``encode_value`` bytes, complemented when descending.  The
+    encoding is prefix-free (no encoding is a proper prefix of another), so two
+    different encodings differ at a byte both have and complementing exactly
+    reverses their order."""
+    fields = _sort_fields(spec)
+
+    def key(doc: dict) -> tuple[bytes, ...]:
+        out = []
+        for path, descending in fields:
+            v = get_path(doc, path)
+            enc = encode_value(None if v is MISSING else v)
+            out.append(enc.translate(_COMPLEMENT) if descending else enc)
+        return tuple(out)
+
+    return key
+
+
+def merge_sorted(streams: Iterable[Iterable[dict]], spec: dict) -> Iterator[dict]:
+    """Merge document streams each sorted by ``spec`` into one sorted stream (stable:
+    ties come in stream order).  The spec is validated at once."""
+    return heapq.merge(*streams, key=sort_key(spec))
+
+
+# -------------------------------------------------------------------------- projection
+
+
+def _path_tree(paths: Iterable[tuple[str, ...]], conflict: Callable[[str], str]) -> dict:
+    """``[("a", "b"), ("c",)]`` -> ``{"a": {"b": True}, "c": True}``; a path that is a
+    prefix of (or equal to) another raises ``QueryError(conflict(path))``."""
+    tree: dict = {}
+    for parts in paths:
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if node is True:
+                raise QueryError(conflict(".".join(parts)))
+        if parts[-1] in node:
+            raise QueryError(conflict(".".join(parts)))
+        node[parts[-1]] = True
+    return tree
+
+
+def _include(value: Any, tree: dict) -> Any:
+    if isinstance(value, list):  # scalars inside arrays are dropped, as in MongoDB
+        return [_include(x, tree) for x in value if isinstance(x, (dict, list))]
+    out = {}
+    for k, v in value.items():
+        sub = tree.get(k)
+        if sub is True:
+            out[k] = copy.deepcopy(v)
+        elif sub is not None and isinstance(v, (dict, list)):
+            out[k] = _include(v, sub)
+    return out
+
+
+def _exclude(value: Any, tree: dict) -> Any:
+    if isinstance(value, list):
+        return [_exclude(x, tree) if isinstance(x, (dict, list)) else x for x in value]
+    out = {}
+    for k, v in value.items():
+        sub = tree.get(k)
+        if sub is True:
+            continue
+        out[k] = _exclude(v, sub) if sub is not None and isinstance(v, (dict, list)) else copy.deepcopy(v)
+    return out
+
+
+def _projection_plan(projection: Any) -> tuple[dict, bool]:
+    if not isinstance(projection, dict):
+        raise QueryError(f"a projection must be an object, got {_short(projection)}")
+    flags: dict[str, bool] = {}
+    for path, flag in projection.items():
+        _split_path(path, "projection")
+        if type(flag) not in (bool, int, float):
+            raise QueryError(
+                f"projection value for {path!r} must be 1/true or 0/false, got {_short(flag)} "
+                "($slice, $elemMatch, $meta and expressions are not supported)"
+            )
+        flags[path] = bool(flag)
+    id_flag = flags.pop("_id", None)
+    modes = set(flags.values())
+    if len(modes) > 1:
+        raise QueryError(
+            f"projection {_short(projection)} mixes inclusion and exclusion "
+            "(only _id may be excluded from an inclusion projection)"
+        )
+    inclusive = modes.pop() if modes else bool(id_flag)
+    if id_flag is not False and inclusive:
+        flags["_id"] = True  # _id is included unless excluded explicitly
+    elif id_flag is False and not inclusive:
+        flags["_id"] = False
+    tree = _path_tree((tuple(p.split(".")) for p in flags), lambda p: f"projection path collision at {p!r}")
+    return tree, inclusive
+
+
+def apply_projection(doc: dict, projection: dict | None) -> dict:
+    """A new document: ``doc`` projected (None or ``{}``: a copy of all of it).
+
+    Inclusion ``{a: 1, "b.c": 1}`` keeps those paths (and ``_id`` unless ``_id: 0``) in
+    the document's field order; exclusion ``{a: 0}`` drops them.  Dotted paths fan out
+    over arrays of subdocuments; with inclusion, scalars inside such arrays are dropped.
+    """
+    if projection is None or projection == {}:
+        return copy.deepcopy(doc)
+    tree, inclusive = _projection_plan(projection)
+    if not isinstance(doc, dict):
+        raise QueryError(f"documents must be objects, got {type(doc).__name__}")
+    return _include(doc, tree) if inclusive else _exclude(doc, tree)
+
+
+# ----------------------------------------------------------------------------- updates
+
+_UPDATE_OPERATORS = ("$set", "$unset", "$inc", "$setOnInsert")
+
+
+def is_update_operator_doc(update: dict) -> bool:
+    """True for an operator update (``{"$set": ...}``), False for a replacement
+    document; :class:`QueryError` for an empty, mixed or non-object update."""
+    if isinstance(update, list):
+        raise QueryError("aggregation pipeline updates are not supported")
+    if not isinstance(update, dict):
+        raise QueryError(f"an update must be an object, got {type(update).__name__}")
+    if not update:
+        raise QueryError("an update must not be empty")
+    dollar = [isinstance(k, str) and k.startswith("$") for k in update]
+    if all(dollar):
+        return True
+    if any(dollar):
+        raise QueryError(
+            f"an update must hold only operators (an operator update) or only fields "
+            f"(a replacement), not both: {_short(update)}"
+        )
+    return False
+
+
+def _id_first(doc: dict) -> dict:
+    if "_id" not in doc or next(iter(doc)) == "_id":
+        return doc
+    return {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _parent_for_write(doc: dict, parts: tuple[str, ...]) -> dict:
+    """The object holding ``parts[-1]``, creating missing intermediate objects."""
+    node = doc
+    for i, p in enumerate(parts[:-1]):
+        if p not in node:
+            node[p] = {}
+        child = node[p]
+        if isinstance(child, list):
+            raise QueryError(
+                f"cannot update {'.'.join(parts)!r}: {'.'.join(parts[: i + 1])!r} is an array "
+                "(updates inside arrays are not supported)"
+            )
+        if not isinstance(child, dict):
+            raise QueryError(f"Cannot create field {parts[i + 1]!r} in element {{{p}: {_short(child)}}}")
+        node = child
+    return node
+
+
+def _set(doc: dict, parts: tuple[str, ...], value: Any) -> None:
+    _parent_for_write(doc, parts)[parts[-1]] = copy.deepcopy(value)
+
+
+def _unset(doc: dict, parts: tuple[str, ...], _: Any = None) -> None:
+    node: Any = doc
+    for p in parts[:-1]:
+        node = node.get(p)
+        if not isinstance(node, dict):
+            return  # nothing there to remove
+    node.pop(parts[-1], None)
+
+
+def _inc(doc: dict, parts: tuple[str, ...], by: int | float) -> None:
+    parent = _parent_for_write(doc, parts)
+    name = parts[-1]
+    if name not in parent:
+        parent[name] = by
+        return
+    current = parent[name]
+    if not _is_number(current):
+        raise QueryError(
+            f"Cannot apply $inc to a value of non-numeric type: field {'.'.join(parts)!r} "
+            f"holds {type(current).__name__} {_short(current)}"
+        )
+    result = current + by
+    if isinstance(result, int) and not INT64_MIN <= result <= INT64_MAX:
+        raise QueryError(f"$inc on {'.'.join(parts)!r} overflows a signed 64-bit integer")
+    parent[name] = result
+
+
+_APPLY: dict[str, Callable[[dict, tuple[str, ...], Any], None]] = {
+    "$set": _set,
+    "$setOnInsert": _set,
+    "$unset": _unset,
+    "$inc": _inc,
+}
+
+
+def _first_conflict(paths: list[tuple[str, ...]]) -> tuple[str, str] | None:
+    """Two paths that are equal or one a prefix of the other.  After sorting, a path's
+    extensions directly follow it, so neighbours suffice."""
+    ordered = sorted(paths)
+    for a, b in zip(ordered, ordered[1:]):
+        if b[: len(a)] == a:
+            return ".".join(a), ".".join(b)
+    return None
+
+
+def _apply_operators(base: dict, update: dict, is_upsert_insert: bool) -> dict:
+    edits: list[tuple[tuple[str, ...], str, Any]] = []
+    for op, fields in update.items():
+        if op not in _UPDATE_OPERATORS:
+            raise QueryError(f"unknown update operator {op!r} (supported: {', '.join(_UPDATE_OPERATORS)})")
+        if not isinstance(fields, dict):
+            raise QueryError(f"{op} needs an object of field: value, got {_short(fields)}")
+        for path, arg in fields.items():
+            parts = _split_path(path, op)
+            if op == "$inc" and not _is_number(arg):
+                raise QueryError(f"Cannot increment with non-numeric argument: {{{path!r}: {_short(arg)}}}")
+            edits.append((parts, op, arg))
+    conflict = _first_conflict([parts for parts, _, _ in edits])
+    if conflict:
+        raise QueryError(f"Updating the path {conflict[1]!r} would create a conflict at {conflict[0]!r}")
+    result = copy.deepcopy(base)
+    for parts, op, arg in sorted(edits, key=lambda e: e[0]):  # MongoDB 5.0+: path order
+        if op != "$setOnInsert" or is_upsert_insert:
+            _APPLY[op](result, parts, arg)
+    if "_id" in base and ("_id" not in result or compare_values(result["_id"], base["_id"]) != 0):
+        raise QueryError("Performing an update on the path '_id' would modify the immutable field '_id'")
+    return result
+
+
+def _replace(base: dict, replacement: dict) -> dict:
+    result = copy.deepcopy(replacement)
+    if "_id" in base:
+        if "_id" not in result:
+            result["_id"] = copy.deepcopy(base["_id"])
+        elif compare_values(result["_id"], base["_id"]) != 0:
+            raise QueryError(
+                "After applying the update, the (immutable) field '_id' was found to have "
+                f"been altered to _id: {_short(result['_id'])}"
+            )
+    return _id_first(result)
+
+
+def _query_equalities(flt: dict) -> Iterator[tuple[str, Any]]:
+    """(path, value) pinned by equality at the top level and inside ``$and``."""
+    for key, value in flt.items():
+        if key == "$and":
+            for sub in value:
+                yield from _query_equalities(sub)
+        elif key.startswith("$"):
+            continue  # $or / $nor pin nothing
+        elif not _is_operator_object(value):
+            yield key, value
+        elif "$eq" in value:
+            yield key, value["$eq"]
+
+
+def _upsert_seed(query: dict) -> dict:
+    compile_filter(query)  # validate
+    pinned = list(_query_equalities(query))
+    conflict = _first_conflict([tuple(p.split(".")) for p, _ in pinned])
+    if conflict:
+        raise QueryError(
+            f"cannot infer the upserted document from the query: paths {conflict[0]!r} "
+            f"and {conflict[1]!r} are both matched by equality"
+        )
+    seed: dict = {}
+    for path, value in pinned:
+        _set(seed, tuple(path.split(".")), value)
+    return seed
+
+
+def apply_update(
+    doc: dict, update: dict, *, is_upsert_insert: bool = False, query: dict | None = None
+) -> dict:
+    """The document ``update`` turns ``doc`` into: a new dict, inputs never mutated.
+
+    Operator updates: ``$set``, ``$unset``, ``$inc`` (numbers only; a missing field is
+    set to the increment) and ``$setOnInsert`` (applied only when
+    ``is_upsert_insert``); dotted paths create intermediate objects; paths are applied
+    in sorted order and may not overlap.  A replacement keeps ``doc``'s ``_id``.
+    Changing ``_id`` raises :class:`QueryError`.
+
+    ``is_upsert_insert``: ``doc`` is the document an upsert inserts.  With ``query``
+    (the upsert's filter) too, the document starts from the query's equality fields
+    (only its ``_id`` for a replacement), ``doc`` supplying fields the query does not
+    pin (e.g. a generated ``_id``), and the result has ``_id`` first.  ``query`` is
+    ignored otherwise.
+    """
+    if not isinstance(doc, dict):
+        raise QueryError(f"documents must be objects, got {type(doc).__name__}")
+    operators = is_update_operator_doc(update)
+    base = doc
+    if is_upsert_insert and query is not None:
+        seed = _upsert_seed(query)
+        if not operators:
+            seed = {"_id": seed["_id"]} if "_id" in seed else {}
+        base = {**seed, **{k: v for k, v in doc.items() if k not in seed}}
+    result = _apply_operators(base, update, is_upsert_insert) if operators else _replace(base, update)
+    return _id_first(result) if is_upsert_insert else result
+
+
+def upsert_document(query: dict, update: dict) -> dict:
+    """The document an upsert inserts when ``query`` matches nothing: the query's
+    equality fields (top level and inside ``$and``, dotted paths expanded) with the
+    operator update applied (``$setOnInsert`` included), or for a replacement the
+    replacement plus the query's ``_id`` if it pins one.  The caller adds an ``_id``
+    if the result has none."""
+    return apply_update({}, update, is_upsert_insert=True, query=query)

@@ -1,0 +1,295 @@
+"""Routing one client operation: target shards from the routing-table cache,
+send each its part with the routing it was chosen by, merge the replies.
+
+StaleConfig from a shard means our cache is behind (or ahead): wait until the
+cache reaches the shard's ConfigTime, re-target, retry — at most
+MAX_STALE_RETRIES times (MongoDB's 10), then fail clearly.  A shard that
+fails or does not answer fails the whole operation: no silently short results.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from libs.commands import CommandError
+from libs.query import QueryError, apply_projection, compile_filter, merge_sorted, sort_key
+from libs.requests import Requester, RequestTimeout
+from libs.shardkey import ShardKeyError
+from libs.topics import Topics
+from schemas import config as cfg
+from schemas import shard as s
+from services.config.decide import split_ns
+from services.config.follower import CatalogFollower
+from services.router import targeting
+from libs.ids import new_object_id
+from services.shard.decide import MAX_DOCUMENT_BYTES
+from services.shard.server import CONFIG_TIME
+
+MAX_STALE_RETRIES = 10
+SHARD_TIMEOUT_S = 30.0
+CURSOR_TIMEOUT_S = 600
+
+
+class Stale(Exception):
+    def __init__(self, config_time: int):
+        self.config_time = config_time
+
+
+@dataclass
+class RouterCursor:
+    docs: list[dict]
+    created: float
+
+
+class Routing:
+    def __init__(self, topics: Topics, follower: CatalogFollower, requester: Requester, cursor_topic: str):
+        self.topics, self.follower, self.requester = topics, follower, requester
+        self.cursor_topic = cursor_topic
+        self.cursors: dict[int, RouterCursor] = {}
+        self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
+        self.stale_retries = 0
+
+    @property
+    def catalog(self):
+        return self.follower.catalog
+
+    async def handle(self, req) -> dict:
+        """The result of one client operation; raises CommandError."""
+        if getattr(req, "routing", None) is not None:
+            raise CommandError("BadValue", "clients do not send routing; routers add it")
+        if isinstance(req, s.GetMore):
+            return self.get_more(req)
+        split_ns(req.ns)  # InvalidNamespace before anything is sent
+        handler = {s.Insert: self.insert, s.Find: self.find, s.Count: self.count, s.Update: self.update,
+                   s.Delete: self.delete, s.Explain: self.explain}[type(req)]
+        for _ in range(MAX_STALE_RETRIES):
+            try:
+                return await handler(req)
+            except Stale as e:
+                self.stale_retries += 1
+                try:
+                    await self.follower.wait_for(e.config_time, SHARD_TIMEOUT_S)
+                except TimeoutError:
+                    pass
+            except QueryError as e:
+                raise CommandError("BadValue", str(e)) from None
+        raise CommandError("StaleConfig", f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries")
+
+    # ------------------------------------------------------------ plumbing
+
+    def _routing(self, ns: str, shard: str) -> s.Routing:
+        coll = self.catalog.collections.get(ns)
+        at = self.follower.config_time
+        if coll is None:
+            return s.Routing(configTime=at)
+        return s.Routing(configTime=at, epoch=coll.epoch, version=coll.shard_version(shard).pair)
+
+    async def _ask(self, shard: str, req) -> dict:
+        """Send a request to one shard; its result, or Stale / CommandError."""
+        headers = [(CONFIG_TIME, str(self.follower.config_time).encode())]
+        try:
+            reply = await self.requester.request(self.topics.shard_requests(shard), req, timeout=SHARD_TIMEOUT_S,
+                                                 headers=headers)
+        except RequestTimeout:
+            raise CommandError("ShardUnavailable", f"shard {shard} did not answer within {SHARD_TIMEOUT_S:g}s") from None
+        if reply.ok:
+            return reply.result or {}
+        if reply.code == "StaleConfig":
+            raise Stale(int((reply.result or {}).get("configTime") or 0))
+        raise CommandError(reply.code or "Error", reply.error or "", reply.result)
+
+    async def _ask_all(self, parts: list[tuple[str, Any]]) -> list[dict]:
+        results = await asyncio.gather(*(self._ask(shard, req) for shard, req in parts), return_exceptions=True)
+        stale = [r for r in results if isinstance(r, Stale)]
+        if stale:
+            raise Stale(max(r.config_time for r in stale))
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    async def _ensure_database(self, ns: str) -> None:
+        """Writing to a collection of a database that does not exist creates it (as in MongoDB)."""
+        db = ns.partition(".")[0]
+        if db in self.catalog.databases or ns in self.catalog.collections:
+            return
+        reply = await self.requester.request(self.topics.config_commands, cfg.CreateDatabase(db=db),
+                                             timeout=SHARD_TIMEOUT_S)
+        if not reply.ok:
+            raise CommandError(reply.code or "Error", reply.error or "")
+        await self.follower.wait_for(reply.configTime or 0, SHARD_TIMEOUT_S)
+
+    # -------------------------------------------------------------- writes
+
+    async def insert(self, req: s.Insert) -> dict:
+        await self._ensure_database(req.ns)
+        errors: list[dict] = []
+        runs: list[tuple[str, list[int]]] = []  # (shard, indexes into docs), in order
+        docs = []
+        for i, doc in enumerate(req.docs):
+            try:
+                doc = _with_id(doc)
+                _check_size(doc)
+                shard, _ = targeting.for_document(self.catalog, req.ns, doc)
+                if shard is None:
+                    raise CommandError("NamespaceNotFound", f"database of {req.ns} does not exist")
+            except (CommandError, ShardKeyError) as e:
+                errors.append(_write_error(i, e))
+                if req.ordered:
+                    break
+                docs.append(None)
+                continue
+            docs.append(doc)
+            if req.ordered and runs and runs[-1][0] == shard:
+                runs[-1][1].append(i)
+            elif not req.ordered and (run := next((r for r in runs if r[0] == shard), None)):
+                run[1].append(i)
+            else:
+                runs.append((shard, [i]))
+        parts = [(shard, s.Insert(ns=req.ns, docs=[docs[i] for i in idx], ordered=req.ordered,
+                                  opId=f"{req.opId}/{n}/{shard}" if req.opId else None,
+                                  routing=self._routing(req.ns, shard)))
+                 for n, (shard, idx) in enumerate(runs)]
+        if req.ordered:  # one run after another, stopping at the first error
+            results = []
+            for shard, part in parts:
+                results.append(await self._ask(shard, part))
+                if results[-1]["writeErrors"]:
+                    break
+        else:
+            results = await self._ask_all(parts)
+        inserted = 0
+        for (_, idx), result in zip(runs, results):
+            inserted += result["inserted"]
+            errors += [{**e, "index": idx[e["index"]]} for e in result["writeErrors"]]
+        errors.sort(key=lambda e: e["index"])
+        return {"inserted": inserted, "writeErrors": errors}
+
+    async def update(self, req: s.Update) -> dict:
+        if req.upsert:
+            await self._ensure_database(req.ns)
+        t = targeting.for_query(self.catalog, req.ns, req.filter)
+        if not t.shards:
+            return {"matched": 0, "modified": 0}
+        if req.upsert and t.sharded and len(t.shards) > 1:
+            raise CommandError("ShardKeyNotFound", "an upsert on a sharded collection must pin the full shard key "
+                                                   "(or _id) by equality in its filter")
+        return await self._write_targets(req, t, lambda a, b: {"matched": a["matched"] + b["matched"],
+                                                                "modified": a["modified"] + b["modified"],
+                                                                **({"upsertedId": b["upsertedId"]} if "upsertedId" in b else {})},
+                                         done=lambda r: r["matched"] > 0)
+
+    async def delete(self, req: s.Delete) -> dict:
+        t = targeting.for_query(self.catalog, req.ns, req.filter)
+        if not t.shards:
+            return {"deleted": 0}
+        return await self._write_targets(req, t, lambda a, b: {"deleted": a["deleted"] + b["deleted"]},
+                                         done=lambda r: r["deleted"] > 0)
+
+    async def _write_targets(self, req, t: targeting.Targets, add, done) -> dict:
+        """A multi write goes to every target at once; a single-document write without a
+        single target tries the targets one after another and stops at the first that
+        matched, so at most one document changes (our answer to updateOne without
+        the shard key)."""
+        def part(shard):
+            return req.model_copy(update={"routing": self._routing(req.ns, shard),
+                                          "opId": f"{req.opId}/{shard}" if req.opId else None})
+        if req.multi:
+            results = await self._ask_all([(shard, part(shard)) for shard in t.shards])
+        else:
+            results = []
+            for shard in t.shards:
+                results.append(await self._ask(shard, part(shard)))
+                if done(results[-1]):
+                    break
+        total = results[0]
+        for r in results[1:]:
+            total = add(total, r)
+        return {k: v for k, v in total.items() if k != "retried"}
+
+    # --------------------------------------------------------------- reads
+
+    async def find(self, req: s.Find) -> dict:
+        t = targeting.for_query(self.catalog, req.ns, req.filter)
+        docs: list[dict] = []
+        if t.shards:
+            # Shards apply the limit of skip+limit; the router skips after merging.  With a sort,
+            # the projection waits for the merge (it might drop the sort fields).
+            want = req.skip + req.limit if req.limit else 0
+            parts = [(shard, s.Find(ns=req.ns, filter=req.filter, sort=req.sort, limit=want,
+                                    projection=None if req.sort else req.projection, batchSize=10_000,
+                                    routing=self._routing(req.ns, shard))) for shard in t.shards]
+            streams = [await self._drain(shard, first) for (shard, _), first in zip(parts, await self._ask_all(parts))]
+            merged = merge_sorted(streams, req.sort) if req.sort else itertools.chain(*streams)
+            docs = list(itertools.islice(merged, req.skip, want or None))
+            if req.sort and req.projection is not None:
+                docs = [apply_projection(d, req.projection) for d in docs]
+        return self._first_batch(docs, req.batchSize, t)
+
+    async def _drain(self, shard: str, first: dict) -> list[dict]:
+        docs, cursor = list(first["docs"]), first["cursorId"]
+        while cursor:
+            more = await self._ask(shard, s.GetMore(cursorId=cursor, batchSize=10_000))
+            docs += more["docs"]
+            cursor = more["cursorId"]
+        return docs
+
+    def _first_batch(self, docs: list[dict], size: int, t: targeting.Targets) -> dict:
+        self._expire()
+        if len(docs) <= size:
+            return {"docs": docs, "cursorId": 0, "shards": list(t.shards)}
+        cid = next(self._cursor_ids)
+        self.cursors[cid] = RouterCursor(docs[size:], time.monotonic())
+        return {"docs": docs[:size], "cursorId": cid, "cursorTopic": self.cursor_topic, "shards": list(t.shards)}
+
+    def get_more(self, req: s.GetMore) -> dict:
+        cur = self.cursors.pop(req.cursorId, None)
+        if cur is None:
+            raise CommandError("CursorNotFound", f"cursor {req.cursorId} not found (exhausted, expired, or the "
+                                                 f"router restarted)")
+        batch, rest = cur.docs[:req.batchSize], cur.docs[req.batchSize:]
+        if rest:
+            self.cursors[req.cursorId] = RouterCursor(rest, cur.created)
+        return {"docs": batch, "cursorId": req.cursorId if rest else 0, "cursorTopic": self.cursor_topic}
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for cid in [c for c, cur in self.cursors.items() if now - cur.created > CURSOR_TIMEOUT_S]:
+            del self.cursors[cid]
+
+    async def count(self, req: s.Count) -> dict:
+        t = targeting.for_query(self.catalog, req.ns, req.filter)
+        parts = [(shard, s.Count(ns=req.ns, filter=req.filter, routing=self._routing(req.ns, shard)))
+                 for shard in t.shards]
+        return {"n": sum(r["n"] for r in await self._ask_all(parts)), "shards": list(t.shards)}
+
+    async def explain(self, req: s.Explain) -> dict:
+        compile_filter(req.filter)  # refuse a bad filter here too
+        t = targeting.for_query(self.catalog, req.ns, req.filter)
+        return {"ns": req.ns, "shards": list(t.shards), "reason": t.reason, "sharded": t.sharded,
+                "configTime": self.follower.config_time}
+
+
+def _with_id(doc: Any) -> dict:
+    if not isinstance(doc, dict):
+        raise CommandError("BadValue", "a document must be a JSON object")
+    # A client library supplies _id so retries are idempotent; a bare client gets one here.
+    return doc if "_id" in doc else {"_id": new_object_id(), **doc}
+
+
+def _check_size(doc: dict) -> None:
+    size = len(json.dumps(doc, separators=(",", ":")).encode())
+    if size > MAX_DOCUMENT_BYTES:
+        raise CommandError("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")
+
+
+def _write_error(i: int, e: Exception) -> dict:
+    if isinstance(e, CommandError):
+        return {"index": i, "code": e.code, "errmsg": e.message}
+    code = "ShardKeyTooLarge" if "512" in str(e) else "ShardKeyNotFound"
+    return {"index": i, "code": code, "errmsg": str(e)}

@@ -1,0 +1,107 @@
+"""A router: consumes client operations from `router.requests` (shared by all
+routers through one consumer group), routes them to shards, replies to the
+client's inbox.  Its only state is the routing-table cache (a catalog
+follower) and open cursors.
+
+A router that dies leaves its in-flight operations uncommitted in
+`router.requests`: another router takes the partition and runs them again;
+writes carry the client's opId, so shards apply each once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from aiokafka import TopicPartition
+
+from libs import kafka, tracing
+from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, header
+from libs.requests import Requester
+from libs.service import ServiceSettings, clear_ready, report_ready
+from libs.topics import TopicSpec, SHORT_LIVED
+from schemas import Codec, RecordError
+from schemas import shard as schema
+from schemas.reply import Reply
+from services.config.follower import CatalogFollower
+from services.router.route import Routing
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 256
+
+
+class RouterServer:
+    def __init__(self, settings: ServiceSettings, instance: str | None = None):
+        self.settings = settings
+        self.instance = instance or uuid.uuid4().hex[:8]
+        self.name = "router" if instance is None else f"router-{self.instance}"
+        t = settings.topics
+        self.inbox = t.inbox(f"router-{self.instance}")
+        self.cursor_topic = t.inbox(f"router-{self.instance}-cursors")
+        self.follower = CatalogFollower(settings, f"router-{self.instance}")
+        self.requester = Requester(settings.bootstrap, self.inbox, client_id=self.name)
+        self.routing = Routing(t, self.follower, self.requester, self.cursor_topic)
+        self.served = 0
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+    async def run(self) -> None:
+        s, t = self.settings, self.settings.topics
+        await kafka.ensure_topics(s.bootstrap, [*t.core(), TopicSpec(self.inbox, config=SHORT_LIVED),
+                                                TopicSpec(self.cursor_topic, config=SHORT_LIVED)])
+        at = await self.follower.start()
+        await self.requester.start()
+        self.producer = kafka.producer(s.bootstrap, client_id=self.name, linger_ms=0)
+        await self.producer.start()
+        requests = kafka.consumer(s.bootstrap, group_id=f"{s.cluster}.router", client_id=self.name,
+                                  session_timeout_ms=s.session_timeout_ms)
+        cursors = kafka.consumer(s.bootstrap, client_id=self.name)
+        await asyncio.gather(requests.start(), cursors.start())
+        requests.subscribe([t.router_requests])
+        ctp = TopicPartition(self.cursor_topic, 0)
+        cursors.assign([ctp])
+        cursors.seek(ctp, await kafka.log_end(cursors, ctp))
+        report_ready(s, self.name, configTime=at, inbox=self.inbox)
+        cursor_task = asyncio.create_task(self._serve(cursors, commit=False))
+        try:
+            await self._serve(requests, commit=True)
+        finally:
+            cursor_task.cancel()
+            clear_ready(s, self.name)
+            await asyncio.gather(requests.stop(), cursors.stop(), self.producer.stop(), self.requester.stop(),
+                                 return_exceptions=True)
+            await self.follower.stop()
+            await kafka.delete_topics(s.bootstrap, [self.inbox, self.cursor_topic])
+
+    async def _serve(self, consumer, *, commit: bool) -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=100, max_records=MAX_IN_FLIGHT)
+            records = [r for recs in batch.values() for r in recs]
+            if not records:
+                continue
+            await asyncio.gather(*(self._handle(r) for r in records))
+            if commit:  # at least once: an operation is committed only once answered
+                await consumer.commit({TopicPartition(r.topic, r.partition): r.offset + 1 for r in records})
+
+    async def _handle(self, rec) -> None:
+        async with self._slots:
+            reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
+            with tracing.process_span(f"{self.name} route", rec.headers) as span:
+                try:
+                    req = schema.requests.decode(rec.value)
+                    span.update_name(f"router {req.type}")
+                    reply = Reply(ok=True, result=await self.routing.handle(req), configTime=self.follower.config_time)
+                except RecordError as e:
+                    await self.producer.send(self.settings.topics.dead_letters, rec.value,
+                                             headers=[("dlq.reason", e.reason.encode()), ("dlq.topic", rec.topic.encode()),
+                                                      ("dlq.offset", str(rec.offset).encode())])
+                    reply = Reply(ok=False, code="BadRecord", error=e.reason)
+                except CommandError as e:
+                    reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
+                except Exception as e:  # a bug: answer clearly rather than leave the client waiting
+                    log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
+                    reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+                self.served += 1
+                if reply_to:
+                    await self.producer.send(reply_to.decode(), Codec.encode(reply),
+                                             headers=tracing.inject([(CORRELATION_ID, corr)] if corr else []))

@@ -1,0 +1,113 @@
+"""Which shards a query or a document goes to — pure functions over the catalog.
+
+- equality on the full shard key (or the hashed field) -> the one owning shard
+- equality / range on a shard-key prefix -> the shards owning overlapping chunks
+- anything else -> every shard owning chunks of the collection
+- an unsharded collection -> its database's primary
+Chunk lookups bisect the chunk list: O(log chunks).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from libs.query import NOT_CONSTRAINED, compile_filter
+from libs.shardkey import MAX_KEY, MIN_KEY, KeyPattern, hash_value
+from services.config.catalog import Catalog, Collection
+
+MAX_IN_POINTS = 1000  # beyond this many $in values, scanning overlapping chunks is cheaper
+
+
+@dataclass(frozen=True)
+class Targets:
+    shards: tuple[str, ...]
+    reason: str  # for explain: why these shards
+    sharded: bool
+
+
+def for_query(catalog: Catalog, ns: str, flt: dict) -> Targets:
+    coll = catalog.collections.get(ns)
+    if coll is None:
+        db = catalog.databases.get(ns.partition(".")[0])
+        if db is None:
+            return Targets((), "the database does not exist", False)
+        return Targets((db.primary,), f"unsharded collection: database primary {db.primary}", False)
+    matcher = compile_filter(flt)
+    pattern = coll.pattern
+    points = _points(matcher, pattern)
+    if points is not None:
+        shards = sorted({owner_of(coll, p) for p in points})
+        what = "equality" if len(points) == 1 else f"$in of {len(points)} values"
+        return Targets(tuple(shards), f"{what} on the full shard key {pattern.spec}", True)
+    lo, hi, prefix = _range(matcher, pattern)
+    if prefix:
+        shards = sorted(owners_between(coll, pattern.encode_bound(lo), pattern.encode_bound(hi)))
+        return Targets(tuple(shards), f"range on shard key prefix {list(prefix)}: chunks overlapping", True)
+    shards = sorted({c.shard for c in coll.chunks})
+    return Targets(tuple(shards), "no shard key constraint: every shard owning chunks", True)
+
+
+def _points(matcher, pattern: KeyPattern) -> list[dict] | None:
+    """The full shard keys the filter pins (equality or small $in on every field), else None."""
+    choices: list[list[Any]] = []
+    for f in pattern.fields:
+        eq = matcher.equality_on(f)
+        if eq is not NOT_CONSTRAINED:
+            values = [eq]
+        else:
+            values = matcher.in_values_on(f)
+            if not values:
+                return None
+        if f == pattern.hashed_field:
+            values = [hash_value(v) for v in values]
+        choices.append(values)
+    keys = [{}]
+    for f, values in zip(pattern.fields, choices):
+        keys = [{**k, f: v} for k in keys for v in values]
+        if len(keys) > MAX_IN_POINTS:
+            return None
+    return keys
+
+
+def _range(matcher, pattern: KeyPattern) -> tuple[dict, dict, tuple[str, ...]]:
+    """Inclusive bounds [lo, hi] on the shard key implied by equality on a prefix and,
+    optionally, a range on the next field; `prefix` names the constrained fields."""
+    lo: dict = {}
+    hi: dict = {}
+    prefix: list[str] = []
+    for f in pattern.fields:
+        if f == pattern.hashed_field:
+            break  # a range over values is scattered over hash space
+        eq = matcher.equality_on(f)
+        if eq is not NOT_CONSTRAINED:
+            lo[f] = hi[f] = eq
+            prefix.append(f)
+            continue
+        bounds = matcher.bounds_on(f)
+        if bounds is not None:  # inclusive either way: a superset of the chunks is safe
+            lo[f], hi[f] = bounds.lo, bounds.hi
+            prefix.append(f)
+        break
+    for f in pattern.fields[len(lo):]:
+        lo.setdefault(f, MIN_KEY)
+        hi.setdefault(f, MAX_KEY)
+    return lo, hi, tuple(prefix)
+
+
+def owner_of(coll: Collection, key: dict) -> str:
+    return coll.chunks[coll.chunk_index(coll.pattern.encode_bound(key))].shard
+
+
+def owners_between(coll: Collection, lo: bytes, hi: bytes) -> set[str]:
+    """Shards owning a chunk that intersects the inclusive key range [lo, hi]."""
+    first, last = coll.chunk_index(lo), coll.chunk_index(hi)
+    return {c.shard for c in coll.chunks[first:last + 1]}
+
+
+def for_document(catalog: Catalog, ns: str, doc: dict) -> tuple[str | None, Collection | None]:
+    """The shard a new document goes to (and the collection, None if unsharded)."""
+    coll = catalog.collections.get(ns)
+    if coll is None:
+        db = catalog.databases.get(ns.partition(".")[0])
+        return (db.primary if db else None), None
+    return owner_of(coll, coll.pattern.extract(doc)), coll

@@ -1,0 +1,269 @@
+"""A shard's decisions: a CRUD request and the shard's state (its documents and
+its view of the catalog) in; changelog events and a reply out — or an error.
+
+Every data request is first checked against the catalog: the router must have
+routed with this shard's current version of the collection (else StaleConfig,
+with the shard's version and ConfigTime so the router knows what to wait for),
+and only documents in chunks this shard owns are ever read or written
+(the ownership filter).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from libs.commands import CommandError, Decision
+from libs.ids import new_object_id
+from libs.query import (QueryError, apply_projection, apply_update, compile_filter, sort_key, upsert_document)
+from libs.shardkey import ShardKeyError, encode_value, to_ejson
+from schemas import Record
+from schemas import shard as s
+from services.config.catalog import Catalog, Collection
+from services.shard.documents import ShardDocuments
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
+UNSHARDED_KEY = b""
+CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes  # documents of unsharded collections are ordered by _id alone
+
+
+@dataclass
+class Cursor:
+    docs: Iterator[dict]
+    created: float = field(default_factory=time.monotonic)
+
+
+class ShardDecider:
+    def __init__(self, shard_id: str, catalog: Catalog, documents: ShardDocuments):
+        self.shard_id, self.catalog, self.documents = shard_id, catalog, documents
+        self.cursors: dict[int, Cursor] = {}
+        self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
+        self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
+
+    def decide(self, req: Record) -> Decision:
+        handler = {s.Insert: self.insert, s.Find: self.find, s.GetMore: self.get_more, s.Count: self.count,
+                   s.Update: self.update, s.Delete: self.delete}.get(type(req))
+        if handler is None:
+            raise CommandError("CommandNotFound", f"unknown shard request {req.type!r}")
+        self.served[(req.type, getattr(req, "ns", None))] += 1
+        op_id = getattr(req, "opId", None)
+        if op_id is not None and (done := self.documents.recorded(op_id)) is not None:
+            return Decision([], {**done, "retried": True})  # a retry of a write already applied
+        decision = handler(req)
+        if op_id is not None and decision.events:  # a write that changed nothing may simply run again
+            decision.events.append(s.WriteRecorded(opId=op_id, result=decision.result))
+        return decision
+
+    # ---------------------------------------------------------------- routing
+
+    def _placement(self, ns: str, routing: s.Routing | None) -> Collection | None:
+        """The sharded collection (None: unsharded, on this primary) if the router's view is current."""
+        if routing is None:
+            raise CommandError("BadValue", "a shard serves only routed requests (send this to a router)")
+        coll = self.catalog.collections.get(ns)
+        if coll is None:
+            db = self.catalog.databases.get(ns.partition(".")[0])
+            if routing.epoch is not None or db is None or db.primary != self.shard_id:
+                self._stale(ns, routing, None)
+            return None
+        mine = coll.shard_version(self.shard_id)
+        if routing.epoch != coll.epoch or routing.version != mine.pair:
+            self._stale(ns, routing, coll)
+        return coll
+
+    def _stale(self, ns: str, routing: s.Routing, coll: Collection | None):
+        here = coll.shard_version(self.shard_id) if coll else None
+        raise CommandError("StaleConfig", f"{self.shard_id}: routing for {ns} is stale (router at ConfigTime "
+                                          f"{routing.configTime}, shard at {self.catalog.config_time})",
+                           {"shard": self.shard_id, "configTime": self.catalog.config_time,
+                            "epoch": coll.epoch if coll else None, "version": list(here.pair) if here else None})
+
+    def _owned_ranges(self, coll: Collection | None) -> list[tuple[bytes, bytes | None]]:
+        if coll is None:
+            return [(b"", None)]
+        return [(c.min_key, c.max_key) for c in coll.chunks if c.shard == self.shard_id]
+
+    def _owns(self, coll: Collection | None, skey: bytes) -> bool:
+        return coll is None or coll.chunks[coll.chunk_index(skey)].shard == self.shard_id
+
+    def _shard_key(self, coll: Collection | None, doc: dict) -> bytes:
+        if coll is None:
+            return UNSHARDED_KEY
+        missing = [f for f in coll.pattern.fields if not _has_path(doc, f)]
+        if missing:
+            raise CommandError("ShardKeyNotFound", f"document is missing shard key field(s) {missing} of "
+                                                   f"{coll.pattern.spec}")
+        try:
+            key = coll.pattern.extract(doc)
+            coll.pattern.check_size(key)
+            return coll.pattern.encode_bound(key)
+        except ShardKeyError as e:
+            raise CommandError("ShardKeyTooLarge" if "512" in str(e) else "BadValue", str(e)) from None
+
+    # ------------------------------------------------------------------ reads
+
+    def _matching(self, coll: Collection | None, ns: str, flt: dict) -> Iterator[tuple[bytes, dict]]:
+        """(shard key, document) of every owned document matching the filter."""
+        try:
+            matcher = compile_filter(flt)
+        except QueryError as e:
+            raise CommandError("BadValue", f"invalid filter: {e}") from None
+        if "_id" in flt and not isinstance(flt["_id"], dict):  # fast path by _id
+            hit = self.documents.find_by_id(ns, flt["_id"])
+            if hit is not None and self._owns(coll, hit[0]) and matcher.matches(hit[1]):
+                yield hit
+            return
+        for lo, hi in self._owned_ranges(coll):
+            for k, doc in self.documents.scan(ns, lo, hi):
+                if matcher.matches(doc):
+                    yield k[: len(k) - len(encode_value(doc["_id"]))], doc  # the shard-key part
+
+    def find(self, req: s.Find) -> Decision:
+        coll = self._placement(req.ns, req.routing)
+        docs: Iterator[dict] = (d for _, d in self._matching(coll, req.ns, req.filter))
+        try:
+            if req.sort:
+                docs = iter(sorted(docs, key=sort_key(req.sort)))
+            docs = itertools.islice(docs, req.skip, req.skip + req.limit if req.limit else None)
+            if req.projection is not None:
+                apply_projection({}, req.projection)  # refuse a bad projection before reading anything
+                docs = (apply_projection(d, req.projection) for d in docs)
+            return Decision([], self._batch(docs, req.batchSize))
+        except QueryError as e:
+            raise CommandError("BadValue", str(e)) from None
+
+    def _batch(self, docs: Iterator[dict], size: int) -> dict:
+        out, total = [], 0
+        for d in docs:
+            out.append(d)
+            total += len(json.dumps(d))
+            if len(out) >= size or total >= MAX_BATCH_BYTES:
+                break
+        else:
+            return {"docs": out, "cursorId": 0}
+        peek = next(docs, None)
+        if peek is None:
+            return {"docs": out, "cursorId": 0}
+        self._expire_cursors()
+        cursor_id = next(self._cursor_ids)
+        self.cursors[cursor_id] = Cursor(itertools.chain([peek], docs))
+        return {"docs": out, "cursorId": cursor_id}
+
+    def _expire_cursors(self) -> None:
+        now = time.monotonic()
+        for cid in [cid for cid, c in self.cursors.items() if now - c.created > CURSOR_TIMEOUT_S]:
+            del self.cursors[cid]
+
+    def get_more(self, req: s.GetMore) -> Decision:
+        cursor = self.cursors.pop(req.cursorId, None)
+        if cursor is None:
+            raise CommandError("CursorNotFound", f"cursor {req.cursorId} not found on {self.shard_id} "
+                                                 f"(exhausted, expired, or the shard restarted)")
+        return Decision([], self._batch(cursor.docs, req.batchSize))
+
+    def count(self, req: s.Count) -> Decision:
+        coll = self._placement(req.ns, req.routing)
+        return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
+
+    # ----------------------------------------------------------------- writes
+
+    def insert(self, req: s.Insert) -> Decision:
+        coll = self._placement(req.ns, req.routing)
+        events: list[Record] = []
+        errors: list[dict] = []
+        seen: set[bytes] = set()
+        for i, doc in enumerate(req.docs):
+            try:
+                events.append(self._insert_one(coll, req.ns, doc, seen))
+            except CommandError as e:
+                if e.code == "StaleConfig":
+                    raise  # the router re-targets the whole request
+                errors.append({"index": i, "code": e.code, "errmsg": e.message})
+                if req.ordered:
+                    break
+        # Pending writes are visible to later documents of this batch through the overlay,
+        # but only the events decide what happens: apply nothing here.
+        return Decision(events, {"inserted": len(events), "writeErrors": errors})
+
+    def _insert_one(self, coll, ns: str, doc: Any, seen: set[bytes]) -> s.DocumentWritten:
+        if not isinstance(doc, dict):
+            raise CommandError("BadValue", "a document must be a JSON object")
+        doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
+        _check_size(doc)
+        skey = self._shard_key(coll, doc)
+        if not self._owns(coll, skey):
+            raise CommandError("StaleConfig", f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
+                               {"shard": self.shard_id, "configTime": self.catalog.config_time})
+        id_enc = encode_value(doc["_id"])
+        if id_enc in seen or self.documents.find_by_id(ns, doc["_id"]) is not None:
+            raise CommandError("DuplicateKey", f"E11000 duplicate key error collection: {ns} "
+                                               f"dup key: {{ _id: {json.dumps(doc['_id'])} }}")
+        seen.add(id_enc)
+        return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
+
+    def update(self, req: s.Update) -> Decision:
+        coll = self._placement(req.ns, req.routing)
+        events: list[Record] = []
+        matched = modified = 0
+        try:
+            for skey, doc in self._matching(coll, req.ns, req.filter):
+                matched += 1
+                new = apply_update(doc, req.update)
+                if new != doc:
+                    self._check_key_unchanged(coll, skey, doc, new)
+                    _check_size(new)
+                    events.append(s.DocumentWritten(ns=req.ns, skey=skey.hex(), doc=new))
+                    modified += 1
+                if not req.multi:
+                    break
+            if matched == 0 and req.upsert:
+                new = upsert_document(req.filter, req.update)
+                new = new if "_id" in new else {"_id": new_object_id(), **new}
+                event = self._insert_one(coll, req.ns, new, set())
+                return Decision([event], {"matched": 0, "modified": 0, "upsertedId": new["_id"]})
+        except QueryError as e:
+            raise CommandError("BadValue", str(e)) from None
+        return Decision(events, {"matched": matched, "modified": modified})
+
+    def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
+        if coll is None:
+            return
+        if any(_get(old, f) != _get(new, f) for f in coll.pattern.fields):
+            raise CommandError("ImmutableField", f"an update may not change the shard key {coll.pattern.spec} "
+                                                 f"(document {json.dumps(old.get('_id'))})")
+
+    def delete(self, req: s.Delete) -> Decision:
+        coll = self._placement(req.ns, req.routing)
+        events: list[Record] = []
+        for skey, doc in self._matching(coll, req.ns, req.filter):
+            events.append(s.DocumentRemoved(ns=req.ns, skey=skey.hex(), id=doc["_id"]))
+            if not req.multi:
+                break
+        return Decision(events, {"deleted": len(events)})
+
+
+_MISSING = object()
+
+
+def _get(doc: dict, path: str) -> Any:
+    cur: Any = doc
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return _MISSING
+        cur = cur[part]
+    return cur
+
+
+def _has_path(doc: dict, path: str) -> bool:
+    return _get(doc, path) is not _MISSING
+
+
+def _check_size(doc: dict) -> None:
+    size = len(json.dumps(doc, separators=(",", ":")).encode())
+    if size > MAX_DOCUMENT_BYTES:
+        raise CommandError("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")

@@ -1,0 +1,134 @@
+"""A shard's documents: the fold of its changelog, laid out in RocksDB for
+ordered range scans by (collection, shard-key value, _id), with an index to
+find a document by _id.
+
+    d/<ns>\\0<shard key><_id>  -> the document (JSON)
+    i/<ns>\\0<_id>             -> its shard key (to find it by _id)
+    o/<opId>                  -> a recorded write's result (retried writes apply once)
+
+Shard keys and _ids are `libs.shardkey` order-preserving encodings, so a
+chunk [min, max) is one contiguous key range.  Writes decided in the current
+batch sit in an overlay until the batch commits; reads see them.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+from libs.shardkey import encode_value
+from libs.store import Store
+from schemas import Record
+from schemas import shard as ev
+
+DOCS, IDS, OPS = b"d/", b"i/", b"o/"
+
+
+def ns_prefix(ns: str) -> bytes:
+    return ns.encode() + b"\x00"
+
+
+def doc_key(ns: str, skey: bytes, id_enc: bytes) -> bytes:
+    return DOCS + ns_prefix(ns) + skey + id_enc
+
+
+def id_key(ns: str, id_enc: bytes) -> bytes:
+    return IDS + ns_prefix(ns) + id_enc
+
+
+def changelog_key(event: Record) -> bytes | None:
+    """Kafka key of a changelog record: compaction keeps the latest per document / opId."""
+    if isinstance(event, (ev.DocumentWritten, ev.DocumentRemoved)):
+        doc_id = event.doc["_id"] if isinstance(event, ev.DocumentWritten) else event.id
+        return b"doc/" + ns_prefix(event.ns) + encode_value(doc_id)
+    if isinstance(event, ev.WriteRecorded):
+        return b"op/" + event.opId.encode()
+    return None
+
+
+class ShardDocuments:
+    def __init__(self) -> None:
+        self.store: Store | None = None
+        self._changes: dict[bytes, bytes | None] = {}
+
+    # ------------------------------------------------------------ State protocol
+
+    def load(self, store: Store) -> None:
+        self.store = store
+        self._changes = {}
+
+    def drain_changes(self) -> dict[bytes, bytes | None]:
+        out, self._changes = self._changes, {}
+        return out
+
+    def apply(self, event: Record, offset: int) -> None:
+        if isinstance(event, ev.DocumentWritten):
+            id_enc = encode_value(event.doc["_id"])
+            skey = bytes.fromhex(event.skey)
+            old = self.get(id_key(event.ns, id_enc))
+            if old is not None and old != skey:
+                self._changes[doc_key(event.ns, old, id_enc)] = None
+            self._changes[doc_key(event.ns, skey, id_enc)] = json.dumps(event.doc, separators=(",", ":")).encode()
+            self._changes[id_key(event.ns, id_enc)] = skey
+        elif isinstance(event, ev.DocumentRemoved):
+            id_enc = encode_value(event.id)
+            self._changes[doc_key(event.ns, bytes.fromhex(event.skey), id_enc)] = None
+            self._changes[id_key(event.ns, id_enc)] = None
+        elif isinstance(event, ev.WriteRecorded):
+            self._changes[OPS + event.opId.encode()] = json.dumps(event.result).encode()
+
+    # ------------------------------------------------------------------- reads
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._changes:
+            return self._changes[key]
+        return self.store.get(key)
+
+    def find_by_id(self, ns: str, doc_id: Any) -> tuple[bytes, dict] | None:
+        """(shard key, document) of the document with this _id, if any."""
+        id_enc = encode_value(doc_id)
+        skey = self.get(id_key(ns, id_enc))
+        if skey is None:
+            return None
+        raw = self.get(doc_key(ns, skey, id_enc))
+        return (skey, json.loads(raw)) if raw is not None else None
+
+    def recorded(self, op_id: str) -> dict | None:
+        raw = self.get(OPS + op_id.encode())
+        return json.loads(raw) if raw is not None else None
+
+    def scan(self, ns: str, lo: bytes = b"", hi: bytes | None = None) -> Iterator[tuple[bytes, dict]]:
+        """(shard key + _id encoding, document) for shard keys in [lo, hi), in key order,
+        the batch's pending writes included."""
+        base = DOCS + ns_prefix(ns)
+        start, stop = base + lo, (base + hi) if hi is not None else _after_prefix(base)
+        pending = sorted((k, v) for k, v in self._changes.items() if start <= k < stop)
+        stored = self._stored(start, stop)
+        p = 0
+        for k, v in stored:
+            while p < len(pending) and pending[p][0] < k:
+                if pending[p][1] is not None:
+                    yield pending[p][0][len(base):], json.loads(pending[p][1])
+                p += 1
+            if p < len(pending) and pending[p][0] == k:
+                v = pending[p][1]
+                p += 1
+            if v is not None:
+                yield k[len(base):], json.loads(v)
+        for k, v in pending[p:]:
+            if v is not None:
+                yield k[len(base):], json.loads(v)
+
+    def _stored(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self.store.db.iter()
+        it.seek(start)
+        while it.valid():
+            k = it.key()
+            if k >= stop:
+                break
+            yield k, it.value()
+            it.next()
+
+
+def _after_prefix(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with `prefix`."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])

@@ -1,0 +1,64 @@
+"""A shard: a command processor on `shard.<id>.requests` whose events are the
+shard's changelog, folded into its RocksDB documents; plus a follower of the
+catalog for versions and ownership."""
+from __future__ import annotations
+
+import logging
+
+from libs import kafka
+from libs.commands import CommandProcessor, header
+from libs.projection import Projection
+from libs.service import ServiceSettings, clear_ready, report_ready
+from libs.store import Store
+from schemas import shard as schema
+from services.config.follower import CatalogFollower
+from services.shard.decide import ShardDecider
+from services.shard.documents import ShardDocuments, changelog_key
+
+log = logging.getLogger(__name__)
+
+CONFIG_TIME = "config-time"  # header: the ConfigTime a router routed at
+CONFIG_WAIT_S = 10.0
+
+
+class ShardServer:
+    def __init__(self, settings: ServiceSettings, shard_id: str, *, max_batch: int = 500):
+        self.settings, self.shard_id = settings, shard_id
+        self.name = f"shard-{shard_id}"
+        t = settings.topics
+        self.follower = CatalogFollower(settings, self.name)
+        self.documents = ShardDocuments()
+        self.store = Store(settings.data_dir / self.name / "documents")
+        self.projection = Projection(settings.bootstrap, t.shard_changelog(shard_id), schema.changelog,
+                                     self.documents, self.store, name=self.name)
+        self.decider = ShardDecider(shard_id, self.follower.catalog, self.documents)
+        self.processor = CommandProcessor(
+            bootstrap=settings.bootstrap, command_topic=t.shard_requests(shard_id), command_codec=schema.requests,
+            projection=self.projection, decide=self.decider.decide, dead_letters=t.dead_letters,
+            group_id=f"{settings.cluster}.{self.name}", name=self.name, max_batch=max_batch,
+            session_timeout_ms=settings.session_timeout_ms, event_key=changelog_key, prepare=self._catch_up_config,
+            on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time))
+
+    async def _catch_up_config(self, records) -> None:
+        """A shard behind the router's ConfigTime first catches up on config.events, then serves."""
+        wanted = max((int(h) for r in records if (h := header(r.headers, CONFIG_TIME))), default=0)
+        if wanted > self.follower.config_time:
+            try:
+                await self.follower.wait_for(wanted, CONFIG_WAIT_S)
+            except TimeoutError:
+                log.warning("%s: catalog still behind ConfigTime %d after %.0fs", self.name, wanted, CONFIG_WAIT_S)
+
+    async def run(self) -> None:
+        t = self.settings.topics
+        await kafka.ensure_topics(self.settings.bootstrap, [*t.core(), *t.for_shard(self.shard_id)])
+        at = await self.follower.start()
+        await self.projection.start()
+        await self.projection.catch_up()
+        report_ready(self.settings, self.name, role="standby", configTime=at)
+        try:
+            await self.processor.run()
+        finally:
+            clear_ready(self.settings, self.name)
+            await self.projection.stop()
+            self.store.close()
+            await self.follower.stop()
