@@ -1,0 +1,99 @@
+"""kill -9 on the data path, every service in its own process: a shard or a
+router dies mid-workload; every acknowledged write is present exactly once."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from libs.client import AsyncCluster
+from libs.requests import Requester
+from schemas import config as c
+
+pytestmark = pytest.mark.kafka
+
+N_DOCS = 120
+INCS_PER_DOC = 3
+
+
+@pytest.fixture
+def cluster_procs(settings, spawn):
+    """Config server, shards s0..s2 and routers r1, r2 as separate processes."""
+    procs = {"config": spawn(settings, "services.config", ready_name="config")}
+    procs["config"].wait_ready(role="active")
+
+    async def add_shards():
+        async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
+            for sid in ("s0", "s1", "s2"):
+                assert (await r.request(settings.topics.config_commands, c.AddShard(shard=sid), timeout=60)).ok
+            assert (await r.request(settings.topics.config_commands,
+                                    c.ShardCollection(ns="app.counters", key={"_id": "hashed"}), timeout=60)).ok
+    asyncio.run(add_shards())
+    for sid in ("s0", "s1", "s2"):
+        procs[sid] = spawn(settings, "services.shard", "--shard-id", sid, ready_name=f"shard-{sid}")
+    for r in ("r1", "r2"):
+        procs[r] = spawn(settings, "services.router", "--instance", r, ready_name=f"router-{r}")
+    for name, p in procs.items():
+        p.wait_ready(role="active" if name.startswith("s") else None)
+    procs["spawn"] = lambda *a, **kw: spawn(settings, *a, **kw)
+    return procs
+
+
+async def workload(settings, on_progress) -> dict:
+    """Insert N docs, then $inc each INCS_PER_DOC times, many in flight; every op must be acknowledged."""
+    acked = {"inserted": set(), "incs": {i: 0 for i in range(N_DOCS)}}
+    async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120, attempt_timeout=8) as cl:
+        coll = cl["app"]["counters"]
+        sem = asyncio.Semaphore(16)
+
+        async def insert(i):
+            async with sem:
+                await coll.insert_one({"_id": i, "n": 0})
+                acked["inserted"].add(i)
+                on_progress(len(acked["inserted"]))
+
+        async def inc(i):
+            async with sem:
+                r = await coll.update_one({"_id": i}, {"$inc": {"n": 1}})
+                assert r["matched"] == 1
+                acked["incs"][i] += 1
+        await asyncio.gather(*(insert(i) for i in range(N_DOCS)))
+        ops = [i for i in range(N_DOCS) for _ in range(INCS_PER_DOC)]
+        random.Random(1).shuffle(ops)
+        await asyncio.gather(*(inc(i) for i in ops))
+        docs = await coll.find({}, sort={"_id": 1}).to_list()
+    return {"acked": acked, "docs": docs}
+
+
+def check_exactly_once(result) -> None:
+    docs, acked = result["docs"], result["acked"]
+    assert [d["_id"] for d in docs] == list(range(N_DOCS)), "every acknowledged insert, once"
+    assert acked["inserted"] == set(range(N_DOCS))
+    for d in docs:
+        assert d["n"] == acked["incs"][d["_id"]] == INCS_PER_DOC, f"doc {d['_id']}: $inc applied {d['n']} times"
+
+
+def test_kill9_a_shard_mid_workload(settings, cluster_procs):
+    state = {"killed": False}
+
+    def on_progress(n):
+        if not state["killed"] and n >= N_DOCS // 3:
+            state["killed"] = True
+            cluster_procs["s1"].kill9()
+            state["restarted"] = cluster_procs["spawn"]("services.shard", "--shard-id", "s1", ready_name="shard-s1")
+    result = asyncio.run(asyncio.wait_for(workload(settings, on_progress), 240))
+    assert state["killed"]
+    check_exactly_once(result)
+
+
+def test_kill9_a_router_mid_workload(settings, cluster_procs):
+    state = {"killed": False}
+
+    def on_progress(n):
+        if not state["killed"] and n >= N_DOCS // 3:
+            state["killed"] = True
+            cluster_procs["r1"].kill9()  # r2 takes over its share of router.requests
+    result = asyncio.run(asyncio.wait_for(workload(settings, on_progress), 240))
+    assert state["killed"]
+    check_exactly_once(result)
