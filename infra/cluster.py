@@ -107,6 +107,8 @@ router, balancer, range-deleter.  Logs: {data / 'logs'}
   export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}
   .venv/bin/shardlog status
   .venv/bin/shardlog shard-collection app.users --key '{{"_id": "hashed"}}'
+  .venv/bin/shardlog insert app.users '[{{"_id": 1, "name": "ada"}}, {{"_id": 2, "name": "bob"}}]'
+  .venv/bin/shardlog find app.users '{{}}' --sort '{{"_id": 1}}'
   .venv/bin/shardlog status --verbose
   make down
 """)

@@ -193,3 +193,30 @@ def read_events_raw(bootstrap, topic):
         finally:
             await cons.stop()
     return asyncio.run(go())
+
+
+def test_cli_insert_find_count_explain(data_cluster):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    data_cluster.command(c.ShardCollection(ns="app.cli", key={"sku": 1}))
+    base = ["--bootstrap", data_cluster.settings.bootstrap, "--cluster", data_cluster.settings.cluster]
+    runner = CliRunner()
+
+    def cli_json(*args):
+        r = runner.invoke(app, [*base, *args, "--json"])
+        return r.exit_code, json.loads(r.stdout.strip().splitlines()[-1])
+    code, out = cli_json("insert", "app.cli", '[{"sku": 1, "q": 5}, {"sku": 2, "q": 7}, {"sku": 3, "q": 9}]')
+    assert code == 0 and out["inserted"] == 3
+    code, out = cli_json("find", "app.cli", '{"q": {"$gte": 7}}', "--sort", '{"sku": -1}')
+    assert code == 0 and [d["sku"] for d in out["docs"]] == [3, 2]
+    code, out = cli_json("count", "app.cli", '{"sku": {"$lt": 3}}')
+    assert code == 0 and out["n"] == 2
+    code, out = cli_json("explain", "app.cli", '{"sku": 2}')
+    assert code == 0 and len(out["shards"]) == 1 and "equality" in out["reason"]
+    code, out = cli_json("insert", "app.cli", '{"q": 1}')
+    assert code != 0 and out["code"] == "ShardKeyNotFound"
+    code, out = cli_json("find", "app.cli", "{bad")
+    assert code != 0 and out["code"] == "BadValue"
+    human = runner.invoke(app, [*base, "count", "app.cli"])
+    assert human.exit_code == 0 and human.stdout.strip() == "3"
