@@ -97,3 +97,26 @@ def test_kill9_a_router_mid_workload(settings, cluster_procs):
     result = asyncio.run(asyncio.wait_for(workload(settings, on_progress), 240))
     assert state["killed"]
     check_exactly_once(result)
+
+
+def test_a_shard_that_lost_its_disk_rebuilds_from_its_changelog(settings, cluster_procs):
+    import shutil
+
+    async def write_and_read():
+        async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
+            coll = cl["app"]["counters"]
+            await coll.insert_many([{"_id": i, "n": i} for i in range(60)], ordered=False)
+            await coll.update_many({"n": {"$lt": 10}}, {"$inc": {"n": 100}})
+            await coll.delete_many({"n": {"$gte": 50, "$lt": 60}})
+            return await coll.find({}, sort={"_id": 1}).to_list()
+    before = asyncio.run(write_and_read())
+    cluster_procs["s0"].stop()
+    shutil.rmtree(settings.data_dir / "shard-s0")  # documents and catalog: everything on its disk
+    restarted = cluster_procs["spawn"]("services.shard", "--shard-id", "s0", ready_name="shard-s0")
+    restarted.wait_ready(role="active", timeout=90)
+
+    async def read():
+        async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
+            return await cl["app"]["counters"].find({}, sort={"_id": 1}).to_list()
+    assert asyncio.run(read()) == before
+    assert len(before) == 50
