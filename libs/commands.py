@@ -26,7 +26,7 @@ from libs import kafka, tracing
 from libs.faults import fault_point
 from libs.projection import Projection, fingerprint
 from schemas import Codec, Record, RecordError
-from schemas.reply import Reply, replies
+from schemas.reply import Reply
 
 log = logging.getLogger(__name__)
 

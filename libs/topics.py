@@ -56,6 +56,11 @@ class Topics:
         """Client operations; routers share them through one consumer group."""
         return f"{self.cluster}.router.requests"
 
+    @property
+    def shard_stats(self) -> str:
+        """Every shard's latest statistics for the balancer (compacted, keyed by shard id)."""
+        return f"{self.cluster}.shard.stats"
+
     def inbox(self, owner: str) -> str:
         """A per-instance inbox (replies to a router or a client, a router's cursor requests)."""
         return f"{self.cluster}.inbox.{owner}"
@@ -74,6 +79,7 @@ class Topics:
             TopicSpec(self.dead_letters, config=SHORT_LIVED),
             TopicSpec(self.cli_replies, config=SHORT_LIVED),
             TopicSpec(self.router_requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
+            TopicSpec(self.shard_stats, config={"cleanup.policy": "compact", **LARGE_RECORDS}),
         ]
 
     def for_shard(self, shard: str) -> list[TopicSpec]:

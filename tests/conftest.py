@@ -166,12 +166,11 @@ def config_server(settings):
     t.join(30)
 
 
-def read_events(bootstrap: str, topic: str) -> list:
-    """Every committed record of a single-partition topic, as (offset, record-or-raw)."""
+def read_records(bootstrap: str, topic: str) -> list:
+    """Every committed record of a single-partition topic, in order (raw ConsumerRecords)."""
     from aiokafka import TopicPartition
 
     from libs import kafka
-    from schemas import config as schema
 
     async def go():
         c = kafka.consumer(bootstrap)
@@ -183,12 +182,18 @@ def read_events(bootstrap: str, topic: str) -> list:
             out = []
 
             async def take(records):
-                out.extend((r.offset, schema.events.decode(r.value)) for r in records)
+                out.extend(records)
             await kafka.catch_up(c, tp, take)
             return out
         finally:
             await c.stop()
     return asyncio.run(go())
+
+
+def read_events(bootstrap: str, topic: str) -> list:
+    """Every config event, as (offset, record)."""
+    from schemas import config as schema
+    return [(r.offset, schema.events.decode(r.value)) for r in read_records(bootstrap, topic)]
 
 
 def cli(settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

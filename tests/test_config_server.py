@@ -8,15 +8,13 @@ import json
 import signal
 
 import pytest
-from aiokafka import TopicPartition
 
 from typer.testing import CliRunner
 
 from cli.main import app
-from libs import kafka
 from libs.requests import Requester
 from schemas import config as c
-from tests.conftest import async_wait_until, cli, read_events, wait_until
+from tests.conftest import async_wait_until, cli, read_events, read_records
 
 pytestmark = pytest.mark.kafka
 
@@ -120,22 +118,7 @@ def test_malformed_records_go_to_dead_letters_and_the_server_carries_on(settings
     assert "shard" in replies[4].error and "extra" in replies[5].error
     assert ok.ok, "a valid command after the garbage must still be served"
 
-    async def dead_letters():
-        cons = kafka.consumer(settings.bootstrap)
-        await cons.start()
-        try:
-            tp = TopicPartition(t.dead_letters, 0)
-            cons.assign([tp])
-            cons.seek(tp, 0)
-            out = []
-
-            async def take(records):
-                out.extend(records)
-            await kafka.catch_up(cons, tp, take)
-            return out
-        finally:
-            await cons.stop()
-    dl = asyncio.run(dead_letters())
+    dl = read_records(settings.bootstrap, t.dead_letters)
     assert [r.value for r in dl] == garbage
     reasons = [dict(r.headers)["dlq.reason"].decode() for r in dl]
     assert all(reasons) and "not JSON" in reasons[0]

@@ -13,7 +13,7 @@ from libs.client import (AsyncCluster, DocumentTooLarge, DuplicateKeyError, Inva
                          ShardlogError)
 from libs.shardkey import hash_value
 from schemas import config as c
-from tests.conftest import async_wait_until, read_events
+from tests.conftest import async_wait_until, read_records
 
 pytestmark = pytest.mark.kafka
 
@@ -141,7 +141,7 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_trace(data_cluster):
     t = data_cluster.settings.topics
 
     def changelog_sizes():
-        return {sid: len(read_events_raw(data_cluster.settings.bootstrap, t.shard_changelog(sid)))
+        return {sid: len(read_records(data_cluster.settings.bootstrap, t.shard_changelog(sid)))
                 for sid in data_cluster.shards}
 
     client_run(data_cluster, lambda cl: cl["app"]["k"].insert_one({"_id": 1, "region": "eu", "n": 1}))
@@ -170,29 +170,6 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_trace(data_cluster):
     docs = client_run(data_cluster, go)
     assert docs == [{"_id": 1, "region": "eu", "n": 1}]
     assert changelog_sizes() == before, "a refused write reached a changelog"
-
-
-def read_events_raw(bootstrap, topic):
-    from aiokafka import TopicPartition
-
-    from libs import kafka
-
-    async def go():
-        cons = kafka.consumer(bootstrap)
-        await cons.start()
-        try:
-            tp = TopicPartition(topic, 0)
-            cons.assign([tp])
-            cons.seek(tp, 0)
-            out = []
-
-            async def take(records):
-                out.extend(records)
-            await kafka.catch_up(cons, tp, take)
-            return out
-        finally:
-            await cons.stop()
-    return asyncio.run(go())
 
 
 def test_cli_insert_find_count_explain(data_cluster):

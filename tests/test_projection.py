@@ -14,8 +14,6 @@ from libs.store import Store
 from schemas import Codec
 from schemas import config as c
 from services.config.catalog import Catalog
-from services.config.versions import new_epoch
-from tests.conftest import wait_until
 
 pytestmark = pytest.mark.kafka
 

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from libs.commands import CommandError, Decision
-from libs.shardkey import (MAX_KEY, MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, to_ejson)
+from libs.shardkey import (MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, to_ejson)
 from schemas import Record
 from schemas import config as c
 from services.config.catalog import Catalog, Collection

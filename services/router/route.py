@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from libs.commands import CommandError
-from libs.query import QueryError, apply_projection, compile_filter, merge_sorted, sort_key
+from libs.query import QueryError, apply_projection, compile_filter, merge_sorted
 from libs.requests import Requester, RequestTimeout
 from libs.shardkey import ShardKeyError
 from libs.topics import Topics
