@@ -33,6 +33,11 @@ app.add_typer(zone_app, name="zone")
 app.add_typer(settings_app, name="settings")
 app.add_typer(topics_app, name="topics")
 
+
+def _register_workload() -> None:
+    from cli.workload import workload_app  # after `app` exists: it looks cli.main up lazily
+    app.add_typer(workload_app, name="workload")
+
 out = Console()
 err = Console(stderr=True)
 
@@ -448,6 +453,8 @@ def status(verbose: bool = typer.Option(False, "--verbose", "-v", help="list eve
                           "yes" if ch["jumbo"] else "")
             out.print(t)
 
+
+_register_workload()
 
 if __name__ == "__main__":
     app()

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
-from typing import Awaitable, Callable, Optional
+from types import ModuleType
+from typing import Awaitable, Callable, NoReturn, Optional
 
 import typer
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-import cli.main as main
-from cli.main import JsonOpt, err, fail, out
 from libs.client import AsyncCluster
 from services.workload import runner
 from services.workload.ycsb import REQUEST_DISTRIBUTIONS, Workload
@@ -29,12 +29,30 @@ workload_app = typer.Typer(help="YCSB workloads: load records, run operations, m
 
 LINE_EVERY = 5.0  # seconds between progress lines when not on a terminal
 
+JsonOpt = typer.Option(False, "--json", help="machine-readable output")  # as cli.main's
+
 NsOpt = typer.Option("ycsb.usertable", "--ns", help="the collection, db.collection")
 ConcurrencyOpt = typer.Option(8, "--concurrency", "-c", help="operations in flight (load: insert_many batches)")
 SeedOpt = typer.Option(None, "--seed", help="fix the random operation stream and values")
 
 
 # ---------------------------------------------------------------- helpers
+
+def _cli() -> ModuleType:
+    """cli.main as it runs, looked up at call time: cli.main imports this module (so no import of it at
+    the top), and under `python -m cli.main` it is __main__, whose callback set the _ctx (a second
+    import would hold an unset one)."""
+    running = sys.modules.get("__main__")
+    if getattr(getattr(running, "__spec__", None), "name", None) == "cli.main":
+        return running
+    import cli.main
+    return cli.main
+
+
+def fail(message: str, *, code: str = "Error", as_json: bool, exit_code: int = 1) -> NoReturn:
+    _cli().fail(message, code=code, as_json=as_json, exit_code=exit_code)
+    raise AssertionError("unreachable: fail() exits")
+
 
 def _workload(name: str, as_json: bool) -> Workload:
     try:
@@ -88,6 +106,7 @@ class ProgressDisplay:
 
     def __init__(self, title: str, unit: str, as_json: bool) -> None:
         self.title, self.unit = title, unit
+        out = _cli().out
         self.live = Live(console=out, auto_refresh=False) if not as_json and out.is_terminal else None
         self.lines = not as_json and self.live is None
         self._last_line = time.monotonic()
@@ -106,7 +125,7 @@ class ProgressDisplay:
             self.live.update(self._render(p), refresh=True)
         elif self.lines and (p.final or time.monotonic() - self._last_line >= LINE_EVERY):
             self._last_line = time.monotonic()
-            err.print(f"{self.title}: {self._figures(p)}", highlight=False, soft_wrap=True)
+            _cli().err.print(f"{self.title}: {self._figures(p)}", highlight=False, soft_wrap=True)
 
     def _figures(self, p: runner.Progress) -> str:
         return (f"{p.done:,}/{p.total:,} {self.unit}  {p.ops_per_s:,.0f} {self.unit}/s  p50 {_ms(p.p50_ms)} ms  "
@@ -125,7 +144,7 @@ def _execute(title: str, unit: str, as_json: bool,
     flush = _setup_metrics()
     try:
         with ProgressDisplay(title, unit, as_json) as display:
-            return main._with_client(lambda c: fn(c, display.update), as_json)
+            return _cli()._with_client(lambda c: fn(c, display.update), as_json)
     finally:
         flush()
 
@@ -135,6 +154,7 @@ def _print_report(report: runner.Report, as_json: bool) -> None:
     if as_json:
         print(line)
         return
+    out = _cli().out
     t = Table("kind", "ok", "errors", "ops/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
               title=f"{report.workload} {report.phase} on {report.ns}")
     for kind, k in report.kinds.items():

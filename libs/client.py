@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Iterator
 
-from libs import kafka
+from libs import kafka, tracing
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import Record
@@ -93,7 +93,13 @@ class AsyncCluster:
         return AsyncDatabase(self, db)
 
     async def call(self, req: Record, *, topic: str | None = None) -> dict:
-        """Send an operation, retrying the same operation (same opId) until the deadline."""
+        """Send an operation, retrying the same operation (same opId) until the deadline.
+        One operation is one trace: router and shard spans hang below this one."""
+        with tracing.tracer.start_as_current_span(f"shardlog.client {req.type}",
+                                                  attributes={"db.namespace": getattr(req, "ns", "") or ""}):
+            return await self._call(req, topic)
+
+    async def _call(self, req: Record, topic: str | None) -> dict:
         deadline = time.monotonic() + self.timeout
         key = (getattr(req, "opId", None) or uuid.uuid4().hex).encode()
         while True:

@@ -74,6 +74,9 @@ def run_service(name: str, main) -> None:
     logging.basicConfig(level=os.environ.get("SHARDLOG_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    # A reply inbox deleted by a departed client stays in the producer's metadata for a
+    # while and is reported at ERROR on every refresh: noise, since sends to it fail loudly anyway.
+    logging.getLogger("aiokafka.cluster").setLevel(logging.CRITICAL)
     tracing.setup(f"shardlog-{name}")
 
     async def guarded():

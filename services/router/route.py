@@ -46,7 +46,7 @@ class RouterCursor:
     created: float
 
 
-class Routing:
+class OperationRouter:
     def __init__(self, topics: Topics, follower: CatalogFollower, requester: Requester, cursor_topic: str):
         self.topics, self.follower, self.requester = topics, follower, requester
         self.cursor_topic = cursor_topic

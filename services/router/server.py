@@ -24,7 +24,7 @@ from schemas import Codec, RecordError
 from schemas import shard as schema
 from schemas.reply import Reply
 from services.config.follower import CatalogFollower
-from services.router.route import Routing
+from services.router.route import OperationRouter
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class RouterServer:
         self.cursor_topic = t.inbox(f"router-{self.instance}-cursors")
         self.follower = CatalogFollower(settings, f"router-{self.instance}")
         self.requester = Requester(settings.bootstrap, self.inbox, client_id=self.name)
-        self.routing = Routing(t, self.follower, self.requester, self.cursor_topic)
+        self.routing = OperationRouter(t, self.follower, self.requester, self.cursor_topic)
         self.served = 0
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
