@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from schemas import config, reply, shard
+from schemas import config, reply, shard, stats
 
 OUT = Path(__file__).resolve().parent / "json"
 
@@ -21,6 +21,7 @@ FAMILIES = {
     "reply": reply.Reply,
     "shard.requests": shard.ShardRequest,
     "shard.changelog": shard.ShardEvent,
+    "shard.stats": stats.ShardStatistics,
 }
 
 

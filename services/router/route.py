@@ -174,9 +174,9 @@ class OperationRouter:
         if req.upsert:
             await self._ensure_database(req.ns)
         t = targeting.for_query(self.catalog, req.ns, req.filter)
-        if not t.shards:
+        if not t.shards and not req.upsert:
             return {"matched": 0, "modified": 0}
-        if req.upsert and t.sharded and len(t.shards) > 1:
+        if req.upsert and t.sharded and not t.full_key:
             raise CommandError("ShardKeyNotFound", "an upsert on a sharded collection must pin the full shard key "
                                                    "(or _id) by equality in its filter")
         return await self._write_targets(req, t, lambda a, b: {"matched": a["matched"] + b["matched"],

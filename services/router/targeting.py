@@ -23,6 +23,7 @@ class Targets:
     shards: tuple[str, ...]
     reason: str  # for explain: why these shards
     sharded: bool
+    full_key: bool = False  # the filter pins the whole shard key (equality or a small $in)
 
 
 def for_query(catalog: Catalog, ns: str, flt: dict) -> Targets:
@@ -38,7 +39,7 @@ def for_query(catalog: Catalog, ns: str, flt: dict) -> Targets:
     if points is not None:
         shards = sorted({owner_of(coll, p) for p in points})
         what = "equality" if len(points) == 1 else f"$in of {len(points)} values"
-        return Targets(tuple(shards), f"{what} on the full shard key {pattern.spec}", True)
+        return Targets(tuple(shards), f"{what} on the full shard key {pattern.spec}", True, full_key=len(points) == 1)
     lo, hi, prefix = _range(matcher, pattern)
     if prefix:
         shards = sorted(owners_between(coll, pattern.encode_bound(lo), pattern.encode_bound(hi)))

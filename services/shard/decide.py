@@ -28,8 +28,8 @@ from services.shard.documents import ShardDocuments
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
-UNSHARDED_KEY = b""
-CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes  # documents of unsharded collections are ordered by _id alone
+UNSHARDED_KEY = b""  # documents of unsharded collections are ordered by _id alone
+CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes
 
 
 @dataclass

@@ -13,7 +13,8 @@ from libs.store import Store
 from schemas import shard as schema
 from services.config.follower import CatalogFollower
 from services.shard.decide import ShardDecider
-from services.shard.documents import ShardDocuments, changelog_key
+from services.shard.documents import changelog_key
+from services.shard.statistics import CountingDocuments, StatisticsPublisher
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class ShardServer:
         self.name = f"shard-{shard_id}"
         t = settings.topics
         self.follower = CatalogFollower(settings, self.name)
-        self.documents = ShardDocuments()
+        self.documents = CountingDocuments()  # ShardDocuments that also counts bytes written, for statistics
         self.store = Store(settings.data_dir / self.name / "documents")
         self.projection = Projection(settings.bootstrap, t.shard_changelog(shard_id), schema.changelog,
                                      self.documents, self.store, name=self.name)
@@ -38,6 +39,8 @@ class ShardServer:
             group_id=f"{settings.cluster}.{self.name}", name=self.name, max_batch=max_batch,
             session_timeout_ms=settings.session_timeout_ms, event_key=changelog_key, prepare=self._catch_up_config,
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time))
+        self.statistics = StatisticsPublisher(settings, shard_id, self.follower.catalog, self.documents,
+                                              active=self.processor.active)
 
     async def _catch_up_config(self, records) -> None:
         """A shard behind the router's ConfigTime first catches up on config.events, then serves."""
@@ -56,8 +59,10 @@ class ShardServer:
         await self.projection.catch_up()
         report_ready(self.settings, self.name, role="standby", configTime=at)
         try:
+            await self.statistics.start()  # reports while this instance is the active one
             await self.processor.run()
         finally:
+            await self.statistics.stop()  # before the store it scans is closed
             clear_ready(self.settings, self.name)
             await self.projection.stop()
             self.store.close()
