@@ -197,3 +197,26 @@ def test_cli_insert_find_count_explain(data_cluster):
     assert code != 0 and out["code"] == "BadValue"
     human = runner.invoke(app, [*base, "count", "app.cli"])
     assert human.exit_code == 0 and human.stdout.strip() == "3"
+
+
+def test_a_shard_key_prefix_reaches_only_the_owning_shards(data_cluster):
+    # A hashed prefix presplits the collection over every shard; equality on the prefix
+    # pins one hash, so one chunk range, so (here) one shard.
+    data_cluster.command(c.ShardCollection(ns="app.orders", key={"cust": "hashed", "n": 1}))
+    client_run(data_cluster, lambda cl: cl["app"]["orders"].insert_many(
+        [{"cust": k, "n": n, "total": k * n} for k in range(12) for n in range(5)], ordered=False))
+    coll = data_cluster.config.catalog.collections["app.orders"]
+    assert len({ch.shard for ch in coll.chunks}) == 3
+    owner = coll.chunks[coll.chunk_index(coll.pattern.encode_bound({"cust": hash_value(4), "n": 0}))].shard
+
+    def served_by(flt):
+        before = data_cluster.served("Find", "app.orders")
+        docs = client_run(data_cluster, lambda cl: cl["app"]["orders"].find(flt).to_list())
+        after = data_cluster.served("Find", "app.orders")
+        return docs, {s for s in after if after[s] > before[s]}
+    docs, shards = served_by({"cust": 4})
+    assert sorted(d["n"] for d in docs) == [0, 1, 2, 3, 4] and shards == {owner}
+    docs, shards = served_by({"cust": 4, "n": {"$gte": 3}})
+    assert sorted(d["n"] for d in docs) == [3, 4] and shards == {owner}
+    docs, shards = served_by({"n": 2})
+    assert len(docs) == 12 and shards == {"s0", "s1", "s2"}

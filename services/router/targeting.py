@@ -77,13 +77,13 @@ def _range(matcher, pattern: KeyPattern) -> tuple[dict, dict, tuple[str, ...]]:
     hi: dict = {}
     prefix: list[str] = []
     for f in pattern.fields:
-        if f == pattern.hashed_field:
-            break  # a range over values is scattered over hash space
         eq = matcher.equality_on(f)
         if eq is not NOT_CONSTRAINED:
-            lo[f] = hi[f] = eq
+            lo[f] = hi[f] = hash_value(eq) if f == pattern.hashed_field else eq
             prefix.append(f)
             continue
+        if f == pattern.hashed_field:
+            break  # a range over values is scattered over hash space
         bounds = matcher.bounds_on(f)
         if bounds is not None:  # inclusive either way: a superset of the chunks is safe
             lo[f], hi[f] = bounds.lo, bounds.hi
