@@ -61,16 +61,29 @@ class Collection:
         """Index of the chunk whose [min, max) contains the encoded key: O(log chunks)."""
         return max(bisect.bisect_right(self.mins, key) - 1, 0)
 
+    # Versions are read on every routed request: computed once per change of the chunks
+    # (every change goes through replace_chunks).
+    _versions: dict[str, ChunkVersion] | None = field(default=None, repr=False, compare=False)
+
     def replace_chunks(self, lo: int, hi: int, new: list[Chunk]) -> None:
         """chunks[lo:hi] = new, keeping the bisect index in step."""
         self.chunks[lo:hi] = new
         self.mins[lo:hi] = [c.min_key for c in new]
+        self._versions = None
+
+    def _shard_versions(self) -> dict[str, ChunkVersion]:
+        if self._versions is None:
+            by_shard: dict[str, list[ChunkVersion]] = {}
+            for c in self.chunks:
+                by_shard.setdefault(c.shard, []).append(c.version)
+            self._versions = {s: shard_version(vs, self.epoch) for s, vs in by_shard.items()}
+        return self._versions
 
     def version(self) -> ChunkVersion:
-        return collection_version(c.version for c in self.chunks)
+        return collection_version(self._shard_versions().values())
 
     def shard_version(self, shard: str) -> ChunkVersion:
-        return shard_version((c.version for c in self.chunks if c.shard == shard), self.epoch)
+        return self._shard_versions().get(shard) or ChunkVersion(0, 0, self.epoch)
 
     def chunks_per_shard(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -14,6 +14,7 @@ import logging
 import uuid
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from libs import kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, header
@@ -43,7 +44,6 @@ class RouterServer:
         self.requester = Requester(settings.bootstrap, self.inbox, client_id=self.name)
         self.routing = OperationRouter(t, self.follower, self.requester, self.cursor_topic)
         self.served = 0
-        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     async def run(self) -> None:
         s, t = self.settings, self.settings.topics
@@ -74,34 +74,64 @@ class RouterServer:
             await kafka.delete_topics(s.bootstrap, [self.inbox, self.cursor_topic])
 
     async def _serve(self, consumer, *, commit: bool) -> None:
-        while True:
-            batch = await consumer.getmany(timeout_ms=100, max_records=MAX_IN_FLIGHT)
-            records = [r for recs in batch.values() for r in recs]
-            if not records:
-                continue
-            await asyncio.gather(*(self._handle(r) for r in records))
-            if commit:  # at least once: an operation is committed only once answered
-                await consumer.commit({TopicPartition(r.topic, r.partition): r.offset + 1 for r in records})
+        """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT); commit, per
+        partition, up to the oldest operation still unanswered (at least once)."""
+        in_flight: dict[TopicPartition, set[int]] = {}
+        next_offset: dict[TopicPartition, int] = {}
+        committed: dict[TopicPartition, int] = {}
+        tasks: set[asyncio.Task] = set()
+
+        def done(tp: TopicPartition, offset: int, task: asyncio.Task) -> None:
+            in_flight[tp].discard(offset)
+            tasks.discard(task)
+
+        try:
+            while True:
+                if len(tasks) >= MAX_IN_FLIGHT:  # back-pressure: wait for a slot
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                batch = await consumer.getmany(timeout_ms=50, max_records=MAX_IN_FLIGHT - len(tasks))
+                for tp, records in batch.items():
+                    for rec in records:
+                        in_flight.setdefault(tp, set()).add(rec.offset)
+                        next_offset[tp] = rec.offset + 1
+                        task = asyncio.create_task(self._handle(rec))
+                        task.add_done_callback(lambda t, tp=tp, o=rec.offset: done(tp, o, t))
+                        tasks.add(task)
+                if commit:
+                    safe = {tp: min(in_flight[tp]) if in_flight.get(tp) else nxt for tp, nxt in next_offset.items()
+                            if tp in consumer.assignment()}
+                    changed = {tp: o for tp, o in safe.items() if committed.get(tp) != o}
+                    if changed:
+                        try:
+                            await consumer.commit(changed)
+                            committed.update(changed)
+                        except KafkaError as e:  # a rebalance is under way: the next owner re-runs the rest
+                            log.info("%s: commit skipped (%s)", self.name, e)
+        finally:
+            for t in tasks:
+                t.cancel()
 
     async def _handle(self, rec) -> None:
-        async with self._slots:
-            reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-            with tracing.process_span(f"{self.name} route", rec.headers) as span:
+        reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
+        with tracing.process_span(f"{self.name} route", rec.headers) as span:
+            try:
+                req = schema.requests.decode(rec.value)
+                span.update_name(f"router {req.type}")
+                reply = Reply(ok=True, result=await self.routing.handle(req), configTime=self.follower.config_time)
+            except RecordError as e:
+                await self.producer.send(self.settings.topics.dead_letters, rec.value,
+                                         headers=[("dlq.reason", e.reason.encode()), ("dlq.topic", rec.topic.encode()),
+                                                  ("dlq.offset", str(rec.offset).encode())])
+                reply = Reply(ok=False, code="BadRecord", error=e.reason)
+            except CommandError as e:
+                reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
+            except Exception as e:  # a bug: answer clearly rather than leave the client waiting
+                log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
+                reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+            self.served += 1
+            if reply_to:
                 try:
-                    req = schema.requests.decode(rec.value)
-                    span.update_name(f"router {req.type}")
-                    reply = Reply(ok=True, result=await self.routing.handle(req), configTime=self.follower.config_time)
-                except RecordError as e:
-                    await self.producer.send(self.settings.topics.dead_letters, rec.value,
-                                             headers=[("dlq.reason", e.reason.encode()), ("dlq.topic", rec.topic.encode()),
-                                                      ("dlq.offset", str(rec.offset).encode())])
-                    reply = Reply(ok=False, code="BadRecord", error=e.reason)
-                except CommandError as e:
-                    reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
-                except Exception as e:  # a bug: answer clearly rather than leave the client waiting
-                    log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
-                    reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
-                self.served += 1
-                if reply_to:
                     await self.producer.send(reply_to.decode(), Codec.encode(reply),
                                              headers=tracing.inject([(CORRELATION_ID, corr)] if corr else []))
+                except KafkaError as e:  # the client is gone (its inbox deleted): nobody to tell
+                    log.info("%s: reply to %s not sent: %s", self.name, reply_to.decode(), e)
