@@ -220,3 +220,29 @@ def test_a_shard_key_prefix_reaches_only_the_owning_shards(data_cluster):
     assert sorted(d["n"] for d in docs) == [3, 4] and shards == {owner}
     docs, shards = served_by({"n": 2})
     assert len(docs) == 12 and shards == {"s0", "s1", "s2"}
+
+
+def test_malformed_operations_reach_dead_letters_and_routing_carries_on(data_cluster):
+    from libs.requests import Requester
+    t = data_cluster.settings.topics
+
+    async def go():
+        async with Requester(data_cluster.settings.bootstrap, t.cli_replies) as r:
+            bad = [await r.request(t.router_requests, raw, timeout=30)
+                   for raw in (b"{nope", b'{"type": "Insert", "v": 1, "ns": "a.b"}', b'{"type": "Drop", "v": 1}')]
+            routing = s_insert_with_routing()
+            smuggled = await r.request(t.router_requests, routing, timeout=30)
+            return bad, smuggled
+    bad, smuggled = data_cluster.call(go())
+    assert [b.code for b in bad] == ["BadRecord"] * 3
+    assert "docs" in bad[1].error and "unknown record type 'Drop'" in bad[2].error
+    assert smuggled.code == "BadValue" and "routers add it" in smuggled.error
+    reasons = [dict(r.headers)["dlq.reason"].decode() for r in read_records(data_cluster.settings.bootstrap,
+                                                                             t.dead_letters)]
+    assert len(reasons) == 3 and "not JSON" in reasons[0]
+    assert client_run(data_cluster, lambda cl: cl["app"]["ok"].count_documents({})) == 0  # still serving
+
+
+def s_insert_with_routing():
+    from schemas import shard as s
+    return s.Insert(ns="app.ok", docs=[{"a": 1}], routing=s.Routing(configTime=0))
