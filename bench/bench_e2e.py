@@ -290,7 +290,8 @@ class Bench:
                 reply = await r.request(t.config_commands, cfg.AddShard(shard=sid), timeout=60)
                 assert reply.ok, reply
             reply = await r.request(t.config_commands,
-                                    cfg.ShardCollection(ns=f"{NS_DB}.{NS_COLL}", key={"_id": "hashed"}), timeout=60)
+                                    cfg.ShardCollection(ns=f"{NS_DB}.{NS_COLL}", key={"_id": "hashed"},
+                                                        numInitialChunks=self.args.chunks), timeout=60)
             assert reply.ok, reply
             self.chunks = reply.result["chunks"]
         shards = [self.service(f"shard-{s}", "services.shard", "--shard-id", s) for s in SHARDS]
@@ -325,7 +326,8 @@ class Bench:
                 final.append(p)
 
         procs = self.system_procs(system)
-        cpu0 = {p.name: p.cpu_seconds() for p in procs}
+        others = [p for p in self.procs.values() if p not in procs]  # the idle system: its polling cost
+        cpu0 = {p.name: p.cpu_seconds() for p in [*procs, *others]}
         retries0 = sum(p.retries() for p in procs)
         own0, busy0, broker0 = time.process_time(), machine_busy(), cpu_seconds(self.broker)
         if self.client_prof and system == "shardlog" and not warmup:
@@ -341,13 +343,15 @@ class Bench:
         wall = report.elapsed_s
         cpu = {"client": round((time.process_time() - own0) / wall * 100, 1),
                **{p.name: round((p.cpu_seconds() - cpu0[p.name]) / wall * 100, 1) for p in procs}}
+        idle = {p.name: round((p.cpu_seconds() - cpu0[p.name]) / wall * 100, 1) for p in others}
         if self.broker:
             cpu["broker"] = round((cpu_seconds(self.broker) - broker0) / wall * 100, 1)
         machine = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * 100 * os.cpu_count()
         p = final[-1]
         r = {"system": system, "routers": routers, "workload": f"ycsb-{workload}", "ops": report.operations,
              "seconds": report.elapsed_s, "ops_s": report.throughput_ops_s, "p50_ms": p.p50_ms, "p95_ms": p.p95_ms,
-             "p99_ms": p.p99_ms, "errors": report.errors, "cpu_pct": cpu, "machine_cpu_pct": round(machine, 1),
+             "p99_ms": p.p99_ms, "errors": report.errors, "cpu_pct": cpu, "idle_cpu_pct": idle,
+             "machine_cpu_pct": round(machine, 1),
              "produce_retries": sum(p.retries() for p in procs) - retries0,
              "kinds": {k: {"count": v.count, "p50_ms": v.latency_ms["p50"], "p99_ms": v.latency_ms["p99"],
                            "max_ms": v.latency_ms["max"]} for k, v in report.kinds.items()}}
@@ -359,9 +363,9 @@ class Bench:
         print(f"  {system:8s} routers={routers} ycsb-{workload}: {r['ops']:7,} ops in {r['seconds']:6.2f}s = "
               f"{r['ops_s']:7,.0f} ops/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms"
               + (f"  ERRORS {report.errors}" if report.total_errors else ""), flush=True)
-        print(f"           CPU (% of one core): " + ", ".join(f"{k} {v:.0f}" for v, k in busiest)
-              + f"; all {system} processes + client {ours:.0f}; machine {r['machine_cpu_pct']:.0f} of "
-              f"{os.cpu_count() * 100}; {r['produce_retries']} produce retries")
+        print("           CPU (% of one core): " + ", ".join(f"{k} {v:.0f}" for v, k in busiest)
+              + f"; all {system} processes + client {ours:.0f} (the idle other system {sum(idle.values()):.0f}); "
+              f"machine {r['machine_cpu_pct']:.0f} of {os.cpu_count() * 100}; {r['produce_retries']} produce retries")
         self.results.append(r)
         return r
 
@@ -439,6 +443,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32, help="operations in flight (default 32)")
     p.add_argument("--workloads", default="a,c", help="YCSB core workloads, comma-separated (default a,c)")
     p.add_argument("--routers", default="1,2", help="router counts to run, in order (default 1,2)")
+    p.add_argument("--chunks", type=int, default=None,
+                   help="numInitialChunks of ycsb.usertable (default: the config server's, 2 per shard = 6)")
     p.add_argument("--repeat", type=int, default=1, help="runs of each (workload, system) per router count")
     p.add_argument("--warmup", type=int, default=1000, help="ycsb-c operations before measuring (default 1,000)")
     p.add_argument("--seed", type=int, default=1, help="the operation stream's seed (the same for both systems)")

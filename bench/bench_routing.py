@@ -13,6 +13,10 @@ Then, for random int keys (the same keys for every measurement at one N):
 - `for_query`     `targeting.for_query(catalog, ns, {"x": k})`: what the router does for
                   a find/update/delete by equality (compiles the filter, then owner_of)
 - `compile_filter` `libs.query.compile_filter({"x": k})` alone (for_query's first step)
+- `shard_version` `coll.shard_version(shard)`: the version stamp every routed request carries.
+                  The router computes it per shard request (`Routing._routing`, route.py) and the shard
+                  again per request to check it (`ShardDecider._placement`): a scan of every chunk of
+                  the collection (`max` over the shard's chunk versions)
 - baseline `bisect`: `bisect.bisect_right` over a plain sorted list of N ints (the floor
                   of a lookup: the same search, on native ints, nothing else)
 
@@ -105,6 +109,8 @@ def measure(n: int, lookups: int, repeat: int, seed: int, profile: cProfile.Prof
         "owner_of": (lambda d: owner_of(coll, d), docs),
         "for_query": (lambda d: for_query(catalog, NS, d), q_docs),
         "compile_filter": (compile_filter, q_docs),
+        # O(chunks): a scan for the highest version on the shard; few calls at 100k chunks.
+        "shard_version": (coll.shard_version, [SHARDS[i % len(SHARDS)] for i in range(max(20, 2_000_000 // n))]),
         "loop": (lambda k: k, keys),  # the timing loop + a call: what every row pays on top
     }, repeat)
     if profile is not None:
@@ -116,7 +122,8 @@ def measure(n: int, lookups: int, repeat: int, seed: int, profile: cProfile.Prof
             **{f"{k}_us": round(v, 3) for k, v in rows.items()},
             "ratio_owner_of_vs_bisect": round(rows["owner_of"] / rows["bisect"], 2),
             "ratio_for_query_vs_bisect": round(rows["for_query"] / rows["bisect"], 2),
-            "ratio_chunk_index_vs_bisect": round(rows["chunk_index"] / rows["bisect"], 2)}
+            "ratio_chunk_index_vs_bisect": round(rows["chunk_index"] / rows["bisect"], 2),
+            "router_per_find_us": round(rows["for_query"] + rows["shard_version"], 3)}
 
 
 def main() -> None:
@@ -133,12 +140,14 @@ def main() -> None:
     results = []
     prof = cProfile.Profile() if args.profile else None
     print(f"  {'chunks':>8}  {'build':>7}  {'bisect':>7}  {'chunk_index':>11}  {'encode':>7}  {'owner_of':>8}  "
-          f"{'for_query':>9}  {'(compile)':>9}  {'owner_of/bisect':>15}  {'for_query/bisect':>16}   (µs per lookup)")
+          f"{'for_query':>9}  {'(compile)':>9}  {'shard_version':>13}  {'owner_of/bisect':>15}  {'for_query/bisect':>16}"
+          f"   (µs per call)")
     for n in sizes:
         r = measure(n, args.lookups, args.repeat, args.seed, prof if n == max(sizes) else None)
         results.append(r)
         print(f"  {n:8,}  {r['build_s']:6.2f}s  {r['bisect_us']:7.3f}  {r['chunk_index_us']:11.3f}  "
               f"{r['encode_us']:7.3f}  {r['owner_of_us']:8.3f}  {r['for_query_us']:9.3f}  {r['compile_filter_us']:9.3f}  "
+              f"{r['shard_version_us']:13.1f}  "
               f"{r['ratio_owner_of_vs_bisect']:15.2f}  {r['ratio_for_query_vs_bisect']:16.2f}", flush=True)
     print(f"  (timing loop alone: {results[0]['loop_us']:.3f} µs per call, included in every figure)")
     if prof:
