@@ -149,6 +149,9 @@ class CommandProcessor:
                 pass
             self._producer = None
         if was:
+            # Events applied while active moved the store, not the projection's consumer:
+            # re-read from the store's checkpoint so standby polling applies nothing twice.
+            self.projection.reset()
             self.on_role("standby")
             log.info("%s: standing by (%s)", self.name, why)
 

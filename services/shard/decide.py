@@ -214,7 +214,7 @@ class ShardDecider:
             for skey, doc in self._matching(coll, req.ns, req.filter):
                 matched += 1
                 new = apply_update(doc, req.update)
-                if new != doc:
+                if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
                     self._check_key_unchanged(coll, skey, doc, new)
                     _check_size(new)
                     events.append(s.DocumentWritten(ns=req.ns, skey=skey.hex(), doc=new))
@@ -233,7 +233,7 @@ class ShardDecider:
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
         if coll is None:
             return
-        if any(_get(old, f) != _get(new, f) for f in coll.pattern.fields):
+        if any(_enc(_get(old, f)) != _enc(_get(new, f)) for f in coll.pattern.fields):
             raise CommandError("ImmutableField", f"an update may not change the shard key {coll.pattern.spec} "
                                                  f"(document {json.dumps(old.get('_id'))})")
 
@@ -257,6 +257,10 @@ def _get(doc: dict, path: str) -> Any:
             return _MISSING
         cur = cur[part]
     return cur
+
+
+def _enc(v: Any) -> bytes:
+    return b"" if v is _MISSING else encode_value(v)
 
 
 def _has_path(doc: dict, path: str) -> bool:

@@ -44,7 +44,7 @@ class ShardServer:
 
     async def _catch_up_config(self, records) -> None:
         """A shard behind the router's ConfigTime first catches up on config.events, then serves."""
-        wanted = max((int(h) for r in records if (h := header(r.headers, CONFIG_TIME))), default=0)
+        wanted = max((_config_time(header(r.headers, CONFIG_TIME)) for r in records), default=0)
         if wanted > self.follower.config_time:
             try:
                 await self.follower.wait_for(wanted, CONFIG_WAIT_S)
@@ -67,3 +67,11 @@ class ShardServer:
             await self.projection.stop()
             self.store.close()
             await self.follower.stop()
+
+
+def _config_time(raw: bytes | None) -> int:
+    """The routed-at ConfigTime of a request; a missing or garbled header asks for no wait."""
+    try:
+        return int(raw) if raw else 0
+    except ValueError:
+        return 0
