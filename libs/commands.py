@@ -229,7 +229,7 @@ class CommandProcessor:
             for f in futures:
                 last_event = await f
             if reply is not None:
-                at = last_event.offset + 1 if (futures and last_event) else self.projection.position
+                at = last_event.offset + 1 if last_event else self.projection.position  # events so far in this batch count
                 reply = reply.model_copy(update={"configTime": at})
                 await p.send(reply_to.decode(), Codec.encode(reply), headers=headers)
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
