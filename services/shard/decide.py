@@ -19,7 +19,8 @@ from typing import Any, Iterator
 
 from libs.commands import CommandError, Decision
 from libs.ids import new_object_id
-from libs.query import (QueryError, apply_projection, apply_update, compile_filter, sort_key, upsert_document)
+from libs.query import (MISSING, QueryError, apply_projection, apply_update, compile_filter, get_path, sort_key,
+                        upsert_document)
 from libs.shardkey import ShardKeyError, encode_value, to_ejson
 from schemas import Record
 from schemas import shard as s
@@ -94,7 +95,7 @@ class ShardDecider:
     def _shard_key(self, coll: Collection | None, doc: dict) -> bytes:
         if coll is None:
             return UNSHARDED_KEY
-        missing = [f for f in coll.pattern.fields if not _has_path(doc, f)]
+        missing = [f for f in coll.pattern.fields if get_path(doc, f) is MISSING]
         if missing:
             raise CommandError("ShardKeyNotFound", f"document is missing shard key field(s) {missing} of "
                                                    f"{coll.pattern.spec}")
@@ -233,7 +234,7 @@ class ShardDecider:
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
         if coll is None:
             return
-        if any(_enc(_get(old, f)) != _enc(_get(new, f)) for f in coll.pattern.fields):
+        if any(_enc(get_path(old, f)) != _enc(get_path(new, f)) for f in coll.pattern.fields):
             raise CommandError("ImmutableField", f"an update may not change the shard key {coll.pattern.spec} "
                                                  f"(document {json.dumps(old.get('_id'))})")
 
@@ -247,24 +248,8 @@ class ShardDecider:
         return Decision(events, {"deleted": len(events)})
 
 
-_MISSING = object()
-
-
-def _get(doc: dict, path: str) -> Any:
-    cur: Any = doc
-    for part in path.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return _MISSING
-        cur = cur[part]
-    return cur
-
-
 def _enc(v: Any) -> bytes:
-    return b"" if v is _MISSING else encode_value(v)
-
-
-def _has_path(doc: dict, path: str) -> bool:
-    return _get(doc, path) is not _MISSING
+    return b"" if v is MISSING else encode_value(v)
 
 
 def _check_size(doc: dict) -> None:
