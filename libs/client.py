@@ -106,10 +106,14 @@ class AsyncCluster:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OperationTimeout("Timeout", f"no answer from the routers within {self.timeout:g}s")
+            # A getMore is not retried: a slow first attempt may already have consumed the batch.
+            once = isinstance(req, s.GetMore)
             try:
                 reply: Reply = await self._requester.request(topic or self.topics.router_requests, req, key=key,
-                                                             timeout=min(self.attempt_timeout, left))
+                                                             timeout=left if once else min(self.attempt_timeout, left))
             except RequestTimeout:
+                if once:
+                    raise OperationTimeout("Timeout", f"no answer to getMore within {self.timeout:g}s") from None
                 continue  # a router may have died with it: send it again
             if reply.ok:
                 return reply.result or {}

@@ -82,6 +82,7 @@ class CommandProcessor:
         self._consumer = None
         self._producer = None
         self._assigned = asyncio.Event()
+        self._hold_until = 0.0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -112,6 +113,10 @@ class CommandProcessor:
                     await self.projection.poll(timeout_ms=100)
                     continue
                 if not self.active.is_set():
+                    if time.monotonic() < self._hold_until:  # fenced: let the group speak first
+                        self._consumer.pause(self.tp)  # (activation seeks to the committed offset)
+                        await self._consumer.getmany(timeout_ms=100)
+                        continue
                     await self._activate()
                     continue
                 await self._serve_batch()
@@ -174,12 +179,13 @@ class CommandProcessor:
                 # in-memory state this batch built and rebuild it from the store.
                 self.fenced = isinstance(e, ProducerFenced)
                 log.error("%s: transaction failed (%s); reloading state and standing by", self.name, e)
+                # If the group moved the partition, revocation tells us within a session
+                # timeout; if it is still ours after that (we were fenced by a zombie), activating
+                # again fences it in turn and re-reads the committed offset.
                 self.projection.reset()
-                if self.fenced:
-                    self._assigned.clear()  # wait to be given the partition again, if ever
                 await self._deactivate(type(e).__name__)
-                if not self.fenced:
-                    self._consumer.seek(self.tp, records[0].offset)
+                if self.fenced:
+                    self._hold_until = time.monotonic() + self.session_timeout_ms / 1000
 
     async def _transact(self, records) -> None:
         p = self._producer

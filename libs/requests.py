@@ -12,6 +12,7 @@ import uuid
 from aiokafka import TopicPartition
 
 from libs import kafka, tracing
+from libs.service import supervised
 from libs.commands import CORRELATION_ID, REPLY_TO, header
 from schemas import Codec, Record, RecordError
 from schemas.reply import Reply, replies
@@ -22,8 +23,10 @@ class RequestTimeout(TimeoutError):
 
 
 class Requester:
-    def __init__(self, bootstrap: str, inbox: str, *, client_id: str = "shardlog-client"):
+    def __init__(self, bootstrap: str, inbox: str, *, client_id: str = "shardlog-client",
+                 stop_owner_on_failure: bool = False):
         self.bootstrap, self.inbox, self.client_id = bootstrap, inbox, client_id
+        self.stop_owner_on_failure = stop_owner_on_failure  # a service stops; a client library only logs
         self._waiting: dict[bytes, asyncio.Future] = {}
         self._producer = self._consumer = self._reader = None
 
@@ -35,7 +38,8 @@ class Requester:
         self._consumer.assign([tp])
         # Replies to requests sent from now on come after this offset.
         self._consumer.seek(tp, (await self._consumer.end_offsets([tp]))[tp])
-        self._reader = asyncio.create_task(self._read(tp))
+        self._reader = supervised(asyncio.create_task(self._read(tp)), f"{self.client_id} reply reader",
+                                  stop_owner=self.stop_owner_on_failure)
 
     async def stop(self) -> None:
         if self._reader:

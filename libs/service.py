@@ -69,6 +69,26 @@ def clear_ready(settings: ServiceSettings, name: str) -> None:
     (settings.data_dir / f"{name}.ready").unlink(missing_ok=True)
 
 
+_failures: list[str] = []
+
+
+def supervised(task: asyncio.Task, what: str, *, stop_owner: bool = True) -> asyncio.Task:
+    """A background task whose failure must not go unnoticed: it is logged and stops the
+    task that started it (the service), rather than leave the service running without it."""
+    owner = asyncio.current_task() if stop_owner else None
+
+    def check(t: asyncio.Task) -> None:
+        if t.cancelled() or t.exception() is None:
+            return
+        logging.getLogger(__name__).critical("%s failed; stopping", what, exc_info=t.exception())
+        _failures.append(what)
+        if owner is not None:
+            owner.cancel(f"{what} failed")
+
+    task.add_done_callback(check)
+    return task
+
+
 def run_service(name: str, main) -> None:
     """Run `main()` (a coroutine function) until SIGTERM/SIGINT; exit cleanly."""
     logging.basicConfig(level=os.environ.get("SHARDLOG_LOG_LEVEL", "INFO"),
@@ -92,3 +112,5 @@ def run_service(name: str, main) -> None:
             tracing.shutdown()
 
     asyncio.run(guarded())
+    if _failures:
+        raise SystemExit(f"{name}: stopped because {', '.join(_failures)} failed")

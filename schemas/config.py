@@ -57,6 +57,15 @@ class CreateDatabase(Record):
     primary: str | None = None  # None: the shard with the least data
 
 
+class CreateCollection(Record):
+    """Track an unsharded collection (routers send it before its first write), so that
+    sharding it later knows it may hold documents."""
+
+    type: Literal["CreateCollection"] = "CreateCollection"
+    v: Literal[1] = 1
+    ns: str
+
+
 class ShardCollection(Record):
     type: Literal["ShardCollection"] = "ShardCollection"
     v: Literal[1] = 1
@@ -123,11 +132,11 @@ class SetSetting(Record):
 
 
 ConfigCommand = Annotated[
-    Union[AddShard, RemoveShard, CreateDatabase, ShardCollection, SplitChunk, MergeChunks,
+    Union[AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
           AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting],
     Field(discriminator="type"),
 ]
-COMMANDS = (AddShard, RemoveShard, CreateDatabase, ShardCollection, SplitChunk, MergeChunks,
+COMMANDS = (AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
             AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting)
 
 # ------------------------------------------------------------------ events
@@ -158,6 +167,14 @@ class DatabaseCreated(Record):
     primary: str
     uuid: str
     lastMod: int = 1
+
+
+class CollectionCreated(Record):
+    """An unsharded collection exists (on its database's primary) and may hold documents."""
+
+    type: Literal["CollectionCreated"] = "CollectionCreated"
+    v: Literal[1] = 1
+    ns: str
 
 
 class CollectionSharded(Record):
@@ -233,12 +250,12 @@ class SettingChanged(Record):
 
 
 ConfigEvent = Annotated[
-    Union[ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionSharded, ChunkSplit,
+    Union[ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
           ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
           SettingChanged],
     Field(discriminator="type"),
 ]
-EVENTS = (ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionSharded, ChunkSplit,
+EVENTS = (ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
           ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
           SettingChanged)
 

@@ -61,6 +61,20 @@ def test_unsharded_collections_live_on_the_primary(data_cluster):
     assert served[primary] >= 1 and sum(served.values()) == served[primary]
 
 
+def test_a_collection_sharded_after_writes_keeps_its_documents(data_cluster):
+    async def fill(cl):
+        await cl["late"]["c"].insert_many([{"_id": i, "k": i % 7} for i in range(40)])
+    client_run(data_cluster, fill)
+    result = data_cluster.command(c.ShardCollection(ns="late.c", key={"k": "hashed"})).result
+    assert result["existing"] and result["chunks"] == 1  # all on the primary, where the documents are
+
+    async def read(cl):
+        coll = cl["late"]["c"]
+        return (await coll.count_documents({}), await coll.count_documents({"k": 3}),
+                await coll.find_one({"_id": 5}), await coll.insert_one({"_id": 99, "k": 1}))
+    assert client_run(data_cluster, read) == (40, 6, {"_id": 5, "k": 5}, 99)
+
+
 def test_targeting_is_what_the_shards_actually_served(data_cluster):
     data_cluster.command(c.ShardCollection(ns="app.t", key={"k": "hashed"}))
     client_run(data_cluster, lambda cl: cl["app"]["t"].insert_many([{"k": i, "v": i % 7} for i in range(60)]))

@@ -111,6 +111,25 @@ def check_chunk_invariants(cat: Catalog, ns: str) -> None:
     assert all(ch.shard in cat.shards for ch in cs)
 
 
+# ------------------------------------------------------- tracked collections
+
+
+def test_a_collection_written_to_before_sharding_starts_as_one_chunk_on_its_primary():
+    cat = catalog("a", "b", "c")
+    events, result = ok(cat, c.CreateCollection(ns="d.x"))
+    assert [e.type for e in events] == ["DatabaseCreated", "CollectionCreated"] and result["created"]
+    assert "d.x" in cat.databases["d"].collections
+    assert ok(cat, c.CreateCollection(ns="d.x")) == ([], {"ns": "d.x", "created": False})  # idempotent
+    refused(cat, c.ShardCollection(ns="d.x", key={"k": "hashed"}, numInitialChunks=6), "InvalidOptions", "empty")
+    _, result = ok(cat, c.ShardCollection(ns="d.x", key={"k": "hashed"}))
+    coll = cat.collections["d.x"]
+    assert result["existing"] and len(coll.chunks) == 1
+    assert coll.chunks[0].shard == cat.databases["d"].primary  # where the documents already are
+    assert "d.x" not in cat.databases["d"].collections  # tracked as sharded now
+    _, result = ok(cat, c.ShardCollection(ns="d.fresh", key={"k": "hashed"}))  # never written: presplit
+    assert not result["existing"] and len({ch.shard for ch in cat.collections["d.fresh"].chunks}) == 3
+
+
 # --------------------------------------------------------------- dispatch
 
 
@@ -120,6 +139,7 @@ def test_every_command_has_a_decision():
         c.AddShard: c.AddShard(shard="c"),
         c.RemoveShard: c.RemoveShard(shard="c"),
         c.CreateDatabase: c.CreateDatabase(db="d"),
+        c.CreateCollection: c.CreateCollection(ns="d.plain"),
         c.ShardCollection: c.ShardCollection(ns="d.x", key={"k": 1}),
         c.SplitChunk: c.SplitChunk(ns="d.x", at=[{"k": 10}]),
         c.MergeChunks: c.MergeChunks(ns="d.x", min={"k": MINK}, max={"k": MAXK}),
@@ -297,7 +317,7 @@ def test_shard_collection_range_key():
     events, result = ok(cat, c.ShardCollection(ns="d.users", key={"user_id": 1}))
     (e,) = events
     assert isinstance(e, c.CollectionSharded) and e.key == {"user_id": 1} and not e.unique
-    assert result == {"ns": "d.users", "epoch": e.epoch, "chunks": 1, "primary": "b"}
+    assert result == {"ns": "d.users", "epoch": e.epoch, "chunks": 1, "primary": "b", "existing": False}
     assert chunks(cat, "d.users") == [({"user_id": MINK}, {"user_id": MAXK}, "b", (1, 0))]
     coll = cat.collections["d.users"]
     assert coll.version().pair == (1, 0) and coll.epoch == e.epoch and coll.uuid == e.uuid

@@ -104,6 +104,7 @@ class Database:
     name: str
     primary: str
     version: DatabaseVersion
+    collections: set[str] = field(default_factory=set)  # tracked unsharded collections (full ns)
 
 
 class Catalog:
@@ -170,7 +171,8 @@ class Catalog:
             self.shards[k[6:].decode()] = Shard(k[6:].decode(), d["draining"], set(d["zones"]))
         for k, v in store.scan(b"db/"):
             d = json.loads(v)
-            self.databases[d["name"]] = Database(d["name"], d["primary"], DatabaseVersion(d["uuid"], d["lastMod"]))
+            self.databases[d["name"]] = Database(d["name"], d["primary"], DatabaseVersion(d["uuid"], d["lastMod"]),
+                                                 set(d.get("collections", ())))
         for k, v in store.scan(b"coll/"):
             d = json.loads(v)
             ns = k[5:].decode()
@@ -223,8 +225,17 @@ class Catalog:
         self._put(b"shard/" + e.shard.encode(), None)
 
     def _on_DatabaseCreated(self, e: ev.DatabaseCreated) -> None:
-        self.databases[e.db] = Database(e.db, e.primary, DatabaseVersion(e.uuid, e.lastMod))
-        self._put(b"db/" + e.db.encode(), {"name": e.db, "primary": e.primary, "uuid": e.uuid, "lastMod": e.lastMod})
+        self.databases[e.db] = db = Database(e.db, e.primary, DatabaseVersion(e.uuid, e.lastMod))
+        self._put_database(db)
+
+    def _put_database(self, d: Database) -> None:
+        self._put(b"db/" + d.name.encode(), {"name": d.name, "primary": d.primary, "uuid": d.version.uuid,
+                                             "lastMod": d.version.last_mod, "collections": sorted(d.collections)})
+
+    def _on_CollectionCreated(self, e: ev.CollectionCreated) -> None:
+        db = self.databases[e.ns.partition(".")[0]]
+        db.collections.add(e.ns)
+        self._put_database(db)
 
     def _on_CollectionSharded(self, e: ev.CollectionSharded) -> None:
         if (old := self.collections.get(e.ns)) is not None:  # a new incarnation replaces the old one
@@ -232,6 +243,9 @@ class Catalog:
                 self._put(self._chunk_key(e.ns, ch.min_key), None)
             for z in old.zones:
                 self._put(self._zone_key(e.ns, z.min_key), None)
+        if (db := self.databases.get(e.ns.partition(".")[0])) is not None and e.ns in db.collections:
+            db.collections.discard(e.ns)  # tracked as sharded from now on
+            self._put_database(db)
         coll = Collection(e.ns, KeyPattern.parse(e.key), e.unique, e.epoch, e.uuid)
         coll.replace_chunks(0, 0, [self._chunk(coll, d) for d in e.chunks])
         self.collections[e.ns] = coll

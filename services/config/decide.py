@@ -187,6 +187,17 @@ def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
 
 # ------------------------------------------------------------ collections
 
+def create_collection(catalog: Catalog, cmd: c.CreateCollection) -> Decision:
+    db, _ = split_ns(cmd.ns)
+    if cmd.ns in catalog.collections or (db in catalog.databases and cmd.ns in catalog.databases[db].collections):
+        return Decision([], {"ns": cmd.ns, "created": False})
+    events: list[Record] = []
+    if db not in catalog.databases:
+        events += _create_database_events(catalog, db, None)
+    events.append(c.CollectionCreated(ns=cmd.ns))
+    return Decision(events, {"ns": cmd.ns, "created": True})
+
+
 def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
     if cmd.ns in catalog.collections:
@@ -206,7 +217,13 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     primary = events[0].primary if events else catalog.databases[db].primary
 
     epoch = new_epoch()
-    if hashed_prefix:
+    # A collection already written to may hold documents, all on its primary: it starts as
+    # one chunk there (as in MongoDB, presplitting is for empty collections only).
+    tracked = not events and cmd.ns in catalog.databases[db].collections
+    if tracked and cmd.numInitialChunks is not None:
+        raise CommandError("InvalidOptions", f"numInitialChunks is only for an empty collection; {cmd.ns} "
+                                             f"already exists unsharded")
+    if hashed_prefix and not tracked:
         shards = catalog.active_shards()
         n = cmd.numInitialChunks or 2 * len(shards)
         if not 1 <= n <= MAX_INITIAL_CHUNKS_PER_SHARD * len(shards):
@@ -218,7 +235,8 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
         chunks = [c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=primary, version=(1, 0))]
     events.append(c.CollectionSharded(ns=cmd.ns, key=pattern.spec, unique=cmd.unique, epoch=epoch,
                                       uuid=new_uuid(), chunks=chunks))
-    return Decision(events, {"ns": cmd.ns, "epoch": epoch, "chunks": len(chunks), "primary": primary})
+    return Decision(events, {"ns": cmd.ns, "epoch": epoch, "chunks": len(chunks), "primary": primary,
+                             "existing": tracked})
 
 
 def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch: str) -> list[c.ChunkDoc]:
@@ -353,7 +371,7 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
 
 _HANDLERS = {
     c.AddShard: add_shard, c.RemoveShard: remove_shard, c.CreateDatabase: create_database,
-    c.ShardCollection: shard_collection, c.SplitChunk: split_chunk, c.MergeChunks: merge_chunks,
+    c.CreateCollection: create_collection, c.ShardCollection: shard_collection, c.SplitChunk: split_chunk, c.MergeChunks: merge_chunks,
     c.AddShardToZone: add_shard_to_zone, c.RemoveShardFromZone: remove_shard_from_zone,
     c.AssignZoneRange: assign_zone_range, c.RemoveZoneRange: remove_zone_range, c.SetSetting: set_setting,
 }

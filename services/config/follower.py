@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from libs.projection import Projection
-from libs.service import ServiceSettings
+from libs.service import ServiceSettings, supervised
 from libs.store import Store
 from schemas import config as schema
 from services.config.catalog import Catalog
@@ -28,7 +28,7 @@ class CatalogFollower:
         """Replay to the tip, then keep following in the background; returns the ConfigTime reached."""
         await self.projection.start()
         at = await self.projection.catch_up()
-        self._tail = asyncio.create_task(self.projection.follow())
+        self._tail = supervised(asyncio.create_task(self.projection.follow()), f"{self.projection.name} catalog follower")
         return at
 
     async def wait_for(self, config_time: int, timeout: float = 30.0) -> None:

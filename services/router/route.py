@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from services.config.decide import split_ns
 from services.config.follower import CatalogFollower
 from services.router import targeting
 from libs.ids import new_object_id
-from services.shard.decide import MAX_DOCUMENT_BYTES
+from services.shard.decide import MAX_BATCH_BYTES, MAX_DOCUMENT_BYTES, doc_bytes
 from services.shard.server import CONFIG_TIME
 
 MAX_STALE_RETRIES = 10
@@ -53,6 +52,7 @@ class OperationRouter:
         self.cursors: dict[int, RouterCursor] = {}
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         self.stale_retries = 0
+        self._creating: dict[str, asyncio.Future] = {}
 
     @property
     def catalog(self):
@@ -113,12 +113,22 @@ class OperationRouter:
                 raise r
         return results
 
-    async def _ensure_database(self, ns: str) -> None:
-        """Writing to a collection of a database that does not exist creates it (as in MongoDB)."""
-        db = ns.partition(".")[0]
-        if db in self.catalog.databases or ns in self.catalog.collections:
+    async def _ensure_collection(self, ns: str) -> None:
+        """Before the first write to an unsharded collection, the catalog tracks it (creating its
+        database if needed, as MongoDB does), so that sharding it later knows it holds data."""
+        db = self.catalog.databases.get(ns.partition(".")[0])
+        if ns in self.catalog.collections or (db is not None and ns in db.collections):
             return
-        reply = await self.requester.request(self.topics.config_commands, cfg.CreateDatabase(db=db),
+        if ns not in self._creating:  # concurrent first writes share one request
+            self._creating[ns] = asyncio.ensure_future(self._create_collection(ns))
+        try:
+            await asyncio.shield(self._creating[ns])
+        finally:
+            if self._creating.get(ns) is not None and self._creating[ns].done():
+                self._creating.pop(ns, None)
+
+    async def _create_collection(self, ns: str) -> None:
+        reply = await self.requester.request(self.topics.config_commands, cfg.CreateCollection(ns=ns),
                                              timeout=SHARD_TIMEOUT_S)
         if not reply.ok:
             raise CommandError(reply.code or "Error", reply.error or "")
@@ -127,7 +137,7 @@ class OperationRouter:
     # -------------------------------------------------------------- writes
 
     async def insert(self, req: s.Insert) -> dict:
-        await self._ensure_database(req.ns)
+        await self._ensure_collection(req.ns)
         errors: list[dict] = []
         runs: list[tuple[str, list[int]]] = []  # (shard, indexes into docs), in order
         docs = []
@@ -172,7 +182,7 @@ class OperationRouter:
 
     async def update(self, req: s.Update) -> dict:
         if req.upsert:
-            await self._ensure_database(req.ns)
+            await self._ensure_collection(req.ns)
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         if not t.shards and not req.upsert:
             return {"matched": 0, "modified": 0}
@@ -241,18 +251,20 @@ class OperationRouter:
 
     def _first_batch(self, docs: list[dict], size: int, t: targeting.Targets) -> dict:
         self._expire()
-        if len(docs) <= size:
+        n = _batch_length(docs, size)
+        if n == len(docs):
             return {"docs": docs, "cursorId": 0, "shards": list(t.shards)}
         cid = next(self._cursor_ids)
-        self.cursors[cid] = RouterCursor(docs[size:], time.monotonic())
-        return {"docs": docs[:size], "cursorId": cid, "cursorTopic": self.cursor_topic, "shards": list(t.shards)}
+        self.cursors[cid] = RouterCursor(docs[n:], time.monotonic())
+        return {"docs": docs[:n], "cursorId": cid, "cursorTopic": self.cursor_topic, "shards": list(t.shards)}
 
     def get_more(self, req: s.GetMore) -> dict:
         cur = self.cursors.pop(req.cursorId, None)
         if cur is None:
             raise CommandError("CursorNotFound", f"cursor {req.cursorId} not found (exhausted, expired, or the "
                                                  f"router restarted)")
-        batch, rest = cur.docs[:req.batchSize], cur.docs[req.batchSize:]
+        n = _batch_length(cur.docs, req.batchSize)
+        batch, rest = cur.docs[:n], cur.docs[n:]
         if rest:
             self.cursors[req.cursorId] = RouterCursor(rest, cur.created)
         return {"docs": batch, "cursorId": req.cursorId if rest else 0, "cursorTopic": self.cursor_topic}
@@ -275,6 +287,16 @@ class OperationRouter:
                 "configTime": self.follower.config_time}
 
 
+def _batch_length(docs: list[dict], size: int) -> int:
+    """How many of `docs` make one reply: at most `size` and MAX_BATCH_BYTES, at least one."""
+    total = 0
+    for i, d in enumerate(docs[:size]):
+        total += doc_bytes(d)
+        if i and total > MAX_BATCH_BYTES:
+            return i
+    return min(len(docs), size)
+
+
 def _with_id(doc: Any) -> dict:
     if not isinstance(doc, dict):
         raise CommandError("BadValue", "a document must be a JSON object")
@@ -283,7 +305,7 @@ def _with_id(doc: Any) -> dict:
 
 
 def _check_size(doc: dict) -> None:
-    size = len(json.dumps(doc, separators=(",", ":")).encode())
+    size = doc_bytes(doc)
     if size > MAX_DOCUMENT_BYTES:
         raise CommandError("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")
 

@@ -13,13 +13,13 @@ import asyncio
 import logging
 import uuid
 
-from aiokafka import TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from libs import kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, header
 from libs.requests import Requester
-from libs.service import ServiceSettings, clear_ready, report_ready
+from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.topics import TopicSpec, SHORT_LIVED
 from schemas import Codec, RecordError
 from schemas import shard as schema
@@ -32,6 +32,37 @@ log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 256
 
 
+class Progress(ConsumerRebalanceListener):
+    """Per partition of `router.requests`: operations still unanswered and the next offset
+    fetched, so that commits never pass an operation nobody has answered yet.  A revoked
+    partition is forgotten: its new owner starts from what was committed."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[TopicPartition, set[int]] = {}
+        self.next_offset: dict[TopicPartition, int] = {}
+        self.committed: dict[TopicPartition, int] = {}
+
+    def started(self, tp: TopicPartition, offset: int, task: asyncio.Task) -> None:
+        running = self.in_flight.setdefault(tp, set())
+        running.add(offset)
+        self.next_offset[tp] = offset + 1
+        task.add_done_callback(lambda _: running.discard(offset))
+
+    def committable(self, assignment) -> dict[TopicPartition, int]:
+        safe = {tp: min(self.in_flight[tp]) if self.in_flight.get(tp) else nxt
+                for tp, nxt in self.next_offset.items() if tp in assignment}
+        return {tp: o for tp, o in safe.items() if self.committed.get(tp) != o}
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        for tp in revoked:
+            self.in_flight.pop(tp, None)
+            self.next_offset.pop(tp, None)
+            self.committed.pop(tp, None)
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        pass
+
+
 class RouterServer:
     def __init__(self, settings: ServiceSettings, instance: str | None = None):
         self.settings = settings
@@ -41,7 +72,7 @@ class RouterServer:
         self.inbox = t.inbox(f"router-{self.instance}")
         self.cursor_topic = t.inbox(f"router-{self.instance}-cursors")
         self.follower = CatalogFollower(settings, f"router-{self.instance}")
-        self.requester = Requester(settings.bootstrap, self.inbox, client_id=self.name)
+        self.requester = Requester(settings.bootstrap, self.inbox, client_id=self.name, stop_owner_on_failure=True)
         self.routing = OperationRouter(t, self.follower, self.requester, self.cursor_topic)
         self.served = 0
 
@@ -57,14 +88,15 @@ class RouterServer:
                                   session_timeout_ms=s.session_timeout_ms)
         cursors = kafka.consumer(s.bootstrap, client_id=self.name)
         await asyncio.gather(requests.start(), cursors.start())
-        requests.subscribe([t.router_requests])
+        progress = Progress()
+        requests.subscribe([t.router_requests], listener=progress)
         ctp = TopicPartition(self.cursor_topic, 0)
         cursors.assign([ctp])
         cursors.seek(ctp, await kafka.log_end(cursors, ctp))
         report_ready(s, self.name, configTime=at, inbox=self.inbox)
-        cursor_task = asyncio.create_task(self._serve(cursors, commit=False))
+        cursor_task = supervised(asyncio.create_task(self._serve(cursors, progress=None)), f"{self.name} cursors")
         try:
-            await self._serve(requests, commit=True)
+            await self._serve(requests, progress=progress)
         finally:
             cursor_task.cancel()
             clear_ready(s, self.name)
@@ -73,18 +105,10 @@ class RouterServer:
             await self.follower.stop()
             await kafka.delete_topics(s.bootstrap, [self.inbox, self.cursor_topic])
 
-    async def _serve(self, consumer, *, commit: bool) -> None:
-        """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT); commit, per
-        partition, up to the oldest operation still unanswered (at least once)."""
-        in_flight: dict[TopicPartition, set[int]] = {}
-        next_offset: dict[TopicPartition, int] = {}
-        committed: dict[TopicPartition, int] = {}
+    async def _serve(self, consumer, *, progress: "Progress | None") -> None:
+        """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT); with `progress`,
+        commit per partition up to the oldest operation still unanswered (at least once)."""
         tasks: set[asyncio.Task] = set()
-
-        def done(tp: TopicPartition, offset: int, task: asyncio.Task) -> None:
-            in_flight[tp].discard(offset)
-            tasks.discard(task)
-
         try:
             while True:
                 if len(tasks) >= MAX_IN_FLIGHT:  # back-pressure: wait for a slot
@@ -92,19 +116,17 @@ class RouterServer:
                 batch = await consumer.getmany(timeout_ms=50, max_records=MAX_IN_FLIGHT - len(tasks))
                 for tp, records in batch.items():
                     for rec in records:
-                        in_flight.setdefault(tp, set()).add(rec.offset)
-                        next_offset[tp] = rec.offset + 1
                         task = asyncio.create_task(self._handle(rec))
-                        task.add_done_callback(lambda t, tp=tp, o=rec.offset: done(tp, o, t))
                         tasks.add(task)
-                if commit:
-                    safe = {tp: min(in_flight[tp]) if in_flight.get(tp) else nxt for tp, nxt in next_offset.items()
-                            if tp in consumer.assignment()}
-                    changed = {tp: o for tp, o in safe.items() if committed.get(tp) != o}
+                        task.add_done_callback(tasks.discard)
+                        if progress is not None:
+                            progress.started(tp, rec.offset, task)
+                if progress is not None:
+                    changed = progress.committable(consumer.assignment())
                     if changed:
                         try:
                             await consumer.commit(changed)
-                            committed.update(changed)
+                            progress.committed.update(changed)
                         except KafkaError as e:  # a rebalance is under way: the next owner re-runs the rest
                             log.info("%s: commit skipped (%s)", self.name, e)
         finally:

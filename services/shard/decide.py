@@ -29,7 +29,10 @@ from services.shard.documents import ShardDocuments
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
-UNSHARDED_KEY = b""  # documents of unsharded collections are ordered by _id alone
+# Documents of unsharded collections are ordered by _id alone, under a prefix below every
+# encoded shard key (tags start at 0x10): a collection sharded later finds them there.
+UNSHARDED_KEY = b"\x00"
+MATCHING_WRITES = (s.Update, s.Delete)
 CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes
 
 
@@ -45,6 +48,7 @@ class ShardDecider:
         self.cursors: dict[int, Cursor] = {}
         self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
+        self._keyed: set[tuple[str, str]] = set()  # (ns, epoch) known to hold no unsharded-layout documents
 
     def decide(self, req: Record) -> Decision:
         handler = {s.Insert: self.insert, s.Find: self.find, s.GetMore: self.get_more, s.Count: self.count,
@@ -55,9 +59,41 @@ class ShardDecider:
         op_id = getattr(req, "opId", None)
         if op_id is not None and (done := self.documents.recorded(op_id)) is not None:
             return Decision([], {**done, "retried": True})  # a retry of a write already applied
-        decision = handler(req)
-        if op_id is not None and decision.events:  # a write that changed nothing may simply run again
+        rekey = self._rekey_events(getattr(req, "ns", None))
+        if rekey:
+            decision = self._after(rekey, handler, req)
+        else:
+            decision = handler(req)
+        if op_id is not None and (decision.events or isinstance(req, MATCHING_WRITES)):
+            # An update or delete is recorded even when it matched nothing: one without the shard
+            # key tries shards in turn, and a retry must not find a match the first attempt did not.
             decision.events.append(s.WriteRecorded(opId=op_id, result=decision.result))
+        return decision
+
+    def _rekey_events(self, ns: str | None) -> list[Record]:
+        """A collection sharded after it was written to still has its documents under the
+        unsharded layout on this (primary) shard: rewrite them under their shard keys."""
+        coll = self.catalog.collections.get(ns) if ns else None
+        if coll is None or (ns, coll.epoch) in self._keyed:
+            return []
+        events = [s.DocumentWritten(ns=ns, skey=coll.pattern.encode_doc(doc).hex(), doc=doc)
+                  for _, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_KEY[:-1] + b"\x01")]
+        if not events:
+            self._keyed.add((ns, coll.epoch))
+        return events
+
+    def _after(self, events: list[Record], handler, req) -> Decision:
+        """Decide `req` on the state after `events`, which become part of its decision.
+        (Applying twice is harmless: the processor applies them again, to the same effect.)"""
+        saved = self.documents.tentative()
+        for e in events:
+            self.documents.apply(e, -1)
+        try:
+            decision = handler(req)
+        except BaseException:
+            self.documents.restore(saved)
+            raise
+        decision.events[:0] = events
         return decision
 
     # ---------------------------------------------------------------- routing
@@ -139,20 +175,22 @@ class ShardDecider:
             raise CommandError("BadValue", str(e)) from None
 
     def _batch(self, docs: Iterator[dict], size: int) -> dict:
+        """Up to `size` documents and MAX_BATCH_BYTES (at least one document); the rest stays
+        behind a cursor."""
         out, total = [], 0
+        rest: dict | None = None
         for d in docs:
-            out.append(d)
-            total += len(json.dumps(d))
-            if len(out) >= size or total >= MAX_BATCH_BYTES:
+            n = doc_bytes(d)
+            if out and (len(out) >= size or total + n > MAX_BATCH_BYTES):
+                rest = d
                 break
-        else:
-            return {"docs": out, "cursorId": 0}
-        peek = next(docs, None)
-        if peek is None:
+            out.append(d)
+            total += n
+        if rest is None:
             return {"docs": out, "cursorId": 0}
         self._expire_cursors()
         cursor_id = next(self._cursor_ids)
-        self.cursors[cursor_id] = Cursor(itertools.chain([peek], docs))
+        self.cursors[cursor_id] = Cursor(itertools.chain([rest], docs))
         return {"docs": out, "cursorId": cursor_id}
 
     def _expire_cursors(self) -> None:
@@ -252,7 +290,11 @@ def _enc(v: Any) -> bytes:
     return b"" if v is MISSING else encode_value(v)
 
 
+def doc_bytes(doc: dict) -> int:
+    return len(json.dumps(doc, separators=(",", ":")).encode())
+
+
 def _check_size(doc: dict) -> None:
-    size = len(json.dumps(doc, separators=(",", ":")).encode())
+    size = doc_bytes(doc)
     if size > MAX_DOCUMENT_BYTES:
         raise CommandError("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")

@@ -56,6 +56,13 @@ class ShardDocuments:
         self.store = store
         self._changes = {}
 
+    def tentative(self) -> dict[bytes, bytes | None]:
+        """The batch's pending writes as they are, to `restore` if a tentative apply is abandoned."""
+        return dict(self._changes)
+
+    def restore(self, saved: dict[bytes, bytes | None]) -> None:
+        self._changes = saved
+
     def drain_changes(self) -> dict[bytes, bytes | None]:
         out, self._changes = self._changes, {}
         return out

@@ -83,6 +83,13 @@ class CountingDocuments(ShardDocuments):
                 k = (event.ns, skey)
                 self._pending_written[k] = self._pending_written.get(k, 0) + len(raw)
 
+    def tentative(self):
+        return super().tentative(), dict(self._pending_written)
+
+    def restore(self, saved) -> None:
+        changes, self._pending_written = saved
+        super().restore(changes)
+
     def drain_changes(self) -> dict[bytes, bytes | None]:
         # Called when the batch is committed with its checkpoint: its writes happened.
         for k, n in self._pending_written.items():
