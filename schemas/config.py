@@ -121,6 +121,50 @@ class RemoveZoneRange(Record):
     max: Bound
 
 
+class MoveRange(Record):
+    """Move [min, max) to shard `to` (splitting first if it is a sub-range of a chunk);
+    `max` None: the donor cuts up to one max chunk size of data from `min`."""
+
+    type: Literal["MoveRange"] = "MoveRange"
+    v: Literal[1] = 1
+    ns: str
+    min: Bound
+    max: Bound | None = None
+    to: str
+    forceJumbo: bool = False
+    waitForDelete: bool = False
+
+
+class CommitMigration(Record):
+    """From the donor, in its critical section: [min, max) now belongs to the recipient."""
+
+    type: Literal["CommitMigration"] = "CommitMigration"
+    v: Literal[1] = 1
+    id: str
+    min: Bound
+    max: Bound
+
+
+class AbortMigration(Record):
+    """From the donor (or its recovery): the migration will not commit.  Answers the
+    outcome if it was already decided, so recovery learns "did the chunk move?"."""
+
+    type: Literal["AbortMigration"] = "AbortMigration"
+    v: Literal[1] = 1
+    id: str
+    reason: str
+    jumbo: bool = False  # the range could not be split: mark its chunk jumbo
+
+
+class GetMigration(Record):
+    """State of a migration: active, committed or aborted (read-only)."""
+
+    type: Literal["GetMigration"] = "GetMigration"
+    v: Literal[1] = 1
+    id: str | None = None
+    ns: str | None = None  # every active migration of a collection (or all, with neither)
+
+
 class SetSetting(Record):
     """Set a cluster setting, or a collection's when `ns` is given (value None resets)."""
 
@@ -133,11 +177,11 @@ class SetSetting(Record):
 
 ConfigCommand = Annotated[
     Union[AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting],
+          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration],
     Field(discriminator="type"),
 ]
 COMMANDS = (AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting)
+            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration)
 
 # ------------------------------------------------------------------ events
 
@@ -241,6 +285,49 @@ class ZoneRangeRemoved(Record):
     max: Bound
 
 
+class MigrationRequested(Record):
+    type: Literal["MigrationRequested"] = "MigrationRequested"
+    v: Literal[1] = 1
+    id: str
+    ns: str
+    epoch: str
+    min: Bound
+    max: Bound | None
+    donor: str
+    recipient: str
+    forceJumbo: bool = False
+
+
+class MigrationCommitted(Record):
+    """[min, max) moved from donor to recipient: `chunks` are the moved chunk and, if the
+    donor keeps any, its control chunk with their new versions."""
+
+    type: Literal["MigrationCommitted"] = "MigrationCommitted"
+    v: Literal[1] = 1
+    id: str
+    ns: str
+    epoch: str
+    donor: str
+    recipient: str
+    chunks: list[ChunkDoc]
+
+
+class MigrationAborted(Record):
+    type: Literal["MigrationAborted"] = "MigrationAborted"
+    v: Literal[1] = 1
+    id: str
+    ns: str
+    reason: str
+
+
+class ChunkMarkedJumbo(Record):
+    type: Literal["ChunkMarkedJumbo"] = "ChunkMarkedJumbo"
+    v: Literal[1] = 1
+    ns: str
+    epoch: str
+    min: Bound
+
+
 class SettingChanged(Record):
     type: Literal["SettingChanged"] = "SettingChanged"
     v: Literal[1] = 1
@@ -252,12 +339,12 @@ class SettingChanged(Record):
 ConfigEvent = Annotated[
     Union[ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
           ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
-          SettingChanged],
+          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo],
     Field(discriminator="type"),
 ]
 EVENTS = (ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
           ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
-          SettingChanged)
+          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo)
 
 commands = Codec("config.commands", ConfigCommand, COMMANDS)
 events = Codec("config.events", ConfigEvent, EVENTS)

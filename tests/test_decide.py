@@ -148,11 +148,104 @@ def test_every_command_has_a_decision():
         c.RemoveZoneRange: c.RemoveZoneRange(ns="d.x", min={"k": 0}, max={"k": 5}),
         c.RemoveShardFromZone: c.RemoveShardFromZone(shard="a", zone="z"),
         c.SetSetting: c.SetSetting(key="balancerEnabled", value=False),
+        c.MoveRange: c.MoveRange(ns="d.x", min={"k": MINK}, to="b"),
+        c.CommitMigration: None,  # needs the id of the migration above
+        c.AbortMigration: None,
+        c.GetMigration: c.GetMigration(),  # read-only
     }
     assert set(samples) == set(c.COMMANDS)
     for cmd in samples.values():
-        events, _ = ok(cat, cmd)
-        assert events, f"{cmd.type} decided nothing"
+        if cmd is None:
+            continue
+        events, result = ok(cat, cmd)
+        assert events or cmd.type == "GetMigration", f"{cmd.type} decided nothing"
+    (mid,) = cat.migrations
+    events, _ = ok(cat, c.CommitMigration(id=mid, min={"k": MINK}, max={"k": MAXK}))
+    assert events
+
+
+# ------------------------------------------------------------- migrations
+
+
+def moving(shards=("a", "b", "c"), primary="a"):
+    cat = catalog(*shards)
+    ok(cat, c.CreateDatabase(db="d", primary=primary))
+    ok(cat, c.ShardCollection(ns="d.x", key={"k": 1}))
+    ok(cat, c.SplitChunk(ns="d.x", at=[{"k": 0}, {"k": 100}]))
+    return cat
+
+
+def test_moving_a_whole_chunk_gives_it_the_next_major_and_the_donor_a_control_chunk():
+    cat = moving()
+    assert cat.collections["d.x"].version().pair == (1, 3)
+    (e,), r = ok(cat, c.MoveRange(ns="d.x", min={"k": 0}, max={"k": 100}, to="b"))
+    assert isinstance(e, c.MigrationRequested) and (e.donor, e.recipient) == ("a", "b") and r["id"] == e.id
+    assert cat.migration_of("a").id == e.id and cat.migration_of("b").id == e.id
+    events, r = ok(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}))
+    assert [x.type for x in events] == ["MigrationCommitted"]
+    assert chunks(cat, "d.x") == [({"k": MINK}, {"k": 0}, "a", (2, 1)), ({"k": 0}, {"k": 100}, "b", (2, 0)),
+                                  ({"k": 100}, {"k": MAXK}, "a", (1, 3))]
+    coll = cat.collections["d.x"]
+    assert coll.shard_version("b").pair == (2, 0) and coll.shard_version("a").pair == (2, 1)
+    assert cat.migrations == {} and cat.outcomes[e.id] == "committed"
+    assert ok(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100})) == ([], {"id": e.id, "outcome": "committed"})
+    assert ok(cat, c.AbortMigration(id=e.id, reason="late"))[1]["outcome"] == "committed"  # recovery learns it moved
+
+
+def test_the_donors_last_chunk_leaves_it_at_version_zero():
+    cat = catalog("a", "b")
+    ok(cat, c.CreateDatabase(db="d", primary="a"))
+    ok(cat, c.ShardCollection(ns="d.x", key={"k": 1}))
+    (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": MINK}, to="b"))
+    assert e.max is None
+    ok(cat, c.CommitMigration(id=e.id, min={"k": MINK}, max={"k": MAXK}))
+    coll = cat.collections["d.x"]
+    assert chunks(cat, "d.x") == [({"k": MINK}, {"k": MAXK}, "b", (2, 0))]
+    assert coll.shard_version("a").pair == (0, 0)
+
+
+def test_a_sub_range_is_split_at_commit_then_moved():
+    cat = moving()
+    (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": 10}, max={"k": 20}, to="c"))
+    events, _ = ok(cat, c.CommitMigration(id=e.id, min={"k": 10}, max={"k": 20}))
+    assert [x.type for x in events] == ["ChunkSplit", "MigrationCommitted"]
+    # split: (1,4) (1,5) (1,6); the piece moves at (2,0), the donor's control chunk (the first piece left) (2,1)
+    assert chunks(cat, "d.x")[1:4] == [({"k": 0}, {"k": 10}, "a", (2, 1)), ({"k": 10}, {"k": 20}, "c", (2, 0)),
+                                       ({"k": 20}, {"k": 100}, "a", (1, 6))]
+    # --min only: the donor chose where the range ends
+    (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": 100}, to="b"))
+    ok(cat, c.CommitMigration(id=e.id, min={"k": 100}, max={"k": 500}))
+    # split of [100, max) at 500 after (2,1): (2,2) (2,3); moved (3,0), control (3,1)
+    assert chunks(cat, "d.x")[-2:] == [({"k": 100}, {"k": 500}, "b", (3, 0)), ({"k": 500}, {"k": MAXK}, "a", (3, 1))]
+
+
+def test_one_migration_per_shard_a_retry_joins_and_bad_requests_are_refused():
+    cat = moving(("a", "b", "c", "d"))
+    (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": 0}, max={"k": 100}, to="b"))
+    assert ok(cat, c.MoveRange(ns="d.x", min={"k": 0}, max={"k": 100}, to="b"))[1]["joined"]
+    refused(cat, c.MoveRange(ns="d.x", min={"k": 100}, to="c"), "ConflictingOperationInProgress", "one migration")
+    refused(cat, c.SplitChunk(ns="d.x", at=[{"k": 50}]), "ConflictingOperationInProgress")
+    refused(cat, c.MoveRange(ns="d.x", min={"k": -5}, max={"k": 5}, to="c"), "BadValue", "spans")
+    refused(cat, c.MoveRange(ns="d.x", min={"k": 0}, max={"k": 100}, to="zz"), "ShardNotFound")
+    refused(cat, c.MoveRange(ns="d.nope", min={"k": 0}, to="c"), "NamespaceNotFound")
+    assert ok(cat, c.MoveRange(ns="d.x", min={"k": 100}, to="a"))[1]["moved"] is False  # already there
+    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 200}), "BadValue")
+    refused(cat, c.CommitMigration(id="nope", min={"k": 0}, max={"k": 100}), "NoSuchMigration")
+    events, r = ok(cat, c.AbortMigration(id=e.id, reason="test", jumbo=True))
+    assert [x.type for x in events] == ["ChunkMarkedJumbo", "MigrationAborted"] and cat.outcomes[e.id] == "aborted: test"
+    assert cat.collections["d.x"].chunks[1].jumbo
+    refused(cat, c.MoveRange(ns="d.x", min={"k": 0}, to="c"), "ChunkTooBig", "--force-jumbo")
+    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "NoSuchMigration", "aborted")
+    ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
+    refused(cat, c.MoveRange(ns="d.x", min={"k": 100}, to="c"), "ConflictingOperationInProgress", "not allowed")
+
+
+def test_disallowing_migrations_refuses_the_commit():
+    cat = moving()
+    (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": 0}, max={"k": 100}, to="b"))
+    ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
+    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "ConflictingOperationInProgress")
+    assert ok(cat, c.GetMigration(ns="d.x"))[1]["active"][0]["id"] == e.id
 
 
 def test_an_event_is_not_a_command():

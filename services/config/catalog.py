@@ -100,6 +100,24 @@ class Shard:
 
 
 @dataclass
+class Migration:
+    """An active migration as the config server knows it (seed 004)."""
+
+    id: str
+    ns: str
+    epoch: str
+    min: dict[str, Any]  # Extended JSON, as requested
+    max: dict[str, Any] | None
+    donor: str
+    recipient: str
+    force_jumbo: bool = False
+
+    def record(self) -> dict:
+        return {"id": self.id, "ns": self.ns, "epoch": self.epoch, "min": self.min, "max": self.max,
+                "donor": self.donor, "recipient": self.recipient, "forceJumbo": self.force_jumbo}
+
+
+@dataclass
 class Database:
     name: str
     primary: str
@@ -116,6 +134,8 @@ class Catalog:
         self.databases: dict[str, Database] = {}
         self.collections: dict[str, Collection] = {}
         self.settings = ClusterSettings()
+        self.migrations: dict[str, Migration] = {}  # active, by id
+        self.outcomes: dict[str, str] = {}  # finished migrations: "committed" or "aborted: <reason>"
         self.config_time = 0  # offset after the last applied event, when known
         self._changes: dict[bytes, bytes | None] = {}
 
@@ -129,6 +149,10 @@ class Catalog:
 
     def primary_of(self, shard: str) -> list[str]:
         return sorted(d.name for d in self.databases.values() if d.primary == shard)
+
+    def migration_of(self, shard: str) -> Migration | None:
+        """The active migration this shard takes part in (donor or recipient), if any."""
+        return next((m for m in self.migrations.values() if shard in (m.donor, m.recipient)), None)
 
     def zone_in_use(self, zone: str) -> bool:
         return any(z.zone == zone for c in self.collections.values() for z in c.zones)
@@ -188,6 +212,12 @@ class Catalog:
             coll = self.collections[ns]
             d = json.loads(v)
             coll.zones.append(self._zone(coll, d["min"], d["max"], d["zone"]))
+        for k, v in store.scan(b"mig/"):
+            d = json.loads(v)
+            self.migrations[d["id"]] = Migration(d["id"], d["ns"], d["epoch"], d["min"], d["max"], d["donor"],
+                                                 d["recipient"], d["forceJumbo"])
+        for k, v in store.scan(b"outcome/"):
+            self.outcomes[k[8:].decode()] = json.loads(v)
         if (raw := store.get(b"settings")) is not None:
             self.settings = ClusterSettings.model_validate_json(raw)
         ckpt = store.checkpoint_any()
@@ -294,6 +324,35 @@ class Catalog:
         key = coll.pattern.encode_bound(from_ejson(e.min))
         coll.zones = [z for z in coll.zones if z.min_key != key]
         self._put(self._zone_key(e.ns, key), None)
+
+    def _on_MigrationRequested(self, e: ev.MigrationRequested) -> None:
+        m = Migration(e.id, e.ns, e.epoch, e.min, e.max, e.donor, e.recipient, e.forceJumbo)
+        self.migrations[e.id] = m
+        self._put(b"mig/" + e.id.encode(), m.record())
+
+    def _finish_migration(self, mid: str, outcome: str) -> None:
+        self.migrations.pop(mid, None)
+        self._put(b"mig/" + mid.encode(), None)
+        self.outcomes[mid] = outcome
+        self._put(b"outcome/" + mid.encode(), outcome)
+
+    def _on_MigrationCommitted(self, e: ev.MigrationCommitted) -> None:
+        coll = self.collections[e.ns]
+        for doc in e.chunks:  # the moved chunk and the donor's control chunk: same bounds, new owner/version
+            ch = self._chunk(coll, doc)
+            i = coll.chunk_index(ch.min_key)
+            coll.replace_chunks(i, i + 1, [ch])
+            self._put_chunk(e.ns, ch, doc)
+        self._finish_migration(e.id, "committed")
+
+    def _on_MigrationAborted(self, e: ev.MigrationAborted) -> None:
+        self._finish_migration(e.id, f"aborted: {e.reason}")
+
+    def _on_ChunkMarkedJumbo(self, e: ev.ChunkMarkedJumbo) -> None:
+        coll = self.collections[e.ns]
+        ch = coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(e.min)))]
+        ch.jumbo = True
+        self._put_chunk(e.ns, ch, ch.doc())
 
     def _on_SettingChanged(self, e: ev.SettingChanged) -> None:
         if e.ns is None:

@@ -5,18 +5,19 @@ Pure apart from minting epochs and uuids; nothing here touches Kafka or disk.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
 
 from libs.commands import CommandError, Decision
-from libs.shardkey import (MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, to_ejson)
+from libs.shardkey import (MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson)
 from schemas import Record
 from schemas import config as c
 from services.config.catalog import Catalog, Collection
 from services.config.settings import ClusterSettings, CollectionSettings, validated
-from services.config.versions import (hashed_split_points, initial_versions, merge_version, new_database_version,
-                                      new_epoch, new_uuid, split_versions)
+from services.config.versions import (ChunkVersion, hashed_split_points, initial_versions, merge_version,
+                                      migration_versions, new_database_version, new_epoch, new_uuid, split_versions)
 
 SHARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z, not $: "$" also matches before a final newline
 DB_FORBIDDEN = set('/\\. "$*<>:|?\x00')
@@ -261,17 +262,22 @@ def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
     if any(a >= b for a, b in zip(keys, keys[1:])):
         raise CommandError("BadValue", "split points must be sorted ascending and distinct")
     chunk = coll.chunks[coll.chunk_index(keys[0])]
+    _not_migrating(catalog, coll, chunk.min_key, chunk.max_key)
     for (p, k) in points:
         if not chunk.min_key < k < chunk.max_key:
             raise CommandError("BadValue", f"split point {to_ejson(p)} is not strictly inside the chunk "
                                            f"[{to_ejson(chunk.min)}, {to_ejson(chunk.max)})")
-    bounds = [chunk.min] + [p for p, _ in points] + [chunk.max]
-    versions = split_versions(coll.version(), len(points) + 1)
+    event = _split_event(coll, chunk, [p for p, _ in points])
+    return Decision([event], {"ns": coll.ns, "chunks": [d.model_dump() for d in event.chunks]})
+
+
+def _split_event(coll: Collection, chunk, points: list[dict], version=None) -> c.ChunkSplit:
+    """`chunk` cut at `points` (sorted, strictly inside): the pieces take the next minors."""
+    bounds = [chunk.min] + points + [chunk.max]
+    versions = split_versions(version or coll.version(), len(points) + 1)
     new = [c.ChunkDoc(min=to_ejson(bounds[i]), max=to_ejson(bounds[i + 1]), shard=chunk.shard,
                       version=versions[i].pair) for i in range(len(bounds) - 1)]
-    return Decision([c.ChunkSplit(ns=coll.ns, epoch=coll.epoch, min=to_ejson(chunk.min), max=to_ejson(chunk.max),
-                                  chunks=new)],
-                    {"ns": coll.ns, "chunks": [d.model_dump() for d in new]})
+    return c.ChunkSplit(ns=coll.ns, epoch=coll.epoch, min=to_ejson(chunk.min), max=to_ejson(chunk.max), chunks=new)
 
 
 def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
@@ -289,6 +295,7 @@ def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
     if coll.chunks[last].max_key != hi_key:
         raise CommandError("BadValue", f"max {to_ejson(hi)} is not the upper bound of a chunk")
     run = coll.chunks[first:last + 1]
+    _not_migrating(catalog, coll, lo_key, hi_key)
     if len(run) == 1:
         return Decision([], {"ns": coll.ns, "merged": 0, "chunk": run[0].doc().model_dump()})
     owners = sorted({ch.shard for ch in run})
@@ -369,9 +376,139 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
                     {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True})
 
 
+# ------------------------------------------------------------- migrations
+
+def _migration_chunk_index(coll: Collection, m) -> int:
+    return coll.chunk_index(coll.pattern.encode_bound(from_ejson(m.min)))
+
+
+def _not_migrating(catalog: Catalog, coll: Collection, lo: bytes, hi: bytes) -> None:
+    """Splits and merges wait for a migration of the chunks they touch (MongoDB holds the
+    collection's DDL lock for the migration)."""
+    for m in catalog.migrations.values():
+        if m.ns != coll.ns:
+            continue
+        ch = coll.chunks[_migration_chunk_index(coll, m)]
+        if ch.min_key < hi and lo < ch.max_key:
+            raise CommandError("ConflictingOperationInProgress", f"migration {m.id} of [{_ej(ch.min)}, {_ej(ch.max)}) "
+                                                                 f"is in progress; try again when it is done")
+
+
+def _ej(bound: dict) -> str:
+    return json.dumps(to_ejson(bound), separators=(",", ":"))
+
+
+def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
+    coll = _collection(catalog, cmd.ns)
+    lo, lo_key = _bound(coll, cmd.min, "min")
+    chunk = coll.chunks[coll.chunk_index(lo_key)]
+    if cmd.max is not None:
+        hi, hi_key = _bound(coll, cmd.max, "max")
+        if hi_key <= lo_key:
+            raise CommandError("BadValue", "min must be below max")
+        if hi_key > chunk.max_key:
+            raise CommandError("BadValue", f"[{_ej(lo)}, {_ej(hi)}) spans several chunks; a range must lie within "
+                                           f"one chunk, here [{_ej(chunk.min)}, {_ej(chunk.max)})")
+    target = _shard(catalog, cmd.to)
+    if chunk.shard == cmd.to:
+        return Decision([], {"ns": cmd.ns, "moved": False, "reason": f"the range is already on {cmd.to}"})
+    if target.draining:
+        raise CommandError("ShardNotFound", f"shard {cmd.to!r} is draining and cannot receive data")
+    if not coll.settings.allowMigrations:
+        raise CommandError("ConflictingOperationInProgress", f"migrations of {cmd.ns} are not allowed "
+                                                             f"(set-allow-migrations {cmd.ns} true)")
+    if chunk.jumbo and not cmd.forceJumbo:
+        raise CommandError("ChunkTooBig", f"chunk [{_ej(chunk.min)}, {_ej(chunk.max)}) is jumbo; move it with "
+                                          f"--force-jumbo")
+    want = (cmd.ns, to_ejson(lo), to_ejson(hi) if cmd.max is not None else None, chunk.shard, cmd.to)
+    for shard in (chunk.shard, cmd.to):
+        m = catalog.migration_of(shard)
+        if m is None:
+            continue
+        if (m.ns, m.min, m.max, m.donor, m.recipient) == want:  # a retry joins the migration under way
+            return Decision([], {"ns": cmd.ns, "id": m.id, "donor": m.donor, "recipient": m.recipient,
+                                 "joined": True, "moved": True})
+        raise CommandError("ConflictingOperationInProgress",
+                           f"shard {shard} already takes part in migration {m.id} ({m.ns} {m.donor} -> {m.recipient});"
+                           f" a shard runs one migration at a time")
+    mid = new_uuid()
+    event = c.MigrationRequested(id=mid, ns=cmd.ns, epoch=coll.epoch, min=want[1], max=want[2], donor=chunk.shard,
+                                 recipient=cmd.to, forceJumbo=cmd.forceJumbo)
+    return Decision([event], {"ns": cmd.ns, "id": mid, "donor": chunk.shard, "recipient": cmd.to, "moved": True})
+
+
+def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
+    m = catalog.migrations.get(cmd.id)
+    if m is None:
+        outcome = catalog.outcomes.get(cmd.id)
+        if outcome == "committed":  # a retried commit
+            return Decision([], {"id": cmd.id, "outcome": outcome})
+        raise CommandError("NoSuchMigration", f"migration {cmd.id} is not active ({outcome or 'unknown'})")
+    coll = catalog.collections.get(m.ns)
+    if coll is None or coll.epoch != m.epoch:
+        raise CommandError("StaleEpoch", f"{m.ns} was dropped or resharded during migration {m.id}")
+    if not coll.settings.allowMigrations:
+        raise CommandError("ConflictingOperationInProgress", f"migrations of {m.ns} were disallowed during {m.id}")
+    lo, lo_key = _bound(coll, cmd.min, "min")
+    hi, hi_key = _bound(coll, cmd.max, "max")
+    i = coll.chunk_index(lo_key)
+    chunk = coll.chunks[i]
+    if chunk.shard != m.donor or not lo_key < hi_key <= chunk.max_key or to_ejson(lo) != m.min:
+        raise CommandError("BadValue", f"[{_ej(lo)}, {_ej(hi)}) is not a range of {m.donor} requested by {m.id}")
+    events: list[Record] = []
+    version = coll.version()
+    points = [p for p, k in ((lo, lo_key), (hi, hi_key)) if chunk.min_key < k < chunk.max_key]
+    if points:  # a sub-range of the chunk: split first, then move the piece [lo, hi)
+        split = _split_event(coll, chunk, points)
+        events.append(split)
+        pieces = split.chunks
+        version = max((ChunkVersion(*d.version, coll.epoch) for d in pieces), key=lambda v: v.pair)
+        moving = next(d for d in pieces if d.min == to_ejson(lo))
+        donor_keeps = True
+        control_min = next(d.min for d in pieces if d.min != moving.min)
+    else:
+        moving = chunk.doc()
+        others = [ch for ch in coll.chunks if ch.shard == m.donor and ch is not chunk]
+        donor_keeps = bool(others)
+        control_min = to_ejson(others[0].min) if others else None
+    moved_v, control_v = migration_versions(version, donor_keeps)
+    chunks = [moving.model_copy(update={"shard": m.recipient, "version": moved_v.pair, "jumbo": False})]
+    if control_v is not None:
+        control = next((d for d in (split.chunks if points else []) if d.min == control_min), None)
+        if control is None:
+            ch = coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(control_min)))]
+            control = ch.doc()
+        chunks.append(control.model_copy(update={"version": control_v.pair}))
+    events.append(c.MigrationCommitted(id=m.id, ns=m.ns, epoch=m.epoch, donor=m.donor, recipient=m.recipient,
+                                       chunks=chunks))
+    return Decision(events, {"id": m.id, "outcome": "committed", "chunks": [d.model_dump() for d in chunks]})
+
+
+def abort_migration(catalog: Catalog, cmd: c.AbortMigration) -> Decision:
+    m = catalog.migrations.get(cmd.id)
+    if m is None:  # already decided: tell the caller which way
+        return Decision([], {"id": cmd.id, "outcome": catalog.outcomes.get(cmd.id, "unknown")})
+    events: list[Record] = [c.MigrationAborted(id=m.id, ns=m.ns, reason=cmd.reason)]
+    coll = catalog.collections.get(m.ns)
+    if cmd.jumbo and coll is not None and coll.epoch == m.epoch:
+        events.insert(0, c.ChunkMarkedJumbo(ns=m.ns, epoch=m.epoch, min=to_ejson(coll.chunks[_migration_chunk_index(coll, m)].min)))
+    return Decision(events, {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
+
+
+def get_migration(catalog: Catalog, cmd: c.GetMigration) -> Decision:
+    if cmd.id is not None:
+        m = catalog.migrations.get(cmd.id)
+        state = "active" if m else catalog.outcomes.get(cmd.id, "unknown")
+        return Decision([], {"id": cmd.id, "state": state, **({"migration": m.record()} if m else {})})
+    return Decision([], {"active": [m.record() for m in catalog.migrations.values()
+                                    if cmd.ns is None or m.ns == cmd.ns]})
+
+
 _HANDLERS = {
     c.AddShard: add_shard, c.RemoveShard: remove_shard, c.CreateDatabase: create_database,
     c.CreateCollection: create_collection, c.ShardCollection: shard_collection, c.SplitChunk: split_chunk, c.MergeChunks: merge_chunks,
     c.AddShardToZone: add_shard_to_zone, c.RemoveShardFromZone: remove_shard_from_zone,
     c.AssignZoneRange: assign_zone_range, c.RemoveZoneRange: remove_zone_range, c.SetSetting: set_setting,
+    c.MoveRange: move_range, c.CommitMigration: commit_migration, c.AbortMigration: abort_migration,
+    c.GetMigration: get_migration,
 }
