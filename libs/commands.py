@@ -241,6 +241,7 @@ class CommandProcessor:
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
         await p.commit_transaction()
+        fault_point(f"{self.name}.after_commit", tag=_tag(records))
         self.commands_done += len(records)
         if last_event is not None:
             self.projection.advance(last_event.offset + 1, fingerprint(last_value))

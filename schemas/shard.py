@@ -107,8 +107,105 @@ class Explain(Record):
     filter: Doc = Field(default_factory=dict)
 
 
-ShardRequest = Annotated[Union[Insert, Find, GetMore, Count, Update, Delete, Explain], Field(discriminator="type")]
-REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain)
+# ------------------------------------------------- migrations (seed 004) and range deletion
+# Sent by a donor's migration coordinator (to itself and to the recipient), by the range
+# deleter, or by the CLI.  Bounds are shard-key documents in Extended JSON.
+
+
+class StartDonation(Record):
+    type: Literal["StartDonation"] = "StartDonation"
+    v: Literal[1] = 1
+    id: str
+    ns: str
+    epoch: str
+    min: Doc
+    max: Doc
+    recipient: str
+
+
+class StartReceipt(Record):
+    type: Literal["StartReceipt"] = "StartReceipt"
+    v: Literal[1] = 1
+    id: str
+    ns: str
+    epoch: str
+    min: Doc
+    max: Doc
+    donor: str
+
+
+class TransferBatch(Record):
+    """Documents for the recipient: the clone (phase "clone") or the writes made on the
+    donor since it began (phase "mods"), in changelog order."""
+
+    type: Literal["TransferBatch"] = "TransferBatch"
+    v: Literal[1] = 1
+    id: str
+    phase: Literal["clone", "mods"]
+    written: list[Doc] = Field(default_factory=list)  # {"skey": hex, "doc": {...}}
+    removed: list[Doc] = Field(default_factory=list)  # {"skey": hex, "id": ...}
+
+
+class CommitClone(Record):
+    type: Literal["CommitClone"] = "CommitClone"
+    v: Literal[1] = 1
+    id: str
+
+
+class EnterCriticalSection(Record):
+    """Block writes to the range (and with `reads`, reads too) until the decision."""
+
+    type: Literal["EnterCriticalSection"] = "EnterCriticalSection"
+    v: Literal[1] = 1
+    id: str
+    reads: bool = False
+
+
+class RecordDecision(Record):
+    type: Literal["RecordDecision"] = "RecordDecision"
+    v: Literal[1] = 1
+    id: str
+    committed: bool
+    configTime: int = 0  # where the commit is in config.events
+
+
+class FinishReceipt(Record):
+    type: Literal["FinishReceipt"] = "FinishReceipt"
+    v: Literal[1] = 1
+    id: str
+    committed: bool
+
+
+class ForgetMigration(Record):
+    type: Literal["ForgetMigration"] = "ForgetMigration"
+    v: Literal[1] = 1
+    id: str
+
+
+class ListMigrations(Record):
+    """This shard's migration documents, range-deletion tasks and live progress (read-only)."""
+
+    type: Literal["ListMigrations"] = "ListMigrations"
+    v: Literal[1] = 1
+
+
+class DeleteRangeBatch(Record):
+    type: Literal["DeleteRangeBatch"] = "DeleteRangeBatch"
+    v: Literal[1] = 1
+    task: str
+    limit: int = Field(128, ge=1)
+
+
+MIGRATION_REQUESTS = (StartDonation, StartReceipt, TransferBatch, CommitClone, EnterCriticalSection, RecordDecision,
+                      FinishReceipt, ForgetMigration, ListMigrations, DeleteRangeBatch)
+
+
+ShardRequest = Annotated[Union[Insert, Find, GetMore, Count, Update, Delete, Explain, StartDonation, StartReceipt,
+                               TransferBatch, CommitClone, EnterCriticalSection, RecordDecision, FinishReceipt,
+                               ForgetMigration, ListMigrations, DeleteRangeBatch], Field(discriminator="type")]
+REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, *MIGRATION_REQUESTS)
+# What clients may send to a router (the rest is between services).
+CLIENT_REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain)
 
 # --------------------------------------------------------------- changelog
 
@@ -141,8 +238,57 @@ class WriteRecorded(Record):
     result: Doc
 
 
-ShardEvent = Annotated[Union[DocumentWritten, DocumentRemoved, WriteRecorded], Field(discriminator="type")]
-EVENTS = (DocumentWritten, DocumentRemoved, WriteRecorded)
+class MigrationRecorded(Record):
+    """A shard's migration document (donor's coordinator state or recipient's receipt)."""
+
+    type: Literal["MigrationRecorded"] = "MigrationRecorded"
+    v: Literal[1] = 1
+    id: str
+    role: Literal["donor", "recipient"]
+    ns: str
+    epoch: str
+    min: Doc
+    max: Doc
+    peer: str  # the other shard
+    state: str  # registered, cloning, critical, committing, clone-committed, decided
+    decision: Literal["committed", "aborted"] | None = None
+    cloned: int = 0
+    mods: int = 0
+
+
+class MigrationForgotten(Record):
+    type: Literal["MigrationForgotten"] = "MigrationForgotten"
+    v: Literal[1] = 1
+    id: str
+
+
+class RangeDeletionRecorded(Record):
+    """A range-deletion task: pending until its migration is decided, then ready."""
+
+    type: Literal["RangeDeletionRecorded"] = "RangeDeletionRecorded"
+    v: Literal[1] = 1
+    id: str  # the migration's id
+    ns: str
+    epoch: str
+    min: Doc
+    max: Doc
+    pending: bool = True
+    readyAt: float | None = None  # unix time the task became ready
+    configTime: int = 0  # queries routed before this ConfigTime may still read the range
+    deleted: int = 0
+    why: str = ""  # donor after commit / recipient after abort
+
+
+class RangeDeletionRemoved(Record):
+    type: Literal["RangeDeletionRemoved"] = "RangeDeletionRemoved"
+    v: Literal[1] = 1
+    id: str
+
+
+ShardEvent = Annotated[Union[DocumentWritten, DocumentRemoved, WriteRecorded, MigrationRecorded, MigrationForgotten,
+                             RangeDeletionRecorded, RangeDeletionRemoved], Field(discriminator="type")]
+EVENTS = (DocumentWritten, DocumentRemoved, WriteRecorded, MigrationRecorded, MigrationForgotten,
+          RangeDeletionRecorded, RangeDeletionRemoved)
 
 requests = Codec("shard.requests", ShardRequest, REQUESTS)
 changelog = Codec("shard.changelog", ShardEvent, EVENTS)

@@ -31,12 +31,14 @@ from services.shard.server import CONFIG_TIME
 
 MAX_STALE_RETRIES = 10
 SHARD_TIMEOUT_S = 30.0
+CRITICAL_WAIT_S = 10.0  # how long one retry waits for a critical section to end
 CURSOR_TIMEOUT_S = 600
 
 
 class Stale(Exception):
-    def __init__(self, config_time: int):
+    def __init__(self, config_time: int, critical: bool = False):
         self.config_time = config_time
+        self.critical = critical  # a migration's critical section: the commit or abort is the next ConfigTime
 
 
 @dataclass
@@ -62,6 +64,8 @@ class OperationRouter:
         """The result of one client operation; raises CommandError."""
         if getattr(req, "routing", None) is not None:
             raise CommandError("BadValue", "clients do not send routing; routers add it")
+        if not isinstance(req, s.CLIENT_REQUESTS):
+            raise CommandError("CommandNotFound", f"{req.type} is not a client operation")
         if isinstance(req, s.GetMore):
             return self.get_more(req)
         split_ns(req.ns)  # InvalidNamespace before anything is sent
@@ -72,8 +76,11 @@ class OperationRouter:
                 return await handler(req)
             except Stale as e:
                 self.stale_retries += 1
+                # Behind the shard: wait to reach it.  Held by a critical section: wait for the
+                # next ConfigTime (the migration's commit or abort), then retarget.
+                wanted = max(e.config_time, self.follower.config_time + 1) if e.critical else e.config_time
                 try:
-                    await self.follower.wait_for(e.config_time, SHARD_TIMEOUT_S)
+                    await self.follower.wait_for(wanted, CRITICAL_WAIT_S if e.critical else SHARD_TIMEOUT_S)
                 except TimeoutError:
                     pass
             except QueryError as e:
@@ -100,14 +107,15 @@ class OperationRouter:
         if reply.ok:
             return reply.result or {}
         if reply.code == "StaleConfig":
-            raise Stale(int((reply.result or {}).get("configTime") or 0))
+            info = reply.result or {}
+            raise Stale(int(info.get("configTime") or 0), bool(info.get("critical")))
         raise CommandError(reply.code or "Error", reply.error or "", reply.result)
 
     async def _ask_all(self, parts: list[tuple[str, Any]]) -> list[dict]:
         results = await asyncio.gather(*(self._ask(shard, req) for shard, req in parts), return_exceptions=True)
         stale = [r for r in results if isinstance(r, Stale)]
         if stale:
-            raise Stale(max(r.config_time for r in stale))
+            raise Stale(max(r.config_time for r in stale), any(r.critical for r in stale))
         for r in results:
             if isinstance(r, BaseException):
                 raise r

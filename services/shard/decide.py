@@ -26,6 +26,7 @@ from schemas import Record
 from schemas import shard as s
 from services.config.catalog import Catalog, Collection
 from services.shard.documents import ShardDocuments
+from services.shard.migrations import MigrationDecisions
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
@@ -39,20 +40,30 @@ CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes
 @dataclass
 class Cursor:
     docs: Iterator[dict]
+    ns: str = ""
+    config_time: int = 0  # the ConfigTime the query started at: range deletion waits for older ones
     created: float = field(default_factory=time.monotonic)
 
 
-class ShardDecider:
+class ShardDecider(MigrationDecisions):
     def __init__(self, shard_id: str, catalog: Catalog, documents: ShardDocuments):
         self.shard_id, self.catalog, self.documents = shard_id, catalog, documents
         self.cursors: dict[int, Cursor] = {}
         self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         self._keyed: set[tuple[str, str]] = set()  # (ns, epoch) known to hold no unsharded-layout documents
+        self.progress: dict[str, dict] = {}  # live progress of this shard's donations, by migration id
+        self._handlers = {
+            s.Insert: self.insert, s.Find: self.find, s.GetMore: self.get_more, s.Count: self.count,
+            s.Update: self.update, s.Delete: self.delete,
+            s.StartDonation: self.start_donation, s.StartReceipt: self.start_receipt,
+            s.TransferBatch: self.transfer_batch, s.CommitClone: self.commit_clone,
+            s.EnterCriticalSection: self.enter_critical_section, s.RecordDecision: self.record_decision,
+            s.FinishReceipt: self.finish_receipt, s.ForgetMigration: self.forget_migration,
+            s.ListMigrations: self.list_migrations, s.DeleteRangeBatch: self.delete_range_batch}
 
     def decide(self, req: Record) -> Decision:
-        handler = {s.Insert: self.insert, s.Find: self.find, s.GetMore: self.get_more, s.Count: self.count,
-                   s.Update: self.update, s.Delete: self.delete}.get(type(req))
+        handler = self._handlers.get(type(req))
         if handler is None:
             raise CommandError("CommandNotFound", f"unknown shard request {req.type!r}")
         self.served[(req.type, getattr(req, "ns", None))] += 1
@@ -150,19 +161,28 @@ class ShardDecider:
             matcher = compile_filter(flt)
         except QueryError as e:
             raise CommandError("BadValue", f"invalid filter: {e}") from None
+        blocked = self.blocked_ranges(ns, reads=True) if coll is not None else []
         if "_id" in flt and not isinstance(flt["_id"], dict):  # fast path by _id
             hit = self.documents.find_by_id(ns, flt["_id"])
             if hit is not None and self._owns(coll, hit[0]) and matcher.matches(hit[1]):
+                if any(lo <= hit[0] < hi for lo, hi in blocked):
+                    raise self._critical(ns, "a read")
                 yield hit
             return
-        for lo, hi in self._owned_ranges(coll):
+        ranges = self._owned_ranges(coll)
+        if any(lo < b_hi and b_lo < (hi if hi is not None else b"\xff" * 8) for lo, hi in ranges
+               for b_lo, b_hi in blocked):
+            raise self._critical(ns, "a read")
+        for lo, hi in ranges:
             for k, doc in self.documents.scan(ns, lo, hi):
                 if matcher.matches(doc):
                     yield k[: len(k) - len(encode_value(doc["_id"]))], doc  # the shard-key part
 
     def find(self, req: s.Find) -> Decision:
         coll = self._placement(req.ns, req.routing)
-        docs: Iterator[dict] = (d for _, d in self._matching(coll, req.ns, req.filter))
+        matching = self._matching(coll, req.ns, req.filter)
+        first = next(matching, None)  # starts the scan now: ownership and blocking as of this request
+        docs: Iterator[dict] = (d for _, d in itertools.chain([first] if first else [], matching))
         try:
             if req.sort:
                 docs = iter(sorted(docs, key=sort_key(req.sort)))
@@ -170,11 +190,11 @@ class ShardDecider:
             if req.projection is not None:
                 apply_projection({}, req.projection)  # refuse a bad projection before reading anything
                 docs = (apply_projection(d, req.projection) for d in docs)
-            return Decision([], self._batch(docs, req.batchSize))
+            return Decision([], self._batch(docs, req.batchSize, req.ns))
         except QueryError as e:
             raise CommandError("BadValue", str(e)) from None
 
-    def _batch(self, docs: Iterator[dict], size: int) -> dict:
+    def _batch(self, docs: Iterator[dict], size: int, ns: str = "", config_time: int | None = None) -> dict:
         """Up to `size` documents and MAX_BATCH_BYTES (at least one document); the rest stays
         behind a cursor."""
         out, total = [], 0
@@ -190,7 +210,8 @@ class ShardDecider:
             return {"docs": out, "cursorId": 0}
         self._expire_cursors()
         cursor_id = next(self._cursor_ids)
-        self.cursors[cursor_id] = Cursor(itertools.chain([rest], docs))
+        self.cursors[cursor_id] = Cursor(itertools.chain([rest], docs), ns,
+                                         self.catalog.config_time if config_time is None else config_time)
         return {"docs": out, "cursorId": cursor_id}
 
     def _expire_cursors(self) -> None:
@@ -203,7 +224,7 @@ class ShardDecider:
         if cursor is None:
             raise CommandError("CursorNotFound", f"cursor {req.cursorId} not found on {self.shard_id} "
                                                  f"(exhausted, expired, or the shard restarted)")
-        return Decision([], self._batch(cursor.docs, req.batchSize))
+        return Decision([], self._batch(cursor.docs, req.batchSize, cursor.ns, cursor.config_time))
 
     def count(self, req: s.Count) -> Decision:
         coll = self._placement(req.ns, req.routing)
@@ -238,8 +259,11 @@ class ShardDecider:
         if not self._owns(coll, skey):
             raise CommandError("StaleConfig", f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
                                {"shard": self.shard_id, "configTime": self.catalog.config_time})
+        if coll is not None and any(lo <= skey < hi for lo, hi in self.blocked_ranges(ns, reads=False)):
+            raise self._critical(ns, "a write")
         id_enc = encode_value(doc["_id"])
-        if id_enc in seen or self.documents.find_by_id(ns, doc["_id"]) is not None:
+        existing = self.documents.find_by_id(ns, doc["_id"])
+        if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
             raise CommandError("DuplicateKey", f"E11000 duplicate key error collection: {ns} "
                                                f"dup key: {{ _id: {json.dumps(doc['_id'])} }}")
         seen.add(id_enc)
@@ -250,7 +274,10 @@ class ShardDecider:
         events: list[Record] = []
         matched = modified = 0
         try:
+            blocked = self.blocked_ranges(req.ns, reads=False) if coll is not None else []
             for skey, doc in self._matching(coll, req.ns, req.filter):
+                if any(lo <= skey < hi for lo, hi in blocked):
+                    raise self._critical(req.ns, "an update")
                 matched += 1
                 new = apply_update(doc, req.update)
                 if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
@@ -279,7 +306,10 @@ class ShardDecider:
     def delete(self, req: s.Delete) -> Decision:
         coll = self._placement(req.ns, req.routing)
         events: list[Record] = []
+        blocked = self.blocked_ranges(req.ns, reads=False) if coll is not None else []
         for skey, doc in self._matching(coll, req.ns, req.filter):
+            if any(lo <= skey < hi for lo, hi in blocked):
+                raise self._critical(req.ns, "a delete")
             events.append(s.DocumentRemoved(ns=req.ns, skey=skey.hex(), id=doc["_id"]))
             if not req.multi:
                 break

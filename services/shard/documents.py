@@ -5,6 +5,10 @@ find a document by _id.
     d/<ns>\\0<shard key><_id>  -> the document (JSON)
     i/<ns>\\0<_id>             -> its shard key (to find it by _id)
     o/<opId>                  -> a recorded write's result (retried writes apply once)
+    m/<migration id>          -> this shard's migration document (donor or recipient)
+    t/<migration id>          -> a range-deletion task
+
+Migration documents and range-deletion tasks are few: they are also kept in memory.
 
 Shard keys and _ids are `libs.shardkey` order-preserving encodings, so a
 chunk [min, max) is one contiguous key range.  Writes decided in the current
@@ -20,7 +24,7 @@ from libs.store import Store
 from schemas import Record
 from schemas import shard as ev
 
-DOCS, IDS, OPS = b"d/", b"i/", b"o/"
+DOCS, IDS, OPS, MIGRATIONS, TASKS = b"d/", b"i/", b"o/", b"m/", b"t/"
 
 
 def ns_prefix(ns: str) -> bytes:
@@ -42,6 +46,10 @@ def changelog_key(event: Record) -> bytes | None:
         return b"doc/" + ns_prefix(event.ns) + encode_value(doc_id)
     if isinstance(event, ev.WriteRecorded):
         return b"op/" + event.opId.encode()
+    if isinstance(event, (ev.MigrationRecorded, ev.MigrationForgotten)):
+        return b"mig/" + event.id.encode()
+    if isinstance(event, (ev.RangeDeletionRecorded, ev.RangeDeletionRemoved)):
+        return b"rdel/" + event.id.encode()
     return None
 
 
@@ -49,19 +57,24 @@ class ShardDocuments:
     def __init__(self) -> None:
         self.store: Store | None = None
         self._changes: dict[bytes, bytes | None] = {}
+        self.migrations: dict[str, ev.MigrationRecorded] = {}
+        self.range_tasks: dict[str, ev.RangeDeletionRecorded] = {}
 
     # ------------------------------------------------------------ State protocol
 
     def load(self, store: Store) -> None:
         self.store = store
         self._changes = {}
+        self.migrations = {k[2:].decode(): ev.MigrationRecorded.model_validate_json(v) for k, v in store.scan(MIGRATIONS)}
+        self.range_tasks = {k[2:].decode(): ev.RangeDeletionRecorded.model_validate_json(v) for k, v in store.scan(TASKS)}
 
-    def tentative(self) -> dict[bytes, bytes | None]:
-        """The batch's pending writes as they are, to `restore` if a tentative apply is abandoned."""
-        return dict(self._changes)
+    def tentative(self):
+        """The batch's pending state as it is, to `restore` if a tentative apply is abandoned."""
+        return dict(self._changes), dict(self.migrations), dict(self.range_tasks)
 
-    def restore(self, saved: dict[bytes, bytes | None]) -> None:
-        self._changes = saved
+    def restore(self, saved) -> None:
+        changes, migrations, tasks = saved
+        self._changes, self.migrations, self.range_tasks = changes, migrations, tasks
 
     def drain_changes(self) -> dict[bytes, bytes | None]:
         out, self._changes = self._changes, {}
@@ -82,6 +95,18 @@ class ShardDocuments:
             self._changes[id_key(event.ns, id_enc)] = None
         elif isinstance(event, ev.WriteRecorded):
             self._changes[OPS + event.opId.encode()] = json.dumps(event.result).encode()
+        elif isinstance(event, ev.MigrationRecorded):
+            self.migrations[event.id] = event
+            self._changes[MIGRATIONS + event.id.encode()] = event.model_dump_json().encode()
+        elif isinstance(event, ev.MigrationForgotten):
+            self.migrations.pop(event.id, None)
+            self._changes[MIGRATIONS + event.id.encode()] = None
+        elif isinstance(event, ev.RangeDeletionRecorded):
+            self.range_tasks[event.id] = event
+            self._changes[TASKS + event.id.encode()] = event.model_dump_json().encode()
+        elif isinstance(event, ev.RangeDeletionRemoved):
+            self.range_tasks.pop(event.id, None)
+            self._changes[TASKS + event.id.encode()] = None
 
     # ------------------------------------------------------------------- reads
 
@@ -124,6 +149,14 @@ class ShardDocuments:
         for k, v in pending[p:]:
             if v is not None:
                 yield k[len(base):], json.loads(v)
+
+    def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]:
+        """Like `scan`, but only what is committed (no pending writes), from `after` on."""
+        base = DOCS + ns_prefix(ns)
+        for k, v in self._stored(base + after, base + hi):
+            if not inclusive and k == base + after:
+                continue
+            yield k[len(base):], json.loads(v)
 
     def _stored(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self.store.db.iter()

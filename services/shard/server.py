@@ -3,16 +3,18 @@ shard's changelog, folded into its RocksDB documents; plus a follower of the
 catalog for versions and ownership."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from libs import kafka
 from libs.commands import CommandProcessor, header
 from libs.projection import Projection
-from libs.service import ServiceSettings, clear_ready, report_ready
+from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
 from schemas import shard as schema
 from services.config.follower import CatalogFollower
 from services.shard.decide import ShardDecider
+from services.shard.donor import DonorCoordinator
 from services.shard.documents import changelog_key
 from services.shard.statistics import CountingDocuments, StatisticsPublisher
 
@@ -39,6 +41,7 @@ class ShardServer:
             group_id=f"{settings.cluster}.{self.name}", name=self.name, max_batch=max_batch,
             session_timeout_ms=settings.session_timeout_ms, event_key=changelog_key, prepare=self._catch_up_config,
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time))
+        self.donor = DonorCoordinator(settings, shard_id, self.follower, self)
         self.statistics = StatisticsPublisher(settings, shard_id, self.follower.catalog, self.documents,
                                               active=self.processor.active)
 
@@ -60,7 +63,12 @@ class ShardServer:
         report_ready(self.settings, self.name, role="standby", configTime=at)
         try:
             await self.statistics.start()  # reports while this instance is the active one
-            await self.processor.run()
+            donor = supervised(asyncio.create_task(self.donor.run()), f"{self.name} migration coordinator")
+            try:
+                await self.processor.run()
+            finally:
+                donor.cancel()
+                await asyncio.gather(donor, return_exceptions=True)
         finally:
             await self.statistics.stop()  # before the store it scans is closed
             clear_ready(self.settings, self.name)

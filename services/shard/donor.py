@@ -1,0 +1,393 @@
+"""The donor's migration coordinator (seed 004): drives one migration at a time,
+from the config server's MigrationRequested to the forgotten migration document.
+
+    register donation (+ pending range-deletion task)  -> StartDonation to ourselves
+    register receipt on the recipient                   -> StartReceipt (waits out its overlapping deletions)
+    clone the range from RocksDB in batches             -> TransferBatch(clone)
+    transfer the writes made meanwhile                  -> TransferBatch(mods), read from our own changelog
+    critical section: writes to the range blocked       -> EnterCriticalSection, then the last mods
+    the recipient commits the clone                     -> CommitClone
+    critical section: reads blocked too; commit         -> EnterCriticalSection(reads), CommitMigration to config
+    record the decision (task ready / removed)          -> RecordDecision, once our catalog shows the outcome
+    the recipient drops or readies its task             -> FinishReceipt
+    forget                                              -> ForgetMigration
+
+Every step's effect is a record in a changelog, so a coordinator that starts and
+finds a migration document without a decision is a restart: it asks the config
+server to abort, and the answer ("aborted", or "committed" if the commit got in
+first) is the decision it finishes with.  The changelog is also the mod log:
+the writes made on the donor since the clone began are read back from it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aiokafka import TopicPartition
+
+from libs import kafka
+from libs.faults import fault_point
+from libs.requests import Requester, RequestTimeout
+from libs.service import ServiceSettings
+from libs.shardkey import encode_value, from_ejson, to_ejson
+from libs.topics import SHORT_LIVED, TopicSpec
+from schemas import RecordError
+from schemas import config as cfg
+from schemas import shard as s
+from services.config.catalog import Migration
+from services.config.follower import CatalogFollower
+from services.shard.decide import doc_bytes as _size
+
+log = logging.getLogger(__name__)
+
+CLONE_BATCH_DOCS = 2000
+CLONE_BATCH_BYTES = 2 * 1024 * 1024
+CATCH_UP_MODS = 200  # enter the critical section once a pass of mods is this small
+MAX_CATCH_UP_PASSES = 20
+REQUEST_TIMEOUT_S = 10.0
+STEP_DEADLINE_S = 120.0  # a peer that does not answer a step for this long aborts the migration
+RECEIPT_WAIT_S = 300.0  # the recipient's overlapping range deletions get this long to finish
+
+
+class MigrationAborted(Exception):
+    def __init__(self, reason: str, jumbo: bool = False):
+        super().__init__(reason)
+        self.reason, self.jumbo = reason, jumbo
+
+
+@dataclass
+class Range:
+    lo: bytes
+    hi: bytes
+    min: dict  # Extended JSON
+    max: dict
+
+
+class DonorCoordinator:
+    def __init__(self, settings: ServiceSettings, shard_id: str, follower: CatalogFollower, server):
+        self.settings, self.shard_id, self.follower = settings, shard_id, follower
+        self.server = server  # the ShardServer: its documents, store, projection, decider, processor
+        self.topics = settings.topics
+        self.requester = Requester(settings.bootstrap, self.topics.inbox(f"shard-{shard_id}-migrations"),
+                                   client_id=f"shard-{shard_id}-donor")
+
+    @property
+    def catalog(self):
+        return self.follower.catalog
+
+    # ---------------------------------------------------------------- loop
+
+    async def run(self) -> None:
+        await kafka.ensure_topics(self.settings.bootstrap, [TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
+        await self.requester.start()
+        try:
+            while True:
+                await self.server.processor.active.wait()
+                work = self._next_work()
+                if work is None:
+                    try:
+                        await self.follower.wait_for(self.follower.config_time + 1, 1.0)
+                    except TimeoutError:
+                        pass
+                    continue
+                try:
+                    await work
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("shard %s: migration step failed; will resume from the recorded state", self.shard_id)
+                    await asyncio.sleep(1.0)  # a failing peer is not retried in a tight loop
+        finally:
+            await self.requester.stop()
+
+    def _next_work(self):
+        docs = self.server.documents.migrations
+        for m in list(docs.values()):
+            if m.role == "donor":
+                return self.resume(m)
+            if m.role == "recipient" and m.id in self.catalog.outcomes:
+                # The donor is gone or its FinishReceipt was lost: the config server's outcome decides.
+                return self._ask_self(s.FinishReceipt(id=m.id, committed=self.catalog.outcomes[m.id] == "committed"))
+        for m in self.catalog.migrations.values():
+            if m.donor == self.shard_id and not any(d.id == m.id for d in docs.values()):
+                return self.donate(m)
+        return None
+
+    # ------------------------------------------------------------ requests
+
+    async def _ask(self, topic: str, req, *, deadline: float | None = None, retry: tuple[str, ...] = ()) -> dict:
+        """A request that must be answered: retried on timeout (and on the `retry` codes) until
+        the deadline (the requests are idempotent); a refusal raises MigrationAborted."""
+        deadline = deadline or time.monotonic() + STEP_DEADLINE_S
+        headers = [("config-time", str(self.follower.config_time).encode())]
+        while True:
+            self._check_active()
+            try:
+                reply = await self.requester.request(topic, req, timeout=REQUEST_TIMEOUT_S, headers=headers)
+            except RequestTimeout:
+                if time.monotonic() > deadline:
+                    raise MigrationAborted(f"{topic} did not answer {req.type} within {STEP_DEADLINE_S:g}s") from None
+                continue
+            if reply.ok:
+                return reply.result or {}
+            if reply.code in retry and time.monotonic() < deadline:
+                self._progress(getattr(req, "id", ""), waiting=reply.error)
+                await asyncio.sleep(0.5)  # e.g. the recipient's range deletion: no event tells us it ended
+                continue
+            raise MigrationAborted(f"{req.type} refused: {reply.code}: {reply.error}") from None
+
+    async def _ask_self(self, req) -> dict:
+        return await self._ask(self.topics.shard_requests(self.shard_id), req)
+
+    async def _ask_recipient(self, m, req, **kw) -> dict:
+        return await self._ask(self.topics.shard_requests(m.recipient), req, **kw)
+
+    def _check_active(self, m: Migration | None = None) -> None:
+        if not self.server.processor.active.is_set():
+            raise RuntimeError(f"shard {self.shard_id} is no longer the active instance")
+        coll = self.catalog.collections.get(m.ns) if m is not None else None
+        if m is not None and (coll is None or not coll.settings.allowMigrations):
+            raise MigrationAborted(f"migrations of {m.ns} were disallowed (set-allow-migrations)")
+
+    def _progress(self, mid: str, **kw) -> None:
+        self.server.decider.progress.setdefault(mid, {}).update(kw)
+
+    # ------------------------------------------------------------- donate
+
+    async def donate(self, m: Migration) -> None:
+        """A migration the config server asked of us: run it from the start."""
+        t0 = time.monotonic()
+        self._progress(m.id, phase="preparing", cloned=0, mods=0, bytes=0, ns=m.ns, recipient=m.recipient,
+                       started=time.time())
+        try:
+            rng = self._range(m)
+            await self._ask_self(s.StartDonation(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max,
+                                                 recipient=m.recipient))
+            fault_point("migration.registered")
+            await self._ask_recipient(m, s.StartReceipt(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max,
+                                                        donor=self.shard_id),
+                                      deadline=time.monotonic() + RECEIPT_WAIT_S, retry=("RangeDeletionPending",))
+            await self._transfer(m, rng)
+            committed, at = await self._commit(m, rng)
+        except MigrationAborted as e:
+            log.warning("shard %s: migration %s aborted: %s", self.shard_id, m.id, e.reason)
+            self._progress(m.id, phase="aborting", reason=e.reason)
+            committed, at = await self._abort(m.id, e.reason, e.jumbo)
+        await self._finish(m.id, m.recipient, committed, at)
+        self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
+
+    async def resume(self, doc: s.MigrationRecorded) -> None:
+        """A migration document we find on (re)start: finish it as decided, or decide it."""
+        if doc.decision is None:
+            outcome = self.catalog.outcomes.get(doc.id)
+            if outcome is None:
+                committed, at = await self._abort(doc.id, "the donor restarted during the migration")
+            else:
+                committed, at = outcome == "committed", self.follower.config_time
+            log.info("shard %s: recovered migration %s: %s", self.shard_id, doc.id,
+                     "committed" if committed else "aborted")
+        else:
+            committed, at = doc.decision == "committed", 0
+        await self._finish(doc.id, doc.peer, committed, at)
+
+    # ------------------------------------------------------------- phases
+
+    def _range(self, m: Migration) -> Range:
+        """[min, max) of the migration, choosing max when the request left it open, and the
+        size checks: a range over twice the max chunk size is refused unless forced."""
+        coll = self.catalog.collections.get(m.ns)
+        if coll is None or coll.epoch != m.epoch:
+            raise MigrationAborted(f"StaleEpoch: {m.ns} changed since the migration was requested")
+        lo_bound = from_ejson(m.min)
+        lo = coll.pattern.encode_bound(lo_bound)
+        chunk = coll.chunks[coll.chunk_index(lo)]
+        if chunk.shard != self.shard_id:
+            raise MigrationAborted(f"StaleConfig: {self.shard_id} does not own {m.min} any more")
+        limit = coll.settings.maxChunkSizeBytes or self.catalog.settings.maxChunkSizeBytes
+        if m.max is not None:
+            hi = coll.pattern.encode_bound(from_ejson(m.max))
+            size = sum(self.server.documents.range_sizes(m.ns, lo, hi))
+            if size > 2 * limit and not m.force_jumbo:
+                raise MigrationAborted(f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
+                                       f"chunk size ({limit}); move it with --force-jumbo")
+            return Range(lo, hi, m.min, m.max)
+        # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
+        total, prev_key, cut = 0, None, None
+        for k, doc in self.server.documents.scan(m.ns, lo, chunk.max_key):
+            skey = _skey(k, doc)
+            if total >= limit and skey != prev_key:
+                cut = (skey, coll.pattern.extract(doc))
+                break
+            total += _size(doc)
+            prev_key = skey
+        if cut is None:
+            if total > 2 * limit and not m.force_jumbo:
+                one_key = prev_key is not None and all(
+                    _skey(k, d) == prev_key for k, d in self.server.documents.scan(m.ns, lo, chunk.max_key))
+                if one_key:
+                    raise MigrationAborted(f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
+                                           f"value, so the chunk cannot be split; it is marked jumbo", jumbo=True)
+                raise MigrationAborted(f"ChunkTooBig: {total} bytes from {m.min}, over twice the max chunk size")
+            return Range(lo, chunk.max_key, m.min, to_ejson(chunk.max))
+        return Range(lo, cut[0], m.min, to_ejson(cut[1]))
+
+    async def _transfer(self, m: Migration, rng: Range) -> None:
+        """Clone, then mods until nearly caught up, then the critical section and the last mods."""
+        start = self.server.projection.position  # the changelog offset the clone is at least as new as
+        self._progress(m.id, phase="cloning")
+        cloned = 0
+        async for written in self._clone_batches(m.ns, rng):
+            self._check_active(m)
+            await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", written=written))
+            cloned += len(written)
+            self._progress(m.id, cloned=cloned, bytes=self.server.decider.progress[m.id]["bytes"] +
+                           sum(_size(w["doc"]) for w in written))
+            fault_point("migration.cloning")
+        self._progress(m.id, phase="catching up")
+        mods = _ModReader(self, m, rng, start)
+        async with mods:
+            for _ in range(MAX_CATCH_UP_PASSES):
+                self._check_active(m)
+                n = await mods.transfer_until(None)
+                fault_point("migration.catching_up")
+                if n < CATCH_UP_MODS:
+                    break
+            reply = await self._ask_self_with_offset(s.EnterCriticalSection(id=m.id))
+            self._progress(m.id, phase="critical section", criticalSince=time.time())
+            fault_point("migration.critical_section")
+            await mods.transfer_until(reply)  # every write to the range before the critical section
+        await self._ask_recipient(m, s.CommitClone(id=m.id))
+        self._progress(m.id, phase="committing")
+        fault_point("migration.clone_committed")
+
+    async def _ask_self_with_offset(self, req) -> int:
+        """Send to our own processor; the changelog offset just past the recorded step."""
+        reply = await self.requester.request(self.topics.shard_requests(self.shard_id), req, timeout=STEP_DEADLINE_S)
+        if not reply.ok:
+            raise MigrationAborted(f"{req.type} refused: {reply.code}: {reply.error}")
+        return reply.configTime or 0  # a shard's reply names its changelog position
+
+    async def _clone_batches(self, ns: str, rng: Range):
+        after = rng.lo
+        first = True
+        while True:
+            self._check_active()
+            batch, size, last = [], 0, None
+            for k, doc in self.server.documents.scan_stored(ns, after, rng.hi, inclusive=first):
+                skey = _skey(k, doc)
+                batch.append({"skey": skey.hex(), "doc": doc})
+                size += _size(doc)
+                last = k
+                if len(batch) >= CLONE_BATCH_DOCS or size >= CLONE_BATCH_BYTES:
+                    break
+            if not batch:
+                return
+            yield batch
+            after, first = last, False
+            await asyncio.sleep(0)
+
+    async def _commit(self, m: Migration, rng: Range) -> tuple[bool, int]:
+        await self._ask_self(s.EnterCriticalSection(id=m.id, reads=True))
+        self._check_active()
+        fut = await self.requester.send(self.topics.config_commands,
+                                        cfg.CommitMigration(id=m.id, min=rng.min, max=rng.max))
+        fault_point("migration.commit_sent")
+        try:
+            reply = await asyncio.wait_for(fut, STEP_DEADLINE_S)
+        except asyncio.TimeoutError:
+            return await self._abort(m.id, "the config server did not answer the commit")
+        if not reply.ok:
+            return await self._abort(m.id, f"commit refused: {reply.code}: {reply.error}")
+        fault_point("migration.commit_applied")
+        return True, reply.configTime or 0
+
+    async def _abort(self, mid: str, reason: str, jumbo: bool = False) -> tuple[bool, int]:
+        """Ask the config server to abort; its answer is the decision (it may have committed)."""
+        result = await self._ask(self.topics.config_commands, cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo),
+                                 deadline=time.monotonic() + 3600)
+        return result.get("outcome") == "committed", self.follower.config_time
+
+    async def _finish(self, mid: str, recipient: str, committed: bool, at: int) -> None:
+        # Our catalog must show the outcome before the critical section ends, so that
+        # the requests it held are decided against the new ownership.
+        await self.follower.wait_for(at, STEP_DEADLINE_S)
+        await self._ask_self(s.RecordDecision(id=mid, committed=committed, configTime=self.follower.config_time))
+        since = self.server.decider.progress.get(mid, {}).get("criticalSince")
+        if since is not None:  # the critical section ends with the recorded decision
+            self._progress(mid, criticalMs=round((time.time() - since) * 1000, 1))
+        fault_point("migration.decision_recorded")
+        await self._ask(self.topics.shard_requests(recipient), s.FinishReceipt(id=mid, committed=committed),
+                        deadline=time.monotonic() + 3600)
+        fault_point("migration.range_tasks_updated")
+        await self._ask_self(s.ForgetMigration(id=mid))
+
+
+class _ModReader:
+    """Reads our own changelog from the clone's start and forwards the writes to the range."""
+
+    def __init__(self, coordinator: DonorCoordinator, m: Migration, rng: Range, start: int):
+        self.c, self.m, self.rng = coordinator, m, rng
+        self.tp = TopicPartition(coordinator.topics.shard_changelog(coordinator.shard_id), 0)
+        self.start = start
+        self.total = 0
+
+    async def __aenter__(self):
+        self.consumer = kafka.consumer(self.c.settings.bootstrap, client_id=f"shard-{self.c.shard_id}-mods")
+        await self.consumer.start()
+        self.consumer.assign([self.tp])
+        self.consumer.seek(self.tp, self.start)
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.consumer.stop()
+
+    async def transfer_until(self, end: int | None) -> int:
+        """Forward the range's writes up to `end` (None: the log's end now); how many."""
+        target = end if end is not None else await kafka.log_end(self.consumer, self.tp)
+        written, removed, n = [], [], 0
+
+        async def flush():
+            nonlocal written, removed
+            if written or removed:
+                await self.c._ask_recipient(self.m, s.TransferBatch(id=self.m.id, phase="mods", written=written,
+                                                                     removed=removed))
+                self.total += len(written) + len(removed)
+                self.c._progress(self.m.id, mods=self.total)
+            written, removed = [], []
+
+        async def on_batch(records):
+            nonlocal n
+            for rec in records:
+                if rec.offset >= target:
+                    continue
+                try:
+                    e = s.changelog.decode(rec.value)
+                except RecordError:
+                    continue
+                if isinstance(e, (s.DocumentWritten, s.DocumentRemoved)) and e.ns == self.m.ns \
+                        and self.rng.lo <= bytes.fromhex(e.skey) < self.rng.hi:
+                    if isinstance(e, s.DocumentWritten):
+                        written.append({"skey": e.skey, "doc": e.doc})
+                    else:
+                        removed.append({"skey": e.skey, "id": e.id})
+                    n += 1
+            if len(written) + len(removed) >= CLONE_BATCH_DOCS:
+                await flush()
+
+        while await self.consumer.position(self.tp) < target:
+            self.c._check_active()
+            batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=5000)
+            await on_batch(batch.get(self.tp, []))
+            if end is None and not batch:
+                # read_committed may stop one short of the end (a commit marker): good enough for a pass
+                if await self.consumer.position(self.tp) >= target - 1:
+                    break
+        await flush()
+        return n
+
+
+def _skey(k: bytes, doc: dict) -> bytes:
+    """The shard-key part of a document's store key (shard key + _id)."""
+    return k[:len(k) - len(encode_value(doc["_id"]))]
