@@ -456,5 +456,21 @@ def status(verbose: bool = typer.Option(False, "--verbose", "-v", help="list eve
 
 _register_workload()
 
+
+def _register_range_deletions() -> None:
+    from cli.range_deletions import range_deletions  # looks cli.main up lazily, as cli.workload does
+    app.command("range-deletions")(range_deletions)
+
+
+_register_range_deletions()
+
+
+def _register_migrations() -> None:
+    from cli import migrations
+    migrations.register(app, lambda: _ctx, sys.modules[__name__])
+
+
+_register_migrations()
+
 if __name__ == "__main__":
     app()

@@ -70,6 +70,7 @@ class DonorCoordinator:
         self.settings, self.shard_id, self.follower = settings, shard_id, follower
         self.server = server  # the ShardServer: its documents, store, projection, decider, processor
         self.topics = settings.topics
+        self._current: Migration | None = None  # the donation under way, before its decision
         self.requester = Requester(settings.bootstrap, self.topics.inbox(f"shard-{shard_id}-migrations"),
                                    client_id=f"shard-{shard_id}-donor")
 
@@ -123,7 +124,7 @@ class DonorCoordinator:
         deadline = deadline or time.monotonic() + STEP_DEADLINE_S
         headers = [("config-time", str(self.follower.config_time).encode())]
         while True:
-            self._check_active()
+            self._check_active(self._current)
             try:
                 reply = await self.requester.request(topic, req, timeout=REQUEST_TIMEOUT_S, headers=headers)
             except RequestTimeout:
@@ -159,10 +160,12 @@ class DonorCoordinator:
     async def donate(self, m: Migration) -> None:
         """A migration the config server asked of us: run it from the start."""
         t0 = time.monotonic()
+        self._current = m  # set-allow-migrations false aborts it at its next step
         self._progress(m.id, phase="preparing", cloned=0, mods=0, bytes=0, ns=m.ns, recipient=m.recipient,
                        started=time.time())
         try:
             rng = self._range(m)
+            self._progress(m.id, min=rng.min, max=rng.max)
             await self._ask_self(s.StartDonation(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max,
                                                  recipient=m.recipient))
             fault_point("migration.registered")
@@ -172,9 +175,11 @@ class DonorCoordinator:
             await self._transfer(m, rng)
             committed, at = await self._commit(m, rng)
         except MigrationAborted as e:
+            self._current = None
             log.warning("shard %s: migration %s aborted: %s", self.shard_id, m.id, e.reason)
             self._progress(m.id, phase="aborting", reason=e.reason)
             committed, at = await self._abort(m.id, e.reason, e.jumbo)
+        self._current = None
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
 
