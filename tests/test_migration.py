@@ -231,3 +231,45 @@ def test_a_query_started_before_the_commit_sees_the_moved_documents_and_holds_th
     (task,) = shard_state(cl, "s0")["rangeDeletions"]
     assert task["waiting"] is None  # the query is over: the range may go
     assert client_run(cl, lambda client: client["q"]["c"].count_documents({})) == 300
+
+
+def test_cli_move_chunk_too_big_and_jumbo(data_cluster):
+    import json
+
+    from tests.conftest import cli
+
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="j", primary="s0"))
+    cl.command(c.ShardCollection(ns="j.c", key={"k": 1}))
+    cl.command(c.SplitChunk(ns="j.c", at=[{"k": 100}]))
+    cl.command(c.SetSetting(ns="j.c", key="maxChunkSizeBytes", value=1024 * 1024))
+    pad = "p" * 100_000
+    # [MinKey, 100): 30 documents of ~100 KB over distinct keys; [100, MaxKey): one key value, ~3 MB
+    client_run(cl, lambda client: client["j"]["c"].insert_many(
+        [{"_id": i, "k": i, "pad": pad} for i in range(30)] + [{"_id": 1000 + i, "k": 500, "pad": pad}
+                                                               for i in range(30)]))
+    # An explicit range over twice the max chunk size: refused unless forced.
+    too_big = cli(cl.settings, "move-range", "j.c", "--min", '{"k": {"$minKey": 1}}', "--max", '{"k": 100}',
+                  "--to", "s1", "--json")
+    assert too_big.returncode == 1 and json.loads(too_big.stdout)["code"] == "ChunkTooBig", too_big.stdout
+    # Only --min: the donor cuts about one max chunk size (1 MB, ~10 documents) from it.
+    cut = cli(cl.settings, "move-range", "j.c", "--min", '{"k": {"$minKey": 1}}', "--to", "s1", "--json")
+    assert cut.returncode == 0, cut.stdout + cut.stderr
+    summary = json.loads(cut.stdout)
+    assert summary["outcome"] == "committed" and 8 <= summary["progress"]["cloned"] <= 12, summary
+    moved = cl.router.follower.catalog.collections["j.c"].chunks[0]
+    assert moved.shard == "s1" and 8 <= moved.max["k"] <= 12
+    # One shard-key value over twice the max chunk size cannot be split: jumbo, and the user is told why.
+    jumbo = cli(cl.settings, "move-chunk", "j.c", "--find", '{"k": 500}', "--to", "s2")
+    assert jumbo.returncode == 1 and "ChunkTooBig" in jumbo.stderr and "--force-jumbo" in jumbo.stderr, jumbo.stderr
+    only_min = cli(cl.settings, "move-range", "j.c", "--min", '{"k": 100}', "--to", "s2")
+    assert only_min.returncode == 1 and "jumbo" in only_min.stderr, only_min.stderr
+    assert cl.command(c.GetMigration()).result["active"] == []
+    cl.call(cl.router.follower.wait_for(cl.shards["s0"].follower.config_time, 30))
+    big = cl.router.follower.catalog.collections["j.c"].chunks[-1]
+    assert big.jumbo and big.shard == "s0"
+    refused = cli(cl.settings, "move-chunk", "j.c", "--find", '{"k": 500}', "--to", "s2", "--json")
+    assert json.loads(refused.stdout)["code"] == "ChunkTooBig" and "--force-jumbo" in json.loads(refused.stdout)["error"]
+    forced = cli(cl.settings, "move-chunk", "j.c", "--find", '{"k": 500}', "--to", "s2", "--force-jumbo", "--json")
+    assert forced.returncode == 0 and json.loads(forced.stdout)["outcome"] == "committed", forced.stdout
+    assert client_run(cl, lambda client: client["j"]["c"].count_documents({})) == 60

@@ -57,6 +57,10 @@ class MigrationAborted(Exception):
         self.reason, self.jumbo = reason, jumbo
 
 
+class NotActive(RuntimeError):
+    pass
+
+
 @dataclass
 class Range:
     lo: bytes
@@ -147,7 +151,7 @@ class DonorCoordinator:
 
     def _check_active(self, m: Migration | None = None) -> None:
         if not self.server.processor.active.is_set():
-            raise RuntimeError(f"shard {self.shard_id} is no longer the active instance")
+            raise NotActive(f"shard {self.shard_id} is no longer the active instance")
         coll = self.catalog.collections.get(m.ns) if m is not None else None
         if m is not None and (coll is None or not coll.settings.allowMigrations):
             raise MigrationAborted(f"migrations of {m.ns} were disallowed (set-allow-migrations)")
@@ -174,11 +178,16 @@ class DonorCoordinator:
                                       deadline=time.monotonic() + RECEIPT_WAIT_S, retry=("RangeDeletionPending",))
             await self._transfer(m, rng)
             committed, at = await self._commit(m, rng)
-        except MigrationAborted as e:
+        except (MigrationAborted, Exception) as e:
+            if isinstance(e, NotActive):
+                raise  # the instance that took over resumes the migration
             self._current = None
-            log.warning("shard %s: migration %s aborted: %s", self.shard_id, m.id, e.reason)
-            self._progress(m.id, phase="aborting", reason=e.reason)
-            committed, at = await self._abort(m.id, e.reason, e.jumbo)
+            reason = e.reason if isinstance(e, MigrationAborted) else f"InternalError: {type(e).__name__}: {e}"
+            log.warning("shard %s: migration %s aborted: %s", self.shard_id, m.id, reason,
+                        exc_info=not isinstance(e, MigrationAborted))
+            self._progress(m.id, phase="aborting", reason=reason)
+            # Safe whatever step failed: the config server answers "committed" if the commit got in.
+            committed, at = await self._abort(m.id, reason, getattr(e, "jumbo", False))
         self._current = None
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
@@ -351,19 +360,19 @@ class _ModReader:
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""
         target = end if end is not None else await kafka.log_end(self.consumer, self.tp)
-        written, removed, n = [], [], 0
+        written, removed, n, size = [], [], 0, 0
 
         async def flush():
-            nonlocal written, removed
+            nonlocal written, removed, size
             if written or removed:
                 await self.c._ask_recipient(self.m, s.TransferBatch(id=self.m.id, phase="mods", written=written,
                                                                      removed=removed))
                 self.total += len(written) + len(removed)
                 self.c._progress(self.m.id, mods=self.total)
-            written, removed = [], []
+            written, removed, size = [], [], 0
 
         async def on_batch(records):
-            nonlocal n
+            nonlocal n, size
             for rec in records:
                 if rec.offset >= target:
                     continue
@@ -378,8 +387,9 @@ class _ModReader:
                     else:
                         removed.append({"skey": e.skey, "id": e.id})
                     n += 1
-            if len(written) + len(removed) >= CLONE_BATCH_DOCS:
-                await flush()
+                    size += len(rec.value)
+                    if len(written) + len(removed) >= CLONE_BATCH_DOCS or size >= CLONE_BATCH_BYTES:
+                        await flush()
 
         while await self.consumer.position(self.tp) < target:
             self.c._check_active()
