@@ -1,6 +1,9 @@
-"""Range deleter (one active instance): will execute ready range-deletion tasks
-of every shard (issue 4).  Today: follows the catalog.
+"""Range deleter (one instance; a second is harmless, as every batch is idempotent):
+deletes the orphans of every shard's ready range-deletion tasks, batch by batch.
 
-Reads:   <cluster>.shard.<id>.changelog (tasks), <cluster>.config.events
-Writes:  <cluster>.shard.<id>.requests (deletion batches)
+Reads:   its inbox <cluster>.inbox.range-deleter (shards' replies), <cluster>.config.events
+Writes:  <cluster>.shard.<id>.requests (ListMigrations, DeleteRangeBatch)
+
+- `deleter.py`  the policy, pure: which task next, why the others wait (shared with the CLI)
+- `server.py`   the service: poll the shards, delete in batches
 """

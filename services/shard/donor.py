@@ -373,9 +373,10 @@ class _ModReader:
 
         async def on_batch(records):
             nonlocal n, size
+            # Every fetched record is forwarded, even past the target: skipping one would lose
+            # it, since the next pass starts after it.  (Past the critical section's record
+            # there is no write to the range: they are refused.)
             for rec in records:
-                if rec.offset >= target:
-                    continue
                 try:
                     e = s.changelog.decode(rec.value)
                 except RecordError:
