@@ -417,8 +417,9 @@ def status_document(cat, verbose: bool) -> dict:
         if verbose:
             doc["chunks"] = [ch.doc().model_dump(exclude={"type", "v"}) for ch in coll.chunks]
         colls.append(doc)
+    migrations = [m.record() for m in cat.migrations.values()]
     return {"configTime": cat.config_time, "shards": shards, "databases": dbs, "collections": colls,
-            "settings": cat.settings.model_dump()}
+            "migrations": migrations, "settings": cat.settings.model_dump()}
 
 
 @app.command("status")
@@ -452,6 +453,9 @@ def status(verbose: bool = typer.Option(False, "--verbose", "-v", help="list eve
                 t.add_row(b(ch["min"]), b(ch["max"]), ch["shard"], f"{ch['version'][0]}|{ch['version'][1]}",
                           "yes" if ch["jumbo"] else "")
             out.print(t)
+    for m in doc["migrations"]:
+        out.print(f"migration {m['id']}: {m['ns']} [{b(m['min'])}, {b(m['max']) if m['max'] else '...'}) "
+                  f"{m['donor']} -> {m['recipient']} in progress")
 
 
 _register_workload()

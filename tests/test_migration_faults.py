@@ -53,6 +53,9 @@ class Cluster:
         self.procs: dict[str, ServiceProcess] = {}
 
     def start(self, name: str, fault: str | None = None) -> ServiceProcess:
+        """(Re)start a service: the running instance, if any, stops first."""
+        if name in self.procs:
+            self.procs[name].stop()
         module, args, ready, role = SERVICES[name]
         env = {"SHARDLOG_FAULTS": f"{fault}=kill"} if fault else {"SHARDLOG_FAULTS": ""}
         p = self.procs[name] = ServiceProcess(self.settings, module, *args, ready_name=ready, env=env)

@@ -150,6 +150,14 @@ class ShardDocuments:
             if v is not None:
                 yield k[len(base):], json.loads(v)
 
+    def count_range(self, ns: str, lo: bytes, hi: bytes) -> int:
+        """Documents with a shard key in [lo, hi), pending writes included, without decoding them."""
+        base = DOCS + ns_prefix(ns)
+        start, stop = base + lo, base + hi
+        pending = {k: v for k, v in self._changes.items() if start <= k < stop}
+        stored = sum(1 for k, _ in self._stored(start, stop) if k not in pending)
+        return stored + sum(1 for v in pending.values() if v is not None)
+
     def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]:
         """Like `scan`, but only what is committed (no pending writes), from `after` on."""
         base = DOCS + ns_prefix(ns)

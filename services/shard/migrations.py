@@ -173,7 +173,7 @@ class MigrationDecisions:
     def list_migrations(self: "ShardDecider", req: s.ListMigrations) -> Decision:
         tasks = []
         for t in self.documents.range_tasks.values():
-            left = self._docs_in_range(t)
+            left = self._docs_in_range(t) if t.ns in self.catalog.collections else None
             tasks.append({**t.model_dump(exclude={"type", "v"}), "shard": self.shard_id, "left": left,
                           "waiting": self._waiting_for(t)})
         return Decision([], {"shard": self.shard_id,
@@ -202,13 +202,14 @@ class MigrationDecisions:
 
     def _docs_in_range(self: "ShardDecider", task: s.RangeDeletionRecorded) -> int:
         lo, hi = self._range_keys(task.ns, task.min, task.max)
-        return sum(1 for _ in self.documents.scan(task.ns, lo, hi))
+        return self.documents.count_range(task.ns, lo, hi)
 
     def _waiting_for(self: "ShardDecider", task: s.RangeDeletionRecorded) -> str | None:
         """Why the task may not delete now (None: it may), apart from the cleanup delay,
         which the range deleter keeps."""
         if task.pending:
             return "its migration is not decided yet"
+        self._expire_cursors()  # an abandoned cursor stops holding the range after the cursor timeout
         open_before = [c for c in self.cursors.values() if c.ns == task.ns and c.config_time < task.configTime]
         if open_before:
             return f"{len(open_before)} quer{'y' if len(open_before) == 1 else 'ies'} started before the migration " \
@@ -219,6 +220,8 @@ class MigrationDecisions:
         task = self.documents.range_tasks.get(req.task)
         if task is None:
             return Decision([], {"task": req.task, "deleted": 0, "done": True})
+        if task.ns not in self.catalog.collections:  # dropped since: nothing of it is ours to keep
+            return Decision([s.RangeDeletionRemoved(id=task.id)], {"task": req.task, "deleted": 0, "done": True})
         if (why := self._waiting_for(task)) is not None:
             return Decision([], {"task": req.task, "deleted": 0, "done": False, "waiting": why})
         lo, hi = self._range_keys(task.ns, task.min, task.max)
@@ -226,7 +229,7 @@ class MigrationDecisions:
         events: list[Record] = []
         for k, doc in self.documents.scan(task.ns, lo, hi):
             skey = k[:len(k) - len(_id_enc(doc))]
-            if coll is not None and coll.epoch == task.epoch and self._owns(coll, skey):
+            if self._owns(coll, skey):
                 continue  # never delete what this shard owns (the range came back)
             events.append(s.DocumentRemoved(ns=task.ns, skey=skey.hex(), id=doc["_id"]))
             if len(events) >= req.limit:
