@@ -476,5 +476,13 @@ def _register_migrations() -> None:
 
 _register_migrations()
 
+
+def _register_balancer() -> None:
+    from cli import balancer
+    balancer.register(app, sys.modules[__name__])
+
+
+_register_balancer()
+
 if __name__ == "__main__":
     app()

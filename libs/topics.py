@@ -61,6 +61,20 @@ class Topics:
         """Every shard's latest statistics for the balancer (compacted, keyed by shard id)."""
         return f"{self.cluster}.shard.stats"
 
+    @property
+    def balancer_commands(self) -> str:
+        """Requests to the balancer (from the CLI and from its own round loop)."""
+        return f"{self.cluster}.balancer.commands"
+
+    @property
+    def balancer_events(self) -> str:
+        """The balancer's own log: actions in flight, defragmentation, rounds; replayed on restart."""
+        return f"{self.cluster}.balancer.events"
+
+    def for_balancer(self) -> list[TopicSpec]:
+        return [TopicSpec(self.balancer_commands, config=SHORT_LIVED),
+                TopicSpec(self.balancer_events, config=KEEP_FOREVER)]
+
     def inbox(self, owner: str) -> str:
         """A per-instance inbox (replies to a router or a client, a router's cursor requests)."""
         return f"{self.cluster}.inbox.{owner}"

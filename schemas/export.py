@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from schemas import config, reply, shard, stats
+from services.balancer import policy
 
 OUT = Path(__file__).resolve().parent / "json"
 
@@ -22,6 +23,9 @@ FAMILIES = {
     "shard.requests": shard.ShardRequest,
     "shard.changelog": shard.ShardEvent,
     "shard.stats": stats.ShardStatistics,
+    # Not Kafka records: the balancer policy's input and output (`shardlog balancer plan`).
+    "balancer.snapshot": policy.Snapshot,
+    "balancer.plan": policy.Plan,
 }
 
 

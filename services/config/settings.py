@@ -53,6 +53,8 @@ class ClusterSettings(BaseModel):
     balancerWindow: Window | None = None
     balancerRoundIntervalSecs: float = Field(10.0, gt=0)
     balancerMigrationsThrottlingMs: int = Field(1000, ge=0)
+    # per-shard capacity weights: a weight-2 shard aims for twice the data of a weight-1 shard (default 1)
+    shardWeights: dict[str, float] = Field(default_factory=dict)
     # seed 000 / 004: range deletion after migrations
     orphanCleanupDelaySecs: int = Field(900, ge=0)
     rangeDeleterBatchSize: int = Field(128, ge=1)
@@ -64,6 +66,15 @@ class ClusterSettings(BaseModel):
     chunkDefragmentationThrottlingMS: int = Field(0, ge=0)
     # seed 001: history kept for snapshot reads; chunks migrated within it are not auto-merged
     minSnapshotHistoryWindowInSeconds: int = Field(300, ge=0)
+
+
+    @field_validator("shardWeights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [s for s, w in v.items() if not w > 0]
+        if bad:
+            raise ValueError(f"weights must be positive numbers (shard(s) {', '.join(bad)})")
+        return v
 
 
 class CollectionSettings(BaseModel):

@@ -1,0 +1,510 @@
+"""The balancer's chunk-selection policy (seed 002, "ChunkSelectionPolicy"), pure: no I/O.
+
+`plan(snapshot)` turns a cluster snapshot into one round's actions: the splits that zone
+boundaries require, then the migrations.  `violations(snapshot, ns)` lists everything
+that keeps one collection from being balanced (for `balancer collection-status`).  The
+service and the CLI call the same functions, so `shardlog balancer plan` prints what a
+round would issue.
+
+The rules, per collection and in this order (seed 002, "Migrations"):
+
+1. ``drain``: a chunk on a draining shard moves, whole, to the least loaded shard its
+   zone allows.  Jumbo chunks too: a ``drain`` migration is issued with ``forceJumbo``,
+   since a shard cannot be removed otherwise (seed 002, "Jumbo chunks").
+2. ``zoneViolation``: a chunk inside a zone range but on a shard outside the zone moves,
+   whole, to the least loaded shard of the zone.  Jumbo chunks are left where they are.
+3. ``chunksImbalance``: per zone (the named ones, then the unzoned ranges), from the
+   shard with the most data of the collection in that zone (the donor) to the one with
+   the least (the recipient) when they differ by more than 3 × the max chunk size, the
+   donor holds more than its ideal and the recipient less.  What moves is a range from
+   the min of the donor's first non-jumbo chunk in the zone, with ``max: null``: the
+   donor cuts up to one max chunk size of data from there (moveRange without max).
+
+Splits (seed 002, "Splits"): a chunk that crosses a zone boundary is split at the
+boundary; it is not moved in the same round (its zone is only known once it is split).
+
+Each shard takes part in at most one migration per round (seed 002: a shard is
+available while "not involved in any previously selected migration during the current
+balancing round"; seed 004: one migration per shard), so at most ⌊n/2⌋ run in
+parallel (seed 000).  A shard marked ``available: false`` is already busy this round.
+
+Load: a shard's data of the collection in a zone, divided by its capacity weight
+(default 1, MongoDB's behaviour: a weight-2 shard aims for twice the data).  The ideal
+of a shard in a zone is (data of the collection in the zone) × weight / (total weight
+of the zone's non-draining shards).  The max chunk size is the collection's when set,
+else the cluster's.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any, Callable, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from typing_extensions import NotRequired, TypedDict
+
+from libs.shardkey import KeyPattern, from_ejson
+
+MB = 1024 * 1024
+IMBALANCE_CHUNKS = 3  # seed 002: shards must differ by more than 3 max chunk sizes
+
+Bound = dict[str, Any]  # Extended JSON, e.g. {"x": {"$minKey": 1}}
+
+
+# ------------------------------------------------------------------------ the snapshot
+
+
+class Settings(BaseModel):
+    """Cluster settings the policy reads."""
+
+    maxChunkSizeBytes: int = Field(128 * MB, ge=1, description="the cluster's max chunk size (default 128 MiB)")
+
+
+class ShardInfo(BaseModel):
+    """A shard: its zones, whether it drains, is free this round, and its capacity weight."""
+
+    id: str = Field(min_length=1)
+    draining: bool = Field(False, description="being removed: its chunks move off, it receives none")
+    zones: list[str] = []
+    available: bool = Field(True, description="false: already busy this round (e.g. in a migration)")
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False,
+                          description="capacity weight: a weight-2 shard aims for twice the data of a weight-1 one")
+
+
+class ChunkDoc(TypedDict):  # not a model: 100k of them validate about three times faster
+    """A chunk [min, max) of the routing table, its owner, its data size and jumbo flag."""
+
+    min: Bound
+    max: Bound
+    shard: str
+    sizeBytes: Annotated[int, Field(ge=0, description="data size of the chunk")]
+    jumbo: NotRequired[bool]
+
+
+class ZoneRangeDoc(BaseModel):
+    """A key range [min, max) pinned to the shards of `zone`."""
+
+    zone: str = Field(min_length=1)
+    min: Bound
+    max: Bound
+
+
+class CollectionDoc(BaseModel):
+    """A sharded collection: shard key, chunks, zone ranges, optional max chunk size."""
+
+    ns: str = Field(min_length=1)
+    key: dict[str, Any] = Field(description='shard key pattern, e.g. {"x": 1}')
+    maxChunkSizeBytes: int | None = Field(None, ge=1, description="overrides the cluster's when set")
+    balancerEnabled: bool = Field(True, description="false: no splits nor migrations for the collection")
+    allowMigrations: bool = Field(True, description="false: no splits nor migrations for the collection")
+    chunks: list[ChunkDoc] = Field(description="the routing table: contiguous from MinKey to MaxKey "
+                                               "(any order is accepted, key order is fastest)")
+    zones: list[ZoneRangeDoc] = []
+
+    _pattern: KeyPattern = PrivateAttr()
+    _zones: list[tuple[bytes, bytes, ZoneRangeDoc]] = PrivateAttr()  # sorted, with encoded bounds
+
+    def max_chunk_size(self, settings: Settings) -> int:
+        return self.maxChunkSizeBytes or settings.maxChunkSizeBytes
+
+
+class Snapshot(BaseModel):
+    """What one balancing round looks at.  Bounds are Extended JSON (``{"$minKey": 1}``);
+    extra fields are ignored."""
+
+    settings: Settings = Settings()
+    shards: list[ShardInfo]
+    collections: list[CollectionDoc] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Snapshot:
+        ids = set()
+        for i, s in enumerate(self.shards):
+            if s.id in ids:
+                raise ValueError(f"shards.{i}.id: duplicate shard {s.id!r}")
+            ids.add(s.id)
+        names = set()
+        for ci, coll in enumerate(self.collections):
+            where = f"collections.{ci}"
+            if coll.ns in names:
+                raise ValueError(f"{where}.ns: duplicate collection {coll.ns!r}")
+            names.add(coll.ns)
+            try:
+                coll._pattern = pattern = KeyPattern.parse(coll.key)
+            except ValueError as e:
+                raise ValueError(f"{where}.key: {e}") from None
+            coll._zones = _zone_ranges(coll, pattern, where)
+            fields = pattern.fields
+            for i, c in enumerate(coll.chunks):  # cheap per-chunk checks only: bounds are encoded lazily
+                if c["shard"] not in ids:
+                    raise ValueError(f"{where}.chunks.{i}.shard: unknown shard {c['shard']!r}")
+                for end in ("min", "max"):
+                    if tuple(c[end]) != fields:
+                        raise ValueError(f"{where}.chunks.{i}.{end}: must name exactly the shard key fields "
+                                         f"{list(fields)} in that order")
+        return self
+
+
+def _zone_ranges(coll: CollectionDoc, pattern: KeyPattern, where: str) -> list[tuple[bytes, bytes, ZoneRangeDoc]]:
+    out = []
+    for i, z in enumerate(coll.zones):
+        try:
+            lo = pattern.encode_bound(pattern.validate_bound(z.min))
+            hi = pattern.encode_bound(pattern.validate_bound(z.max))
+        except ValueError as e:
+            raise ValueError(f"{where}.zones.{i}: {e}") from None
+        if lo >= hi:
+            raise ValueError(f"{where}.zones.{i}: min must sort below max")
+        out.append((lo, hi, z))
+    out.sort(key=lambda t: t[0])
+    for (_, prev_hi, prev), (lo, _, z) in zip(out, out[1:]):
+        if lo < prev_hi:
+            raise ValueError(f"{where}.zones: ranges of zones {prev.zone!r} and {z.zone!r} overlap")
+    return out
+
+
+def describe(error: ValidationError) -> str:
+    """The first problem of a snapshot in one line, naming the field."""
+    err = error.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
+
+
+class SnapshotError(ValueError):
+    """A snapshot that parses but cannot be a routing table (overlapping chunks...)."""
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+class ChunkRange(BaseModel):
+    min: Bound
+    max: Bound
+
+
+class Split(BaseModel):
+    """Split `chunk` at zone boundaries (seed 002, "Splits")."""
+
+    ns: str
+    chunk: ChunkRange
+    at: list[Bound] = Field(description="the zone boundaries strictly inside the chunk, ascending")
+
+
+class Migration(BaseModel):
+    """Move [min, max) from the donor ("from") to the recipient ("to"); a drain may force a jumbo chunk."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
+
+    ns: str
+    donor: str = Field(alias="from")
+    recipient: str = Field(alias="to")
+    min: Bound
+    max: Bound | None = Field(description="null: the donor cuts up to one max chunk size of data from min")
+    reason: Literal["drain", "zoneViolation", "chunksImbalance"]
+
+
+class Plan(BaseModel):
+    """One round's actions: the splits first, then the migrations (each shard at most once)."""
+
+    splits: list[Split]
+    migrations: list[Migration]
+
+    def to_json(self) -> dict:
+        return self.model_dump(by_alias=True)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """Why a collection is not balanced; `min`/`max` name a chunk (None for an imbalance)."""
+
+    reason: Literal["draining", "zoneViolation", "zoneBoundary", "chunksImbalance", "jumbo"]
+    shard: str
+    zone: str | None
+    min: Bound | None
+    max: Bound | None
+    detail: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------- chunk layout
+
+
+def _j(bound: Bound) -> str:
+    return json.dumps(bound, separators=(",", ":"))
+
+
+class _LazyMins(Sequence[bytes]):
+    """Encoded chunk minimums, computed when read: a bisect reads O(log n) of them, and
+    encoding all 100k bounds would cost more than the rest of the round."""
+
+    def __init__(self, chunks: list[ChunkDoc], encode: Callable[[Bound], bytes]):
+        self._chunks, self._encode, self._memo = chunks, encode, {}
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def __getitem__(self, i):  # only ints: bisect's use
+        if (k := self._memo.get(i)) is None:
+            k = self._memo[i] = self._encode(self._chunks[i]["min"])
+        return k
+
+
+def _in_key_order(coll: CollectionDoc) -> tuple[list[ChunkDoc], Sequence[bytes], Callable[[int], bytes]]:
+    """The chunks in key order, their encoded mins, and the encoded max of chunk i."""
+    pattern = coll._pattern
+
+    def encode(b: Bound) -> bytes:
+        return pattern.encode_bound(from_ejson(b))
+
+    chunks = coll.chunks
+    lo = {f: {"$minKey": 1} for f in pattern.fields}
+    hi = {f: {"$maxKey": 1} for f in pattern.fields}
+    # The routing table's shape (what the catalog gives): a chain from MinKey to MaxKey,
+    # hence ascending, unless a chunk had min >= max, which no catalog holds.  Comparing
+    # the JSON bounds is ~200x cheaper than encoding them.
+    if chunks and chunks[0]["min"] == lo and chunks[-1]["max"] == hi and \
+            all(a["max"] == b["min"] for a, b in zip(chunks, chunks[1:])):
+        return chunks, _LazyMins(chunks, encode), lambda i: encode(chunks[i]["max"])
+    keyed = sorted(((encode(c["min"]), encode(c["max"]), c) for c in chunks), key=lambda t: t[0])
+    for k_lo, k_hi, c in keyed:
+        if k_lo >= k_hi:
+            raise SnapshotError(f"{coll.ns}: chunk {_j(c['min'])} .. {_j(c['max'])}: min must sort below max")
+    for (_, prev_hi, prev), (k_lo, _, c) in zip(keyed, keyed[1:]):
+        if k_lo < prev_hi:
+            raise SnapshotError(f"{coll.ns}: chunks from {_j(prev['min'])} and from {_j(c['min'])} overlap")
+    maxes = [t[1] for t in keyed]
+    return [t[2] for t in keyed], [t[0] for t in keyed], maxes.__getitem__
+
+
+class _Layout:
+    """One collection's chunks grouped by zone and shard, in one pass over the chunks.
+
+    A chunk belongs to the zone holding its min.  A chunk crossing a zone boundary
+    counts in that zone's data but is never moved (it is split first)."""
+
+    def __init__(self, coll: CollectionDoc, snap: Snapshot):
+        self.coll = coll
+        self.max_chunk = coll.max_chunk_size(snap.settings)
+        self.shards = snap.shards
+        self.chunks, mins, max_of = _in_key_order(coll)
+        n = len(self.chunks)
+
+        # Zone ranges -> runs of chunks (by index) whose min lies in them.
+        self.segments: list[tuple[int, int, str | None]] = []
+        pos = 0
+        for z_lo, z_hi, z in coll._zones:
+            lo, hi = bisect.bisect_left(mins, z_lo), bisect.bisect_left(mins, z_hi)
+            if lo > pos:
+                self.segments.append((pos, lo, None))
+            if hi > lo:
+                self.segments.append((lo, hi, z.zone))
+            pos = max(pos, hi)
+        if pos < n:
+            self.segments.append((pos, n, None))
+
+        # A boundary strictly inside a chunk: that chunk must be split there.
+        self.crossing: dict[int, list[tuple[bytes, Bound]]] = {}
+        bounds = {k: b for lo, hi, z in coll._zones for k, b in ((lo, z.min), (hi, z.max))}
+        for k in sorted(bounds):
+            i = bisect.bisect_right(mins, k) - 1
+            if i >= 0 and mins[i] < k < max_of(i):
+                self.crossing.setdefault(i, []).append((k, bounds[k]))
+
+        self.zone_names = sorted({z.zone for z in coll.zones})
+        self.members = {z: {s.id for s in self.shards if z in s.zones} for z in self.zone_names}
+        draining = {s.id for s in self.shards if s.draining}
+
+        # The one pass: data per zone and shard, and the first chunk each rule may pick.
+        self.sizes: dict[str | None, dict[str, int]] = {}
+        self.movable: dict[str | None, dict[str, int]] = {}  # imbalance: first non-jumbo chunk
+        self.drain: dict[str, dict[str | None, int]] = {}  # per draining shard, first chunk per zone
+        self.misplaced: dict[str, dict[str, int]] = {}  # per shard, first non-jumbo chunk per violated zone
+        crossing, chunks = self.crossing, self.chunks
+        for lo, hi, zone in self.segments:
+            size = self.sizes.setdefault(zone, {})
+            first = self.movable.setdefault(zone, {})
+            allowed = self.members.get(zone) if zone is not None else None
+            for i in range(lo, hi):
+                c = chunks[i]
+                s = c["shard"]
+                size[s] = size.get(s, 0) + c["sizeBytes"]
+                if s in draining:
+                    if i not in crossing:
+                        self.drain.setdefault(s, {}).setdefault(zone, i)
+                elif allowed is not None and s not in allowed:
+                    if i not in crossing and not c.get("jumbo"):
+                        self.misplaced.setdefault(s, {}).setdefault(zone, i)
+                elif s not in first and i not in crossing and not c.get("jumbo"):
+                    first[s] = i
+
+    # -- shards
+
+    def eligible(self, zone: str | None) -> list[ShardInfo]:
+        """Shards that may hold the zone's data: not draining, and in the zone if it has one."""
+        return [s for s in self.shards if not s.draining and (zone is None or zone in s.zones)]
+
+    def load(self, zone: str | None, s: ShardInfo) -> float:
+        return self.sizes.get(zone, {}).get(s.id, 0) / s.weight
+
+    def least_loaded(self, zone: str | None, available: set[str]) -> str | None:
+        best, best_load = None, float("inf")
+        for s in self.eligible(zone):
+            if s.id in available and (load := self.load(zone, s)) < best_load:
+                best, best_load = s.id, load
+        return best
+
+    def imbalance(self, zone: str | None, candidates: list[ShardInfo]) -> tuple[ShardInfo, ShardInfo] | None:
+        """(donor, recipient) among `candidates` if the zone's rule 3 asks for a move."""
+        if len(candidates) < 2:
+            return None
+        eligible = self.eligible(zone)
+        per_weight = sum(self.sizes.get(zone, {}).values()) / sum(s.weight for s in eligible)
+        donor = max(candidates, key=lambda s: self.load(zone, s))
+        recipient = min(candidates, key=lambda s: self.load(zone, s))
+        d, r = self.load(zone, donor), self.load(zone, recipient)
+        # load > per_weight  <=>  data > ideal = zone data × weight / total weight
+        if d - r <= IMBALANCE_CHUNKS * self.max_chunk or d <= per_weight or r >= per_weight:
+            return None
+        return donor, recipient
+
+    def balance_zones(self) -> list[str | None]:
+        # seed 002 / MongoDB: the named zones, then the ranges outside every zone.
+        return [*self.zone_names, None]
+
+    # -- actions
+
+    def migration(self, i: int, to: str, reason: str, whole: bool = True) -> Migration:
+        c = self.chunks[i]
+        return Migration(ns=self.coll.ns, donor=c["shard"], recipient=to, min=c["min"],
+                         max=c["max"] if whole else None, reason=reason)
+
+    def splits(self) -> list[Split]:
+        return [Split(ns=self.coll.ns, chunk=ChunkRange(min=self.chunks[i]["min"], max=self.chunks[i]["max"]),
+                      at=[b for _, b in at])
+                for i, at in sorted(self.crossing.items())]
+
+
+# ------------------------------------------------------------------------ the policy
+
+
+def parse(snapshot: Snapshot | dict) -> Snapshot:
+    return snapshot if isinstance(snapshot, Snapshot) else Snapshot.model_validate(snapshot)
+
+
+def plan(snapshot: Snapshot | dict) -> Plan:
+    """One balancing round (seed 002, ChunkSelectionPolicy): splits, then migrations.
+    Raises pydantic's ValidationError or SnapshotError on a bad snapshot."""
+    snap = parse(snapshot)
+    available = {s.id for s in snap.shards if s.available}
+    splits: list[Split] = []
+    migrations: list[Migration] = []
+    for coll in snap.collections:
+        if not (coll.balancerEnabled and coll.allowMigrations):
+            continue
+        lay = _Layout(coll, snap)
+        splits += lay.splits()
+        migrations += _drain(lay, available)
+        migrations += _zone_violations(lay, available)
+        migrations += _imbalance(lay, available)
+    return Plan(splits=splits, migrations=migrations)
+
+
+def _take(available: set[str], *shards: str) -> None:
+    available.difference_update(shards)  # one migration per shard per round
+
+
+def _drain(lay: _Layout, available: set[str]) -> list[Migration]:
+    """Rule 1: per draining shard, its first chunk (in key order) that has a recipient."""
+    out = []
+    for s in lay.shards:
+        if s.id not in available or s.id not in lay.drain:
+            continue
+        for zone, i in sorted(lay.drain[s.id].items(), key=lambda zi: zi[1]):
+            if (to := lay.least_loaded(zone, available)) is not None:
+                out.append(lay.migration(i, to, "drain"))
+                _take(available, s.id, to)
+                break
+    return out
+
+
+def _zone_violations(lay: _Layout, available: set[str]) -> list[Migration]:
+    """Rule 2: per shard, its first non-jumbo chunk of a zone it is not in that has a recipient."""
+    out = []
+    for s in lay.shards:
+        if s.id not in available or s.id not in lay.misplaced:
+            continue
+        for zone, i in sorted(lay.misplaced[s.id].items(), key=lambda zi: zi[1]):
+            if (to := lay.least_loaded(zone, available)) is not None:
+                out.append(lay.migration(i, to, "zoneViolation"))
+                _take(available, s.id, to)
+                break
+    return out
+
+
+def _imbalance(lay: _Layout, available: set[str]) -> list[Migration]:
+    """Rule 3: per zone, most loaded -> least loaded available shard while the zone is imbalanced."""
+    out = []
+    for zone in lay.balance_zones():
+        eligible = lay.eligible(zone)
+        if not eligible or not sum(lay.sizes.get(zone, {}).values()):
+            continue
+        stuck: set[str] = set()  # donors with only jumbo chunks in the zone
+        while pair := lay.imbalance(zone, [s for s in eligible if s.id in available and s.id not in stuck]):
+            donor, recipient = pair
+            i = lay.movable.get(zone, {}).get(donor.id)
+            if i is None:
+                # MongoDB gives up on the zone here; the next most loaded shard may still move.
+                stuck.add(donor.id)
+                continue
+            out.append(lay.migration(i, recipient.id, "chunksImbalance", whole=False))
+            _take(available, donor.id, recipient.id)
+    return out
+
+
+def violations(snapshot: Snapshot | dict, ns: str) -> list[Violation]:
+    """Everything that keeps `ns` from being balanced, not just the first: chunks on
+    draining shards, zone violations, chunks crossing a zone boundary, per-zone imbalance
+    (ignoring which shards are busy this round), and jumbo chunks; in that order."""
+    snap = parse(snapshot)
+    coll = next((c for c in snap.collections if c.ns == ns), None)
+    if coll is None:
+        raise KeyError(f"collection {ns!r} is not in the snapshot")
+    lay = _Layout(coll, snap)
+    draining = {s.id for s in snap.shards if s.draining}
+    found: dict[str, list[Violation]] = {r: [] for r in ("draining", "zoneViolation", "zoneBoundary", "jumbo")}
+    for lo, hi, zone in lay.segments:
+        allowed = lay.members.get(zone) if zone is not None else None
+        for i in range(lo, hi):
+            c = lay.chunks[i]
+            s = c["shard"]
+            if s in draining:
+                found["draining"].append(Violation("draining", s, zone, c["min"], c["max"],
+                                                   f"on draining shard {s}"))
+            elif allowed is not None and s not in allowed:
+                found["zoneViolation"].append(Violation("zoneViolation", s, zone, c["min"], c["max"],
+                                                        f"in zone {zone!r} but on {s}, which is not in the zone"))
+            if i in lay.crossing:
+                at = ", ".join(_j(b) for _, b in lay.crossing[i])
+                found["zoneBoundary"].append(Violation("zoneBoundary", s, zone, c["min"], c["max"],
+                                                       f"crosses zone boundaries at {at}: split before it can move"))
+            if c.get("jumbo"):
+                found["jumbo"].append(Violation("jumbo", s, zone, c["min"], c["max"],
+                                                "jumbo: the balancer does not move it (except off a draining shard)"))
+    imbalanced = []
+    for zone in lay.balance_zones():
+        eligible = lay.eligible(zone)
+        if eligible and (pair := lay.imbalance(zone, eligible)):
+            donor, recipient = pair
+            size = lay.sizes.get(zone, {})
+            total = sum(size.values()) / sum(s.weight for s in eligible)
+            name = "outside every zone" if zone is None else f"in zone {zone!r}"
+            imbalanced.append(Violation(
+                "chunksImbalance", donor.id, zone, None, None,
+                f"{donor.id} holds {size.get(donor.id, 0)} bytes {name} (ideal {total * donor.weight:.0f}), "
+                f"{recipient.id} holds {size.get(recipient.id, 0)} (ideal {total * recipient.weight:.0f}): more than "
+                f"{IMBALANCE_CHUNKS} × max chunk size ({lay.max_chunk}) apart"))
+    return [*found["draining"], *found["zoneViolation"], *found["zoneBoundary"], *imbalanced, *found["jumbo"]]
