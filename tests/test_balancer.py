@@ -1,0 +1,88 @@
+"""The balancer against a real broker: rounds that even out the data, then quiet."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from libs.client import AsyncCluster
+from schemas import config as c
+from tests.conftest import InProcessCluster, async_wait_until, cli, read_events
+
+pytestmark = pytest.mark.kafka
+
+MB = 1024 * 1024
+
+
+@pytest.fixture
+def balanced_cluster(settings, monkeypatch):
+    monkeypatch.setenv("SHARDLOG_STATS_INTERVAL_S", "0.5")  # fresh statistics for every round
+    cl = InProcessCluster(settings)
+    yield cl
+    cl.stop()
+
+
+def sizes_by_shard(cl, ns: str) -> dict:
+    """Data of `ns` per shard, from the shards' own statistics."""
+    out = {}
+    for sid, shard in cl.shards.items():
+        coll = shard.follower.catalog.collections[ns]
+        out[sid] = sum(sum(shard.documents.range_sizes(ns, ch.min_key, ch.max_key))
+                       for ch in coll.chunks if ch.shard == sid)
+    return out
+
+
+def test_the_balancer_evens_out_a_collection_loaded_on_one_shard_then_stays_quiet(balanced_cluster):
+    from services.balancer.server import Balancer
+
+    cl = balanced_cluster
+    for key, value in (("maxChunkSizeBytes", MB), ("balancerRoundIntervalSecs", 0.5),
+                       ("balancerMigrationsThrottlingMs", 0), ("orphanCleanupDelaySecs", 0)):
+        cl.command(c.SetSetting(key=key, value=value))
+    cl.command(c.CreateDatabase(db="b", primary="s0"))
+    cl.command(c.ShardCollection(ns="b.c", key={"k": 1}))
+    cl.command(c.SplitChunk(ns="b.c", at=[{"k": i * 1000} for i in range(1, 8)]))
+
+    async def load():
+        async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=120) as client:
+            coll = client["b"]["c"]
+            for start in range(0, 8000, 1000):
+                await coll.insert_many([{"_id": i, "k": i, "pad": "x" * 1000} for i in range(start, start + 1000)])
+    asyncio.run(load())
+    assert sizes_by_shard(cl, "b.c")["s1"] == 0
+
+    balancer = Balancer(cl.settings)
+    task = asyncio.run_coroutine_threadsafe(balancer.run(), cl.loop)
+    try:
+        def even():
+            sizes = sizes_by_shard(cl, "b.c")
+            return max(sizes.values()) - min(sizes.values()) <= 3 * MB and min(sizes.values()) > 0 and sizes
+        cl.call(async_wait_until(even, 240, "the balancer to even out b.c"))
+        # Then quiet: several more rounds with fresh statistics issue no migration.
+        moved = len([e for _, e in read_events(cl.settings.bootstrap, cl.settings.topics.config_events)
+                     if e.type == "MigrationRequested"])
+        rounds_seen = balancer.round
+        cl.call(async_wait_until(lambda: "balanced" in balancer.activity, 60, "a round that finds nothing to do"))
+        stats_reports = dict(balancer.statistics.latest)
+        cl.call(async_wait_until(lambda: all(balancer.statistics.latest[s].timestamp > stats_reports[s].timestamp + 1
+                                             for s in stats_reports), 60, "two more seconds of statistics"))
+        assert "balanced" in balancer.activity
+        again = len([e for _, e in read_events(cl.settings.bootstrap, cl.settings.topics.config_events)
+                     if e.type == "MigrationRequested"])
+        assert again == moved and balancer.round == rounds_seen, "the balancer kept moving data once even"
+        status = cli(cl.settings, "balancer", "status", "--json")
+        assert status.returncode == 0, status.stderr
+        doc = json.loads(status.stdout)
+        assert doc["enabled"] and doc["inWindow"] and doc["inFlight"] == [] and doc["lastRound"]["round"] >= 2
+        comp = json.loads(cli(cl.settings, "balancer", "collection-status", "b.c", "--json").stdout)
+        assert comp["compliant"], comp
+    finally:
+        task.cancel()
+    count = asyncio.run(_count(cl))
+    assert count == 8000
+
+
+async def _count(cl):
+    async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=60) as client:
+        return await client["b"]["c"].count_documents({})
