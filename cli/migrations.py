@@ -65,6 +65,26 @@ def register(app: typer.Typer, ctx, helpers) -> None:
         _move(c.MoveRange(ns=ns, min=to_ejson(chunk.min), max=to_ejson(chunk.max), to=to, forceJumbo=force_jumbo,
                           waitForDelete=wait_for_delete), wait_for_delete, json_out)
 
+    @app.command("move-primary")
+    def move_primary(db: str, to: str = typer.Option(..., "--to", help="the new primary shard"),
+                     json_out: bool = JsonOpt) -> None:
+        """Move a database's primary, with its unsharded collections (writes to them wait meanwhile)."""
+        reply = m.run(m._request(c.MovePrimary(db=db, to=to), "shardlog move-primary"))
+        if not reply.ok:
+            m.fail(reply.error or "", code=reply.code or "Error", as_json=json_out)
+        r = reply.result or {}
+        if not r.get("moved"):
+            print(json.dumps({"ok": True, "moved": False, "reason": r.get("reason")})) if json_out \
+                else m.out.print(r.get("reason", "nothing to move"))
+            return
+        summary = m.run(_follow(r["id"], r["donor"], False, None, json_out))
+        if summary["outcome"] != "committed":
+            m.fail(f"primary move {r['id']} {summary['outcome']}", code="MigrationAborted", as_json=json_out)
+        if json_out:
+            print(json.dumps({"ok": True, "db": db, "primary": to, **summary}))
+        else:
+            m.out.print(f"{db}: primary {r['donor']} -> {to}, {summary['progress'].get('cloned', 0)} documents copied")
+
     @app.command("set-allow-migrations")
     def set_allow_migrations(ns: str, allow: bool = typer.Argument(..., help="true or false"),
                              json_out: bool = JsonOpt) -> None:

@@ -165,6 +165,28 @@ class GetMigration(Record):
     ns: str | None = None  # every active migration of a collection (or all, with neither)
 
 
+class MovePrimary(Record):
+    """Make `to` the primary of `db`: its unsharded collections move there."""
+
+    type: Literal["MovePrimary"] = "MovePrimary"
+    v: Literal[1] = 1
+    db: str
+    to: str
+
+
+class CommitPrimaryMove(Record):
+    type: Literal["CommitPrimaryMove"] = "CommitPrimaryMove"
+    v: Literal[1] = 1
+    id: str
+
+
+class AbortPrimaryMove(Record):
+    type: Literal["AbortPrimaryMove"] = "AbortPrimaryMove"
+    v: Literal[1] = 1
+    id: str
+    reason: str
+
+
 class SetSetting(Record):
     """Set a cluster setting, or a collection's when `ns` is given (value None resets)."""
 
@@ -177,11 +199,11 @@ class SetSetting(Record):
 
 ConfigCommand = Annotated[
     Union[AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration],
+          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove],
     Field(discriminator="type"),
 ]
 COMMANDS = (AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration)
+            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove)
 
 # ------------------------------------------------------------------ events
 
@@ -328,6 +350,34 @@ class ChunkMarkedJumbo(Record):
     min: Bound
 
 
+class PrimaryMoveRequested(Record):
+    type: Literal["PrimaryMoveRequested"] = "PrimaryMoveRequested"
+    v: Literal[1] = 1
+    id: str
+    db: str
+    donor: str
+    recipient: str
+
+
+class PrimaryMoved(Record):
+    """The database's primary is now `primary`; its version's lastMod is bumped."""
+
+    type: Literal["PrimaryMoved"] = "PrimaryMoved"
+    v: Literal[1] = 1
+    id: str
+    db: str
+    primary: str
+    lastMod: int
+
+
+class PrimaryMoveAborted(Record):
+    type: Literal["PrimaryMoveAborted"] = "PrimaryMoveAborted"
+    v: Literal[1] = 1
+    id: str
+    db: str
+    reason: str
+
+
 class SettingChanged(Record):
     type: Literal["SettingChanged"] = "SettingChanged"
     v: Literal[1] = 1
@@ -339,12 +389,14 @@ class SettingChanged(Record):
 ConfigEvent = Annotated[
     Union[ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
           ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
-          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo],
+          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo,
+          PrimaryMoveRequested, PrimaryMoved, PrimaryMoveAborted],
     Field(discriminator="type"),
 ]
 EVENTS = (ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
           ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
-          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo)
+          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo,
+          PrimaryMoveRequested, PrimaryMoved, PrimaryMoveAborted)
 
 commands = Codec("config.commands", ConfigCommand, COMMANDS)
 events = Codec("config.events", ConfigEvent, EVENTS)

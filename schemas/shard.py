@@ -134,6 +134,25 @@ class StartReceipt(Record):
     donor: str
 
 
+class StartPrimaryMove(Record):
+    """movePrimary on the old primary: register it; writes to the database's unsharded
+    collections are blocked from now until the decision."""
+
+    type: Literal["StartPrimaryMove"] = "StartPrimaryMove"
+    v: Literal[1] = 1
+    id: str
+    db: str
+    recipient: str
+
+
+class StartPrimaryReceipt(Record):
+    type: Literal["StartPrimaryReceipt"] = "StartPrimaryReceipt"
+    v: Literal[1] = 1
+    id: str
+    db: str
+    donor: str
+
+
 class TransferBatch(Record):
     """Documents for the recipient: the clone (phase "clone") or the writes made on the
     donor since it began (phase "mods"), in changelog order."""
@@ -141,6 +160,7 @@ class TransferBatch(Record):
     type: Literal["TransferBatch"] = "TransferBatch"
     v: Literal[1] = 1
     id: str
+    ns: str | None = None  # a primary move names the collection of each batch
     phase: Literal["clone", "mods"]
     written: list[Doc] = Field(default_factory=list)  # {"skey": hex, "doc": {...}}
     removed: list[Doc] = Field(default_factory=list)  # {"skey": hex, "id": ...}
@@ -196,11 +216,12 @@ class DeleteRangeBatch(Record):
     limit: int = Field(128, ge=1)
 
 
-MIGRATION_REQUESTS = (StartDonation, StartReceipt, TransferBatch, CommitClone, EnterCriticalSection, RecordDecision,
+MIGRATION_REQUESTS = (StartDonation, StartReceipt, StartPrimaryMove, StartPrimaryReceipt, TransferBatch, CommitClone, EnterCriticalSection, RecordDecision,
                       FinishReceipt, ForgetMigration, ListMigrations, DeleteRangeBatch)
 
 
 ShardRequest = Annotated[Union[Insert, Find, GetMore, Count, Update, Delete, Explain, StartDonation, StartReceipt,
+                               StartPrimaryMove, StartPrimaryReceipt,
                                TransferBatch, CommitClone, EnterCriticalSection, RecordDecision, FinishReceipt,
                                ForgetMigration, ListMigrations, DeleteRangeBatch], Field(discriminator="type")]
 REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, *MIGRATION_REQUESTS)
@@ -244,7 +265,7 @@ class MigrationRecorded(Record):
     type: Literal["MigrationRecorded"] = "MigrationRecorded"
     v: Literal[1] = 1
     id: str
-    role: Literal["donor", "recipient"]
+    role: Literal["donor", "recipient", "primary-donor", "primary-recipient"]
     ns: str
     epoch: str
     min: Doc

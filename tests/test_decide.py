@@ -152,6 +152,7 @@ def test_every_command_has_a_decision():
         c.CommitMigration: None,  # needs the id of the migration above
         c.AbortMigration: None,
         c.GetMigration: c.GetMigration(),  # read-only
+        c.MovePrimary: None, c.CommitPrimaryMove: None, c.AbortPrimaryMove: None,  # below
     }
     assert set(samples) == set(c.COMMANDS)
     for cmd in samples.values():
@@ -238,6 +239,25 @@ def test_one_migration_per_shard_a_retry_joins_and_bad_requests_are_refused():
     refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "NoSuchMigration", "aborted")
     ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
     refused(cat, c.MoveRange(ns="d.x", min={"k": 100}, to="c"), "ConflictingOperationInProgress", "not allowed")
+
+
+def test_move_primary_bumps_the_database_version_and_counts_as_the_shards_migration():
+    cat = moving()
+    (e,), r = ok(cat, c.MovePrimary(db="d", to="b"))
+    assert (e.donor, e.recipient) == ("a", "b") and cat.migrations[e.id].kind == "primary"
+    assert ok(cat, c.MovePrimary(db="d", to="b"))[1]["joined"]
+    refused(cat, c.MoveRange(ns="d.x", min={"k": 0}, to="c"), "ConflictingOperationInProgress")  # a is busy
+    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "BadValue", "primary move")
+    before = cat.databases["d"].version
+    events, _ = ok(cat, c.CommitPrimaryMove(id=e.id))
+    db = cat.databases["d"]
+    assert db.primary == "b" and db.version.uuid == before.uuid and db.version.last_mod == before.last_mod + 1
+    assert cat.outcomes[e.id] == "committed" and not cat.migrations
+    assert ok(cat, c.MovePrimary(db="d", to="b"))[1]["moved"] is False
+    (e2,), _ = ok(cat, c.MovePrimary(db="d", to="c"))
+    ok(cat, c.AbortMigration(id=e2.id, reason="test"))  # recovery aborts a primary move like any migration
+    assert cat.databases["d"].primary == "b" and cat.outcomes[e2.id] == "aborted: test"
+    refused(cat, c.MovePrimary(db="nope", to="b"), "NamespaceNotFound")
 
 
 def test_disallowing_migrations_refuses_the_commit():

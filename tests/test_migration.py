@@ -273,3 +273,45 @@ def test_cli_move_chunk_too_big_and_jumbo(data_cluster):
     forced = cli(cl.settings, "move-chunk", "j.c", "--find", '{"k": 500}', "--to", "s2", "--force-jumbo", "--json")
     assert forced.returncode == 0 and json.loads(forced.stdout)["outcome"] == "committed", forced.stdout
     assert client_run(cl, lambda client: client["j"]["c"].count_documents({})) == 60
+
+
+def test_move_primary_moves_the_unsharded_collections_and_writes_wait_not_fail(data_cluster):
+    import json
+
+    from tests.conftest import cli
+
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="p", primary="s0"))
+
+    async def scenario(client):
+        notes = client["p"]["notes"]
+        await notes.insert_many([{"_id": i, "t": f"note {i}"} for i in range(200)])
+        await client["p"]["todo"].insert_one({"_id": 1, "t": "buy milk"})
+        stop, acked, errors = asyncio.Event(), [], []
+
+        async def writer():
+            n = 1000
+            while not stop.is_set():
+                try:
+                    await notes.insert_one({"_id": n, "t": "during the move"})
+                    acked.append(n)
+                except Exception as e:
+                    errors.append(repr(e))
+                n += 1
+        task = asyncio.create_task(writer())
+        moved = await asyncio.to_thread(cli, cl.settings, "move-primary", "p", "--to", "s2", "--json")
+        stop.set()
+        await task
+        return moved, acked, errors, await notes.find({}).to_list(), await client["p"]["todo"].count_documents({})
+
+    moved, acked, errors, docs, todo = client_run(cl, scenario)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert json.loads(moved.stdout)["primary"] == "s2"
+    assert errors == [] and acked, errors[:3]
+    ids = sorted(d["_id"] for d in docs)
+    assert ids == sorted(list(range(200)) + acked), "a document was lost or doubled by the primary move"
+    assert todo == 1
+    cl.call(cl.router.follower.wait_for(cl.shards["s0"].follower.config_time, 30))
+    assert cl.router.follower.catalog.databases["p"].primary == "s2"
+    assert stored_ids(cl, "s0", "p.notes") == set()  # the old primary's copies are gone
+    assert stored_ids(cl, "s2", "p.notes") == set(ids)

@@ -111,10 +111,11 @@ class Migration:
     donor: str
     recipient: str
     force_jumbo: bool = False
+    kind: str = "range"  # or "primary": a database's unsharded collections (ns is the database)
 
     def record(self) -> dict:
         return {"id": self.id, "ns": self.ns, "epoch": self.epoch, "min": self.min, "max": self.max,
-                "donor": self.donor, "recipient": self.recipient, "forceJumbo": self.force_jumbo}
+                "donor": self.donor, "recipient": self.recipient, "forceJumbo": self.force_jumbo, "kind": self.kind}
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Catalog:
         return sorted(d.name for d in self.databases.values() if d.primary == shard)
 
     def migration_of(self, shard: str) -> Migration | None:
-        """The active migration this shard takes part in (donor or recipient), if any."""
+        """The active migration (or primary move) this shard takes part in, if any."""
         return next((m for m in self.migrations.values() if shard in (m.donor, m.recipient)), None)
 
     def zone_in_use(self, zone: str) -> bool:
@@ -215,7 +216,7 @@ class Catalog:
         for k, v in store.scan(b"mig/"):
             d = json.loads(v)
             self.migrations[d["id"]] = Migration(d["id"], d["ns"], d["epoch"], d["min"], d["max"], d["donor"],
-                                                 d["recipient"], d["forceJumbo"])
+                                                 d["recipient"], d["forceJumbo"], d.get("kind", "range"))
         for k, v in store.scan(b"outcome/"):
             self.outcomes[k[8:].decode()] = json.loads(v)
         if (raw := store.get(b"settings")) is not None:
@@ -324,6 +325,21 @@ class Catalog:
         key = coll.pattern.encode_bound(from_ejson(e.min))
         coll.zones = [z for z in coll.zones if z.min_key != key]
         self._put(self._zone_key(e.ns, key), None)
+
+    def _on_PrimaryMoveRequested(self, e: ev.PrimaryMoveRequested) -> None:
+        # A primary move is a migration of the database's unsharded collections: `ns` is the db.
+        m = Migration(e.id, e.db, "", {}, None, e.donor, e.recipient, kind="primary")
+        self.migrations[e.id] = m
+        self._put(b"mig/" + e.id.encode(), m.record())
+
+    def _on_PrimaryMoved(self, e: ev.PrimaryMoved) -> None:
+        db = self.databases[e.db]
+        db.primary, db.version = e.primary, DatabaseVersion(db.version.uuid, e.lastMod)
+        self._put_database(db)
+        self._finish_migration(e.id, "committed")
+
+    def _on_PrimaryMoveAborted(self, e: ev.PrimaryMoveAborted) -> None:
+        self._finish_migration(e.id, f"aborted: {e.reason}")
 
     def _on_MigrationRequested(self, e: ev.MigrationRequested) -> None:
         m = Migration(e.id, e.ns, e.epoch, e.min, e.max, e.donor, e.recipient, e.forceJumbo)

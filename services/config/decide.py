@@ -17,7 +17,7 @@ from schemas import config as c
 from services.config.catalog import Catalog, Collection
 from services.config.settings import ClusterSettings, CollectionSettings, validated
 from services.config.versions import (ChunkVersion, hashed_split_points, initial_versions, merge_version,
-                                      migration_versions, new_database_version, new_epoch, new_uuid, split_versions)
+                                      migration_versions, moved_primary, new_database_version, new_epoch, new_uuid, split_versions)
 
 SHARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z, not $: "$" also matches before a final newline
 DB_FORBIDDEN = set('/\\. "$*<>:|?\x00')
@@ -439,6 +439,8 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
 
 def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
     m = catalog.migrations.get(cmd.id)
+    if m is not None and m.kind != "range":
+        raise CommandError("BadValue", f"{cmd.id} is a primary move: commit it with CommitPrimaryMove")
     if m is None:
         outcome = catalog.outcomes.get(cmd.id)
         if outcome == "committed":  # a retried commit
@@ -488,6 +490,9 @@ def abort_migration(catalog: Catalog, cmd: c.AbortMigration) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is None:  # already decided: tell the caller which way
         return Decision([], {"id": cmd.id, "outcome": catalog.outcomes.get(cmd.id, "unknown")})
+    if m.kind == "primary":
+        return Decision([c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)],
+                        {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
     events: list[Record] = [c.MigrationAborted(id=m.id, ns=m.ns, reason=cmd.reason)]
     coll = catalog.collections.get(m.ns)
     if cmd.jumbo and coll is not None and coll.epoch == m.epoch:
@@ -504,11 +509,59 @@ def get_migration(catalog: Catalog, cmd: c.GetMigration) -> Decision:
                                     if cmd.ns is None or m.ns == cmd.ns]})
 
 
+# ----------------------------------------------------------- movePrimary
+
+def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
+    check_db_name(cmd.db)
+    db = catalog.databases.get(cmd.db)
+    if db is None:
+        raise CommandError("NamespaceNotFound", f"database {cmd.db!r} does not exist")
+    target = _shard(catalog, cmd.to)
+    if db.primary == cmd.to:
+        return Decision([], {"db": cmd.db, "moved": False, "reason": f"{cmd.to} is already the primary"})
+    if target.draining:
+        raise CommandError("ShardNotFound", f"shard {cmd.to!r} is draining and cannot be a primary")
+    for shard in (db.primary, cmd.to):
+        m = catalog.migration_of(shard)
+        if m is None:
+            continue
+        if (m.kind, m.ns, m.donor, m.recipient) == ("primary", cmd.db, db.primary, cmd.to):
+            return Decision([], {"db": cmd.db, "id": m.id, "moved": True, "joined": True,
+                                 "donor": m.donor, "recipient": m.recipient})
+        raise CommandError("ConflictingOperationInProgress", f"shard {shard} already takes part in migration {m.id}; "
+                                                             f"a shard runs one migration at a time")
+    mid = new_uuid()
+    return Decision([c.PrimaryMoveRequested(id=mid, db=cmd.db, donor=db.primary, recipient=cmd.to)],
+                    {"db": cmd.db, "id": mid, "moved": True, "donor": db.primary, "recipient": cmd.to})
+
+
+def commit_primary_move(catalog: Catalog, cmd: c.CommitPrimaryMove) -> Decision:
+    m = catalog.migrations.get(cmd.id)
+    if m is None or m.kind != "primary":
+        outcome = catalog.outcomes.get(cmd.id)
+        if outcome == "committed":
+            return Decision([], {"id": cmd.id, "outcome": outcome})
+        raise CommandError("NoSuchMigration", f"primary move {cmd.id} is not active ({outcome or 'unknown'})")
+    db = catalog.databases[m.ns]
+    v = moved_primary(db.version)
+    return Decision([c.PrimaryMoved(id=m.id, db=m.ns, primary=m.recipient, lastMod=v.last_mod)],
+                    {"id": m.id, "outcome": "committed", "primary": m.recipient})
+
+
+def abort_primary_move(catalog: Catalog, cmd: c.AbortPrimaryMove) -> Decision:
+    m = catalog.migrations.get(cmd.id)
+    if m is None:
+        return Decision([], {"id": cmd.id, "outcome": catalog.outcomes.get(cmd.id, "unknown")})
+    return Decision([c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)],
+                    {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
+
+
 _HANDLERS = {
     c.AddShard: add_shard, c.RemoveShard: remove_shard, c.CreateDatabase: create_database,
     c.CreateCollection: create_collection, c.ShardCollection: shard_collection, c.SplitChunk: split_chunk, c.MergeChunks: merge_chunks,
     c.AddShardToZone: add_shard_to_zone, c.RemoveShardFromZone: remove_shard_from_zone,
     c.AssignZoneRange: assign_zone_range, c.RemoveZoneRange: remove_zone_range, c.SetSetting: set_setting,
     c.MoveRange: move_range, c.CommitMigration: commit_migration, c.AbortMigration: abort_migration,
-    c.GetMigration: get_migration,
+    c.GetMigration: get_migration, c.MovePrimary: move_primary, c.CommitPrimaryMove: commit_primary_move,
+    c.AbortPrimaryMove: abort_primary_move,
 }

@@ -57,6 +57,7 @@ class ShardDecider(MigrationDecisions):
             s.Insert: self.insert, s.Find: self.find, s.GetMore: self.get_more, s.Count: self.count,
             s.Update: self.update, s.Delete: self.delete,
             s.StartDonation: self.start_donation, s.StartReceipt: self.start_receipt,
+            s.StartPrimaryMove: self.start_primary_move, s.StartPrimaryReceipt: self.start_primary_receipt,
             s.TransferBatch: self.transfer_batch, s.CommitClone: self.commit_clone,
             s.EnterCriticalSection: self.enter_critical_section, s.RecordDecision: self.record_decision,
             s.FinishReceipt: self.finish_receipt, s.ForgetMigration: self.forget_migration,
@@ -131,6 +132,13 @@ class ShardDecider(MigrationDecisions):
                            {"shard": self.shard_id, "configTime": self.catalog.config_time,
                             "epoch": coll.epoch if coll else None, "version": list(here.pair) if here else None})
 
+    def _write_blocked(self, coll: Collection | None, ns: str) -> list[tuple[bytes, bytes]]:
+        """Key ranges of `ns` where writes wait for a critical section (everything, for an
+        unsharded collection whose primary is moving)."""
+        if coll is None:
+            return [(b"", b"\xff" * 16)] if self.primary_blocked(ns, reads=False) else []
+        return self.blocked_ranges(ns, reads=False)
+
     def _owned_ranges(self, coll: Collection | None) -> list[tuple[bytes, bytes | None]]:
         if coll is None:
             return [(b"", None)]
@@ -161,6 +169,8 @@ class ShardDecider(MigrationDecisions):
             matcher = compile_filter(flt)
         except QueryError as e:
             raise CommandError("BadValue", f"invalid filter: {e}") from None
+        if coll is None and self.primary_blocked(ns, reads=True):
+            raise self._critical(ns, "a read")
         blocked = self.blocked_ranges(ns, reads=True) if coll is not None else []
         if "_id" in flt and not isinstance(flt["_id"], dict):  # fast path by _id
             hit = self.documents.find_by_id(ns, flt["_id"])
@@ -259,7 +269,8 @@ class ShardDecider(MigrationDecisions):
         if not self._owns(coll, skey):
             raise CommandError("StaleConfig", f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
                                {"shard": self.shard_id, "configTime": self.catalog.config_time})
-        if coll is not None and any(lo <= skey < hi for lo, hi in self.blocked_ranges(ns, reads=False)):
+        if coll is not None and any(lo <= skey < hi for lo, hi in self.blocked_ranges(ns, reads=False)) \
+                or coll is None and self.primary_blocked(ns, reads=False):
             raise self._critical(ns, "a write")
         id_enc = encode_value(doc["_id"])
         existing = self.documents.find_by_id(ns, doc["_id"])
@@ -274,7 +285,7 @@ class ShardDecider(MigrationDecisions):
         events: list[Record] = []
         matched = modified = 0
         try:
-            blocked = self.blocked_ranges(req.ns, reads=False) if coll is not None else []
+            blocked = self._write_blocked(coll, req.ns)
             for skey, doc in self._matching(coll, req.ns, req.filter):
                 if any(lo <= skey < hi for lo, hi in blocked):
                     raise self._critical(req.ns, "an update")
@@ -306,7 +317,7 @@ class ShardDecider(MigrationDecisions):
     def delete(self, req: s.Delete) -> Decision:
         coll = self._placement(req.ns, req.routing)
         events: list[Record] = []
-        blocked = self.blocked_ranges(req.ns, reads=False) if coll is not None else []
+        blocked = self._write_blocked(coll, req.ns)
         for skey, doc in self._matching(coll, req.ns, req.filter):
             if any(lo <= skey < hi for lo, hi in blocked):
                 raise self._critical(req.ns, "a delete")

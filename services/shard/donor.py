@@ -42,6 +42,7 @@ from services.shard.decide import doc_bytes as _size
 
 log = logging.getLogger(__name__)
 
+UNSHARDED, UNSHARDED_END = b"\x00", b"\x01"  # where unsharded collections' documents are (decide.py)
 CLONE_BATCH_DOCS = 2000
 CLONE_BATCH_BYTES = 2 * 1024 * 1024
 CATCH_UP_MODS = 200  # enter the critical section once a pass of mods is this small
@@ -110,14 +111,14 @@ class DonorCoordinator:
     def _next_work(self):
         docs = self.server.documents.migrations
         for m in list(docs.values()):
-            if m.role == "donor":
+            if m.role in ("donor", "primary-donor"):
                 return self.resume(m)
-            if m.role == "recipient" and m.id in self.catalog.outcomes:
+            if m.role in ("recipient", "primary-recipient") and m.id in self.catalog.outcomes:
                 # The donor is gone or its FinishReceipt was lost: the config server's outcome decides.
                 return self._ask_self(s.FinishReceipt(id=m.id, committed=self.catalog.outcomes[m.id] == "committed"))
         for m in self.catalog.migrations.values():
             if m.donor == self.shard_id and not any(d.id == m.id for d in docs.values()):
-                return self.donate(m)
+                return self.move_primary(m) if m.kind == "primary" else self.donate(m)
         return None
 
     # ------------------------------------------------------------ requests
@@ -189,6 +190,39 @@ class DonorCoordinator:
             # Safe whatever step failed: the config server answers "committed" if the commit got in.
             committed, at = await self._abort(m.id, reason, getattr(e, "jumbo", False))
         self._current = None
+        await self._finish(m.id, m.recipient, committed, at)
+        self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
+
+    async def move_primary(self, m: Migration) -> None:
+        """movePrimary: copy the database's unsharded collections to the new primary with
+        their writes blocked throughout (there is no mods phase), then commit."""
+        t0 = time.monotonic()
+        self._progress(m.id, phase="cloning", cloned=0, mods=0, bytes=0, ns=m.ns, recipient=m.recipient,
+                       started=time.time(), kind="primary")
+        try:
+            await self._ask_self(s.StartPrimaryMove(id=m.id, db=m.ns, recipient=m.recipient))
+            self._progress(m.id, criticalSince=time.time())
+            await self._ask_recipient(m, s.StartPrimaryReceipt(id=m.id, db=m.ns, donor=self.shard_id))
+            db = self.catalog.databases.get(m.ns)
+            cloned = 0
+            for ns in sorted(db.collections if db else ()):
+                async for written in self._clone_batches(ns, Range(UNSHARDED, UNSHARDED_END, {}, {})):
+                    await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", ns=ns, written=written))
+                    cloned += len(written)
+                    self._progress(m.id, cloned=cloned)
+            await self._ask_recipient(m, s.CommitClone(id=m.id))
+            await self._ask_self(s.EnterCriticalSection(id=m.id, reads=True))
+            reply = await self.requester.request(self.topics.config_commands, cfg.CommitPrimaryMove(id=m.id),
+                                                 timeout=STEP_DEADLINE_S)
+            if not reply.ok:
+                raise MigrationAborted(f"commit refused: {reply.code}: {reply.error}")
+            committed, at = True, reply.configTime or 0
+        except (MigrationAborted, Exception) as e:
+            if isinstance(e, NotActive):
+                raise
+            reason = e.reason if isinstance(e, MigrationAborted) else f"InternalError: {type(e).__name__}: {e}"
+            log.warning("shard %s: primary move %s of %s aborted: %s", self.shard_id, m.id, m.ns, reason)
+            committed, at = await self._abort(m.id, reason)
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from services.shard.decide import ShardDecider
 
 BLOCKS_WRITES = ("critical", "committing")
+UNSHARDED, UNSHARDED_END = b"\x00", b"\x01"  # the layout of unsharded collections (see decide.py)
 BLOCKS_READS = ("committing",)
 
 
@@ -50,6 +51,14 @@ class MigrationDecisions:
         return [self._range_keys(m.ns, m.min, m.max) for m in self.documents.migrations.values()
                 if m.ns == ns and m.role == "donor" and m.state in states and m.decision is None]
 
+    def primary_blocked(self: "ShardDecider", ns: str, reads: bool) -> bool:
+        """An unsharded collection whose database's primary is moving away: writes wait from
+        the start of the move (it has no mods phase), reads once it commits."""
+        db = ns.partition(".")[0]
+        states = BLOCKS_READS if reads else ("critical", "committing")
+        return any(m.role == "primary-donor" and m.ns == db and m.state in states and m.decision is None
+                   for m in self.documents.migrations.values())
+
     def _critical(self: "ShardDecider", ns: str, what: str) -> CommandError:
         # Retriable: the router waits for the next ConfigTime (the commit or the abort) and retries.
         return CommandError("StaleConfig", f"{self.shard_id}: {what} of {ns} waits for a migration's critical section",
@@ -73,6 +82,34 @@ class MigrationDecisions:
                          s.RangeDeletionRecorded(**common, why=f"donated to {req.recipient}")],
                         {"id": req.id, "state": "cloning"})
 
+    def start_primary_move(self: "ShardDecider", req: s.StartPrimaryMove) -> Decision:
+        if (mine := self._busy(req.id)) is not None:
+            return Decision([], {"id": req.id, "state": mine.state, "joined": True})
+        db = self.catalog.databases.get(req.db)
+        if db is None or db.primary != self.shard_id:
+            raise CommandError("StaleConfig", f"{self.shard_id} is not the primary of {req.db}",
+                               {"shard": self.shard_id, "configTime": self.catalog.config_time})
+        return Decision([s.MigrationRecorded(id=req.id, role="primary-donor", ns=req.db, epoch="", min={}, max={},
+                                             peer=req.recipient, state="critical")], {"id": req.id, "state": "critical"})
+
+    def start_primary_receipt(self: "ShardDecider", req: s.StartPrimaryReceipt) -> Decision:
+        if (mine := self._busy(req.id)) is not None:
+            return Decision([], {"id": req.id, "state": mine.state, "joined": True})
+        if req.id not in self.catalog.migrations:
+            raise CommandError("NoSuchMigration", f"primary move {req.id} is not active")
+        fault_point("migration.registered")
+        return Decision([s.MigrationRecorded(id=req.id, role="primary-recipient", ns=req.db, epoch="", min={}, max={},
+                                             peer=req.donor, state="cloning")], {"id": req.id, "state": "cloning"})
+
+    def _unsharded_removals(self: "ShardDecider", db: str) -> list[Record]:
+        """Removals of every document of `db`'s unsharded collections held here."""
+        d = self.catalog.databases.get(db)
+        out: list[Record] = []
+        for ns in sorted(d.collections if d else ()):
+            for k, doc in self.documents.scan(ns, UNSHARDED, UNSHARDED_END):
+                out.append(s.DocumentRemoved(ns=ns, skey=UNSHARDED.hex(), id=doc["_id"]))
+        return out
+
     def enter_critical_section(self: "ShardDecider", req: s.EnterCriticalSection) -> Decision:
         m = self._migration(req.id, "donor")
         state = "committing" if req.reads else "critical"
@@ -80,7 +117,7 @@ class MigrationDecisions:
 
     def record_decision(self: "ShardDecider", req: s.RecordDecision) -> Decision:
         m = self.documents.migrations.get(req.id)
-        if m is None or m.role != "donor":
+        if m is None or m.role not in ("donor", "primary-donor"):
             return Decision([], {"id": req.id, "state": "forgotten"})  # decided and forgotten already
         decision = "committed" if req.committed else "aborted"
         if m.decision is not None:
@@ -88,6 +125,10 @@ class MigrationDecisions:
                 raise CommandError("IllegalOperation", f"migration {req.id} was already {m.decision}")
             return Decision([], {"id": req.id, "state": m.state})
         events: list[Record] = [m.model_copy(update={"state": "decided", "decision": decision})]
+        if m.role == "primary-donor" and req.committed:
+            # Our copies of the unsharded collections are the old primary's: delete them now
+            # (they are never read again: routers and this shard send them to the new primary).
+            events += self._unsharded_removals(m.ns)
         task = self.documents.range_tasks.get(req.id)
         if task is not None:
             if req.committed:  # the donor's copy is orphaned now
@@ -123,8 +164,14 @@ class MigrationDecisions:
         if m.state != "cloning":
             raise CommandError("IllegalOperation", f"migration {req.id} is {m.state}; no more documents accepted")
         fault_point("migration.cloning" if req.phase == "clone" else "migration.catching_up")
-        lo, hi = self._range_keys(m.ns, m.min, m.max)
         events: list[Record] = []
+        if m.role == "primary-recipient":  # whole unsharded collections of the database
+            if not req.ns or req.ns.partition(".")[0] != m.ns:
+                raise CommandError("BadValue", f"a batch of primary move {req.id} must name a collection of {m.ns}")
+            events += [s.DocumentWritten(ns=req.ns, skey=UNSHARDED.hex(), doc=w["doc"]) for w in req.written]
+            events.append(m.model_copy(update={"cloned": m.cloned + len(req.written)}))
+            return Decision(events, {"id": req.id, "applied": len(events) - 1})
+        lo, hi = self._range_keys(m.ns, m.min, m.max)
         for w in req.written:
             skey = bytes.fromhex(w["skey"])
             if lo <= skey < hi:
@@ -146,10 +193,12 @@ class MigrationDecisions:
 
     def finish_receipt(self: "ShardDecider", req: s.FinishReceipt) -> Decision:
         m = self.documents.migrations.get(req.id)
-        if m is None or m.role != "recipient":
+        if m is None or m.role not in ("recipient", "primary-recipient"):
             return Decision([], {"id": req.id, "state": "forgotten"})
         fault_point("migration.range_tasks_updated")
         events: list[Record] = [s.MigrationForgotten(id=req.id)]
+        if m.role == "primary-recipient" and not req.committed:
+            events += self._unsharded_removals(m.ns)  # the aborted move's copies
         task = self.documents.range_tasks.get(req.id)
         if task is not None:
             if req.committed:  # the documents are ours now
@@ -166,7 +215,7 @@ class MigrationDecisions:
         m = self.documents.migrations.get(req.id)
         if m is None:
             return Decision([], {"id": req.id, "state": "forgotten"})
-        if m.role == "donor" and m.decision is None:
+        if m.role in ("donor", "primary-donor") and m.decision is None:
             raise CommandError("IllegalOperation", f"migration {req.id} is not decided yet")
         return Decision([s.MigrationForgotten(id=req.id)], {"id": req.id, "state": "forgotten"})
 
@@ -192,7 +241,7 @@ class MigrationDecisions:
 
     def _migration(self: "ShardDecider", mid: str, role: str) -> s.MigrationRecorded:
         m = self.documents.migrations.get(mid)
-        if m is None or m.role != role:
+        if m is None or m.role not in (role, f"primary-{role}"):
             raise CommandError("NoSuchMigration", f"{self.shard_id} has no {role} document for migration {mid}")
         if m.decision is not None:
             raise CommandError("IllegalOperation", f"migration {mid} was already {m.decision}")
