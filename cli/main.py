@@ -186,8 +186,14 @@ def add_shard(shard: str, json_out: bool = JsonOpt) -> None:
 
 
 @app.command("remove-shard")
-def remove_shard(shard: str, json_out: bool = JsonOpt) -> None:
-    """Start draining a shard; run again to see progress; it disappears once empty."""
+def remove_shard(shard: str, status_only: bool = typer.Option(False, "--status", help="what remains, an estimate "
+                                                                                     "of time left, what blocks it"),
+                 json_out: bool = JsonOpt) -> None:
+    """Start draining a shard (the balancer moves its chunks and databases, then removes it);
+    --status shows what remains."""
+    if status_only:
+        return _removal_status(shard, json_out)
+
     def human(r):
         rem = r.get("remaining")
         msg = {"completed": f"shard {r['shard']} removed", "started": f"draining shard {r['shard']}",
@@ -196,6 +202,71 @@ def remove_shard(shard: str, json_out: bool = JsonOpt) -> None:
             msg += f": {rem['chunks']} chunks left, primary of {len(rem['dbs'])} databases {rem['dbs']}"
         out.print(msg)
     send(c.RemoveShard(shard=shard), json_out, human)
+
+
+def _removal_status(shard: str, json_out: bool) -> None:
+    from services.balancer.draining import removal_status
+    from services.balancer.server import in_window, _now
+
+    cat, commits = run(_drain_history(shard))
+    if shard not in cat.shards:
+        fail(f"shard {shard!r} does not exist (removed already?)", code="ShardNotFound", as_json=json_out)
+    doc = removal_status(cat, shard)
+    if not in_window(cat.settings.balancerWindow, _now()):
+        w = cat.settings.balancerWindow
+        doc["blockers"].append({"reason": "outsideWindow",
+                                "detail": f"outside the balancing window {w.start}-{w.stop} {w.timeZone}"})
+    if not doc["draining"]:
+        doc["blockers"].insert(0, {"reason": "notDraining", "detail": f"run `shardlog remove-shard {shard}` to start"})
+    # Estimate from the pace so far: chunks moved off the shard since draining began.
+    if commits["since"] is not None and commits["moved"]:
+        per_chunk = (commits["now"] - commits["since"]) / commits["moved"]
+        doc["estimatedSecondsLeft"] = round(per_chunk * (doc["chunks"] + len(doc["databases"])), 1)
+    else:
+        doc["estimatedSecondsLeft"] = None
+    doc["movedSoFar"] = commits["moved"]
+    if json_out:
+        print(json.dumps({"ok": True, **doc}))
+        return
+    out.print(f"shard {shard}: {'draining' if doc['draining'] else 'not draining'}; {doc['chunks']} chunk(s) left, "
+              f"primary of {len(doc['databases'])} database(s) {doc['databases'] or ''}; {doc['movedSoFar']} chunk(s) "
+              f"moved so far" + (f"; about {doc['estimatedSecondsLeft']:.0f} s left" if doc["estimatedSecondsLeft"]
+                                 is not None else ""))
+    for b_ in doc["blockers"]:
+        out.print(f"  blocked: {b_['reason']}: {b_['detail']}")
+
+
+async def _drain_history(shard: str):
+    """The catalog, and when draining began and how many chunks have left since (Kafka timestamps)."""
+    from aiokafka import TopicPartition
+
+    from schemas import config as cfg_schema
+    from services.config.catalog import Catalog
+
+    cat = Catalog(track_changes=False)
+    tp = TopicPartition(_ctx.topics.config_events, 0)
+    consumer = kafka.consumer(_ctx.bootstrap, client_id="shardlog-cli")
+    await consumer.start()
+    since, moved, last = None, 0, None
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+
+        async def take(records):
+            nonlocal since, moved, last
+            for rec in records:
+                e = cfg_schema.events.decode(rec.value)
+                cat.apply(e, rec.offset)
+                if e.type == "ShardDraining" and e.shard == shard:
+                    since, moved = rec.timestamp / 1000, 0
+                elif e.type == "MigrationCommitted" and e.donor == shard and since is not None:
+                    moved += 1
+                    last = rec.timestamp / 1000
+        await kafka.catch_up(consumer, tp, take)
+    finally:
+        await consumer.stop()
+    import time as _time
+    return cat, {"since": since, "moved": moved, "now": _time.time(), "last": last}
 
 
 @app.command("create-database")

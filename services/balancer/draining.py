@@ -1,0 +1,60 @@
+"""Removing a shard, past its chunks (which the policy drains): the databases whose
+primary it is move to another shard, then the removal completes.  Pure: the catalog
+in, actions out (the round loop records and sends them)."""
+from __future__ import annotations
+
+from services.config.catalog import Catalog
+
+
+def drain_actions(catalog: Catalog, busy: set[str]) -> list[dict]:
+    """For each draining shard: move one database's primary off it at a time once it
+    has no chunk left (a shard runs one migration at a time), then complete the removal."""
+    actions = []
+    for shard in sorted(s.id for s in catalog.shards.values() if s.draining):
+        if catalog.chunk_count(shard):
+            continue  # the policy is still moving its chunks
+        dbs = catalog.primary_of(shard)
+        if not dbs:
+            actions.append({"kind": "removeShard", "ns": "", "shard": shard})
+            continue
+        if shard in busy or catalog.migration_of(shard) is not None:
+            continue
+        to = new_primary(catalog, exclude=busy | {shard})
+        if to is not None:
+            actions.append({"kind": "movePrimary", "ns": dbs[0], "from": shard, "to": to})
+            busy |= {shard, to}
+    return actions
+
+
+def new_primary(catalog: Catalog, exclude: set[str]) -> str | None:
+    """The active shard that is primary of the fewest databases, then holds the fewest chunks."""
+    candidates = [s for s in catalog.active_shards() if s not in exclude and catalog.migration_of(s) is None]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda s: (len(catalog.primary_of(s)), catalog.chunk_count(s), s))
+
+
+def removal_status(catalog: Catalog, shard: str, sizes: dict[str, int] | None = None) -> dict:
+    """What remains on a draining shard and what blocks it (for `remove-shard --status`)."""
+    s = catalog.shards[shard]
+    chunks = [(ns, ch) for ns, coll in catalog.collections.items() for ch in coll.chunks if ch.shard == shard]
+    blockers = []
+    for ns, ch in chunks:
+        if ch.jumbo:
+            blockers.append({"reason": "jumbo", "ns": ns,
+                             "detail": "a jumbo chunk; draining moves it anyway (forceJumbo), which may take long"})
+        coll = catalog.collections[ns]
+        if not coll.settings.allowMigrations:
+            blockers.append({"reason": "migrationsDisallowed", "ns": ns,
+                             "detail": f"set-allow-migrations {ns} true to let its chunks leave"})
+        if not coll.settings.balancerEnabled:
+            blockers.append({"reason": "balancerDisabled", "ns": ns,
+                             "detail": f"balancing is disabled for {ns}; draining needs the balancer"})
+    if not catalog.settings.balancerEnabled:
+        blockers.append({"reason": "balancerStopped", "detail": "the balancer is stopped (shardlog balancer start)"})
+    if not [x for x in catalog.active_shards() if x != shard]:
+        blockers.append({"reason": "noTarget", "detail": "no other active shard can take the data"})
+    uniq = {(b["reason"], b.get("ns")): b for b in blockers}
+    return {"shard": shard, "draining": s.draining, "chunks": len(chunks),
+            "dataBytes": (sizes or {}).get(shard), "databases": catalog.primary_of(shard),
+            "blockers": list(uniq.values())}
