@@ -291,13 +291,46 @@ def shard_collection(ns: str, key: str = typer.Option(..., help='shard key patte
 
 
 @app.command("split")
-def split(ns: str, at: list[str] = typer.Option(..., help="split point (full shard key); repeat for several"),
+def split(ns: str, at: Optional[list[str]] = typer.Option(None, help="split point (full shard key); repeat for several"),
+          find: Optional[str] = typer.Option(None, "--find", help="without --at: split the chunk holding this "
+                                                                  "document at its median shard-key value"),
           json_out: bool = JsonOpt) -> None:
-    """Split the chunk containing the points at those points."""
-    points = [parse_json(p, "--at", json_out) for p in at]
+    """Split a chunk at given points, or (--find) at the median of its documents."""
+    if at:
+        points = [parse_json(p, "--at", json_out) for p in at]
+    elif find is not None:
+        points = _median_point(ns, parse_json(find, "--find", json_out), json_out)
+    else:
+        fail("give --at POINT (repeatable) or --find DOC", code="BadValue", as_json=json_out, exit_code=2)
     send(c.SplitChunk(ns=ns, at=points), json_out,
          lambda r: out.print(f"split into {len(r['chunks'])} chunks: " +
                              ", ".join(f"[{b(x['min'])}, {b(x['max'])})" for x in r["chunks"])))
+
+
+def _median_point(ns: str, doc: Any, as_json: bool) -> list:
+    """Ask the chunk's owner for the median shard-key value of its documents (seed 001)."""
+    from schemas import shard as s
+    cat = _catalog(None, as_json)
+    coll = cat.collections.get(ns)
+    if coll is None:
+        fail(f"collection {ns!r} is not sharded", code="NamespaceNotFound", as_json=as_json)
+    try:
+        owner = coll.chunks[coll.chunk_index(coll.pattern.encode_doc(doc))].shard
+    except Exception as e:
+        fail(f"--find: {e}", code="BadValue", as_json=as_json, exit_code=2)
+
+    async def ask():
+        async with Requester(_ctx.bootstrap, _ctx.topics.cli_replies, client_id="shardlog-cli") as r:
+            return await r.request(_ctx.topics.shard_requests(owner), s.SplitVector(ns=ns, find=doc, median=True),
+                                   timeout=_ctx.timeout)
+    reply = run(ask())
+    if not reply.ok:
+        fail(reply.error or "", code=reply.code or "Error", as_json=as_json)
+    if not reply.result["points"]:
+        why = "every document has the same shard key value (a jumbo chunk)" if reply.result["jumbo"] \
+            else "the chunk holds no document"
+        fail(f"cannot split the chunk: {why}", code="CannotSplit", as_json=as_json)
+    return reply.result["points"]
 
 
 @app.command("merge")

@@ -202,6 +202,18 @@ class ForgetMigration(Record):
     id: str
 
 
+class SplitVector(Record):
+    """Read-only: split points for the chunk holding `find`'s shard key, chosen from this
+    shard's documents (seed 001's split vector), or the median point with `median`."""
+
+    type: Literal["SplitVector"] = "SplitVector"
+    v: Literal[1] = 1
+    ns: str
+    find: Doc
+    maxChunkSizeBytes: int = Field(128 * 1024 * 1024, ge=1)
+    median: bool = False
+
+
 class ListMigrations(Record):
     """This shard's migration documents, range-deletion tasks and live progress (read-only)."""
 
@@ -217,13 +229,14 @@ class DeleteRangeBatch(Record):
 
 
 MIGRATION_REQUESTS = (StartDonation, StartReceipt, StartPrimaryMove, StartPrimaryReceipt, TransferBatch, CommitClone, EnterCriticalSection, RecordDecision,
-                      FinishReceipt, ForgetMigration, ListMigrations, DeleteRangeBatch)
+                      FinishReceipt, ForgetMigration, ListMigrations, DeleteRangeBatch, SplitVector)
 
 
 ShardRequest = Annotated[Union[Insert, Find, GetMore, Count, Update, Delete, Explain, StartDonation, StartReceipt,
                                StartPrimaryMove, StartPrimaryReceipt,
                                TransferBatch, CommitClone, EnterCriticalSection, RecordDecision, FinishReceipt,
-                               ForgetMigration, ListMigrations, DeleteRangeBatch], Field(discriminator="type")]
+                               ForgetMigration, ListMigrations, DeleteRangeBatch, SplitVector],
+                         Field(discriminator="type")]
 REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, *MIGRATION_REQUESTS)
 # What clients may send to a router (the rest is between services).
 CLIENT_REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain)

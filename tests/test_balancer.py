@@ -86,3 +86,25 @@ def test_the_balancer_evens_out_a_collection_loaded_on_one_shard_then_stays_quie
 async def _count(cl):
     async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=60) as client:
         return await client["b"]["c"].count_documents({})
+
+
+def test_split_find_without_at_splits_at_the_median_and_refuses_a_single_key_chunk(data_cluster):
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="sp", primary="s1"))
+    cl.command(c.ShardCollection(ns="sp.c", key={"k": 1}))
+    cl.command(c.SplitChunk(ns="sp.c", at=[{"k": 1000}]))
+
+    async def load():
+        async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=60) as client:
+            await client["sp"]["c"].insert_many([{"_id": i, "k": i // 2} for i in range(100)]
+                                                + [{"_id": 5000 + i, "k": 2000} for i in range(10)])
+    asyncio.run(load())
+    done = cli(cl.settings, "split", "sp.c", "--find", '{"k": 7}', "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    chunks = json.loads(done.stdout)["chunks"]
+    assert [ch["max"] for ch in chunks][0] == {"k": 25}  # keys 0..49, two documents each: the median key
+    single = cli(cl.settings, "split", "sp.c", "--find", '{"k": 2000}', "--json")
+    assert single.returncode == 1 and json.loads(single.stdout)["code"] == "CannotSplit"
+    assert "same shard key" in json.loads(single.stdout)["error"]
+    neither = cli(cl.settings, "split", "sp.c")
+    assert neither.returncode == 2

@@ -61,7 +61,8 @@ class ShardDecider(MigrationDecisions):
             s.TransferBatch: self.transfer_batch, s.CommitClone: self.commit_clone,
             s.EnterCriticalSection: self.enter_critical_section, s.RecordDecision: self.record_decision,
             s.FinishReceipt: self.finish_receipt, s.ForgetMigration: self.forget_migration,
-            s.ListMigrations: self.list_migrations, s.DeleteRangeBatch: self.delete_range_batch}
+            s.ListMigrations: self.list_migrations, s.DeleteRangeBatch: self.delete_range_batch,
+            s.SplitVector: self.split_vector}
 
     def decide(self, req: Record) -> Decision:
         handler = self._handlers.get(type(req))
@@ -239,6 +240,31 @@ class ShardDecider(MigrationDecisions):
     def count(self, req: s.Count) -> Decision:
         coll = self._placement(req.ns, req.routing)
         return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
+
+    def split_vector(self, req: s.SplitVector) -> Decision:
+        """Split points of the chunk holding `find` from this shard's documents (seed 001)."""
+        from services.balancer import autosplit
+        coll = self.catalog.collections.get(req.ns)
+        if coll is None:
+            raise CommandError("NamespaceNotFound", f"collection {req.ns!r} is not sharded")
+        try:
+            key = coll.pattern.encode_doc(req.find)
+        except ShardKeyError as e:
+            raise CommandError("BadValue", f"find: {e}") from None
+        chunk = coll.chunks[coll.chunk_index(key)]
+        if chunk.shard != self.shard_id:
+            raise CommandError("StaleConfig", f"{self.shard_id} does not own that chunk",
+                               {"shard": self.shard_id, "configTime": self.catalog.config_time})
+        docs = [(to_ejson(coll.pattern.extract(d)), doc_bytes(d))
+                for _, d in self.documents.scan(req.ns, chunk.min_key, chunk.max_key)]
+        bounds = {"min": to_ejson(chunk.min), "max": to_ejson(chunk.max)}
+        if req.median:
+            point = autosplit.median_point(docs)
+            return Decision([], {"chunk": bounds, "points": [point] if point is not None else [],
+                                 "jumbo": point is None and len(docs) > 0, "documents": len(docs)})
+        vector = autosplit.split_points(docs, req.maxChunkSizeBytes)
+        return Decision([], {"chunk": bounds, "points": vector.points, "jumbo": vector.jumbo, "documents": len(docs),
+                             "bytes": sum(n for _, n in docs)})
 
     # ----------------------------------------------------------------- writes
 
