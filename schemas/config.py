@@ -187,6 +187,15 @@ class AbortPrimaryMove(Record):
     reason: str
 
 
+class MarkJumbo(Record):
+    """The chunk holding `min` cannot be split (one shard-key value): flag it jumbo."""
+
+    type: Literal["MarkJumbo"] = "MarkJumbo"
+    v: Literal[1] = 1
+    ns: str
+    min: Bound
+
+
 class SetSetting(Record):
     """Set a cluster setting, or a collection's when `ns` is given (value None resets)."""
 
@@ -199,11 +208,11 @@ class SetSetting(Record):
 
 ConfigCommand = Annotated[
     Union[AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove],
+          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove, MarkJumbo],
     Field(discriminator="type"),
 ]
 COMMANDS = (AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove)
+            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove, MarkJumbo)
 
 # ------------------------------------------------------------------ events
 

@@ -153,6 +153,7 @@ def test_every_command_has_a_decision():
         c.AbortMigration: None,
         c.GetMigration: c.GetMigration(),  # read-only
         c.MovePrimary: None, c.CommitPrimaryMove: None, c.AbortPrimaryMove: None,  # below
+        c.MarkJumbo: c.MarkJumbo(ns="d.x", min={"k": MINK}),
     }
     assert set(samples) == set(c.COMMANDS)
     for cmd in samples.values():

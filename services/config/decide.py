@@ -509,6 +509,16 @@ def get_migration(catalog: Catalog, cmd: c.GetMigration) -> Decision:
                                     if cmd.ns is None or m.ns == cmd.ns]})
 
 
+def mark_jumbo(catalog: Catalog, cmd: c.MarkJumbo) -> Decision:
+    coll = _collection(catalog, cmd.ns)
+    _, key = _bound(coll, cmd.min, "min")
+    chunk = coll.chunks[coll.chunk_index(key)]
+    if chunk.jumbo:
+        return Decision([], {"ns": cmd.ns, "jumbo": True, "marked": False})
+    return Decision([c.ChunkMarkedJumbo(ns=cmd.ns, epoch=coll.epoch, min=to_ejson(chunk.min))],
+                    {"ns": cmd.ns, "jumbo": True, "marked": True})
+
+
 # ----------------------------------------------------------- movePrimary
 
 def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
@@ -563,5 +573,5 @@ _HANDLERS = {
     c.AssignZoneRange: assign_zone_range, c.RemoveZoneRange: remove_zone_range, c.SetSetting: set_setting,
     c.MoveRange: move_range, c.CommitMigration: commit_migration, c.AbortMigration: abort_migration,
     c.GetMigration: get_migration, c.MovePrimary: move_primary, c.CommitPrimaryMove: commit_primary_move,
-    c.AbortPrimaryMove: abort_primary_move,
+    c.AbortPrimaryMove: abort_primary_move, c.MarkJumbo: mark_jumbo,
 }
