@@ -103,7 +103,8 @@ PHASES = {  # phases of a migration, each from one answered request of the donor
     "critical": "last mods + CommitClone + block reads",
     "commit": "CommitMigration + RecordDecision",
 }
-REQUEST_HEAD = re.compile(rb'"type":"(\w+)","v":1,"id":"[^"]+"(?:,"phase":"(\w+)")?(?:,"reads":(true|false))?')
+REQUEST_TYPE = re.compile(rb'^\{"type":"(\w+)"')
+REQUEST_DETAIL = re.compile(rb'"(?:phase":"(\w+)"|reads":(true|false))')
 
 
 # ------------------------------------------------------------------ figures
@@ -410,13 +411,17 @@ class Bench:
         forgotten = await self.wait_forgotten(mid, donor, int(t0_unix * 1000) - 1000)
         progress, lm = {}, {}
         for _ in range(50):
+            t_lm = time.perf_counter()
             lm = await self.shard_request(donor, s.ListMigrations())
+            lm_ms = (time.perf_counter() - t_lm) * 1000
             progress = lm["progress"].get(mid, {})
             if progress.get("phase") == "done":
                 break
             await asyncio.sleep(0.1)
         m = {"label": label, "id": mid, "donor": donor, "recipient": to, "outcome": outcome,
-             "seconds": round(secs, 3), "t0": t0_unix, "t_end": t0_unix + secs, "progress": progress, "cpu": cpu}
+             "seconds": round(secs, 3), "t0": t0_unix, "t_end": t0_unix + secs, "progress": progress, "cpu": cpu,
+             "list_migrations_ms": round(lm_ms, 1),
+             "orphans_left": sum(t.get("left", 0) for t in lm.get("rangeDeletions", []))}
         if outcome != "committed" or progress.get("phase") != "done" or not forgotten:
             rec = await self.shard_request(to, s.ListMigrations())
             msg = (f"{label}: migration {mid} {donor} -> {to}: outcome {outcome!r}, donor progress {progress}, "
@@ -489,11 +494,12 @@ class Bench:
             head = rec.value[:300]
             if mid not in head:
                 return
-            got = REQUEST_HEAD.search(head)
-            if got:
+            kind = REQUEST_TYPE.match(head)
+            if kind:  # the request's type, and for TransferBatch its phase, for EnterCriticalSection reads
+                detail = REQUEST_DETAIL.search(head)
                 corr = dict(rec.headers or []).get(CORRELATION_ID, b"")
-                sent.append((rec.timestamp - m["t0"] * 1000, got[1].decode(),
-                             (got[2] or got[3] or b"").decode() or None, corr))
+                sent.append((rec.timestamp - m["t0"] * 1000, kind[1].decode(),
+                             (detail[1] or detail[2]).decode() if detail else None, corr))
 
         def on_reply(rec):
             corr = dict(rec.headers or []).get(CORRELATION_ID)
@@ -545,7 +551,8 @@ class Bench:
         docs, nbytes, secs = pr.get("cloned", 0), pr.get("bytes", 0), m["seconds"]
         out = {"outcome": m["outcome"], "docs": docs, "bytes": nbytes, "mods": pr.get("mods"), "seconds": secs,
                "docs_s": round(docs / secs, 1), "mb_s": round(nbytes / MB / secs, 2),
-               "critical_ms": pr.get("criticalMs"), "donor_seconds": pr.get("seconds")}
+               "critical_ms": pr.get("criticalMs"), "donor_seconds": pr.get("seconds"),
+               "list_migrations_ms": m.get("list_migrations_ms"), "donor_orphans": m.get("orphans_left")}
         if tl:
             ph = self.phases(tl)
             clone_ms = ph["clone"]
@@ -570,6 +577,8 @@ class Bench:
             print(f"      (RecordDecision answered at {tl['decided']} ms; the bench saw \"committed\" at "
                   f"{tl['committed_seen']} ms; ForgetMigration answered at {tl['forgotten']} ms)")
             if f.get("clone_docs_s"):
+                print(f"      ListMigrations on the donor afterwards ({f['donor_orphans']:,} orphans in its range-deletion "
+                      f"tasks): answered in {f['list_migrations_ms']:.0f} ms")
                 print(f"      clone phase alone: {f['clone_docs_s']:,.0f} docs/s, {f['clone_mb_s']:.2f} MB/s "
                       f"({f['clone_batches']} TransferBatch(clone) requests, {f['clone_ms_per_batch']} ms each; "
                       f"{f['mods_batches']} TransferBatch(mods), {f['mods_batches_before_critical']} of them before the "

@@ -1,11 +1,13 @@
 """shardlog balancer — what the balancer would do, from a snapshot of the cluster.
 
 `plan` runs the balancer's own chunk-selection policy (services/balancer/policy.py)
-on a snapshot file, offline: no broker needed.
+on a snapshot file, offline: no broker needed.  `shardlog defragment NS
+start|stop|status` asks the live balancer to defragment a collection.
 """
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import NoReturn
 
@@ -49,6 +51,12 @@ def plan(snapshot: Path = typer.Option(..., "--snapshot", help="snapshot JSON "
 
 # ------------------------------------------------------------------ the live balancer
 
+class DefragAction(str, Enum):
+    start = "start"
+    stop = "stop"
+    status = "status"
+
+
 def register(app: typer.Typer, m) -> None:
     """Add `balancer` to the main CLI, with the commands that talk to a cluster; `m` is cli.main."""
     from schemas import balancer as b
@@ -85,10 +93,11 @@ def register(app: typer.Typer, m) -> None:
                     + f"; now: {st['activity']}")
         for a in st["inFlight"]:
             what = f"{a['ns']} {a.get('from', '')} -> {a.get('to', '')} ({a.get('reason', '')})" \
-                if a["kind"] == "migration" else f"{a['ns']} split"
+                if a["kind"] == "migration" else a["ns"]
             m.out.print(f"  in flight: {a['kind']} {what}")
         for ns, d in st["defragmenting"].items():
-            m.out.print(f"  defragmenting {ns}: phase {d.get('phase')}")
+            if d["state"] != "finished":
+                m.out.print(f"  defragmenting {ns}: phase {d['currentPhase']} ({d['state']})")
 
     @balancer_app.command("collection-status")
     def collection_status(ns: str, json_out: bool = JsonOpt) -> None:
@@ -159,5 +168,33 @@ def register(app: typer.Typer, m) -> None:
             m.fail(f"shard {shard!r} does not exist", code="ShardNotFound", as_json=json_out)
         weights = {**cat.settings.shardWeights, shard: value}
         setting("shardWeights", weights, None, json_out, f"{shard}: weight {value:g}")
+
+    @app.command("defragment")
+    def defragment(ns: str, action: DefragAction = typer.Argument(..., help="start, stop or status"),
+                   json_out: bool = JsonOpt) -> None:
+        """Defragment a collection (merge and measure, move and merge small chunks, merge); the
+        balancer does not balance it meanwhile.  `status`: its phase and progress."""
+        if action is DefragAction.status:
+            doc = balancer_state(b.GetBalancerState(), json_out)["defragmenting"].get(ns)
+            doc = doc or {"ns": ns, "currentPhase": None, "state": "never started"}
+            if json_out:
+                print(json.dumps({"ok": True, **doc}))
+            elif doc["currentPhase"] is None:
+                m.out.print(f"{ns}: not defragmented")
+            else:
+                m.out.print(f"{ns}: phase {doc['currentPhase']} ({doc['state']}), "
+                            f"{doc['remainingChunksToProcess']} chunk(s) to process, {doc['outstanding']} in flight; "
+                            + ", ".join(f"{doc[k]} {k}" for k in ("merges", "dataSizes", "moves", "retries", "restarts")))
+            return
+        req = b.StartDefragmentation(ns=ns) if action is DefragAction.start else b.StopDefragmentation(ns=ns)
+        res = balancer_state(req, json_out)
+        if json_out:
+            print(json.dumps({"ok": True, **res}))
+        elif action is DefragAction.start:
+            m.out.print(f"defragmenting {ns}" if res["started"] else
+                        f"{ns} is already being defragmented (phase {res['status']['currentPhase']})")
+        else:
+            m.out.print(f"stopping the defragmentation of {ns} (actions in flight finish)" if res["stopped"] else
+                        f"{ns} is not being defragmented")
 
     app.add_typer(balancer_app, name="balancer")

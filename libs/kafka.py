@@ -30,6 +30,9 @@ def producer(bootstrap: str, *, transactional_id: str | None = None, client_id: 
         transaction_timeout_ms=transaction_timeout_ms,
         linger_ms=linger_ms,
         max_request_size=MAX_RECORD_BYTES,
+        # 16 KB (the default) splits a transaction of many small records into many requests:
+        # a migration batch of 2,000 documents took ~4x longer.
+        max_batch_size=1024 * 1024,
         # aiokafka's 100 ms default turns a transaction that starts while the previous
         # commit is still completing (a routine retry on Kafka 4) into a 100 ms stall.
         retry_backoff_ms=10,

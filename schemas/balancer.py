@@ -24,6 +24,7 @@ class IssueActions(Record):
     v: Literal[1] = 1
     round: int
     actions: list[Doc]  # {"id", "kind": "split"|"migration"|"merge"|"dataSize", "ns", ...}
+    # ("by": "defragmentation"|"autoMerge" for the secondary loop's actions, which it finishes itself)
 
 
 class FinishAction(Record):
@@ -55,11 +56,15 @@ class StopDefragmentation(Record):
 
 
 class SetDefragmentation(Record):
-    """The round loop's next defragmentation state of a collection (None: finished)."""
+    """A step of a collection's defragmentation (`defragment.to_json`), persisted so a new
+    balancer resumes the same phase.  Refused unless `started` names the current run (a
+    stop and a new start make an older run's steps moot); a stop that came in meanwhile
+    is applied to `state`."""
 
     type: Literal["SetDefragmentation"] = "SetDefragmentation"
     v: Literal[1] = 1
     ns: str
+    started: float | None = None  # the run's start time, as recorded by StartDefragmentation
     state: Doc | None
 
 
@@ -115,7 +120,7 @@ class DefragmentationChanged(Record):
     type: Literal["DefragmentationChanged"] = "DefragmentationChanged"
     v: Literal[1] = 1
     ns: str
-    state: Doc | None  # None: not defragmenting
+    state: Doc | None  # {"started", "state": defragment.to_json(...)}; None: never defragmented
 
 
 class AutoMergeRan(Record):

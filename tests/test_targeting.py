@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libs.query import compile_filter
-from libs.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, KeyPattern, hash_value, to_ejson
+from libs.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, KeyPattern, encode_value, hash_value, to_ejson
 from schemas import config as c
 from services.config.catalog import Catalog
 from services.router.targeting import for_document, for_query
@@ -318,3 +318,22 @@ def test_for_document_and_full_key_equality_pick_the_owner(data):
     extra = data.draw(st.dictionaries(st.just("x"), VALUES))
     key_only = {f: doc[f] for f in coll.pattern.fields}
     assert for_query(cat, NS, {**key_only, **extra}).shards == (owner,)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_every_matching_document_lies_in_the_key_ranges_a_shard_scans(data):
+    from services.router.targeting import key_ranges
+
+    spec, bounds, owners = data.draw(layouts())
+    coll = make_catalog(spec, bounds, owners).collections[NS]
+    flt = data.draw(filters(coll.pattern.fields))
+    matcher = compile_filter(flt)
+    ranges = key_ranges(coll, matcher)
+    if ranges is None:
+        return  # the whole key space is scanned
+    for doc in all_documents(coll.pattern.fields):
+        if matcher.matches(doc):
+            # a shard's document key is the shard key's encoding followed by the _id's
+            stored = coll.pattern.encode_doc(doc) + encode_value(doc["_id"])
+            assert any(lo <= stored < hi for lo, hi in ranges), f"{doc} matches {flt} outside {ranges}"

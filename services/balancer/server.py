@@ -11,31 +11,39 @@ Failures are logged and recorded; the next round starts from the new state.
 
 Actions are recorded before they are sent, so a new leader finishes what the old
 one issued (a migration is joined or found decided) instead of issuing it again.
+
+Beside the rounds, a secondary loop (MongoDB's secondary thread) runs collection
+defragmentation (defragment.py: one task per collection, its state persisted after
+every step) and the auto-merger (automerge.py: a pass every autoMergerIntervalSecs).
+Both run only while the balancer is enabled and inside its window.
 """
 from __future__ import annotations
 
 import asyncio
+import bisect
 import datetime as dt
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from zoneinfo import ZoneInfo
 
 from aiokafka import TopicPartition
 
 from libs import kafka
 from libs.commands import CommandError, CommandProcessor, Decision
+from libs.faults import fault_point
 from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
-from libs.shardkey import from_ejson
+from libs.shardkey import from_ejson, to_ejson
 from libs.store import Store
 from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import RecordError
 from schemas import balancer as b
 from schemas import config as cfg
 from schemas import stats
-from services.balancer import policy, snapshot
+from services.balancer import automerge, defragment, policy, snapshot
 from services.balancer.state import BalancerState
 from services.config.follower import CatalogFollower
 from services.config.settings import Window
@@ -43,6 +51,20 @@ from services.config.settings import Window
 log = logging.getLogger(__name__)
 
 MIGRATION_WAIT_S = 3600.0  # a migration may take long (a big range, a slow recipient)
+DATA_SIZE_WAIT_S = 60.0  # for a statistics report new enough to measure a chunk (reports come every 10 s)
+SECONDARY_POLL_S = 0.5  # how often the secondary loop looks for work
+RETRY_PAUSE_S = 0.5  # before sending again an action that met a retriable error
+
+
+@dataclass
+class Outcome:
+    """The result of one action: `config_time` is where the catalog shows it, `size` answers a dataSize."""
+
+    ok: bool
+    code: str | None = None
+    error: str | None = None
+    config_time: int = 0
+    size: int | None = None
 
 
 def in_window(window: Window | None, now: dt.datetime) -> bool:
@@ -108,6 +130,76 @@ class StatisticsReader:
             pass
 
 
+class MigrationHistory:
+    """When chunk ranges last moved, for the auto-merger's history window (seed 002): the
+    timestamps of the `MigrationCommitted` records of config.events (set when the config
+    server appended them).  Only migrations within the window matter, so it reads from
+    `horizon()` seconds ago (found by timestamp), not from the log's start, and reads
+    again from further back if the window grows."""
+
+    def __init__(self, settings: ServiceSettings, horizon):
+        self.settings, self.horizon = settings, horizon
+        self.moved: dict[str, list[tuple[str, dict, dict, float]]] = {}  # ns -> (epoch, min, max, unix time)
+        self.position = 0  # the next offset of config.events to read
+        self.caught_up = asyncio.Event()  # until then, recent migrations may be missing
+
+    async def run(self) -> None:
+        tp = TopicPartition(self.settings.topics.config_events, 0)
+        c = kafka.consumer(self.settings.bootstrap, client_id="balancer-history")
+        await c.start()
+        try:
+            c.assign([tp])
+            while True:
+                since = self.horizon()
+                found = (await c.offsets_for_times({tp: int((time.time() - since) * 1000)}))[tp]
+                self.position = found.offset if found else await kafka.log_end(c, tp)
+                c.seek(tp, self.position)
+                self.moved.clear()
+                self.caught_up.clear()
+                await kafka.catch_up(c, tp, self._take)
+                self.caught_up.set()
+                while self.horizon() <= since:
+                    batch = await c.getmany(tp, timeout_ms=500)
+                    await self._take(batch.get(tp, []))
+        finally:
+            await c.stop()
+
+    async def _take(self, records) -> None:
+        for rec in records:
+            self.position = rec.offset + 1
+            if b"MigrationCommitted" not in rec.value:
+                continue  # most events: no need to decode them
+            try:
+                e = cfg.events.decode(rec.value)
+            except RecordError:
+                continue
+            if isinstance(e, cfg.MigrationCommitted):  # the moved chunk (the donor's control chunk stays put)
+                self.moved.setdefault(e.ns, []).extend((e.epoch, ch.min, ch.max, rec.timestamp / 1000)
+                                                       for ch in e.chunks if ch.shard == e.recipient)
+
+    async def wait_for(self, config_time, timeout: float = 30.0) -> None:
+        """Until every migration the catalog shows at `config_time()` is known here."""
+        deadline = time.monotonic() + timeout
+        while not self.caught_up.is_set() or self.position < config_time():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"migration history behind ConfigTime {config_time()}")
+            await asyncio.sleep(0.05)
+
+    def last_migrated(self, coll) -> dict[bytes, float]:
+        """Chunk min key -> when a migration last involved a range overlapping the chunk (a
+        split keeps the history; a merged chunk keeps its parts')."""
+        cutoff = time.time() - self.horizon()
+        self.moved[coll.ns] = kept = [m for m in self.moved.get(coll.ns, ()) if m[3] >= cutoff]  # the rest is history
+        moved = [(coll.pattern.encode_bound(from_ejson(lo)), coll.pattern.encode_bound(from_ejson(hi)), at)
+                 for epoch, lo, hi, at in kept if epoch == coll.epoch]
+        out: dict[bytes, float] = {}
+        for ch in coll.chunks if moved else ():
+            times = [at for lo, hi, at in moved if lo < ch.max_key and ch.min_key < hi]
+            if times:
+                out[ch.min_key] = max(times)
+        return out
+
+
 class Balancer:
     name = "balancer"
 
@@ -127,6 +219,11 @@ class Balancer:
         self.requester = Requester(settings.bootstrap, t.inbox("balancer"), client_id=self.name,
                                    stop_owner_on_failure=True)
         self.statistics = StatisticsReader(settings)
+        self.history = MigrationHistory(settings, lambda: max(  # seed 002: both windows must have passed
+            self.follower.catalog.settings.minSnapshotHistoryWindowInSeconds,
+            automerge.TRANSACTION_LIFETIME_LIMIT_SECS))
+        self._live: set[str] = set()  # ids of the secondary loop's actions being run by this instance
+        self._last_sent: dict = {}  # throttling key -> when its last action was (or will be) sent
         self.round = 0
         self.activity = "starting"  # what the round loop is doing, for `balancer status`
         self._fresh_from = 0  # statistics must be at least this recent (after our last actions)
@@ -136,6 +233,8 @@ class Balancer:
     def decide(self, cmd) -> Decision:
         if isinstance(cmd, b.GetBalancerState):
             return Decision([], {**self.state.document(), **self.live(cmd.ns, cmd.snapshot)})
+        if isinstance(cmd, b.StartDefragmentation) and cmd.ns not in self.follower.catalog.collections:
+            raise CommandError("NamespaceNotFound", f"collection {cmd.ns!r} is not sharded")
         return self.state.decide(cmd)
 
     def live(self, ns: str | None = None, with_snapshot: bool = False) -> dict:
@@ -158,7 +257,7 @@ class Balancer:
             {a.get("to") for a in self.state.in_flight.values()}
         snap = snapshot.build(catalog, sizes, catalog.settings.shardWeights, busy - {None})
         for coll in snap["collections"]:
-            if coll["ns"] in self.state.defragmenting:  # defragmentation owns the collection meanwhile
+            if self.state.blocks_balancing(coll["ns"]):  # defragmentation owns the collection meanwhile
                 coll["balancerEnabled"] = False
         return snap
 
@@ -168,8 +267,8 @@ class Balancer:
         if coll is None:
             raise CommandError("NamespaceNotFound", f"collection {ns!r} is not sharded")
         found = [v.to_json() for v in policy.violations(snap, ns)]
-        if ns in self.state.defragmenting:
-            found.append({"reason": "defragmenting", "detail": f"phase {self.state.defragmenting[ns].get('phase')}"})
+        if self.state.blocks_balancing(ns):
+            found.append({"reason": "defragmenting", "detail": f"phase {self.state.defrag_status(ns)['currentPhase']}"})
         if not coll.settings.allowMigrations:
             found.append({"reason": "migrationsDisallowed", "detail": "set-allow-migrations is false"})
         if not coll.settings.balancerEnabled:
@@ -189,7 +288,9 @@ class Balancer:
         await self.requester.start()
         report_ready(s, self.name, role="standby", configTime=at)
         tasks = [supervised(asyncio.create_task(self.statistics.run()), "balancer statistics reader"),
-                 supervised(asyncio.create_task(self._rounds()), "balancer round loop")]
+                 supervised(asyncio.create_task(self.history.run()), "balancer migration history reader"),
+                 supervised(asyncio.create_task(self._rounds()), "balancer round loop"),
+                 supervised(asyncio.create_task(self._secondary()), "balancer secondary loop")]
         try:
             await self.processor.run()
         finally:
@@ -209,7 +310,7 @@ class Balancer:
             await self.processor.active.wait()
             self.round = self.state.last_round.get("round", 0)
             try:
-                if self.state.in_flight:
+                if any("by" not in a for a in self.state.in_flight.values()):
                     self.activity = "finishing actions issued before a restart"
                     await self._finish_in_flight()
                 settings = self.follower.catalog.settings
@@ -248,7 +349,7 @@ class Balancer:
         for action in splits:
             await self._run_action(action)
         results = await asyncio.gather(*(self._run_action(a) for a in moves))
-        summary = {"splits": len(splits), "migrations": len(moves), "failed": sum(1 for ok in results if not ok),
+        summary = {"splits": len(splits), "migrations": len(moves), "failed": sum(1 for r in results if not r.ok),
                    "reasons": sorted({m["reason"] for m in moves})}
         await self._ask(b.CompleteRound(round=round_no, summary=summary))
         self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
@@ -258,27 +359,54 @@ class Balancer:
         return summary
 
     async def _finish_in_flight(self) -> None:
-        await asyncio.gather(*(self._run_action(a) for a in list(self.state.in_flight.values())))
+        """The round loop's own actions (the secondary loop finishes those it issued)."""
+        await asyncio.gather(*(self._run_action(a) for a in list(self.state.in_flight.values()) if "by" not in a))
         self._fresh_from = self.follower.config_time
 
-    async def _run_action(self, action: dict) -> bool:
+    async def _run_action(self, action: dict) -> Outcome:
         """Send one recorded action and wait for its result; record it.  Idempotent: a
-        migration already under way is joined, one already decided is found so."""
+        migration already under way is joined, one already decided is found so; a merge
+        already done merges nothing."""
         try:
-            if action["kind"] == "split":
-                reply = await self.requester.request(self.settings.topics.config_commands,
-                                                     cfg.SplitChunk(ns=action["ns"], at=action["at"]), timeout=60)
-                ok, code, error = reply.ok, reply.code, reply.error
-            elif action["kind"] == "migration":
-                ok, code, error = await self._migrate(action)
+            kind, topic = action["kind"], self.settings.topics.config_commands
+            if kind in ("split", "merge"):
+                cmd = cfg.SplitChunk(ns=action["ns"], at=action["at"]) if kind == "split" else \
+                    cfg.MergeChunks(ns=action["ns"], min=action["min"], max=action["max"])
+                reply = await self.requester.request(topic, cmd, timeout=60)
+                out = Outcome(reply.ok, reply.code, reply.error, reply.configTime or 0)
+            elif kind == "migration":
+                out = Outcome(*await self._migrate(action))
+            elif kind == "dataSize":
+                out = await self._data_size(action)
             else:
-                ok, code, error = False, "BadValue", f"unknown action {action['kind']}"
+                out = Outcome(False, "BadValue", f"unknown action {kind}")
+        except TimeoutError as e:  # no answer (yet): worth asking again
+            out = Outcome(False, "Timeout", str(e))
         except Exception as e:  # recorded as failed; the next round decides again
-            ok, code, error = False, "InternalError", f"{type(e).__name__}: {e}"
-        if not ok:
-            log.warning("balancer: %s of %s failed: %s: %s", action["kind"], action["ns"], code, error)
-        await self._ask(b.FinishAction(id=action["id"], ok=ok, code=code, error=error))
-        return ok
+            out = Outcome(False, "InternalError", f"{type(e).__name__}: {e}")
+        if not out.ok:
+            log.warning("balancer: %s of %s failed: %s: %s", action["kind"], action["ns"], out.code, out.error)
+        await self._ask(b.FinishAction(id=action["id"], ok=out.ok, code=out.code, error=out.error))
+        return out
+
+    async def _data_size(self, a: dict) -> Outcome:
+        """Seed 002's dataSize, from the statistics the owning shard reports (dataSizeBytes per
+        chunk): its first report taken at a ConfigTime at or after `after` (the balancer's
+        ConfigTime when it issued the action, which shows the chunk's last change)."""
+        coll = self.follower.catalog.collections.get(a["ns"])
+        if coll is None:
+            return Outcome(False, "NamespaceNotFound", f"{a['ns']} is not sharded")
+        lo, hi = (coll.pattern.encode_bound(from_ejson(a[k])) for k in ("min", "max"))
+        deadline = time.monotonic() + DATA_SIZE_WAIT_S
+        while (report := self.statistics.latest.get(a["shard"])) is None or report.configTime < a["after"]:
+            if (left := deadline - time.monotonic()) <= 0:
+                return Outcome(False, "Timeout", f"no statistics from {a['shard']} at ConfigTime {a['after']} or later")
+            await self.statistics.changed(min(left, 5.0))
+        for ch in report.chunks:
+            if ch.ns == a["ns"] and coll.pattern.encode_bound(from_ejson(ch.min)) == lo \
+                    and coll.pattern.encode_bound(from_ejson(ch.max)) == hi:
+                return Outcome(True, size=ch.dataSizeBytes)
+        return Outcome(False, "ChunkChanged", f"{a['shard']} no longer owns [{a['min']}, {a['max']}) of {a['ns']}")
 
     async def _migrate(self, a: dict) -> tuple[bool, str | None, str | None]:
         reply = await self.requester.request(self.settings.topics.config_commands,
@@ -302,11 +430,206 @@ class Balancer:
         code, _, why = outcome.removeprefix("aborted: ").partition(": ")
         return False, code if code.isalnum() else "MigrationAborted", why or outcome
 
+    # ------------------------------------------------------ secondary loop
+
+    def _allowed(self) -> bool:
+        settings = self.follower.catalog.settings
+        return settings.balancerEnabled and in_window(settings.balancerWindow, _now())
+
+    def _throttle(self, key, ms: int) -> float:
+        """Seconds to wait before sending the next action under `key`; reserves its slot."""
+        now = time.monotonic()
+        wait = automerge.throttle_wait(self._last_sent.get(key), now, ms)
+        self._last_sent[key] = now + wait
+        return wait
+
+    async def _issue(self, actions: list[dict]) -> None:
+        """Record actions before they are sent.  They are ours from now on: the secondary
+        loop does not take them for a previous instance's."""
+        self._live.update(a["id"] for a in actions)
+        try:
+            await self._ask(b.IssueActions(round=self.round, actions=actions))
+        except BaseException:
+            self._live.difference_update(a["id"] for a in actions)
+            raise
+
+    async def _send(self, action: dict, delay: float = 0.0) -> Outcome:
+        self._live.add(action["id"])
+        try:
+            if delay:
+                await asyncio.sleep(delay)  # throttling
+            return await self._run_action(action)
+        finally:
+            self._live.discard(action["id"])
+
+    async def _secondary(self) -> None:
+        """Defragmentation (a task per collection) and the auto-merger (a pass at a time).
+        A new leader first finishes what an earlier one issued, then resumes each
+        defragmentation from its recorded state."""
+        defrags: dict[str, asyncio.Task] = {}
+        merger: asyncio.Task | None = None
+        try:
+            while True:
+                if not self.processor.active.is_set():  # a standby: the leader does the work
+                    for t in [*defrags.values(), merger]:
+                        if t is not None:
+                            t.cancel()
+                    await self.processor.active.wait()
+                orphans = [a for a in self.state.in_flight.values() if "by" in a and a["id"] not in self._live]
+                if orphans:
+                    await asyncio.gather(*(self._send(a) for a in orphans))
+                if self._allowed():
+                    for ns in list(self.state.defragmenting):
+                        if self.state.blocks_balancing(ns) and (ns not in defrags or defrags[ns].done()):
+                            defrags[ns] = asyncio.create_task(self._defragment(ns))
+                    settings = self.follower.catalog.settings
+                    if (settings.autoMergerEnabled and (merger is None or merger.done())
+                            and automerge.scan_due(self.state.auto_merged_at or None, time.time(),
+                                                   settings.autoMergerIntervalSecs)):
+                        merger = asyncio.create_task(self._auto_merge())
+                await asyncio.sleep(SECONDARY_POLL_S)
+        finally:
+            for t in [*defrags.values(), merger]:
+                if t is not None:
+                    t.cancel()
+
+    # ---------------------------------------------------- defragmentation
+
+    async def _defragment(self, ns: str) -> None:
+        """One collection's defragmentation (seed 002): send the policy's next actions (at most
+        50 in flight, chunkDefragmentationThrottlingMS apart), fold in each outcome once the
+        catalog shows it, and persist the state after every step.  Issues nothing while the
+        balancer is disabled or outside its window."""
+        running: dict[asyncio.Task, dict] = {}
+        try:
+            doc = self.state.defragmenting[ns]
+            started, saved = doc["started"], None
+            st = defragment.resume(defragment.from_json(doc["state"]))  # answers to what was in flight are lost
+            retrying: list[dict] = []  # met a retriable error: sent again after a pause
+            steps = (st.phase, 0)  # (phase, steps this instance took in it): for the fault point
+            while True:
+                if self.state.defragmenting[ns]["state"]["stopped"] or ns not in self.follower.catalog.collections:
+                    st = defragment.stop(st)  # `defragment NS stop`, or dropped: issue nothing more
+                issued = []
+                if self._allowed() and not st.stopped:
+                    st, issued = defragment.next_actions(st, self._defrag_snapshot(ns))
+                sends = []
+                for a in issued:
+                    if (rec := self._defrag_action(ns, a)) is None:  # not chunk bounds: the catalog changed under us
+                        st = defragment.on_result(st, a, False, "ChunkChanged")
+                    else:
+                        sends.append((a, rec))
+                if (doc := defragment.to_json(st)) != saved:
+                    reply = await self._ask(b.SetDefragmentation(ns=ns, started=started, state=doc))
+                    if not reply["applied"]:
+                        return  # stopped and started again: a new task runs the new start
+                    saved, st = reply["state"], defragment.from_json(reply["state"])
+                    steps = (st.phase, steps[1] + 1 if steps[0] == st.phase else 1)
+                    fault_point("balancer.defragment_step", tag=f"{steps[0]}#{steps[1]}")
+                if sends:
+                    await self._issue([rec for _, rec in sends])
+                throttling = self.follower.catalog.settings.chunkDefragmentationThrottlingMS
+                for a, rec in sends:
+                    pause = RETRY_PAUSE_S if a in retrying else 0.0
+                    running[asyncio.create_task(self._send(rec, self._throttle("defragment", throttling) + pause))] = a
+                retrying = [a for a in retrying if a not in issued]
+                if not running:
+                    if st.phase == defragment.FINISHED:
+                        log.info("balancer: defragmentation of %s finished: %s", ns, defragment.status(st))
+                        return
+                    await asyncio.sleep(SECONDARY_POLL_S)  # disabled or outside the window
+                    continue
+                done, _ = await asyncio.wait(running, timeout=SECONDARY_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    a, out = running.pop(t), t.result()
+                    if out.config_time:  # the next snapshot must show it
+                        await self.follower.wait_for(out.config_time, 30)
+                    st = defragment.on_result(st, a, out.ok, out.code, data_size=out.size)
+                    if not out.ok and defragment.is_retriable(out.code):
+                        retrying.append(a)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("balancer: defragmentation of %s failed; it resumes from its last recorded step", ns)
+        finally:
+            for t in running:
+                t.cancel()
+
+    def _defrag_snapshot(self, ns: str) -> defragment.Snapshot:
+        catalog = self.follower.catalog
+        coll = catalog.collections[ns]
+        chunks, zones = automerge.from_collection(coll)  # no sizes: phase 1 measures every chunk (dataSize)
+        shard_sizes = {sh: sum(c.dataSizeBytes for c in r.collections) for sh, r in self.statistics.latest.items()}
+        return defragment.Snapshot(chunks, coll.settings.maxChunkSizeBytes or catalog.settings.maxChunkSizeBytes,
+                                   zones, shard_sizes, frozenset(s.id for s in catalog.shards.values() if s.draining))
+
+    def _defrag_action(self, ns: str, a: dict) -> dict | None:
+        """A policy action as the balancer records and sends it (bounds as the catalog's), or None
+        if its bounds are no longer chunk bounds."""
+        coll = self.follower.catalog.collections.get(ns)
+        lo, hi = (_boundary(coll, a[k]) if coll else None for k in ("min", "max"))
+        if lo is None or hi is None:
+            return None
+        rec = {"id": uuid.uuid4().hex, "by": "defragmentation", "ns": ns, "min": lo, "max": hi}
+        if a["type"] == "move":
+            return {**rec, "kind": "migration", "from": a["shard"], "to": a["to"], "reason": "defragmentation"}
+        rec.update(kind=a["type"], shard=a["shard"])
+        if a["type"] == "dataSize":
+            rec["after"] = self.follower.config_time  # the snapshot showed every change to the chunk
+        return rec
+
+    # ---------------------------------------------------------- auto-merger
+
+    async def _auto_merge(self) -> None:
+        """One auto-merger pass (seed 002): merge the mergeable runs of every collection it may
+        touch, at most 10 merges outstanding, autoMergerThrottlingMS apart within a collection,
+        until none is left; the next pass is due autoMergerIntervalSecs after this one drains."""
+        try:
+            while self._allowed():
+                await self.history.wait_for(lambda: self.follower.config_time)  # a chunk just moved must look so
+                catalog, now = self.follower.catalog, time.time()
+                settings, batch = catalog.settings, []
+                for ns, coll in sorted(catalog.collections.items()):
+                    if not automerge.enabled(settings.autoMergerEnabled,
+                                             coll.settings.autoMergerEnabled and coll.settings.balancerEnabled,
+                                             self.state.blocks_balancing(ns)):
+                        continue
+                    chunks, zones = automerge.from_collection(coll, self.history.last_migrated(coll))
+                    batch += [{"id": uuid.uuid4().hex, "kind": "merge", "by": "autoMerge", "ns": ns,
+                               "shard": a["shard"], "min": _boundary(coll, a["min"]), "max": _boundary(coll, a["max"])}
+                              for a in automerge.merge_actions(
+                                  ns, chunks, zones, now=now, outstanding=len(batch),
+                                  history_window_secs=settings.minSnapshotHistoryWindowInSeconds)]
+                if not batch:
+                    break
+                await self._issue(batch)
+                outcomes = await asyncio.gather(*(self._send(a, self._throttle(("autoMerge", a["ns"]),
+                                                                               settings.autoMergerThrottlingMS))
+                                                  for a in batch))
+                if not any(o.ok for o in outcomes):
+                    break  # what is left fails: the next pass tries again
+                await self.follower.wait_for(max(o.config_time for o in outcomes), 30)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("balancer: auto-merger pass failed")
+        await self._ask(b.MarkAutoMerge(at=time.time()))
+
     async def _ask(self, cmd) -> dict:
         reply = await self.requester.request(self.settings.topics.balancer_commands, cmd, timeout=60)
         if not reply.ok:
             raise CommandError(reply.code or "Error", reply.error or "")
         return reply.result or {}
+
+
+def _boundary(coll, key: bytes) -> dict | None:
+    """The catalog's bound (Extended JSON) that encodes to `key`, if it is a chunk boundary."""
+    i = bisect.bisect_left(coll.mins, key)
+    if i < len(coll.chunks) and coll.mins[i] == key:
+        return to_ejson(coll.chunks[i].min)
+    if i and coll.chunks[i - 1].max_key == key:
+        return to_ejson(coll.chunks[i - 1].max)
+    return None
 
 
 def _now() -> dt.datetime:

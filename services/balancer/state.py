@@ -3,7 +3,8 @@ key (so a restart loads it instead of replaying history), and the decisions on
 `balancer.commands`.
 
     a/<action id>  -> an action issued and not finished yet
-    d/<ns>         -> a collection's defragmentation state
+    d/<ns>         -> a collection's defragmentation: {"started", "state": defragment.to_json(...)},
+                      kept once finished (for `defragment NS status`)
     round          -> the last completed round's number, time and summary
     automerge      -> when the auto-merger last ran
 """
@@ -15,12 +16,13 @@ from libs.commands import CommandError, Decision
 from libs.store import Store
 from schemas import Record
 from schemas import balancer as b
+from services.balancer import defragment
 
 
 class BalancerState:
     def __init__(self) -> None:
         self.in_flight: dict[str, dict] = {}  # action id -> action (with "round")
-        self.defragmenting: dict[str, dict] = {}  # ns -> state
+        self.defragmenting: dict[str, dict] = {}  # ns -> {"started", "state"}, finished ones too
         self.last_round: dict = {"round": 0, "at": None, "summary": {}}
         self.auto_merged_at: float = 0.0
         self.recent_failures: list[dict] = []  # in memory only: for `balancer status`
@@ -69,6 +71,16 @@ class BalancerState:
             self.auto_merged_at = e.at
             self._put(b"automerge", e.at)
 
+    def blocks_balancing(self, ns: str) -> bool:
+        """Seed 002: a collection being defragmented is not balanced (nor auto-merged) meanwhile."""
+        doc = self.defragmenting.get(ns)
+        return doc is not None and doc["state"]["phase"] != defragment.FINISHED
+
+    def defrag_status(self, ns: str) -> dict | None:
+        doc = self.defragmenting.get(ns)
+        return None if doc is None else {**defragment.status(defragment.from_json(doc["state"])),
+                                         "started": doc["started"]}
+
     # --------------------------------------------------------------- decide
 
     def decide(self, cmd: Record) -> Decision:
@@ -85,18 +97,26 @@ class BalancerState:
             return Decision([b.RoundCompleted(round=cmd.round, at=time.time(), summary=cmd.summary)],
                             {"round": cmd.round})
         if isinstance(cmd, b.StartDefragmentation):
-            if cmd.ns in self.defragmenting:
-                return Decision([], {"ns": cmd.ns, "state": self.defragmenting[cmd.ns], "started": False})
-            state = {"phase": "mergeAndMeasure", "started": time.time()}
-            return Decision([b.DefragmentationChanged(ns=cmd.ns, state=state)], {"ns": cmd.ns, "started": True})
+            if self.blocks_balancing(cmd.ns):
+                return Decision([], {"ns": cmd.ns, "started": False, "status": self.defrag_status(cmd.ns)})
+            doc = {"started": time.time(), "state": defragment.to_json(defragment.start(cmd.ns))}
+            return Decision([b.DefragmentationChanged(ns=cmd.ns, state=doc)], {"ns": cmd.ns, "started": True})
         if isinstance(cmd, b.StopDefragmentation):
-            if cmd.ns not in self.defragmenting:
+            if not self.blocks_balancing(cmd.ns):
                 return Decision([], {"ns": cmd.ns, "stopped": False})
-            return Decision([b.DefragmentationChanged(ns=cmd.ns, state=None)], {"ns": cmd.ns, "stopped": True})
+            doc = self.defragmenting[cmd.ns]
+            state = defragment.to_json(defragment.stop(defragment.from_json(doc["state"])))
+            return Decision([b.DefragmentationChanged(ns=cmd.ns, state={**doc, "state": state})],
+                            {"ns": cmd.ns, "stopped": True})
         if isinstance(cmd, b.SetDefragmentation):
-            if cmd.ns not in self.defragmenting:  # stopped meanwhile: the loop's update is moot
-                return Decision([], {"ns": cmd.ns, "applied": False})
-            return Decision([b.DefragmentationChanged(ns=cmd.ns, state=cmd.state)], {"ns": cmd.ns, "applied": True})
+            doc = self.defragmenting.get(cmd.ns)
+            if doc is None or doc["started"] != cmd.started or cmd.state is None:
+                return Decision([], {"ns": cmd.ns, "applied": False})  # stopped and started again meanwhile
+            state = cmd.state
+            if doc["state"]["stopped"] and not state["stopped"]:  # a stop came in while the step was taken
+                state = defragment.to_json(defragment.stop(defragment.from_json(state)))
+            return Decision([b.DefragmentationChanged(ns=cmd.ns, state={**doc, "state": state})],
+                            {"ns": cmd.ns, "applied": True, "state": state})
         if isinstance(cmd, b.MarkAutoMerge):
             return Decision([b.AutoMergeRan(at=cmd.at)], {"at": cmd.at})
         if isinstance(cmd, b.GetBalancerState):
@@ -105,5 +125,6 @@ class BalancerState:
 
     def document(self) -> dict:
         return {"lastRound": self.last_round, "inFlight": list(self.in_flight.values()),
-                "defragmenting": self.defragmenting, "autoMergedAt": self.auto_merged_at,
+                "defragmenting": {ns: self.defrag_status(ns) for ns in self.defragmenting},
+                "autoMergedAt": self.auto_merged_at,
                 "recentFailures": self.recent_failures}

@@ -71,16 +71,17 @@ class OperationRouter:
         split_ns(req.ns)  # InvalidNamespace before anything is sent
         handler = {s.Insert: self.insert, s.Find: self.find, s.Count: self.count, s.Update: self.update,
                    s.Delete: self.delete, s.Explain: self.explain}[type(req)]
-        for _ in range(MAX_STALE_RETRIES):
+        for attempt in range(MAX_STALE_RETRIES):
             try:
                 return await handler(req)
             except Stale as e:
                 self.stale_retries += 1
                 # Behind the shard: wait to reach it.  Held by a critical section: wait for the
-                # next ConfigTime (the migration's commit or abort), then retarget.
-                wanted = max(e.config_time, self.follower.config_time + 1) if e.critical else e.config_time
+                # next ConfigTime (the migration's commit or abort), then retarget — but not for
+                # long at first: after an abort the donor lets go with no new ConfigTime at all.
+                timeout = min(CRITICAL_WAIT_S, 0.05 * 2 ** attempt) if e.critical else SHARD_TIMEOUT_S
                 try:
-                    await self.follower.wait_for(wanted, CRITICAL_WAIT_S if e.critical else SHARD_TIMEOUT_S)
+                    await self.follower.wait_for(e.config_time, timeout)
                 except TimeoutError:
                     pass
             except QueryError as e:
@@ -98,7 +99,8 @@ class OperationRouter:
 
     async def _ask(self, shard: str, req) -> dict:
         """Send a request to one shard; its result, or Stale / CommandError."""
-        headers = [(CONFIG_TIME, str(self.follower.config_time).encode())]
+        routed_at = self.follower.config_time
+        headers = [(CONFIG_TIME, str(routed_at).encode())]
         try:
             reply = await self.requester.request(self.topics.shard_requests(shard), req, timeout=SHARD_TIMEOUT_S,
                                                  headers=headers)
@@ -108,7 +110,11 @@ class OperationRouter:
             return reply.result or {}
         if reply.code == "StaleConfig":
             info = reply.result or {}
-            raise Stale(int(info.get("configTime") or 0), bool(info.get("critical")))
+            if info.get("critical"):
+                # Held by a critical section: what ends it is the first ConfigTime after the one
+                # we routed at (the commit or abort), which may have arrived meanwhile.
+                raise Stale(max(int(info.get("configTime") or 0), routed_at + 1), True)
+            raise Stale(int(info.get("configTime") or 0))
         raise CommandError(reply.code or "Error", reply.error or "", reply.result)
 
     async def _ask_all(self, parts: list[tuple[str, Any]]) -> list[dict]:

@@ -95,6 +95,26 @@ def _range(matcher, pattern: KeyPattern) -> tuple[dict, dict, tuple[str, ...]]:
     return lo, hi, tuple(prefix)
 
 
+def key_ranges(coll: Collection, matcher) -> list[tuple[bytes, bytes]] | None:
+    """Encoded shard-key ranges [lo, hi) that hold every document the filter can match
+    (a superset), or None when the filter does not constrain the shard key.  A shard
+    scans only these (intersected with what it owns)."""
+    pattern = coll.pattern
+    points = _points(matcher, pattern)
+    if points is not None:  # encodings are prefix-free: one full key is one key prefix
+        keys = sorted({pattern.encode_bound(p) for p in points})
+        return [(k, _after_prefix(k)) for k in keys]
+    lo, hi, prefix = _range(matcher, pattern)
+    if not prefix:
+        return None
+    return [(pattern.encode_bound(lo), _after_prefix(pattern.encode_bound(hi)))]
+
+
+def _after_prefix(key: bytes) -> bytes:
+    """The smallest key above every key that starts with `key` (hi is inclusive)."""
+    return key + b"\xff" * 16
+
+
 def owner_of(coll: Collection, key: dict) -> str:
     return coll.chunks[coll.chunk_index(coll.pattern.encode_bound(key))].shard
 

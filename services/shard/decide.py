@@ -25,6 +25,7 @@ from libs.shardkey import ShardKeyError, encode_value, to_ejson
 from schemas import Record
 from schemas import shard as s
 from services.config.catalog import Catalog, Collection
+from services.router import targeting
 from services.shard.documents import ShardDocuments
 from services.shard.migrations import MigrationDecisions
 
@@ -181,6 +182,11 @@ class ShardDecider(MigrationDecisions):
                 yield hit
             return
         ranges = self._owned_ranges(coll)
+        if coll is not None and (wanted := targeting.key_ranges(coll, matcher)) is not None:
+            # Scan only where the filter can match: the critical section of another range,
+            # and the rest of the shard's data, stay out of it.
+            ranges = [(max(lo, w_lo), min(hi, w_hi)) for lo, hi in ranges for w_lo, w_hi in wanted
+                      if max(lo, w_lo) < min(hi, w_hi)]
         if any(lo < b_hi and b_lo < (hi if hi is not None else b"\xff" * 8) for lo, hi in ranges
                for b_lo, b_hi in blocked):
             raise self._critical(ns, "a read")
