@@ -104,6 +104,7 @@ def kafka_errors():
 
 
 async def _request(command: Record, span_name: str) -> Reply:
+    await _check_cluster()
     tracing.setup("shardlog-cli")
     with tracing.tracer.start_as_current_span(span_name, attributes={"shardlog.command": command.type}):
         async with Requester(_ctx.bootstrap, _ctx.topics.cli_replies, client_id="shardlog-cli") as r:
@@ -111,6 +112,14 @@ async def _request(command: Record, span_name: str) -> Reply:
                 return await r.request(_ctx.topics.config_commands, command, timeout=_ctx.timeout)
             finally:
                 tracing.shutdown()
+
+
+async def _check_cluster() -> None:
+    """Fail at once, clearly, if the cluster's topics do not exist (rather than wait on them)."""
+    missing = await kafka.missing_topics(_ctx.bootstrap, [_ctx.topics.config_commands, _ctx.topics.cli_replies])
+    if missing:
+        fail(f"cluster {_ctx.cluster!r} has no topics at {_ctx.bootstrap} ({', '.join(missing)} missing): is it "
+             f"started? (`make up`, or `shardlog topics create`)", code="ClusterNotFound", as_json="--json" in sys.argv)
 
 
 def send(command: Record, as_json: bool, human) -> None:

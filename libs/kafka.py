@@ -79,6 +79,17 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec]) -> list[str]:
         await admin.close()
 
 
+async def missing_topics(bootstrap: str, names: list[str]) -> list[str]:
+    """Which of `names` do not exist."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        return [n for n in names if n not in existing]
+    finally:
+        await admin.close()
+
+
 async def delete_topics(bootstrap: str, names: list[str]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()

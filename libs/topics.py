@@ -72,8 +72,10 @@ class Topics:
         return f"{self.cluster}.balancer.events"
 
     def for_balancer(self) -> list[TopicSpec]:
+        # The events are keyed by entity (an action, a collection's defragmentation, ...), so
+        # compaction keeps the log as small as the state it folds to.
         return [TopicSpec(self.balancer_commands, config=SHORT_LIVED),
-                TopicSpec(self.balancer_events, config=KEEP_FOREVER)]
+                TopicSpec(self.balancer_events, config={"cleanup.policy": "compact", **LARGE_RECORDS})]
 
     def inbox(self, owner: str) -> str:
         """A per-instance inbox (replies to a router or a client, a router's cursor requests)."""

@@ -43,8 +43,8 @@ from schemas import RecordError
 from schemas import balancer as b
 from schemas import config as cfg
 from schemas import stats
-from services.balancer import automerge, defragment, policy, snapshot
-from services.balancer.state import BalancerState
+from services.balancer import automerge, defragment, draining, policy, snapshot
+from services.balancer.state import BalancerState, event_key
 from services.config.follower import CatalogFollower
 from services.config.settings import Window
 
@@ -215,6 +215,7 @@ class Balancer:
             bootstrap=settings.bootstrap, command_topic=t.balancer_commands, command_codec=b.commands,
             projection=self.projection, decide=self.decide, dead_letters=t.dead_letters,
             group_id=f"{settings.cluster}.{self.name}", name=self.name, session_timeout_ms=settings.session_timeout_ms,
+            event_key=event_key,
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time))
         self.requester = Requester(settings.bootstrap, t.inbox("balancer"), client_id=self.name,
                                    stop_owner_on_failure=True)
@@ -334,23 +335,25 @@ class Balancer:
             self.activity = f"waiting for statistics newer than ConfigTime {self._fresh_from} from {', '.join(stale)}"
             return {"skipped": self.activity}
         snap = self.snapshot()
-        snap_sizes = {(c["ns"], i): ch["sizeBytes"] for c in snap["collections"] for i, ch in enumerate(c["chunks"])}
-        del snap_sizes  # (sizes are inside the snapshot)
         plan = policy.plan(snap)
-        if not plan.splits and not plan.migrations:
+        splits = [{"id": uuid.uuid4().hex, "kind": "split", **s.model_dump()} for s in plan.splits]
+        splits += self._auto_splits(catalog, sizes)
+        moves = [{"id": uuid.uuid4().hex, "kind": "migration", **m.model_dump(by_alias=True)} for m in plan.migrations]
+        busy = {s for m in moves for s in (m["from"], m["to"])}
+        # A draining shard without chunks: its databases move (one at a time), then it goes.
+        moves += [{"id": uuid.uuid4().hex, **a} for a in draining.drain_actions(catalog, busy)]
+        if not splits and not moves:
             self.activity = "balanced: nothing to do"
             return {"splits": 0, "migrations": 0}
         self.round += 1
         round_no = self.round
-        splits = [{"id": uuid.uuid4().hex, "kind": "split", **s.model_dump()} for s in plan.splits]
-        moves = [{"id": uuid.uuid4().hex, "kind": "migration", **m.model_dump(by_alias=True)} for m in plan.migrations]
         await self._ask(b.IssueActions(round=round_no, actions=splits + moves))
         self.activity = f"round {round_no}: {len(splits)} split(s), {len(moves)} migration(s)"
         for action in splits:
             await self._run_action(action)
         results = await asyncio.gather(*(self._run_action(a) for a in moves))
         summary = {"splits": len(splits), "migrations": len(moves), "failed": sum(1 for r in results if not r.ok),
-                   "reasons": sorted({m["reason"] for m in moves})}
+                   "reasons": sorted({m.get("reason", m["kind"]) for m in moves})}
         await self._ask(b.CompleteRound(round=round_no, summary=summary))
         self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
         throttle = self.follower.catalog.settings.balancerMigrationsThrottlingMs
@@ -376,6 +379,15 @@ class Balancer:
                 out = Outcome(reply.ok, reply.code, reply.error, reply.configTime or 0)
             elif kind == "migration":
                 out = Outcome(*await self._migrate(action))
+            elif kind == "movePrimary":
+                reply = await self.requester.request(topic, cfg.MovePrimary(db=action["ns"], to=action["to"]),
+                                                     timeout=60)
+                out = Outcome(*await self._outcome(reply))
+            elif kind == "removeShard":
+                reply = await self.requester.request(topic, cfg.RemoveShard(shard=action["shard"]), timeout=60)
+                out = Outcome(reply.ok, reply.code, reply.error, reply.configTime or 0)
+            elif kind == "autoSplit":
+                out = await self._auto_split(action)
             elif kind == "dataSize":
                 out = await self._data_size(action)
             else:
@@ -412,6 +424,10 @@ class Balancer:
         reply = await self.requester.request(self.settings.topics.config_commands,
                                              cfg.MoveRange(ns=a["ns"], min=a["min"], max=a["max"], to=a["to"],
                                                            forceJumbo=a["reason"] == "drain"), timeout=60)
+        return await self._outcome(reply)
+
+    async def _outcome(self, reply) -> tuple[bool, str | None, str | None]:
+        """Wait for the outcome of the migration (or primary move) a config reply started."""
         if not reply.ok:
             return False, reply.code, reply.error
         if not reply.result.get("moved"):
@@ -429,6 +445,52 @@ class Balancer:
             return True, None, None
         code, _, why = outcome.removeprefix("aborted: ").partition(": ")
         return False, code if code.isalnum() else "MigrationAborted", why or outcome
+
+    # ------------------------------------------------------------ auto-split
+
+    def _auto_splits(self, catalog, sizes: dict) -> list[dict]:
+        """Seed 001: chunks of collections with autoSplit grown to the max chunk size."""
+        out = []
+        for ns, coll in catalog.collections.items():
+            if not coll.settings.autoSplit:
+                continue
+            limit = coll.settings.maxChunkSizeBytes or catalog.settings.maxChunkSizeBytes
+            for i, ch in enumerate(coll.chunks):
+                if not ch.jumbo and sizes.get((ns, ch.min_key), 0) >= limit:
+                    edge = "top" if i == len(coll.chunks) - 1 else "bottom" if i == 0 else None
+                    out.append({"id": uuid.uuid4().hex, "kind": "autoSplit", "ns": ns, "min": to_ejson(ch.min),
+                                "max": to_ejson(ch.max), "shard": ch.shard, "limit": limit,
+                                "edge": None if coll.pattern.is_hashed else edge})
+        return out
+
+    async def _auto_split(self, a: dict) -> Outcome:
+        """Ask the owner for split points (its split vector) and split there; one shard-key
+        value only: mark the chunk jumbo.  Top-chunk optimisation: the new edge chunk of an
+        ascending (or descending) key moves off the hot shard."""
+        from schemas import shard as s
+        topics = self.settings.topics
+        vec = await self.requester.request(topics.shard_requests(a["shard"]), s.SplitVector(
+            ns=a["ns"], find=from_ejson(a["min"]), maxChunkSizeBytes=a["limit"]), timeout=60)
+        if not vec.ok:
+            return Outcome(False, vec.code, vec.error)
+        if vec.result["jumbo"]:
+            reply = await self.requester.request(topics.config_commands, cfg.MarkJumbo(ns=a["ns"], min=a["min"]),
+                                                 timeout=60)
+            return Outcome(reply.ok, reply.code, reply.error, reply.configTime or 0)
+        points = vec.result["points"]
+        if not points:
+            return Outcome(True, None, None)
+        reply = await self.requester.request(topics.config_commands, cfg.SplitChunk(ns=a["ns"], at=points), timeout=60)
+        if not reply.ok or a.get("edge") is None:
+            return Outcome(reply.ok, reply.code, reply.error, reply.configTime or 0)
+        # The hot edge: inserts of an ascending key all land in the top chunk, so it moves away.
+        lo, hi = (points[-1], a["max"]) if a["edge"] == "top" else (a["min"], points[0])
+        to = draining.new_primary(self.follower.catalog, exclude={a["shard"]})
+        if to is None:
+            return Outcome(True, None, None, reply.configTime or 0)
+        await self.follower.wait_for(reply.configTime or 0, 30)
+        ok, code, error = await self._migrate({"ns": a["ns"], "min": lo, "max": hi, "to": to, "reason": "autoSplit"})
+        return Outcome(ok, code, error)
 
     # ------------------------------------------------------ secondary loop
 

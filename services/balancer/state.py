@@ -19,6 +19,15 @@ from schemas import balancer as b
 from services.balancer import defragment
 
 
+def event_key(e: Record) -> bytes:
+    """The Kafka key of a balancer event: the entity it is about (compaction keeps the latest)."""
+    if isinstance(e, (b.ActionIssued, b.ActionFinished)):
+        return b"a/" + (e.action["id"] if isinstance(e, b.ActionIssued) else e.id).encode()
+    if isinstance(e, b.DefragmentationChanged):
+        return b"d/" + e.ns.encode()
+    return e.type.encode()  # RoundCompleted, AutoMergeRan: only the latest matters
+
+
 class BalancerState:
     def __init__(self) -> None:
         self.in_flight: dict[str, dict] = {}  # action id -> action (with "round")

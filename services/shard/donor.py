@@ -49,7 +49,8 @@ CATCH_UP_MODS = 200  # enter the critical section once a pass of mods is this sm
 MAX_CATCH_UP_PASSES = 20
 REQUEST_TIMEOUT_S = 10.0
 STEP_DEADLINE_S = 120.0  # a peer that does not answer a step for this long aborts the migration
-RECEIPT_WAIT_S = 300.0  # the recipient's overlapping range deletions get this long to finish
+RECEIPT_WAIT_S = 60.0  # the recipient's overlapping range deletions get this long to finish (then abort,
+                       # saying why: moving a range back within orphanCleanupDelaySecs has to wait for it)
 
 
 class MigrationAborted(Exception):
