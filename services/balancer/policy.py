@@ -419,27 +419,23 @@ def _take(available: set[str], *shards: str) -> None:
 
 def _drain(lay: _Layout, available: set[str]) -> list[Migration]:
     """Rule 1: per draining shard, its first chunk (in key order) that has a recipient."""
-    out = []
-    for s in lay.shards:
-        if s.id not in available or s.id not in lay.drain:
-            continue
-        for zone, i in sorted(lay.drain[s.id].items(), key=lambda zi: zi[1]):
-            if (to := lay.least_loaded(zone, available)) is not None:
-                out.append(lay.migration(i, to, "drain"))
-                _take(available, s.id, to)
-                break
-    return out
+    return _first_movable(lay, available, lay.drain, "drain")
 
 
 def _zone_violations(lay: _Layout, available: set[str]) -> list[Migration]:
     """Rule 2: per shard, its first non-jumbo chunk of a zone it is not in that has a recipient."""
+    return _first_movable(lay, available, lay.misplaced, "zoneViolation")
+
+
+def _first_movable(lay: _Layout, available: set[str], candidates: dict, reason: str) -> list[Migration]:
+    """Per available shard, its first candidate chunk (zone -> chunk index) with an available recipient."""
     out = []
     for s in lay.shards:
-        if s.id not in available or s.id not in lay.misplaced:
+        if s.id not in available or s.id not in candidates:
             continue
-        for zone, i in sorted(lay.misplaced[s.id].items(), key=lambda zi: zi[1]):
+        for zone, i in sorted(candidates[s.id].items(), key=lambda zi: zi[1]):
             if (to := lay.least_loaded(zone, available)) is not None:
-                out.append(lay.migration(i, to, "zoneViolation"))
+                out.append(lay.migration(i, to, reason))
                 _take(available, s.id, to)
                 break
     return out

@@ -26,14 +26,11 @@ from schemas import Record
 from schemas import shard as s
 from services.config.catalog import Catalog, Collection
 from services.router import targeting
-from services.shard.documents import ShardDocuments
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, shard_key_part
 from services.shard.migrations import MigrationDecisions
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
-# Documents of unsharded collections are ordered by _id alone, under a prefix below every
-# encoded shard key (tags start at 0x10): a collection sharded later finds them there.
-UNSHARDED_KEY = b"\x00"
 MATCHING_WRITES = (s.Update, s.Delete)
 CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes
 
@@ -91,7 +88,7 @@ class ShardDecider(MigrationDecisions):
         if coll is None or (ns, coll.epoch) in self._keyed:
             return []
         events = [s.DocumentWritten(ns=ns, skey=coll.pattern.encode_doc(doc).hex(), doc=doc)
-                  for _, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_KEY[:-1] + b"\x01")]
+                  for _, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_END)]
         if not events:
             self._keyed.add((ns, coll.epoch))
         return events
@@ -193,7 +190,7 @@ class ShardDecider(MigrationDecisions):
         for lo, hi in ranges:
             for k, doc in self.documents.scan(ns, lo, hi):
                 if matcher.matches(doc):
-                    yield k[: len(k) - len(encode_value(doc["_id"]))], doc  # the shard-key part
+                    yield shard_key_part(k, doc), doc
 
     def find(self, req: s.Find) -> Decision:
         coll = self._placement(req.ns, req.routing)

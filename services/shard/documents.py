@@ -25,6 +25,14 @@ from schemas import Record
 from schemas import shard as ev
 
 DOCS, IDS, OPS, MIGRATIONS, TASKS = b"d/", b"i/", b"o/", b"m/", b"t/"
+# Documents of unsharded collections are ordered by _id alone, under a prefix below every
+# encoded shard key (tags start at 0x10): a collection sharded later finds them there.
+UNSHARDED_KEY, UNSHARDED_END = b"\x00", b"\x01"
+
+
+def shard_key_part(key: bytes, doc: dict) -> bytes:
+    """The shard-key part of a document's key as `scan` yields it (shard key + _id)."""
+    return key[:len(key) - len(encode_value(doc["_id"]))]
 
 
 def ns_prefix(ns: str) -> bytes:

@@ -31,7 +31,7 @@ from libs import kafka
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import ServiceSettings
-from libs.shardkey import encode_value, from_ejson, to_ejson
+from libs.shardkey import from_ejson, to_ejson
 from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import RecordError
 from schemas import config as cfg
@@ -39,10 +39,10 @@ from schemas import shard as s
 from services.config.catalog import Migration
 from services.config.follower import CatalogFollower
 from services.shard.decide import doc_bytes as _size
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, shard_key_part
 
 log = logging.getLogger(__name__)
 
-UNSHARDED, UNSHARDED_END = b"\x00", b"\x01"  # where unsharded collections' documents are (decide.py)
 CLONE_BATCH_DOCS = 2000
 CLONE_BATCH_BYTES = 2 * 1024 * 1024
 CATCH_UP_MODS = 200  # enter the critical section once a pass of mods is this small
@@ -207,7 +207,7 @@ class DonorCoordinator:
             db = self.catalog.databases.get(m.ns)
             cloned = 0
             for ns in sorted(db.collections if db else ()):
-                async for written in self._clone_batches(ns, Range(UNSHARDED, UNSHARDED_END, {}, {})):
+                async for written in self._clone_batches(ns, Range(UNSHARDED_KEY, UNSHARDED_END, {}, {})):
                     await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", ns=ns, written=written))
                     cloned += len(written)
                     self._progress(m.id, cloned=cloned)
@@ -265,7 +265,7 @@ class DonorCoordinator:
         # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
         total, prev_key, cut = 0, None, None
         for k, doc in self.server.documents.scan(m.ns, lo, chunk.max_key):
-            skey = _skey(k, doc)
+            skey = shard_key_part(k, doc)
             if total >= limit and skey != prev_key:
                 cut = (skey, coll.pattern.extract(doc))
                 break
@@ -274,7 +274,7 @@ class DonorCoordinator:
         if cut is None:
             if total > 2 * limit and not m.force_jumbo:
                 one_key = prev_key is not None and all(
-                    _skey(k, d) == prev_key for k, d in self.server.documents.scan(m.ns, lo, chunk.max_key))
+                    shard_key_part(k, d) == prev_key for k, d in self.server.documents.scan(m.ns, lo, chunk.max_key))
                 if one_key:
                     raise MigrationAborted(f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
                                            f"value, so the chunk cannot be split; it is marked jumbo", jumbo=True)
@@ -325,7 +325,7 @@ class DonorCoordinator:
             self._check_active()
             batch, size, last = [], 0, None
             for k, doc in self.server.documents.scan_stored(ns, after, rng.hi, inclusive=first):
-                skey = _skey(k, doc)
+                skey = shard_key_part(k, doc)
                 batch.append({"skey": skey.hex(), "doc": doc})
                 size += _size(doc)
                 last = k
@@ -437,8 +437,3 @@ class _ModReader:
                     break
         await flush()
         return n
-
-
-def _skey(k: bytes, doc: dict) -> bytes:
-    """The shard-key part of a document's store key (shard key + _id)."""
-    return k[:len(k) - len(encode_value(doc["_id"]))]

@@ -21,12 +21,12 @@ from libs.faults import fault_point
 from libs.shardkey import from_ejson
 from schemas import Record
 from schemas import shard as s
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, shard_key_part
 
 if TYPE_CHECKING:
     from services.shard.decide import ShardDecider
 
 BLOCKS_WRITES = ("critical", "committing")
-UNSHARDED, UNSHARDED_END = b"\x00", b"\x01"  # the layout of unsharded collections (see decide.py)
 BLOCKS_READS = ("committing",)
 
 
@@ -106,8 +106,8 @@ class MigrationDecisions:
         d = self.catalog.databases.get(db)
         out: list[Record] = []
         for ns in sorted(d.collections if d else ()):
-            for k, doc in self.documents.scan(ns, UNSHARDED, UNSHARDED_END):
-                out.append(s.DocumentRemoved(ns=ns, skey=UNSHARDED.hex(), id=doc["_id"]))
+            for k, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_END):
+                out.append(s.DocumentRemoved(ns=ns, skey=UNSHARDED_KEY.hex(), id=doc["_id"]))
         return out
 
     def enter_critical_section(self: "ShardDecider", req: s.EnterCriticalSection) -> Decision:
@@ -168,7 +168,7 @@ class MigrationDecisions:
         if m.role == "primary-recipient":  # whole unsharded collections of the database
             if not req.ns or req.ns.partition(".")[0] != m.ns:
                 raise CommandError("BadValue", f"a batch of primary move {req.id} must name a collection of {m.ns}")
-            events += [s.DocumentWritten(ns=req.ns, skey=UNSHARDED.hex(), doc=w["doc"]) for w in req.written]
+            events += [s.DocumentWritten(ns=req.ns, skey=UNSHARDED_KEY.hex(), doc=w["doc"]) for w in req.written]
             events.append(m.model_copy(update={"cloned": m.cloned + len(req.written)}))
             return Decision(events, {"id": req.id, "applied": len(events) - 1})
         lo, hi = self._range_keys(m.ns, m.min, m.max)
@@ -277,7 +277,7 @@ class MigrationDecisions:
         coll = self.catalog.collections.get(task.ns)
         events: list[Record] = []
         for k, doc in self.documents.scan(task.ns, lo, hi):
-            skey = k[:len(k) - len(_id_enc(doc))]
+            skey = shard_key_part(k, doc)
             if self._owns(coll, skey):
                 continue  # never delete what this shard owns (the range came back)
             events.append(s.DocumentRemoved(ns=task.ns, skey=skey.hex(), id=doc["_id"]))
@@ -287,8 +287,3 @@ class MigrationDecisions:
         done = len(events) < req.limit
         events.append(s.RangeDeletionRemoved(id=task.id) if done else task.model_copy(update={"deleted": deleted}))
         return Decision(events, {"task": req.task, "deleted": len(events) - 1, "total": deleted, "done": done})
-
-
-def _id_enc(doc: dict) -> bytes:
-    from libs.shardkey import encode_value
-    return encode_value(doc["_id"])
