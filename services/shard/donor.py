@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from libs import kafka
 from libs.faults import fault_point
@@ -136,6 +137,12 @@ class DonorCoordinator:
             except RequestTimeout:
                 if time.monotonic() > deadline:
                     raise MigrationAborted(f"{topic} did not answer {req.type} within {STEP_DEADLINE_S:g}s") from None
+                continue
+            except KafkaError as e:  # e.g. a leader election on a busy broker: the request is idempotent
+                if not (e.retriable or isinstance(e, KafkaTimeoutError)) or time.monotonic() > deadline:
+                    raise
+                log.info("shard %s: %s to %s failed (%r); retrying", self.shard_id, req.type, topic, e)
+                await asyncio.sleep(0.5)
                 continue
             if reply.ok:
                 return reply.result or {}
