@@ -108,3 +108,90 @@ def test_split_find_without_at_splits_at_the_median_and_refuses_a_single_key_chu
     assert "same shard key" in json.loads(single.stdout)["error"]
     neither = cli(cl.settings, "split", "sp.c")
     assert neither.returncode == 2
+
+
+def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappears(balanced_cluster):
+    """Add a 4th shard to a balanced cluster: the balancer gives it data. Then remove a
+    shard that is also a database's primary: its chunks drain, the database moves
+    (movePrimary, with its unsharded collection), the shard leaves the catalog, and every
+    document is still there exactly once."""
+    from services.balancer.server import Balancer
+    from services.range_deleter.server import RangeDeleter
+    from services.shard.server import ShardServer
+
+    cl = balanced_cluster
+    for key, value in (("maxChunkSizeBytes", MB), ("balancerRoundIntervalSecs", 0.5),
+                       ("balancerMigrationsThrottlingMs", 0), ("orphanCleanupDelaySecs", 0)):
+        cl.command(c.SetSetting(key=key, value=value))
+    cl.command(c.CreateDatabase(db="g", primary="s2"))
+    cl.command(c.ShardCollection(ns="g.c", key={"k": 1}))
+    n = 24000
+    cl.command(c.SplitChunk(ns="g.c", at=[{"k": i * 1000} for i in range(1, n // 1000)]))
+    # Ranges start where they would after an even-out, so the balancer only has the new shard to serve.
+    for i in range(n // 1000):
+        owner = f"s{i % 3}"
+        if owner != "s2":
+            cl.command(c.MoveRange(ns="g.c", min={"k": i * 1000}, to=owner))
+            cl.call(async_wait_until(lambda: not cl.config.catalog.migrations, 60, "the set-up move to finish"))
+
+    async def load():
+        async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=120) as client:
+            for start in range(0, n, 1000):
+                await client["g"]["c"].insert_many([{"_id": i, "k": i, "pad": "x" * 1000}
+                                                    for i in range(start, start + 1000)])
+            await client["g"]["u"].insert_many([{"_id": i, "note": f"unsharded {i}"} for i in range(50)])
+    asyncio.run(load())
+
+    balancer, deleter = Balancer(cl.settings), RangeDeleter(cl.settings)
+    tasks = [asyncio.run_coroutine_threadsafe(x.run(), cl.loop) for x in (balancer, deleter)]
+    try:
+        # A 4th shard: its process runs first, then the config server learns of it.
+        s3 = ShardServer(cl.settings, "s3")
+
+        async def spawn():  # a cluster member from now on: it stops with the others
+            cl.tasks.append(asyncio.create_task(s3.run()))
+        cl.call(spawn())
+        cl.call(async_wait_until(lambda: s3.processor.active.is_set(), 60, "s3 active"))
+        cl.shards["s3"] = s3
+        cl.command(c.AddShard(shard="s3"))
+
+        def s3_has_its_share():
+            sizes = sizes_by_shard(cl, "g.c")
+            return sizes["s3"] > 0 and max(sizes.values()) - min(sizes.values()) <= 3 * MB \
+                and not balancer.state.in_flight and sizes
+        shares = cl.call(async_wait_until(s3_has_its_share, 240, "the balancer to give s3 its share"))
+        assert shares["s3"] >= 2 * MB, shares
+
+        # Stopped balancer and disallowed migrations: the removal says what blocks it.
+        for args in (("balancer", "stop"), ("set-allow-migrations", "g.c", "false")):
+            done = cli(cl.settings, *args, "--json")
+            assert done.returncode == 0, done.stdout + done.stderr
+        on_s2 = sum(ch.shard == "s2" for ch in cl.config.catalog.collections["g.c"].chunks)
+        removing = cli(cl.settings, "remove-shard", "s2", "--json")
+        assert removing.returncode == 0 and json.loads(removing.stdout)["state"] == "started", removing.stdout
+        status = json.loads(cli(cl.settings, "remove-shard", "s2", "--status", "--json").stdout)
+        assert status["draining"] and status["chunks"] == on_s2 > 0 and status["databases"] == ["g"], status
+        assert {b["reason"] for b in status["blockers"]} == {"balancerStopped", "migrationsDisallowed"}, status
+        during = json.loads(cli(cl.settings, "balancer", "collection-status", "g.c", "--json").stdout)
+        assert not during["compliant"] and {"draining", "migrationsDisallowed"} <= \
+            {v["reason"] for v in during["violations"]}, during
+        for args in (("set-allow-migrations", "g.c", "true"), ("balancer", "start")):
+            done = cli(cl.settings, *args, "--json")
+            assert done.returncode == 0, done.stdout + done.stderr
+        cl.call(async_wait_until(lambda: "s2" not in cl.config.catalog.shards, 300, "s2 to drain and be removed"))
+        catalog = cl.config.catalog
+        assert catalog.databases["g"].primary != "s2"
+        assert all(ch.shard != "s2" for ch in catalog.collections["g.c"].chunks)
+        gone = cli(cl.settings, "remove-shard", "s2", "--status", "--json")
+        assert gone.returncode == 1 and json.loads(gone.stdout)["code"] == "ShardNotFound", gone.stdout
+    finally:
+        for t in tasks:
+            t.cancel()
+
+    async def read_back():
+        async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=60) as client:
+            return ([d["k"] for d in await client["g"]["c"].find({}, projection={"k": 1}, sort={"k": 1}).to_list()],
+                    await client["g"]["u"].find({}, sort={"_id": 1}).to_list())
+    keys, unsharded = asyncio.run(read_back())
+    assert keys == list(range(n)), "a document was lost or duplicated while adding and removing shards"
+    assert [d["note"] for d in unsharded] == [f"unsharded {i}" for i in range(50)]

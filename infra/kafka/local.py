@@ -130,6 +130,9 @@ def _properties(d: Path, port: int, cport: int) -> str:
         # Tests create many small topics; keep segments small so disk stays small.
         "log.segment.bytes": str(64 * 1024 * 1024),
         "transaction.max.timeout.ms": "900000",
+        # One node is both controller and broker: on a starved 2-core machine a late heartbeat
+        # must not fence the only broker (its partitions would have no leader for a while).
+        "broker.session.timeout.ms": "60000",
     }
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
