@@ -203,15 +203,20 @@ class ForgetMigration(Record):
 
 
 class SplitVector(Record):
-    """Read-only: split points for the chunk holding `find`'s shard key, chosen from this
-    shard's documents (seed 001's split vector), or the median point with `median`."""
+    """Read-only: split points for the chunk holding `find`'s shard key (a document), or the
+    chunk starting at `chunkMin` (a bound in Extended JSON, MinKey included; what the balancer
+    sends), chosen from this shard's documents (seed 001's split vector), or the median
+    point with `median`."""
 
     type: Literal["SplitVector"] = "SplitVector"
     v: Literal[1] = 1
     ns: str
-    find: Doc
+    find: Doc | None = None
+    chunkMin: Doc | None = None
     maxChunkSizeBytes: int = Field(128 * 1024 * 1024, ge=1)
     median: bool = False
+    # the chunk is the collection's first/last of an ordered key: seed 001's top-chunk optimisation
+    edge: Literal["top", "bottom"] | None = None
 
 
 class ListMigrations(Record):

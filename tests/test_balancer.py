@@ -195,3 +195,54 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
     keys, unsharded = asyncio.run(read_back())
     assert keys == list(range(n)), "a document was lost or duplicated while adding and removing shards"
     assert [d["note"] for d in unsharded] == [f"unsharded {i}" for i in range(50)]
+
+
+def test_auto_split_splits_a_grown_chunk_moves_the_new_top_chunk_and_marks_a_single_key_chunk_jumbo(
+        balanced_cluster):
+    """Seed 001's auto-splitting, through the balancer: an ascending key grown past the max
+    chunk size is split about every half max size, its highest key gets a chunk of its own
+    that moves off the hot shard; a chunk whose documents share one shard key is jumbo."""
+    from services.balancer.server import Balancer
+
+    cl = balanced_cluster
+    for key, value in (("maxChunkSizeBytes", MB), ("balancerRoundIntervalSecs", 0.5),
+                       ("balancerMigrationsThrottlingMs", 0)):
+        cl.command(c.SetSetting(key=key, value=value))
+    cl.command(c.CreateDatabase(db="as", primary="s0"))
+    for ns in ("as.up", "as.one"):
+        cl.command(c.ShardCollection(ns=ns, key={"k": 1}))
+        cl.command(c.SetSetting(ns=ns, key="autoSplit", value=True))
+
+    async def load():
+        async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=120) as client:
+            await client["as"]["up"].insert_many([{"_id": i, "k": i, "pad": "x" * 1000} for i in range(2500)])
+            await client["as"]["one"].insert_many([{"_id": i, "k": 7, "pad": "x" * 1000} for i in range(1500)])
+    asyncio.run(load())
+
+    balancer = Balancer(cl.settings)
+    task = asyncio.run_coroutine_threadsafe(balancer.run(), cl.loop)
+    try:
+        def done():
+            cat = cl.config.catalog
+            up, one = cat.collections["as.up"], cat.collections["as.one"]
+            return (len(up.chunks) > 2 and up.chunks[-1].shard != "s0" and one.chunks[0].jumbo
+                    and not balancer.state.in_flight and (up, one))
+        up, one = cl.call(async_wait_until(done, 120, "the auto-split of as.up and the jumbo mark of as.one"))
+    finally:
+        task.cancel()
+    top = up.chunks[-1]
+    assert top.min == {"k": 2499}, f"the top chunk should hold the highest key alone: {top.min}"
+    sizes = [sum(cl.shards[ch.shard].documents.range_sizes("as.up", ch.min_key, ch.max_key)) for ch in up.chunks]
+    assert all(size < MB for size in sizes), f"a piece is still over the max chunk size: {sizes}"
+    assert sum(sizes) >= 2500 * 1000
+    assert len(one.chunks) == 1 and one.chunks[0].shard == "s0", "a jumbo chunk is neither split nor moved"
+
+    async def ask(req):
+        from libs.requests import Requester
+        async with Requester(cl.settings.bootstrap, cl.settings.topics.cli_replies) as r:
+            return await r.request(cl.settings.topics.shard_requests("s0"), req, timeout=30)
+    from schemas import shard as s
+    for bad in (s.SplitVector(ns="as.up"), s.SplitVector(ns="as.up", find={"k": 1}, chunkMin={"k": 0}),
+                s.SplitVector(ns="as.up", chunkMin={"x": 1})):
+        reply = cl.call(ask(bad))
+        assert not reply.ok and reply.code == "BadValue", reply

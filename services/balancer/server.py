@@ -470,7 +470,7 @@ class Balancer:
         from schemas import shard as s
         topics = self.settings.topics
         vec = await self.requester.request(topics.shard_requests(a["shard"]), s.SplitVector(
-            ns=a["ns"], find=from_ejson(a["min"]), maxChunkSizeBytes=a["limit"]), timeout=60)
+            ns=a["ns"], chunkMin=a["min"], maxChunkSizeBytes=a["limit"], edge=a.get("edge")), timeout=60)
         if not vec.ok:
             return Outcome(False, vec.code, vec.error)
         if vec.result["jumbo"]:

@@ -21,7 +21,7 @@ from libs.commands import CommandError, Decision
 from libs.ids import new_object_id
 from libs.query import (MISSING, QueryError, apply_projection, apply_update, compile_filter, get_path, sort_key,
                         upsert_document)
-from libs.shardkey import ShardKeyError, encode_value, to_ejson
+from libs.shardkey import ShardKeyError, encode_value, from_ejson, to_ejson
 from schemas import Record
 from schemas import shard as s
 from services.config.catalog import Catalog, Collection
@@ -250,10 +250,13 @@ class ShardDecider(MigrationDecisions):
         coll = self.catalog.collections.get(req.ns)
         if coll is None:
             raise CommandError("NamespaceNotFound", f"collection {req.ns!r} is not sharded")
+        if (req.find is None) == (req.chunkMin is None):
+            raise CommandError("BadValue", "SplitVector needs exactly one of find (a document) and chunkMin (a bound)")
         try:
-            key = coll.pattern.encode_doc(req.find)
-        except ShardKeyError as e:
-            raise CommandError("BadValue", f"find: {e}") from None
+            key = coll.pattern.encode_doc(req.find) if req.find is not None else \
+                coll.pattern.encode_bound(from_ejson(req.chunkMin))
+        except (ShardKeyError, ValueError) as e:
+            raise CommandError("BadValue", f"{'find' if req.find is not None else 'chunkMin'}: {e}") from None
         chunk = coll.chunks[coll.chunk_index(key)]
         if chunk.shard != self.shard_id:
             raise CommandError("StaleConfig", f"{self.shard_id} does not own that chunk",
@@ -266,7 +269,12 @@ class ShardDecider(MigrationDecisions):
             return Decision([], {"chunk": bounds, "points": [point] if point is not None else [],
                                  "jumbo": point is None and len(docs) > 0, "documents": len(docs)})
         vector = autosplit.split_points(docs, req.maxChunkSizeBytes)
-        return Decision([], {"chunk": bounds, "points": vector.points, "jumbo": vector.jumbo, "documents": len(docs),
+        points = vector.points
+        if req.edge is not None and not vector.jumbo:  # the extreme key gets a chunk of its own
+            points = autosplit.top_chunk(docs, points, chunk_min=bounds["min"], chunk_max=bounds["max"],
+                                         is_bottom=req.edge == "bottom", is_top=req.edge == "top",
+                                         hashed=coll.pattern.is_hashed).points
+        return Decision([], {"chunk": bounds, "points": points, "jumbo": vector.jumbo, "documents": len(docs),
                              "bytes": sum(n for _, n in docs)})
 
     # ----------------------------------------------------------------- writes
