@@ -71,9 +71,11 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec]) -> list[str]:
                 pass  # created concurrently by another starter: fine
         # Metadata propagates asynchronously: wait until every topic is visible.
         for _ in range(100):
-            if {s.name for s in specs} <= set(await admin.list_topics()):
+            if not (absent := {s.name for s in specs} - set(await admin.list_topics())):
                 break
             await asyncio.sleep(0.05)
+        else:  # create_topics reports per-topic errors in its response instead of raising
+            raise RuntimeError(f"could not create the topics {sorted(absent)} (see the broker's log)")
         return [s.name for s in missing]
     finally:
         await admin.close()
