@@ -237,10 +237,11 @@ def _removal_status(shard: str, json_out: bool) -> None:
     if json_out:
         print(json.dumps({"ok": True, **doc}))
         return
+    dbs = f" {', '.join(doc['databases'])}" if doc["databases"] else ""
+    left = doc["estimatedSecondsLeft"]
     out.print(f"shard {shard}: {'draining' if doc['draining'] else 'not draining'}; {doc['chunks']} chunk(s) left, "
-              f"primary of {len(doc['databases'])} database(s) {doc['databases'] or ''}; {doc['movedSoFar']} chunk(s) "
-              f"moved so far" + (f"; about {doc['estimatedSecondsLeft']:.0f} s left" if doc["estimatedSecondsLeft"]
-                                 is not None else ""))
+              f"primary of {len(doc['databases'])} database(s){dbs}; {doc['movedSoFar']} chunk(s) moved so far"
+              + (f"; about {left:.0f} s left" if left is not None else ""))
     for b_ in doc["blockers"]:
         out.print(f"  blocked: {b_['reason']}: {b_['detail']}")
 
