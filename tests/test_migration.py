@@ -328,3 +328,29 @@ def test_move_primary_moves_the_unsharded_collections_and_writes_wait_not_fail(d
     assert cl.router.follower.catalog.databases["p"].primary == "s2"
     assert stored_ids(cl, "s0", "p.notes") == set()  # the old primary's copies are gone
     assert stored_ids(cl, "s2", "p.notes") == set(ids)
+
+
+def test_move_range_wait_for_delete_returns_once_the_donor_deleted_its_copy(data_cluster):
+    import json
+
+    from services.range_deleter.server import RangeDeleter
+    from tests.conftest import cli
+
+    cl = data_cluster
+    cl.command(c.SetSetting(key="orphanCleanupDelaySecs", value=2))  # the CLI must wait out the delay too
+    cl.command(c.CreateDatabase(db="w", primary="s0"))
+    cl.command(c.ShardCollection(ns="w.c", key={"k": 1}))
+    cl.command(c.SplitChunk(ns="w.c", at=[{"k": 100}]))
+    client_run(cl, lambda client: client["w"]["c"].insert_many([{"_id": i, "k": i} for i in range(300)]))
+    deleter = asyncio.run_coroutine_threadsafe(RangeDeleter(cl.settings).run(), cl.loop)
+    try:
+        done = cli(cl.settings, "move-range", "w.c", "--min", '{"k": 100}', "--to", "s1", "--wait-for-delete",
+                   "--json", timeout=120)
+        left_on_donor = {i for i in stored_ids(cl, "s0", "w.c") if i >= 100}  # read before anything else runs
+    finally:
+        deleter.cancel()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["outcome"] == "committed"
+    assert left_on_donor == set(), f"move-range --wait-for-delete returned with {len(left_on_donor)} orphans left"
+    assert shard_state(cl, "s0")["rangeDeletions"] == []
+    assert stored_ids(cl, "s1", "w.c") == set(range(100, 300))
