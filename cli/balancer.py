@@ -154,7 +154,7 @@ def register(app: typer.Typer, m) -> None:
         setting("maxChunkSizeBytes", mb * 1024 * 1024, ns, json_out, f"{ns}: max chunk size {mb} MB")
 
     @balancer_app.command("throttle")
-    def throttle(ms: int = typer.Argument(..., help="pause between rounds that moved data, in ms"),
+    def throttle(ms: int = typer.Argument(..., help="least time from one round's migrations to the next round's, in ms"),
                  json_out: bool = JsonOpt) -> None:
         """Migration throttling between rounds (balancerMigrationsThrottlingMs)."""
         setting("balancerMigrationsThrottlingMs", ms, None, json_out, f"{ms} ms between migration rounds")

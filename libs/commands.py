@@ -178,7 +178,8 @@ class CommandProcessor:
                 # Someone else owns the log now (or the transaction failed): forget the
                 # in-memory state this batch built and rebuild it from the store.
                 self.fenced = isinstance(e, ProducerFenced)
-                log.error("%s: transaction failed (%s); reloading state and standing by", self.name, e)
+                log.error("%s: transaction failed (%s: %s); reloading state and standing by",
+                          self.name, type(e).__name__, e)
                 # If the group moved the partition, revocation tells us within a session
                 # timeout; if it is still ours after that (we were fenced by a zombie), activating
                 # again fences it in turn and re-reads the committed offset.

@@ -437,3 +437,28 @@ def test_plan_properties(s):
         else:
             assert m["max"] is None and not chunk.get("jumbo") and not donor["draining"]
             assert zone is None or zone in donor["zones"]
+
+
+# ---------------------------------------------------------------- round pacing (server.py)
+
+from services.balancer.server import round_pause, throttle_left  # noqa: E402
+
+
+def test_after_a_round_that_moved_data_the_next_starts_at_once_as_in_mongodb():
+    assert round_pause({"splits": 0, "migrations": 2, "failed": 1}, 10.0) == 0.0
+    assert round_pause({"splits": 1, "migrations": 0, "failed": 0}, 10.0) == 0.0
+
+
+@pytest.mark.parametrize("summary", [{"splits": 0, "migrations": 0}, {},
+                                     {"splits": 1, "migrations": 2, "failed": 3}, None],
+                         ids=["nothing to do", "disabled or outside the window", "every action failed", "raised"])
+def test_a_quiet_failed_or_idle_round_waits_the_full_interval(summary):
+    assert round_pause(summary, 10.0) == 10.0
+
+
+def test_migrations_are_spaced_by_balancer_migrations_throttling_ms():
+    assert throttle_left(None, 100.0, 1000) == 0.0  # no migration yet
+    assert throttle_left(100.0, 100.25, 1000) == pytest.approx(0.75)
+    assert throttle_left(100.0, 101.0, 1000) == 0.0  # exactly at the boundary: no wait
+    assert throttle_left(100.0, 105.0, 1000) == 0.0
+    assert throttle_left(100.0, 100.0, 0) == 0.0

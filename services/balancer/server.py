@@ -2,7 +2,8 @@
 `balancer.commands`, its state the fold of `balancer.events`) and, in that
 instance, the round loop.
 
-A round (every `balancerRoundIntervalSecs`, when enabled and inside the window):
+A round (when enabled and inside the window; the next one starts at once after a round
+that issued actions, `balancerRoundIntervalSecs` after a quiet one, as MongoDB's):
 build a snapshot from the catalog and the shards' latest statistics, ask the
 policy (a pure function) for splits and migrations, record them as issued, send
 the splits and wait for them, then the migrations (in parallel: the policy uses
@@ -228,6 +229,7 @@ class Balancer:
         self.round = 0
         self.activity = "starting"  # what the round loop is doing, for `balancer status`
         self._fresh_from = 0  # statistics must be at least this recent (after our last actions)
+        self._last_migration_end: float | None = None  # monotonic; for balancerMigrationsThrottlingMs
 
     # ------------------------------------------------------------- decide
 
@@ -310,6 +312,7 @@ class Balancer:
         while True:
             await self.processor.active.wait()
             self.round = self.state.last_round.get("round", 0)
+            summary: dict | None = {}
             try:
                 if any("by" not in a for a in self.state.in_flight.values()):
                     self.activity = "finishing actions issued before a restart"
@@ -320,12 +323,17 @@ class Balancer:
                 elif not in_window(settings.balancerWindow, _now()):
                     self.activity = "outside the balancing window"
                 else:
-                    await self.balance_round()
+                    summary = await self.balance_round()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("balancer: round %d failed; the next round starts from the new state", self.round + 1)
-            await asyncio.sleep(self.follower.catalog.settings.balancerRoundIntervalSecs)
+                summary = None
+            interval = self.follower.catalog.settings.balancerRoundIntervalSecs
+            if summary is not None and "skipped" in summary:
+                await self.statistics.changed(interval)  # the reports it waits for, or the interval
+            else:
+                await asyncio.sleep(round_pause(summary, interval))
 
     async def balance_round(self) -> dict:
         """One round; its summary."""
@@ -349,16 +357,19 @@ class Balancer:
         round_no = self.round
         await self._ask(b.IssueActions(round=round_no, actions=splits + moves))
         self.activity = f"round {round_no}: {len(splits)} split(s), {len(moves)} migration(s)"
-        for action in splits:
-            await self._run_action(action)
+        split_results = [await self._run_action(action) for action in splits]
+        if moves and (pause := throttle_left(self._last_migration_end, time.monotonic(),
+                                              self.follower.catalog.settings.balancerMigrationsThrottlingMs)):
+            self.activity += f" (throttled {pause:.1f}s: balancerMigrationsThrottlingMs)"
+            await asyncio.sleep(pause)
         results = await asyncio.gather(*(self._run_action(a) for a in moves))
-        summary = {"splits": len(splits), "migrations": len(moves), "failed": sum(1 for r in results if not r.ok),
+        if moves:
+            self._last_migration_end = time.monotonic()
+        summary = {"splits": len(splits), "migrations": len(moves),
+                   "failed": sum(1 for r in (*split_results, *results) if not r.ok),
                    "reasons": sorted({m.get("reason", m["kind"]) for m in moves})}
         await self._ask(b.CompleteRound(round=round_no, summary=summary))
         self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
-        throttle = self.follower.catalog.settings.balancerMigrationsThrottlingMs
-        if moves and throttle:
-            await asyncio.sleep(throttle / 1000)  # seed 000: migration throttling between rounds
         return summary
 
     async def _finish_in_flight(self) -> None:
@@ -692,6 +703,23 @@ def _boundary(coll, key: bytes) -> dict | None:
     if i and coll.chunks[i - 1].max_key == key:
         return to_ejson(coll.chunks[i - 1].max)
     return None
+
+
+def round_pause(summary: dict | None, interval_secs: float) -> float:
+    """Seconds before the next round, as MongoDB's main balancer thread: at once after a
+    round in which some action succeeded (balancerMigrationsThrottlingMs then spaces the
+    migrations), the full round interval after a quiet one, one whose actions all failed
+    (no busy loop on a persistent error) or one that raised (summary None)."""
+    issued = (summary or {}).get("splits", 0) + (summary or {}).get("migrations", 0)
+    return 0.0 if issued and summary.get("failed", 0) < issued else interval_secs
+
+
+def throttle_left(last_migration_end: float | None, now: float, throttle_ms: int) -> float:
+    """Seconds to wait before issuing migrations so that at least `throttle_ms` separates
+    them from the end of the previous round's migrations (MongoDB's balancerMigrationsThrottlingMs)."""
+    if last_migration_end is None:
+        return 0.0
+    return max(0.0, throttle_ms / 1000 - (now - last_migration_end))
 
 
 def _now() -> dt.datetime:
