@@ -44,26 +44,29 @@ def settings(bootstrap, cluster, tmp_path):
     return ServiceSettings(bootstrap, cluster, tmp_path / "data", session_timeout_ms=6000)
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
-    """Poll `predicate` until truthy; fail with `what` after `timeout` seconds."""
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05,
+               detail: Callable[[], str] | None = None):
+    """Poll `predicate` until truthy; fail with `what` (and `detail()`, e.g. a log tail) after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}" + (f"\n{detail()}" if detail else ""))
         time.sleep(interval)
 
 
-async def async_wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+async def async_wait_until(predicate, timeout: float, what: str, interval: float = 0.05,
+                           detail: Callable[[], str] | None = None):
+    """As wait_until, without blocking the loop; `detail()` (e.g. a service's log tail) goes into the failure."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}" + (f"\n{detail()}" if detail else ""))
         await asyncio.sleep(interval)
 
 

@@ -236,11 +236,8 @@ def test_a_zombie_config_server_cannot_append(settings, spawn):
             zombie.signal(signal.SIGCONT)  # the zombie wakes up and tries to commit
             # Its commit fails and it stands by (its readiness file says so): the transaction's
             # outcome, not the wording of a log line, is what the test waits for.
-            try:
-                await async_wait_until(lambda: (zombie.ready_info() or {}).get("role") == "standby", 60,
-                                       "the zombie to stand by after its failed commit")
-            except pytest.fail.Exception:
-                pytest.fail(f"the zombie did not stand by within 60 s; its log ends:\n{zombie.tail(80)}")
+            await async_wait_until(lambda: (zombie.ready_info() or {}).get("role") == "standby", 60,
+                                   "the zombie to stand by after its failed commit", detail=lambda: zombie.tail(80))
             assert "transaction failed (ProducerFenced" in zombie.tail(400), zombie.tail(80)
             after = await r.request(settings.topics.config_commands, c.AddShard(shard="after"), timeout=60)
             assert after.ok

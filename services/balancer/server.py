@@ -3,7 +3,7 @@
 instance, the round loop.
 
 A round (when enabled and inside the window; the next one starts at once after a round
-that issued actions, `balancerRoundIntervalSecs` after a quiet one, as MongoDB's):
+in which an action succeeded, `balancerRoundIntervalSecs` after any other, as MongoDB's):
 build a snapshot from the catalog and the shards' latest statistics, ask the
 policy (a pure function) for splits and migrations, record them as issued, send
 the splits and wait for them, then the migrations (in parallel: the policy uses
@@ -710,8 +710,9 @@ def round_pause(summary: dict | None, interval_secs: float) -> float:
     round in which some action succeeded (balancerMigrationsThrottlingMs then spaces the
     migrations), the full round interval after a quiet one, one whose actions all failed
     (no busy loop on a persistent error) or one that raised (summary None)."""
-    issued = (summary or {}).get("splits", 0) + (summary or {}).get("migrations", 0)
-    return 0.0 if issued and summary.get("failed", 0) < issued else interval_secs
+    summary = summary or {}
+    issued = summary.get("splits", 0) + summary.get("migrations", 0)
+    return 0.0 if summary.get("failed", 0) < issued else interval_secs
 
 
 def throttle_left(last_migration_end: float | None, now: float, throttle_ms: int) -> float:
