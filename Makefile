@@ -4,7 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 DATA   ?= .shardlog
 
-.PHONY: venv jars up down test unit schemas bench status
+BROKERS ?=
+
+.PHONY: venv jars up down reset clean-data test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -17,12 +19,20 @@ $(VENV)/.installed: pyproject.toml
 jars:
 	$(PYTHON) infra/kafka/local.py fetch
 
-# Local broker + demo cluster (config, 3 shards, router, balancer, range-deleter).
+# Local Kafka (BROKERS=3 for a replicated 3-node KRaft cluster, chosen when $(DATA) is new)
+# + demo cluster (config, 3 shards, router, balancer, range-deleter).  Starts whatever is not
+# running; every service resumes from its checkpoint.
 up: venv jars
-	$(PY) -m infra.cluster up --data $(DATA)
+	$(PY) -m infra.cluster up --data $(DATA) $(if $(BROKERS),--brokers $(BROKERS))
 
+# Stop everything; every document, the catalog and the brokers' logs stay for the next `make up`.
 down:
 	@if [ -x $(PY) ]; then $(PY) -m infra.cluster down --data $(DATA); else $(PYTHON) infra/kafka/local.py stop --dir $(DATA)/kafka; fi
+
+# Stop everything and delete the data: service stores, logs and the local brokers' logs.
+reset:
+	@if [ -x $(PY) ]; then $(PY) -m infra.cluster reset --data $(DATA); else $(PYTHON) infra/kafka/local.py reset --dir $(DATA)/kafka; rm -rf $(DATA); fi
+clean-data: reset
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
 test: venv jars

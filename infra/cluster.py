@@ -1,10 +1,15 @@
-"""`make up` / `make down`: a local broker and a demo cluster as background processes.
+"""`make up` / `make down` / `make reset`: a local Kafka and a demo cluster as background processes.
 
-    python -m infra.cluster up   [--data .shardlog] [--cluster shardlog]
-    python -m infra.cluster down [--data .shardlog]
+    python -m infra.cluster up    [--data .shardlog] [--cluster shardlog] [--brokers N]
+    python -m infra.cluster down  [--data .shardlog]
+    python -m infra.cluster reset [--data .shardlog]
+    python -m infra.cluster status [--data .shardlog] [--json]
 
 Logs in <data>/logs/<service>.log, pids in <data>/pids/, service stores in
-<data>/services/.  `up` twice is harmless: what runs is left running.
+<data>/services/, the brokers in <data>/kafka/.  `up` starts whatever is not
+running (the brokers included: after `down`, a crash or a kill -9) and leaves
+the rest alone; every service resumes from its store's checkpoint.  `down`
+stops everything and keeps every byte.  Only `reset` deletes data.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_KAFKA = ROOT / "infra" / "kafka" / "local.py"
 SHARDS = ("s0", "s1", "s2")
+KAFKA_PORT = int(os.environ.get("KAFKA_PORT", "9092"))  # the first broker's port, chosen when formatting
 
 
 def services() -> dict[str, list[str]]:
@@ -47,10 +54,21 @@ def _pid(path: Path) -> int | None:
     return pid if _alive(pid) else None
 
 
-def _bootstrap(data: Path) -> str:
-    if os.environ.get("KAFKA_BOOTSTRAP"):
-        return os.environ["KAFKA_BOOTSTRAP"]
-    subprocess.run([sys.executable, str(LOCAL_KAFKA), "start", "--dir", str(data / "kafka")], check=True)
+def _external() -> str | None:
+    """A broker the user runs (KAFKA_BOOTSTRAP): `up`/`down`/`reset` leave it alone."""
+    return os.environ.get("KAFKA_BOOTSTRAP") or None
+
+
+def _local_kafka(action: str, data: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LOCAL_KAFKA), action, "--dir", str(data / "kafka"), *args])
+
+
+def _bootstrap(data: Path, brokers: int | None) -> str:
+    if (b := _external()) is not None:
+        return b
+    args = ["--port", str(KAFKA_PORT), *(["--brokers", str(brokers)] if brokers else [])]
+    if _local_kafka("start", data, *args).returncode != 0:
+        raise SystemExit("make up: the local Kafka did not start (the line above says why)")
     return (data / "kafka" / "bootstrap").read_text().strip()
 
 
@@ -69,15 +87,37 @@ async def _add_shards(bootstrap: str, cluster: str) -> None:
                 raise SystemExit(f"make up: add-shard {s}: {reply.code}: {reply.error}")
 
 
-def up(data: Path, cluster: str, timeout: float = 120.0) -> None:
+def _ready(data: Path, name: str, pid: int) -> dict | None:
+    """The service's readiness report, once it serves: services with a role (one active instance)
+    are ready when active, the others once they have replayed."""
+    try:
+        info = json.loads((data / "services" / f"{name}.ready").read_text())
+    except (OSError, ValueError):
+        return None
+    if info.get("pid") != pid or info.get("role", "active") != "active":
+        return None
+    return info
+
+
+def _why(log: Path, lines: int = 6) -> str:
+    """The end of a service's log: the error that stopped it."""
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n".join(f"    {line[:400]}" for line in tail)
+
+
+def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 180.0) -> None:
     data = data.resolve()
-    bootstrap = _bootstrap(data)
+    t0 = time.monotonic()
+    bootstrap = _bootstrap(data, brokers)
     for d in ("logs", "pids", "services"):
         (data / d).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "SHARDLOG_CLUSTER": cluster,
            "SHARDLOG_DATA_DIR": str(data / "services"), "PYTHONPATH": str(ROOT)}
     asyncio.run(_ensure_core_topics(bootstrap, cluster))
-    started: dict[str, int] = {}
+    started: dict[str, tuple[int, float]] = {}
     for name, argv in services().items():
         pidfile = data / "pids" / f"{name}.pid"
         if (pid := _pid(pidfile)) is not None:
@@ -88,21 +128,22 @@ def up(data: Path, cluster: str, timeout: float = 120.0) -> None:
             proc = subprocess.Popen([sys.executable, "-m", *argv], env=env, cwd=ROOT, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         pidfile.write_text(str(proc.pid))
-        started[name] = proc.pid
+        started[name] = (proc.pid, time.monotonic())
     deadline = time.monotonic() + timeout
-    for name, pid in started.items():
-        ready = data / "services" / f"{name}.ready"
-        while not (ready.exists() and json.loads(ready.read_text()).get("pid") == pid):
+    for name, (pid, since) in started.items():
+        log = data / "logs" / f"{name}.log"
+        while (info := _ready(data, name, pid)) is None:
             if not _alive(pid):
-                raise SystemExit(f"make up: {name} exited; see {data / 'logs' / (name + '.log')}")
+                raise SystemExit(f"make up: {name} exited; the end of {log}:\n{_why(log)}")
             if time.monotonic() > deadline:
-                raise SystemExit(f"make up: {name} not ready after {timeout:.0f}s; see {data / 'logs' / (name + '.log')}")
-            time.sleep(0.2)
-        print(f"  {name:14} ready (pid {pid})")
+                raise SystemExit(f"make up: {name} not ready after {timeout:.0f}s; the end of {log}:\n{_why(log)}")
+            time.sleep(0.1)
+        at = f", ConfigTime {info['configTime']}" if "configTime" in info else ""
+        print(f"  {name:14} ready (pid {pid}, {time.monotonic() - since:.1f}s{at})")
     asyncio.run(_add_shards(bootstrap, cluster))
     print(f"""
-shardlog cluster {cluster!r} is up: Kafka at {bootstrap}, config server, shards {', '.join(SHARDS)},
-router, balancer, range-deleter.  Logs: {data / 'logs'}
+shardlog cluster {cluster!r} is up in {time.monotonic() - t0:.1f}s: Kafka at {bootstrap}, config server,
+shards {', '.join(SHARDS)}, router, balancer, range-deleter.  Logs: {data / 'logs'}
 
   export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}
   .venv/bin/shardlog status
@@ -110,7 +151,8 @@ router, balancer, range-deleter.  Logs: {data / 'logs'}
   .venv/bin/shardlog insert app.users '[{{"_id": 1, "name": "ada"}}, {{"_id": 2, "name": "bob"}}]'
   .venv/bin/shardlog find app.users '{{}}' --sort '{{"_id": 1}}'
   .venv/bin/shardlog status --verbose
-  make down
+  make down      # stop; every document is kept for the next `make up`
+  make reset     # stop and delete every document, the catalog and the broker's data
 """)
 
 
@@ -120,30 +162,91 @@ async def _ensure_core_topics(bootstrap: str, cluster: str) -> None:
     await kafka.ensure_topics(bootstrap, Topics(cluster).core())
 
 
-def down(data: Path) -> None:
-    data = data.resolve()
-    for pidfile in sorted((data / "pids").glob("*.pid")) if (data / "pids").exists() else []:
-        pid = _pid(pidfile)
-        if pid is not None:
-            os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
+def _stop_services(data: Path) -> None:
+    pidfiles = sorted((data / "pids").glob("*.pid")) if (data / "pids").exists() else []
+    running = {f: pid for f in pidfiles if (pid := _pid(f)) is not None}
+    for pid in running.values():  # all at once: each waits for its own clean stop
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in running.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for f in pidfiles:
+        if (pid := running.get(f)) is not None:
             if _alive(pid):
                 os.killpg(pid, signal.SIGKILL)
-            print(f"  {pidfile.stem:14} stopped")
-        pidfile.unlink(missing_ok=True)
-    if not os.environ.get("KAFKA_BOOTSTRAP"):
-        subprocess.run([sys.executable, str(LOCAL_KAFKA), "stop", "--dir", str(data / "kafka")], check=False)
+            print(f"  {f.stem:14} stopped")
+        f.unlink(missing_ok=True)
+
+
+def down(data: Path) -> None:
+    data = data.resolve()
+    _stop_services(data)
+    if _external() is None:
+        _local_kafka("stop", data)
+    print(f"stopped; the data stays in {data} for the next `make up` (`make reset` deletes it)")
+
+
+def _size(path: Path) -> str:
+    total = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+    return f"{total / 1e6:.1f} MB"
+
+
+def reset(data: Path) -> None:
+    """Stop everything, then delete the service stores, the logs and the local brokers' data."""
+    data = data.resolve()
+    _stop_services(data)
+    doomed = [(data / "services", "every service's store (catalog, documents, tasks, checkpoints)"),
+              (data / "logs", "service logs"), (data / "pids", "pid files")]
+    if _external() is None:
+        doomed.insert(0, (data / "kafka", "the local brokers' data: every topic, consumer offset and transaction"))
+    else:
+        print(f"the broker at {_external()} is not ours: the cluster's topics on it are kept, and the services "
+              f"will rebuild their stores from them on the next `make up`")
+    for path, what in doomed:
+        if path.exists():
+            size = _size(path)
+            if path.name == "kafka":
+                _local_kafka("stop", data)
+            shutil.rmtree(path)
+            print(f"  deleted {path} ({size}): {what}")
+    print("reset: the next `make up` starts an empty cluster")
+
+
+def status(data: Path, as_json: bool) -> None:
+    data = data.resolve()
+    out = {"services": {}, "kafka": None}
+    for name in services():
+        out["services"][name] = _pid(data / "pids" / f"{name}.pid")
+    if _external() is None:
+        st = subprocess.run([sys.executable, str(LOCAL_KAFKA), "status", "--dir", str(data / "kafka"), "--json"],
+                            capture_output=True, text=True)
+        out["kafka"] = json.loads(st.stdout) if st.stdout.strip() else None
+    if as_json:
+        print(json.dumps(out))
+        return
+    for name, pid in out["services"].items():
+        print(f"  {name:14} {'running (pid %d)' % pid if pid else 'not running'}")
+    for b in (out["kafka"] or {}).get("brokers", []):
+        print(f"  {'kafka-' + str(b['id']):14} {'running (pid %d)' % b['pid'] if b['running'] else 'not running'}"
+              f" at 127.0.0.1:{b['port']}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["up", "down"])
+    p.add_argument("action", choices=["up", "down", "reset", "status"])
     p.add_argument("--data", type=Path, default=ROOT / ".shardlog")
     p.add_argument("--cluster", default=os.environ.get("SHARDLOG_CLUSTER", "shardlog"))
+    p.add_argument("--brokers", type=int, help="local Kafka brokers, when the data directory is new (default 1)")
+    p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    up(a.data, a.cluster) if a.action == "up" else down(a.data)
+    if a.action == "up":
+        up(a.data, a.cluster, a.brokers)
+    elif a.action == "down":
+        down(a.data)
+    elif a.action == "reset":
+        reset(a.data)
+    else:
+        status(a.data, a.json)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 if [ -z "${KAFKA_BOOTSTRAP:-}" ]; then
   dir=$(mktemp -d "${TMPDIR:-/tmp}/shardlog-kafka.XXXXXX")
-  trap '$PY infra/kafka/local.py stop --dir "$dir" >/dev/null; rm -rf "$dir"' EXIT
+  trap '$PY infra/kafka/local.py reset --dir "$dir" >/dev/null' EXIT
   $PY infra/kafka/local.py start --dir "$dir"
   export KAFKA_BOOTSTRAP=$(cat "$dir/bootstrap")
 fi

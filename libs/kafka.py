@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from libs.topics import TopicSpec
@@ -56,17 +59,50 @@ def consumer(bootstrap: str, *, group_id: str | None = None, client_id: str = "s
     )
 
 
+@dataclass(frozen=True)
+class Replication:
+    """How every shardlog topic is replicated: `factor` copies, of which `min_insync` must have
+    a write before it is acknowledged (producers use acks=all)."""
+
+    factor: int
+    min_insync: int
+
+
+async def replication(admin: AIOKafkaAdminClient) -> Replication:
+    """SHARDLOG_REPLICATION_FACTOR / SHARDLOG_MIN_INSYNC_REPLICAS, else the brokers' own
+    `default.replication.factor` / `min.insync.replicas` (`make up` and compose set 3 / 2 with
+    three brokers, 1 / 1 with one).  Read from the brokers rather than counted, so a topic
+    created while a broker is down is refused instead of created with fewer copies."""
+    factor, min_insync = os.environ.get("SHARDLOG_REPLICATION_FACTOR"), os.environ.get("SHARDLOG_MIN_INSYNC_REPLICAS")
+    if factor is None or min_insync is None:
+        brokers = (await admin.describe_cluster())["brokers"]
+        (res,) = await admin.describe_configs([ConfigResource(
+            ConfigResourceType.BROKER, str(brokers[0]["node_id"]),
+            {"default.replication.factor": None, "min.insync.replicas": None})])
+        entries = {e["config_names"]: e["config_value"]
+                   for r in res.to_object()["resources"] for e in r["config_entries"]}
+        factor = factor or entries.get("default.replication.factor", "1")
+        min_insync = min_insync or entries.get("min.insync.replicas", "1")
+    r = Replication(int(factor), int(min_insync))
+    if not 1 <= r.min_insync <= r.factor:
+        raise ValueError(f"min.insync.replicas {r.min_insync} must be between 1 and the replication factor {r.factor}")
+    return r
+
+
 async def ensure_topics(bootstrap: str, specs: list[TopicSpec]) -> list[str]:
-    """Create the topics that do not exist yet; returns the names created."""
+    """Create the topics that do not exist yet, replicated as `replication()` says; returns the names created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
+            rep = await replication(admin)
             try:
-                await admin.create_topics(
-                    [NewTopic(s.name, s.partitions, 1, topic_configs=dict(s.config)) for s in missing])
+                await admin.create_topics([
+                    NewTopic(s.name, s.partitions, rep.factor,
+                             topic_configs={"min.insync.replicas": str(rep.min_insync), **s.config})
+                    for s in missing])
             except TopicAlreadyExistsError:
                 pass  # created concurrently by another starter: fine
         # Metadata propagates asynchronously: wait until every topic is visible.
@@ -75,7 +111,8 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec]) -> list[str]:
                 break
             await asyncio.sleep(0.05)
         else:  # create_topics reports per-topic errors in its response instead of raising
-            raise RuntimeError(f"could not create the topics {sorted(absent)} (see the broker's log)")
+            raise RuntimeError(f"could not create the topics {sorted(absent)} (see the broker's log; with a "
+                               f"replication factor above the number of live brokers, Kafka refuses them)")
         return [s.name for s in missing]
     finally:
         await admin.close()

@@ -63,23 +63,30 @@ class Projection:
         # start, and the fingerprint read waits behind a fetch it throws away.
         self._consumer.seek(self.tp, max(ckpt.next_offset - 1, 0) if ckpt else 0)
         if ckpt is None:
+            log.info("%s: no checkpoint in %s: replaying %s from offset 0", self.name, self.store.path, self.topic)
             return
         await self._verify(ckpt)
         self.position, self.last_fingerprint = ckpt.next_offset, ckpt.last_fingerprint
         self._consumer.seek(self.tp, ckpt.next_offset)
+        log.info("%s: resuming %s from its checkpoint at offset %d", self.name, self.topic, ckpt.next_offset)
 
     async def _verify(self, ckpt: Checkpoint) -> None:
         c = self._consumer
         start = (await c.beginning_offsets([self.tp]))[self.tp]
         end = await kafka.log_end(c, self.tp)
         where = f"{self.name}: store {self.store.path} is at offset {ckpt.next_offset} of {self.topic}"
+        # Never rebuild from a shorter log on our own: that would silently drop what the store
+        # holds and the log lost.  Say what happened and the command for each way out.
+        way_out = (f" Refusing to start rather than rebuild from a shorter log. If the loss is accepted, "
+                   f"`make reset` starts an empty cluster (it deletes every store and the local broker's data); "
+                   f"to rebuild only this store from what the log holds now: rm -rf {self.store.path}")
         if ckpt.next_offset > end:
             raise CheckpointMismatch(
-                f"{where}, but the log ends at {end}: the topic was recreated or truncated. "
-                f"Delete the store to rebuild it from the log.")
+                f"{where}, but the log ends at {end}: the log it was built from is gone (the broker's data "
+                f"was deleted or reformatted, or the topic recreated).{way_out}")
         if ckpt.next_offset < start:
             raise CheckpointMismatch(f"{where}, but the log now starts at {start}: records it has not applied "
-                                     f"were deleted. Delete the store to rebuild it from the log.")
+                                     f"were deleted.{way_out}")
         if ckpt.next_offset == 0 or ckpt.last_fingerprint is None:
             return
         # Fingerprint: the last record applied must still be where the store saw it.
@@ -88,7 +95,7 @@ class Projection:
         records = batch.get(self.tp, [])
         if records and records[0].offset == ckpt.next_offset - 1 and fingerprint(records[0].value) != ckpt.last_fingerprint:
             raise CheckpointMismatch(f"{where}, but the record before it is not the one the store applied: "
-                                     f"the topic was recreated. Delete the store to rebuild it from the log.")
+                                     f"the topic was recreated.{way_out}")
 
     def reset(self) -> None:
         """Forget in-memory state: reload it from the store and resume reading at its checkpoint."""

@@ -139,8 +139,10 @@ def test_checkpoint_ahead_of_a_recreated_log_is_refused(settings, tmp_path):
         store = Store(path)
         proj = Projection(settings.bootstrap, topic, c.events, Catalog(), store)
         try:
-            with pytest.raises(CheckpointMismatch, match="recreated or truncated"):
+            with pytest.raises(CheckpointMismatch, match="the log it was built from is gone") as refused:
                 await proj.start()
+            # The error names the commands that resolve it: an explicit reset, or rebuilding this store.
+            assert "`make reset`" in str(refused.value) and f"rm -rf {path}" in str(refused.value)
         finally:
             await proj.stop()
             store.close()
