@@ -34,6 +34,10 @@ reset:
 	@if [ -x $(PY) ]; then $(PY) -m infra.cluster reset --data $(DATA); else $(PYTHON) infra/kafka/local.py reset --dir $(DATA)/kafka; rm -rf $(DATA); fi
 clean-data: reset
 
+# What runs: every service and local broker, with pids and ports.
+status:
+	@$(PY) -m infra.cluster status --data $(DATA)
+
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
 test: venv jars
 	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)

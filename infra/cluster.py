@@ -99,13 +99,13 @@ def _ready(data: Path, name: str, pid: int) -> dict | None:
     return info
 
 
-def _why(log: Path, lines: int = 6) -> str:
+def _why(log: Path, lines: int = 4) -> str:
     """The end of a service's log: the error that stopped it."""
     try:
         tail = log.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return ""
-    return "\n".join(f"    {line[:400]}" for line in tail)
+    return "\n".join(f"    {line[:4000]}" for line in tail)
 
 
 def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 180.0) -> None:
@@ -133,10 +133,16 @@ def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 18
     for name, (pid, since) in started.items():
         log = data / "logs" / f"{name}.log"
         while (info := _ready(data, name, pid)) is None:
-            if not _alive(pid):
-                raise SystemExit(f"make up: {name} exited; the end of {log}:\n{_why(log)}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"make up: {name} not ready after {timeout:.0f}s; the end of {log}:\n{_why(log)}")
+            failed = (f"{name} exited" if not _alive(pid) else
+                      f"{name} not ready after {timeout:.0f}s" if time.monotonic() > deadline else None)
+            if failed:
+                # Leave nothing half up: stop what this run started (what already ran keeps running).
+                for other, (opid, _) in started.items():
+                    if _alive(opid):
+                        os.killpg(opid, signal.SIGTERM)
+                    (data / "pids" / f"{other}.pid").unlink(missing_ok=True)
+                raise SystemExit(f"make up: {failed}; the end of {log}:\n{_why(log, 1)}\n"
+                                 f"(stopped the {len(started)} services this run started)")
             time.sleep(0.1)
         at = f", ConfigTime {info['configTime']}" if "configTime" in info else ""
         print(f"  {name:14} ready (pid {pid}, {time.monotonic() - since:.1f}s{at})")

@@ -65,7 +65,11 @@ class Projection:
         if ckpt is None:
             log.info("%s: no checkpoint in %s: replaying %s from offset 0", self.name, self.store.path, self.topic)
             return
-        await self._verify(ckpt)
+        try:
+            await self._verify(ckpt)
+        except CheckpointMismatch:
+            await self.stop()
+            raise
         self.position, self.last_fingerprint = ckpt.next_offset, ckpt.last_fingerprint
         self._consumer.seek(self.tp, ckpt.next_offset)
         log.info("%s: resuming %s from its checkpoint at offset %d", self.name, self.topic, ckpt.next_offset)

@@ -111,6 +111,12 @@ def run_service(name: str, main) -> None:
         finally:
             tracing.shutdown()
 
-    asyncio.run(guarded())
+    from libs.projection import CheckpointMismatch
+    try:
+        asyncio.run(guarded())
+    except CheckpointMismatch as e:
+        # A refusal with its own explanation and way out: one line, no traceback to dig through.
+        logging.getLogger(__name__).critical("%s", e)
+        raise SystemExit(2) from None
     if _failures:
         raise SystemExit(f"{name}: stopped because {', '.join(_failures)} failed")

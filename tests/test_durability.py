@@ -447,3 +447,29 @@ def test_one_of_three_brokers_then_the_controller_leader_killed_under_load(deplo
                    60, f"broker {victim} to rejoin every ISR",
                    detail=lambda: str(_partition_leaders(boot, [changelog, events])))
         print(f"\n{phase} (broker {victim}) killed mid-migration: {outcome}; clients paused at most {pause:.2f}s")
+
+
+def test_a_lost_broker_log_is_refused_by_name_and_reset_is_explicit(deployment):
+    d = deployment()
+    d.up()
+    d.cli("shard-collection", "app.kv", "--key", '{"k": 1}')
+    load(d, "app.kv", [{"_id": i, "k": i} for i in range(100)])
+    d.down()
+    # The broker's data is lost under the services' stores (deleted by hand, a new disk, ...).
+    lost = subprocess.run([sys.executable, "infra/kafka/local.py", "reset", "--dir", str(d.data / "kafka")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert lost.returncode == 0, lost.stderr
+    refused = d.run("up")
+    assert refused.returncode != 0, "a store ahead of its log must not be rebuilt from the shorter log"
+    said = refused.stdout + refused.stderr
+    assert "the log it was built from is gone" in said and "`make reset`" in said, said
+    assert (d.data / "services" / "config-0" / "catalog").exists(), "the refused store must be left as it was"
+    # Again: it keeps refusing, and nothing was rebuilt in between.
+    assert d.run("up").returncode != 0
+    # Deleting is explicit and says what it removes; then an empty cluster starts.
+    reset = d.run("reset")
+    assert reset.returncode == 0, reset.stderr
+    assert "deleted" in reset.stdout and str(d.data / "services") in reset.stdout, reset.stdout
+    assert not (d.data / "services").exists() and not (d.data / "kafka").exists()
+    d.up()
+    assert d.cli_json("status")["collections"] == []
