@@ -81,7 +81,7 @@ NS = f"{DB}.{COLL}"
 KEY = KeyPattern.parse({"k": 1})
 MIB = 1024 * 1024
 MAX_CHUNK = MIB
-IMBALANCE = 3 * MAX_CHUNK  # the policy moves data only when shards differ by more than this
+IMBALANCE = 3 * MAX_CHUNK  # the policy moves data only when donor and recipient differ by at least this
 POLL_S = 0.25  # balancer state polling while waiting for convergence
 
 
@@ -146,7 +146,7 @@ def is_converged(st: dict, seen_config_time: int) -> bool:
     sizes = shard_sizes(st["snapshot"])
     return (st["configTime"] >= seen_config_time and st["activity"].startswith("balanced")
             and not st["inFlight"] and st["collection"]["compliant"]
-            and max(sizes.values()) - min(sizes.values()) <= IMBALANCE)
+            and max(sizes.values()) - min(sizes.values()) < IMBALANCE)
 
 
 def timing(requested: dict, committed: dict, added: float) -> dict:

@@ -61,9 +61,12 @@ def test_draining_comes_first_and_moves_the_first_chunk_whole_to_the_least_loade
     s = snap([{"id": "S0", "draining": True}, "S1", "S2", "S3"],
              coll([("S0", 5), ("S0", 5), ("S1", 100), ("S2", 40), ("S3", 0)]))
     m = policy.plan(s).to_json()["migrations"]
-    # S3 (least loaded) takes S0's first chunk; S1 -> S2 is then the only pair left.
+    # S3 (least loaded) takes S0's first chunk; S1 -> S2 is then the only pair left, but S2's 40 is not
+    # below the ideal, 150 / 4 = 37: the draining S0 is one of the shards the ideal counts (MongoDB's).
     assert m[0] == {"ns": "db.c", "from": "S0", "to": "S3", "min": {"x": MIN}, "max": {"x": 10}, "reason": "drain"}
-    assert [(x["from"], x["to"], x["reason"]) for x in m[1:]] == [("S1", "S2", "chunksImbalance")]
+    assert [(x["from"], x["to"], x["reason"]) for x in m[1:]] == []
+    s["collections"][0]["chunks"][3]["sizeBytes"] = 30  # the ideal is 140 / 4 = 35: S2 is below it
+    assert moves(s) == [("S0", "S3", "drain"), ("S1", "S2", "chunksImbalance")]
 
 
 def test_draining_takes_the_recipient_an_imbalance_would_have_used():
@@ -132,8 +135,8 @@ def test_a_zone_reaching_maxkey_splits_only_at_its_min():
 # ---------------------------------------------------------------- rule 3: imbalance
 
 
-@pytest.mark.parametrize("donor_bytes, expected", [(30, []), (31, [("S0", "S1", "chunksImbalance")])])
-def test_imbalance_must_exceed_three_max_chunk_sizes(donor_bytes, expected):
+@pytest.mark.parametrize("donor_bytes, expected", [(29, []), (30, [("S0", "S1", "chunksImbalance")])])
+def test_imbalance_needs_at_least_three_max_chunk_sizes(donor_bytes, expected):
     assert moves(snap(["S0", "S1"], coll([("S0", donor_bytes), ("S1", 0)]))) == expected
 
 
@@ -160,8 +163,8 @@ def test_the_recipient_must_hold_less_than_its_ideal():
 def test_each_zone_is_balanced_among_its_own_shards():
     shards = [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]}, "S2", "S3"]
     s = snap(shards, coll([("S0", 100), ("S1", 0), ("S2", 50), ("S3", 50)], zones=[("a", None, 20)]))
-    # zone a: S0 -> S1; outside the zone all four may hold data: S2 and S3 are above the
-    # ideal (100 / 4) but the only shards below it are taken.
+    # zone a: S0 -> S1; outside the zone all four may hold data: S2 and S3 are at the
+    # ideal (200 / 4) and the only shards below it are taken.
     assert moves(s) == [("S0", "S1", "chunksImbalance")]
 
 
@@ -230,7 +233,8 @@ def test_busy_shards_take_no_part():
 def test_a_donor_with_only_jumbo_chunks_gives_nothing():
     s = snap(["S0", "S1"], coll([("S0", 500, True), ("S0", 500, True), ("S1", 0)]))
     assert moves(s) == []
-    assert [v.reason for v in policy.violations(s, "db.c")] == ["chunksImbalance", "jumbo", "jumbo"]
+    # Not reported imbalanced, since no migration can fix it (as MongoDB's balancerCollectionStatus).
+    assert [v.reason for v in policy.violations(s, "db.c")] == ["jumbo", "jumbo"]
     # The next most loaded shard may still give (MongoDB would give up on the zone).
     s = snap(["S0", "S1", "S2"], coll([("S0", 500, True), ("S2", 300), ("S1", 0)]))
     assert moves(s) == [("S2", "S1", "chunksImbalance")]
@@ -248,6 +252,75 @@ def test_a_collection_with_balancing_off_is_left_alone():
     for off in ({"balancerEnabled": False}, {"allowMigrations": False}):
         s = snap(["S0", {"id": "S1", "zones": ["a"]}], coll([("S0", 100), ("S1", 0)], zones=[("a", 5, 100)], **off))
         assert policy.plan(s).to_json() == {"splits": [], "migrations": []}
+
+
+def imbalanced(s: dict) -> list[tuple]:
+    """(donor, zone) of each chunksImbalance violation of db.c."""
+    return [(v.shard, v.zone) for v in policy.violations(s, "db.c") if v.reason == "chunksImbalance"]
+
+
+@pytest.mark.parametrize("gap, moved", [(3 * 100, True), (3 * 100 - 1, False)])
+def test_rule_3_moves_at_a_difference_of_exactly_three_max_chunk_sizes_not_one_byte_less(gap, moved):
+    # The collection's max chunk size, 100 bytes (the cluster's is 10): S0 holds `gap` bytes more than S1.
+    s = snap(["S0", "S1"], coll([("S0", 40), ("S1", 50), ("S0", 10 + gap)], maxChunkSizeBytes=100))
+    assert moves(s) == ([("S0", "S1", "chunksImbalance")] if moved else [])
+    assert imbalanced(s) == ([("S0", None)] if moved else [])
+    if moved:
+        detail = next(v.detail for v in policy.violations(s, "db.c") if v.reason == "chunksImbalance")
+        assert detail.endswith("at least 3 × max chunk size (100) apart"), detail
+
+
+@pytest.mark.parametrize("s2_bytes, moved", [(40, True), (41, False)])
+def test_rule_3_the_donor_is_the_shard_with_the_most_data_of_the_whole_collection(s2_bytes, moved):
+    # Zone a ([MinKey, 20)) and the rest are on S0, S1 and S2.  In zone a S1 holds the most (60), but
+    # S0 holds the most of the collection (10 in zone a, 60 outside it): S0 gives zone a's chunk to S2,
+    # the least loaded (its `s2_bytes` all outside the zone), as the two are 30 (3 × 10) apart; not at 29.
+    shards = [{"id": x, "zones": ["a"]} for x in ("S0", "S1", "S2")]
+    s = snap(shards, coll([("S0", 10), ("S1", 60), ("S0", 60), ("S2", s2_bytes)], zones=[("a", None, 20)]))
+    m = policy.plan(s).to_json()["migrations"]
+    if moved:
+        assert m == [{"ns": "db.c", "from": "S0", "to": "S2", "min": {"x": MIN}, "max": None,
+                      "reason": "chunksImbalance"}]
+        # With every shard free (violations), S0 would also give S2 a chunk from outside the zone.
+        assert imbalanced(s) == [("S0", "a"), ("S0", None)]
+    else:  # 29 apart: zone a is balanced, though S1 holds 60 of its 70 bytes
+        assert m == [] and imbalanced(s) == []
+
+
+def test_rule_3_a_shard_outside_the_zone_does_not_stop_it_being_balanced():
+    # S2 holds the most data but not in zone a: S1 still gives to S0.  (MongoDB picks S2 as the donor,
+    # finds none of its chunks in the zone and balances zone a no further this round.)
+    s = snap([{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]}, {"id": "S2", "available": False}],
+             coll([("S0", 0), ("S1", 100), ("S2", 1000)], zones=[("a", None, 20)]))
+    assert moves(s) == [("S1", "S0", "chunksImbalance")]
+    assert imbalanced(s) == [("S1", "a"), ("S2", None)]  # violations ignore that S2 is busy
+
+
+@pytest.mark.parametrize("s1_bytes, s2_bytes, moved", [
+    (70, 100, True),  # ideal (100 + 70 + 100) / 3 = 90: S0 above it, S1 below it, 30 apart
+    (71, 100, False),  # ideal 90.3, but 29 apart
+    (70, 129, True),  # ideal 299 / 3 = 99.7: S0's 100 is above it
+    (70, 130, False),  # ideal 300 / 3 = 100: S0's 100 is not above it
+])
+def test_rule_3_the_ideal_of_a_zone_is_the_collections_data_on_its_shards_over_their_number(s1_bytes, s2_bytes,
+                                                                                          moved):
+    # Zone a ([MinKey, 10)) is on S0, S1 and S2 (busy).  Only S0 has data in the zone; S1's and S2's,
+    # outside it, count in its ideal; S3's (busy, not in the zone) does not.
+    shards = [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]},
+              {"id": "S2", "zones": ["a"], "available": False}, {"id": "S3", "available": False}]
+    s = snap(shards, coll([("S0", 100), ("S1", s1_bytes), ("S2", s2_bytes), ("S3", 10_000)], zones=[("a", None, 10)]))
+    assert moves(s) == ([("S0", "S1", "chunksImbalance")] if moved else [])
+    # With every shard free (violations), S3 would also give outside the zone.
+    assert imbalanced(s) == [*([("S0", "a")] if moved else []), ("S3", None)]
+
+
+@pytest.mark.parametrize("s2_bytes, moved", [(43, True), (42, False)])
+def test_rule_3_the_recipient_holds_less_than_the_ideal_rounded_down(s2_bytes, moved):
+    # As above, S0 100 and S1 70: (100 + 70 + 43) / 3 = 71 takes S1's 70; 212 / 3 = 70.67 -> 70 does not.
+    shards = [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]},
+              {"id": "S2", "zones": ["a"], "available": False}]
+    s = snap(shards, coll([("S0", 100), ("S1", 70), ("S2", s2_bytes)], zones=[("a", None, 10)]))
+    assert moves(s) == ([("S0", "S1", "chunksImbalance")] if moved else [])
 
 
 # ---------------------------------------------------------------- chunk order, input
@@ -302,17 +375,17 @@ def test_the_documented_formats_match_their_json_schemas():
 
 def test_violations_lists_every_reason_in_priority_order():
     shards = [{"id": "S0", "draining": True}, "S1", {"id": "S2", "zones": ["a"]}, "S3"]
-    s = snap(shards, coll([("S0", 1), ("S0", 1), ("S1", 1), ("S1", 1), ("S2", 100), ("S3", 400, True)],
+    s = snap(shards, coll([("S0", 1), ("S0", 1), ("S1", 1), ("S1", 1), ("S2", 100), ("S3", 400, True), ("S3", 50)],
                           zones=[("a", 25, 50)]))
     found = policy.violations(s, "db.c")
     assert [(v.reason, v.shard) for v in found] == [
         ("draining", "S0"), ("draining", "S0"),
         ("zoneViolation", "S1"),  # [30, 40) is in zone a
         ("zoneBoundary", "S1"),  # [20, 30) crosses 25
-        ("chunksImbalance", "S3"),  # outside the zone: S3 holds 400, S2 nothing
+        ("chunksImbalance", "S3"),  # outside the zone: S3 holds 450, S1 2
         ("jumbo", "S3")]
     assert found[2].min == {"x": 30} and found[2].zone == "a"
-    assert "S3 holds 400 bytes outside every zone" in found[4].detail
+    assert "balancing the ranges outside every zone: S3 holds 450 bytes of the collection" in found[4].detail
     assert json.loads(json.dumps(found[0].to_json()))["reason"] == "draining"
     with pytest.raises(KeyError):
         policy.violations(s, "db.nope")
@@ -437,6 +510,21 @@ def test_plan_properties(s):
         else:
             assert m["max"] is None and not chunk.get("jumbo") and not donor["draining"]
             assert zone is None or zone in donor["zones"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(snapshots())
+def test_violations_report_an_imbalance_exactly_when_plan_moves_for_one(s):
+    # Every shard free, none draining, no zone: plan's first collection is balanced by rule 3 alone.
+    for sh in s["shards"]:
+        sh.update(available=True, draining=False)
+    for c in s["collections"]:
+        c["zones"] = []
+    first = s["collections"][0]["ns"]
+    plan = [m for m in policy.plan(s).migrations if m.ns == first]
+    found = [v for v in policy.violations(s, first) if v.reason == "chunksImbalance"]
+    assert [v.shard for v in found] == [m.donor for m in plan[:1]]
+    assert all(m.reason == "chunksImbalance" for m in plan)
 
 
 # ---------------------------------------------------------------- round pacing (server.py)

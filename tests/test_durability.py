@@ -297,6 +297,7 @@ def test_broker_kill9_restarts_within_seconds_while_services_run(deployment):
     d.cli("shard-collection", "app.counters", "--key", '{"_id": "hashed"}')
     load(d, "app.counters", [{"_id": i, "n": 0} for i in range(200)])
     services = d.service_pids()
+    catalog = consistent_snapshot(d)
     w = CounterWorkload(d, "app.counters", docs=200, ops=1500).start()
     wait_until(lambda: w.done_ops >= 300 or w.error, 120, "the workload to get going")
     kill9(d.broker_pids().values())
@@ -307,6 +308,7 @@ def test_broker_kill9_restarts_within_seconds_while_services_run(deployment):
     assert d.service_pids() == services and all(_alive(p) for p in services.values())
     w.wait()
     w.check_exactly_once(read_all(d, "app.counters"))
+    assert consistent_snapshot(d) == catalog
     print(f"\nbroker kill -9: restarted and serving in {restart_s:.1f}s; clients paused at most "
           f"{w.max_latency(killed_at):.1f}s")
 

@@ -14,11 +14,18 @@ The rules, per collection and in this order (seed 002, "Migrations"):
 2. ``zoneViolation``: a chunk inside a zone range but on a shard outside the zone moves,
    whole, to the least loaded shard of the zone.  Jumbo chunks are left where they are.
 3. ``chunksImbalance``: per zone (the named ones, then the unzoned ranges), from the
-   shard with the most data of the collection in that zone (the donor) to the one with
-   the least (the recipient) when they differ by more than 3 × the max chunk size, the
-   donor holds more than its ideal and the recipient less.  What moves is a range from
-   the min of the donor's first non-jumbo chunk in the zone, with ``max: null``: the
-   donor cuts up to one max chunk size of data from there (moveRange without max).
+   donor to the recipient when their loads differ by at least 3 × the max chunk size
+   (a difference below that stops the zone), the donor holds more than its ideal and the
+   recipient less than its ideal rounded down to a whole byte.  Shards are compared by
+   their data of the *whole* collection, wherever it lies (this zone, other zones, no
+   zone), as MongoDB's ``_getMostOverloadedShard`` / ``_getLeastLoadedReceiverShard``
+   read a shard's data size of the collection: the donor is the available shard of the
+   zone holding the most, the recipient the available non-draining shard of the zone
+   holding the least.  A donor with no chunk it may give in the zone (only jumbo ones,
+   or none there) is passed over for the next most loaded shard (MongoDB gives up on
+   the zone instead).  What moves is a range from the min of the donor's first
+   non-jumbo chunk in the zone, with ``max: null``: the donor cuts up to one max chunk
+   size of data from there (moveRange without max).
 
 Splits (seed 002, "Splits"): a chunk that crosses a zone boundary is split at the
 boundary; it is not moved in the same round (its zone is only known once it is split).
@@ -28,18 +35,23 @@ available while "not involved in any previously selected migration during the cu
 balancing round"; seed 004: one migration per shard), so at most ⌊n/2⌋ run in
 parallel (seed 000).  A shard marked ``available: false`` is already busy this round.
 
-Load: a shard's data of the collection in a zone, divided by its capacity weight
-(default 1, MongoDB's behaviour: a weight-2 shard aims for twice the data).  The ideal
-of a shard in a zone is (data of the collection in the zone) × weight / (total weight
-of the zone's non-draining shards).  The max chunk size is the collection's when set,
+Load: a shard's data divided by its capacity weight (default 1, MongoDB's behaviour: a
+weight-2 shard aims for twice the data).  Rules 1 and 2 send a chunk to the shard of its
+zone with the least data of the collection *in that zone*; rule 3 reads the shard's data
+of the whole collection.  The zone's shards are the shards in the zone (every shard for
+the unzoned ranges), draining and busy ones included; the ideal of a shard for a zone is
+(the collection's data on the zone's shards) × weight / (their total weight): with
+weights of 1, that data divided by the number of the zone's shards (MongoDB's
+``idealDataSizePerShardForZone``).  The max chunk size is the collection's when set,
 else the cluster's.
 """
 from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Callable, Literal, Sequence
+from typing import Annotated, Any, Callable, Iterator, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from typing_extensions import NotRequired, TypedDict
@@ -47,7 +59,7 @@ from typing_extensions import NotRequired, TypedDict
 from libs.shardkey import KeyPattern, from_ejson
 
 MB = 1024 * 1024
-IMBALANCE_CHUNKS = 3  # seed 002: shards must differ by more than 3 max chunk sizes
+IMBALANCE_CHUNKS = 3  # MongoDB: a zone is balanced once donor and recipient differ by less than 3 max chunk sizes
 
 Bound = dict[str, Any]  # Extended JSON, e.g. {"x": {"$minKey": 1}}
 
@@ -340,6 +352,12 @@ class _Layout:
                         self.misplaced.setdefault(s, {}).setdefault(zone, i)
                 elif s not in first and i not in crossing and not c.get("jumbo"):
                     first[s] = i
+        # Rule 3 reads each shard's data of the whole collection, whatever zones it lies in.
+        self.totals: dict[str, int] = {}
+        for size in self.sizes.values():
+            for s, b in size.items():
+                self.totals[s] = self.totals.get(s, 0) + b
+        self._ideal: dict[str | None, float] = {}
 
     # -- shards
 
@@ -348,6 +366,7 @@ class _Layout:
         return [s for s in self.shards if not s.draining and (zone is None or zone in s.zones)]
 
     def load(self, zone: str | None, s: ShardInfo) -> float:
+        """Rules 1 and 2: the shard's data of the collection in `zone`, per unit of weight."""
         return self.sizes.get(zone, {}).get(s.id, 0) / s.weight
 
     def least_loaded(self, zone: str | None, available: set[str]) -> str | None:
@@ -357,17 +376,42 @@ class _Layout:
                 best, best_load = s.id, load
         return best
 
+    def data(self, s: ShardInfo) -> int:
+        """The shard's data of the whole collection (rule 3), whatever zones it lies in."""
+        return self.totals.get(s.id, 0)
+
+    def total_load(self, s: ShardInfo) -> float:
+        return self.data(s) / s.weight
+
+    def ideal_per_weight(self, zone: str | None) -> float:
+        """The collection's data on the zone's shards (every shard for the unzoned ranges;
+        draining and busy ones too) over their total weight: with weights of 1, that data
+        divided by their number (MongoDB's idealDataSizePerShardForZone)."""
+        if (ideal := self._ideal.get(zone)) is None:
+            members = [s for s in self.shards if zone is None or zone in s.zones]
+            weight = sum(s.weight for s in members)
+            ideal = self._ideal[zone] = sum(self.data(s) for s in members) / weight if weight else 0.0
+        return ideal
+
+    def ideal(self, zone: str | None, s: ShardInfo) -> float:
+        return self.ideal_per_weight(zone) * s.weight
+
     def imbalance(self, zone: str | None, candidates: list[ShardInfo]) -> tuple[ShardInfo, ShardInfo] | None:
-        """(donor, recipient) among `candidates` if the zone's rule 3 asks for a move."""
+        """(donor, recipient) among `candidates` (available shards of the zone) if rule 3
+        asks for a move: the one with the most data of the collection (per unit of weight)
+        and the one with the least, at least 3 max chunk sizes apart, the donor above its
+        ideal and the recipient below it (rounded down, as MongoDB divides integers)."""
         if len(candidates) < 2:
             return None
-        eligible = self.eligible(zone)
-        per_weight = sum(self.sizes.get(zone, {}).values()) / sum(s.weight for s in eligible)
-        donor = max(candidates, key=lambda s: self.load(zone, s))
-        recipient = min(candidates, key=lambda s: self.load(zone, s))
-        d, r = self.load(zone, donor), self.load(zone, recipient)
-        # load > per_weight  <=>  data > ideal = zone data × weight / total weight
-        if d - r <= IMBALANCE_CHUNKS * self.max_chunk or d <= per_weight or r >= per_weight:
+        donor = max(candidates, key=self.total_load)
+        recipient = min(candidates, key=self.total_load)
+        if donor is recipient:
+            return None
+        if self.total_load(donor) - self.total_load(recipient) < IMBALANCE_CHUNKS * self.max_chunk:
+            return None  # MongoDB stops only below 3 max chunk sizes: exactly 3 still moves
+        if self.data(donor) <= self.ideal(zone, donor):
+            return None
+        if self.data(recipient) >= math.floor(self.ideal(zone, recipient)):
             return None
         return donor, recipient
 
@@ -443,28 +487,32 @@ def _first_movable(lay: _Layout, available: set[str], candidates: dict, reason: 
 
 def _imbalance(lay: _Layout, available: set[str]) -> list[Migration]:
     """Rule 3: per zone, most loaded -> least loaded available shard while the zone is imbalanced."""
-    out = []
-    for zone in lay.balance_zones():
-        eligible = lay.eligible(zone)
-        if not eligible or not sum(lay.sizes.get(zone, {}).values()):
+    return [m for zone in lay.balance_zones() for m in _zone_imbalance(lay, zone, available)]
+
+
+def _zone_imbalance(lay: _Layout, zone: str | None, available: set[str]) -> Iterator[Migration]:
+    """Rule 3 for one zone, taking the shards it uses out of `available` as it goes."""
+    eligible = lay.eligible(zone)
+    if not eligible or not lay.ideal_per_weight(zone):
+        return  # no shard may hold the zone's data, or its shards hold nothing
+    stuck: set[str] = set()  # donors with nothing they may give in the zone (jumbo chunks only, or none)
+    while pair := lay.imbalance(zone, [s for s in eligible if s.id in available and s.id not in stuck]):
+        donor, recipient = pair
+        i = lay.movable.get(zone, {}).get(donor.id)
+        if i is None:
+            # MongoDB gives up on the zone here; the next most loaded shard may still move.
+            stuck.add(donor.id)
             continue
-        stuck: set[str] = set()  # donors with only jumbo chunks in the zone
-        while pair := lay.imbalance(zone, [s for s in eligible if s.id in available and s.id not in stuck]):
-            donor, recipient = pair
-            i = lay.movable.get(zone, {}).get(donor.id)
-            if i is None:
-                # MongoDB gives up on the zone here; the next most loaded shard may still move.
-                stuck.add(donor.id)
-                continue
-            out.append(lay.migration(i, recipient.id, "chunksImbalance", whole=False))
-            _take(available, donor.id, recipient.id)
-    return out
+        _take(available, donor.id, recipient.id)
+        yield lay.migration(i, recipient.id, "chunksImbalance", whole=False)
 
 
 def violations(snapshot: Snapshot | dict, ns: str) -> list[Violation]:
     """Everything that keeps `ns` from being balanced, not just the first: chunks on
     draining shards, zone violations, chunks crossing a zone boundary, per-zone imbalance
-    (ignoring which shards are busy this round), and jumbo chunks; in that order."""
+    (a zone is imbalanced exactly when rule 3 of `plan` would move in it with every shard
+    free: busy shards and the shards rules 1 and 2 take are ignored), and jumbo chunks;
+    in that order."""
     snap = parse(snapshot)
     coll = next((c for c in snap.collections if c.ns == ns), None)
     if coll is None:
@@ -490,17 +538,18 @@ def violations(snapshot: Snapshot | dict, ns: str) -> list[Violation]:
             if c.get("jumbo"):
                 found["jumbo"].append(Violation("jumbo", s, zone, c["min"], c["max"],
                                                 "jumbo: the balancer does not move it (except off a draining shard)"))
+    # Exactly what rule 3 of `plan` would move in each zone were every shard free.
     imbalanced = []
+    every = {s.id for s in snap.shards}
+    by_id = {s.id: s for s in snap.shards}
     for zone in lay.balance_zones():
-        eligible = lay.eligible(zone)
-        if eligible and (pair := lay.imbalance(zone, eligible)):
-            donor, recipient = pair
-            size = lay.sizes.get(zone, {})
-            total = sum(size.values()) / sum(s.weight for s in eligible)
-            name = "outside every zone" if zone is None else f"in zone {zone!r}"
+        if (m := next(_zone_imbalance(lay, zone, set(every)), None)) is not None:
+            donor, recipient = by_id[m.donor], by_id[m.recipient]
+            name = "the ranges outside every zone" if zone is None else f"zone {zone!r}"
             imbalanced.append(Violation(
                 "chunksImbalance", donor.id, zone, None, None,
-                f"{donor.id} holds {size.get(donor.id, 0)} bytes {name} (ideal {total * donor.weight:.0f}), "
-                f"{recipient.id} holds {size.get(recipient.id, 0)} (ideal {total * recipient.weight:.0f}): more than "
-                f"{IMBALANCE_CHUNKS} × max chunk size ({lay.max_chunk}) apart"))
+                f"balancing {name}: {donor.id} holds {lay.data(donor)} bytes of the collection "
+                f"(ideal {lay.ideal(zone, donor):.0f}), {recipient.id} holds {lay.data(recipient)} "
+                f"(ideal {lay.ideal(zone, recipient):.0f}): at least {IMBALANCE_CHUNKS} × max chunk size "
+                f"({lay.max_chunk}) apart"))
     return [*found["draining"], *found["zoneViolation"], *found["zoneBoundary"], *imbalanced, *found["jumbo"]]
