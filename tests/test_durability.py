@@ -217,6 +217,21 @@ class CounterWorkload:
         assert not wrong, f"$inc applied a different number of times than acknowledged (stored, acked): {wrong}"
 
 
+def migration_state(d: Deployment, mid: str) -> str:
+    """The config server's record of a migration: active, committed or aborted."""
+    from libs.requests import Requester
+    from libs.topics import Topics
+    from schemas import config as c
+
+    async def go():
+        t = Topics(d.cluster)
+        async with Requester(d.bootstrap, t.cli_replies, client_id="durability-test") as r:
+            rep = await r.request(t.config_commands, c.GetMigration(id=mid), timeout=60)
+        assert rep.ok, rep
+        return rep.result["state"]
+    return asyncio.run(go())
+
+
 def consistent_snapshot(d: Deployment) -> dict:
     """What a restart must bring back unchanged: catalog, settings, range-deletion tasks."""
     status = d.cli_json("status", "--verbose")
@@ -263,6 +278,7 @@ def test_down_then_up_brings_back_every_write_the_catalog_and_pending_work(deplo
         restart = log[log.rindex("no checkpoint") if "no checkpoint" in log else 0:]
         assert "from its checkpoint at offset" in restart, f"{service} did not resume from a checkpoint:\n{restart[-2000:]}"
     assert consistent_snapshot(d) == before
+    assert migration_state(d, moved["id"]) == "committed", "the migration's decision survives the restart"
     assert read_all(d, "app.kv") == stored
     # And the cluster takes writes again, through the same router and shards.
     load(d, "app.kv", [{"_id": 5000, "k": 5000}])
