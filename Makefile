@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars up down reset clean-data test unit schemas bench status
+.PHONY: venv jars up down reset clean-data lint format test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -37,6 +37,15 @@ clean-data: reset
 # What runs: every service and local broker, with pids and ports.
 status:
 	@$(PY) -m infra.cluster status --data $(DATA)
+
+# ruff: lint and format check (configured in pyproject.toml); `make format` rewrites.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
 test: venv jars

@@ -33,6 +33,7 @@ no OpenTelemetry.  Ready = the file given with --ready holds {"pid": ...}, once
 the partitions are assigned (and, for back, the transactional producer is
 initialised).  SIGTERM stops it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ from libs.commands import CORRELATION_ID, REPLY_TO, header  # noqa: E402
 FRONT_MAX_BATCH = 256  # services.router.server.MAX_IN_FLIGHT
 BACK_MAX_BATCH = 500  # the shard processor's max_batch
 # A YCSB record as the shard returns it: 10 fields of 100 characters, JSON.
-RECORD = json.dumps({"_id": "user" + "0" * 19, **{f"field{i}": "x" * 100 for i in range(10)}},
-                    separators=(",", ":")).encode()
+RECORD = json.dumps(
+    {"_id": "user" + "0" * 19, **{f"field{i}": "x" * 100 for i in range(10)}}, separators=(",", ":")
+).encode()
 WRITE_REPLY = b'{"matched":1,"modified":1}'
 
 

@@ -8,6 +8,7 @@ chunk of one collection after the other, with the versions the config server
 would mint (split: <M, m+1> <M, m+2>; merge: <M, m+1>, m the collection's
 highest minor).  Every prefix of it applies cleanly through `Catalog.apply`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,8 @@ import os
 import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/bench_x.py` from anywhere
@@ -68,12 +69,20 @@ def rate(count: int, seconds: float) -> float:
 
 
 def _chunk(lo, hi, shard: str, minor: int) -> dict:
-    return {"type": "Chunk", "v": 1, "min": {"x": lo}, "max": {"x": hi}, "shard": shard,
-            "version": [1, minor], "jumbo": False}
+    return {
+        "type": "Chunk",
+        "v": 1,
+        "min": {"x": lo},
+        "max": {"x": hi},
+        "shard": shard,
+        "version": [1, minor],
+        "jumbo": False,
+    }
 
 
-def catalog_events(n: int, *, collections: int = 4, chunks: int = 100, shards: int = 3,
-                   step: int = 1 << 20, seed: int = 1) -> Iterator[bytes]:
+def catalog_events(
+    n: int, *, collections: int = 4, chunks: int = 100, shards: int = 3, step: int = 1 << 20, seed: int = 1
+) -> Iterator[bytes]:
     """Yield the first `n` events (JSON bytes, exactly as `Codec.encode` writes them) of the log."""
     rng = random.Random(seed)
     produced = 0
@@ -82,15 +91,32 @@ def catalog_events(n: int, *, collections: int = 4, chunks: int = 100, shards: i
         return _dumps(obj).encode()
 
     setup: list[dict] = [{"type": "ShardAdded", "v": 1, "shard": f"shard{i}"} for i in range(shards)]
-    setup.append({"type": "DatabaseCreated", "v": 1, "db": "bench", "primary": "shard0",
-                  "uuid": "00000000-0000-4000-8000-000000000000", "lastMod": 1})
+    setup.append(
+        {
+            "type": "DatabaseCreated",
+            "v": 1,
+            "db": "bench",
+            "primary": "shard0",
+            "uuid": "00000000-0000-4000-8000-000000000000",
+            "lastMod": 1,
+        }
+    )
     colls = []
     for c in range(collections):
         ns, epoch, shard = f"bench.c{c}", f"{0x65000000 + c:08x}{c:016x}", f"shard{c % shards}"
         colls.append({"ns": ns, "epoch": epoch, "shard": shard, "minor": 0, "split": None})
-        setup.append({"type": "CollectionSharded", "v": 1, "ns": ns, "key": {"x": 1}, "unique": False,
-                      "epoch": epoch, "uuid": f"00000000-0000-4000-8000-{c:012x}",
-                      "chunks": [_chunk(MIN, MAX, shard, 0)]})
+        setup.append(
+            {
+                "type": "CollectionSharded",
+                "v": 1,
+                "ns": ns,
+                "key": {"x": 1},
+                "unique": False,
+                "epoch": epoch,
+                "uuid": f"00000000-0000-4000-8000-{c:012x}",
+                "chunks": [_chunk(MIN, MAX, shard, 0)],
+            }
+        )
     for obj in setup:
         if produced == n:
             return
@@ -100,8 +126,17 @@ def catalog_events(n: int, *, collections: int = 4, chunks: int = 100, shards: i
     def split(c: dict, lo, hi, at) -> bytes:
         m = c["minor"]
         c["minor"] = m + 2
-        return emit({"type": "ChunkSplit", "v": 1, "ns": c["ns"], "epoch": c["epoch"], "min": {"x": lo},
-                     "max": {"x": hi}, "chunks": [_chunk(lo, at, c["shard"], m + 1), _chunk(at, hi, c["shard"], m + 2)]})
+        return emit(
+            {
+                "type": "ChunkSplit",
+                "v": 1,
+                "ns": c["ns"],
+                "epoch": c["epoch"],
+                "min": {"x": lo},
+                "max": {"x": hi},
+                "chunks": [_chunk(lo, at, c["shard"], m + 1), _chunk(at, hi, c["shard"], m + 2)],
+            }
+        )
 
     # Grow every collection to `chunks` chunks: [Min, 0) [0, s) [s, 2s) ... [k*s, Max).
     for k in range(chunks - 1):
@@ -123,8 +158,15 @@ def catalog_events(n: int, *, collections: int = 4, chunks: int = 100, shards: i
             else:
                 a, c["split"] = c["split"], None
                 c["minor"] += 1
-                yield emit({"type": "ChunksMerged", "v": 1, "ns": c["ns"], "epoch": c["epoch"],
-                            "chunk": _chunk(a, a + step, c["shard"], c["minor"])})
+                yield emit(
+                    {
+                        "type": "ChunksMerged",
+                        "v": 1,
+                        "ns": c["ns"],
+                        "epoch": c["epoch"],
+                        "chunk": _chunk(a, a + step, c["shard"], c["minor"]),
+                    }
+                )
             produced += 1
 
 
@@ -148,14 +190,20 @@ async def create_events_topic(bootstrap: str, topic: str) -> None:
     await kafka.ensure_topics(bootstrap, [TopicSpec(topic, config=KEEP_FOREVER)])
 
 
-async def produce(bootstrap: str, topic: str, values: Iterator[bytes], *, txn_size: int = 10_000,
-                  progress: bool = True) -> tuple[int, float]:
+async def produce(
+    bootstrap: str, topic: str, values: Iterator[bytes], *, txn_size: int = 10_000, progress: bool = True
+) -> tuple[int, float]:
     """Append `values` to partition 0 of `topic` in transactions of `txn_size`, as the
     single writer of an event log does; returns (records, seconds)."""
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                         transactional_id=f"{topic}.bench-writer", linger_ms=20,
-                         max_batch_size=16384,  # aiokafka's default, as the config server writes its log
-                         max_request_size=kafka.MAX_RECORD_BYTES)
+    p = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        transactional_id=f"{topic}.bench-writer",
+        linger_ms=20,
+        max_batch_size=16384,  # aiokafka's default, as the config server writes its log
+        max_request_size=kafka.MAX_RECORD_BYTES,
+    )
     await p.start()
     t0 = time.perf_counter()
     count = printed = 0

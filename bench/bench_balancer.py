@@ -45,6 +45,7 @@ that every document is still there.  Ends with one JSON line.
 
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_balancer.py [--chunks 24] [--seconds 30] [--concurrency 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -109,14 +110,20 @@ class Ops:
         """Figures of the operations that started in [lo, hi)."""
         lat = [ms for t, ms in self.done if lo <= t < hi]
         secs = hi - lo
-        return {"ops": len(lat), "seconds": round(secs, 2), "ops_s": round(len(lat) / secs, 1) if secs > 0 else None,
-                **{f"p{p}_ms": None if not lat else round(pct(lat, p), 1) for p in (50, 95, 99)},
-                "max_ms": round(max(lat), 1) if lat else None}
+        return {
+            "ops": len(lat),
+            "seconds": round(secs, 2),
+            "ops_s": round(len(lat) / secs, 1) if secs > 0 else None,
+            **{f"p{p}_ms": None if not lat else round(pct(lat, p), 1) for p in (50, 95, 99)},
+            "max_ms": round(max(lat), 1) if lat else None,
+        }
 
 
 def latency_line(f: dict) -> str:
-    return (f"{f['ops_s']} ops/s ({f['ops']:,} ops in {f['seconds']:.1f}s), p50 {f['p50_ms']} ms, "
-            f"p95 {f['p95_ms']} ms, p99 {f['p99_ms']} ms, max {f['max_ms']} ms")
+    return (
+        f"{f['ops_s']} ops/s ({f['ops']:,} ops in {f['seconds']:.1f}s), p50 {f['p50_ms']} ms, "
+        f"p95 {f['p95_ms']} ms, p99 {f['p99_ms']} ms, max {f['max_ms']} ms"
+    )
 
 
 def ratio(a, b):
@@ -144,9 +151,13 @@ def shard_sizes(snapshot: dict) -> dict[str, int]:
 def is_converged(st: dict, seen_config_time: int) -> bool:
     """One observation of the balancer: done with NS, by its own verdict and by the sizes."""
     sizes = shard_sizes(st["snapshot"])
-    return (st["configTime"] >= seen_config_time and st["activity"].startswith("balanced")
-            and not st["inFlight"] and st["collection"]["compliant"]
-            and max(sizes.values()) - min(sizes.values()) < IMBALANCE)
+    return (
+        st["configTime"] >= seen_config_time
+        and st["activity"].startswith("balanced")
+        and not st["inFlight"]
+        and st["collection"]["compliant"]
+        and max(sizes.values()) - min(sizes.values()) < IMBALANCE
+    )
 
 
 def timing(requested: dict, committed: dict, added: float) -> dict:
@@ -155,10 +166,12 @@ def timing(requested: dict, committed: dict, added: float) -> dict:
     durations = sorted(committed[m][0] - requested[m][0] for m in committed if m in requested)
     starts, ends = sorted(ts for ts, _ in requested.values()), sorted(ts for ts, _ in committed.values())
     gaps = [s - max(e for e in ends if e <= s) for s in starts if any(e <= s for e in ends)]
-    return {"first_request_s": round(starts[0] - added, 2) if starts else None,
-            "last_commit_s": round(ends[-1] - added, 2) if ends else None,
-            "migration_s": {"p50": round(pct(durations, 50), 2), "max": round(durations[-1], 2)} if durations else None,
-            "commit_to_next_request_s": {"p50": round(pct(gaps, 50), 2), "max": round(max(gaps), 2)} if gaps else None}
+    return {
+        "first_request_s": round(starts[0] - added, 2) if starts else None,
+        "last_commit_s": round(ends[-1] - added, 2) if ends else None,
+        "migration_s": {"p50": round(pct(durations, 50), 2), "max": round(durations[-1], 2)} if durations else None,
+        "commit_to_next_request_s": {"p50": round(pct(gaps, 50), 2), "max": round(max(gaps), 2)} if gaps else None,
+    }
 
 
 def overlapping(ranges: list[tuple[bytes, bytes]]) -> int:
@@ -176,9 +189,14 @@ class Bench:
         self.data, self.logs = tmp / "data", tmp / "logs"
         self.data.mkdir()
         self.logs.mkdir()
-        self.env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "SHARDLOG_CLUSTER": cluster,
-                    "SHARDLOG_DATA_DIR": str(self.data), "PYTHONPATH": str(ROOT),
-                    "SHARDLOG_STATS_INTERVAL_S": str(args.stats_interval)}
+        self.env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP": bootstrap,
+            "SHARDLOG_CLUSTER": cluster,
+            "SHARDLOG_DATA_DIR": str(self.data),
+            "PYTHONPATH": str(ROOT),
+            "SHARDLOG_STATS_INTERVAL_S": str(args.stats_interval),
+        }
         self.procs: dict[str, Proc] = {}
         self.n = args.chunks * args.chunk_docs
         self.figures: dict = {}
@@ -228,6 +246,7 @@ class Bench:
 
         async def take(records):
             out.extend((r.offset, r.timestamp / 1000, codec.decode(r.value)) for r in records)
+
         await self.consume(topic, take, offset=after + 1)
         return out
 
@@ -241,9 +260,13 @@ class Bench:
             for r in records:
                 if lo <= r.timestamp / 1000 < hi:
                     times.setdefault(r.key.decode(), []).append(r.timestamp / 1000)
+
         await self.consume(self.t.shard_stats, take, since=lo)
-        return {sh: round(pct([b - a for a, b in zip(ts, ts[1:])], 50), 2)
-                for sh, ts in sorted(times.items()) if len(ts) > 1}
+        return {
+            sh: round(pct([b - a for a, b in zip(ts, ts[1:])], 50), 2)
+            for sh, ts in sorted(times.items())
+            if len(ts) > 1
+        }
 
     async def log_mark(self, topic: str) -> int:
         """The log's stable end now, minus one: `read_log(topic, codec, mark)` then reads what came after."""
@@ -273,9 +296,13 @@ class Bench:
         await wait_ready([config], lambda p: "active")
         for sid in SHARDS:
             await self.command(cfg.AddShard(shard=sid))
-        for key, value in (("maxChunkSizeBytes", MAX_CHUNK), ("balancerRoundIntervalSecs", a.round_interval),
-                           ("balancerMigrationsThrottlingMs", a.throttle_ms), ("orphanCleanupDelaySecs", 0),
-                           ("balancerEnabled", False)):  # enabled once the cluster is dealt and loaded
+        for key, value in (
+            ("maxChunkSizeBytes", MAX_CHUNK),
+            ("balancerRoundIntervalSecs", a.round_interval),
+            ("balancerMigrationsThrottlingMs", a.throttle_ms),
+            ("orphanCleanupDelaySecs", 0),
+            ("balancerEnabled", False),
+        ):  # enabled once the cluster is dealt and loaded
             await self.command(cfg.SetSetting(key=key, value=value))
         await self.command(cfg.CreateDatabase(db=DB, primary="s0"))
         await self.command(cfg.ShardCollection(ns=NS, key={"k": 1}))
@@ -285,8 +312,11 @@ class Bench:
         await wait_ready([*shards, router], lambda p: "active" if p.name.startswith("shard") else None)
         await wait_group(self.bootstrap, f"{self.cluster}.router", 1)
         await self.deal()
-        print(f"  config, {len(SHARDS)} shards, router r1 up; {NS} split into {a.chunks} chunks dealt round robin "
-              f"in {time.monotonic() - t0:.1f}s", flush=True)
+        print(
+            f"  config, {len(SHARDS)} shards, router r1 up; {NS} split into {a.chunks} chunks dealt round robin "
+            f"in {time.monotonic() - t0:.1f}s",
+            flush=True,
+        )
 
     async def deal(self) -> None:
         """Chunk i, [i·d, (i+1)·d) (the first from MinKey, the last to MaxKey), to SHARDS[i % 3] while empty."""
@@ -303,6 +333,7 @@ class Bench:
         async def worker():
             while (lo := next(starts, None)) is not None:
                 await coll.insert_many([make_doc(i, rng) for i in range(lo, min(self.n, lo + 500))], ordered=False)
+
         await asyncio.gather(*(worker() for _ in range(4)))
         secs = time.monotonic() - t0
         print(f"  loaded {self.n:,} documents in {secs:.1f}s ({self.n / secs:,.0f} docs/s)", flush=True)
@@ -351,33 +382,47 @@ class Bench:
                     ops.errors[type(e).__name__] += 1
                     continue
                 ops.done.append((started, (time.perf_counter() - t) * 1000))
+
         await asyncio.gather(*(worker(self.args.seed * 100 + i) for i in range(self.args.concurrency)))
 
     async def phase_without(self, client) -> None:
         """YCSB-A on the balanced cluster, balancer running; it must not move anything."""
         a = self.args
-        config_mark, round_before = await self.log_mark(self.t.config_events), \
-            (await self.balancer_state())["lastRound"]["round"]
+        config_mark, round_before = (
+            await self.log_mark(self.t.config_events),
+            (await self.balancer_state())["lastRound"]["round"],
+        )
         ops, stop = Ops(), asyncio.Event()
         load = asyncio.create_task(self.ycsb_a(client, stop, ops))
         t0 = time.time()
         await asyncio.sleep(a.seconds)  # a fixed measuring window, not a synchronisation
         stop.set()
         await load
-        requested = [e for _, _, e in await self.read_log(self.t.config_events, cfg.events, config_mark)
-                     if e.type == "MigrationRequested"]
+        requested = [
+            e
+            for _, _, e in await self.read_log(self.t.config_events, cfg.events, config_mark)
+            if e.type == "MigrationRequested"
+        ]
         rounds = (await self.balancer_state())["lastRound"]["round"] - round_before
         if requested or rounds:
-            self.problems.append(f"the balanced cluster was not quiet: {len(requested)} migration(s), "
-                                 f"{rounds} round(s) during the phase without balancing")
+            self.problems.append(
+                f"the balanced cluster was not quiet: {len(requested)} migration(s), "
+                f"{rounds} round(s) during the phase without balancing"
+            )
         t1 = time.time()
-        self.figures["without"] = {**ops.window(t0, t1), "errors": dict(ops.errors), "migrations_during": len(requested),
-                                   "stats_period_s": await self.report_periods(t0, t1)}
+        self.figures["without"] = {
+            **ops.window(t0, t1),
+            "errors": dict(ops.errors),
+            "migrations_during": len(requested),
+            "stats_period_s": await self.report_periods(t0, t1),
+        }
         w = self.figures["without"]
-        print(f"1. without balancing (balancer on, nothing to move; {len(requested)} migrations meanwhile):\n"
-              f"   {latency_line(w)}, errors {w['errors'] or 'none'}\n"
-              f"   a statistics report every {w['stats_period_s']} s (p50; interval {self.args.stats_interval:g}s)",
-              flush=True)
+        print(
+            f"1. without balancing (balancer on, nothing to move; {len(requested)} migrations meanwhile):\n"
+            f"   {latency_line(w)}, errors {w['errors'] or 'none'}\n"
+            f"   a statistics report every {w['stats_period_s']} s (p50; interval {self.args.stats_interval:g}s)",
+            flush=True,
+        )
 
     async def phase_with(self, client) -> None:
         """Start s3, AddShard, and the same YCSB-A until the balancer has converged."""
@@ -407,34 +452,48 @@ class Bench:
             self.figures["while_moving"] = ops.window(added + conv["first_request_s"], added + conv["last_commit_s"])
         self.print_with(conv)
 
-    def convergence(self, config_events, balancer_events, before: dict, after: dict, added: float,
-                    converged: float) -> dict:
+    def convergence(
+        self, config_events, balancer_events, before: dict, after: dict, added: float, converged: float
+    ) -> dict:
         """The balancer's work from AddShard to convergence, from both logs and the routing tables."""
         requested = {e.id: (ts, e) for _, ts, e in config_events if e.type == "MigrationRequested"}
         committed = {e.id: (ts, e) for _, ts, e in config_events if e.type == "MigrationCommitted"}
         aborted = {e.id: (ts, e) for _, ts, e in config_events if e.type == "MigrationAborted"}
         rounds = [e for _, _, e in balancer_events if e.type == "RoundCompleted"]
-        issued = [e.action for _, _, e in balancer_events if e.type == "ActionIssued" and e.action["kind"] == "migration"]
+        issued = [
+            e.action for _, _, e in balancer_events if e.type == "ActionIssued" and e.action["kind"] == "migration"
+        ]
         if len(issued) != len(requested):
             self.problems.append(f"the balancer issued {len(issued)} migrations, config.events shows {len(requested)}")
 
         # What moved: the recipient's chunks of each commit, in commit order.
-        moved = [(key_of(ch.min), key_of(ch.max)) for _, (ts, e) in sorted(committed.items(), key=lambda x: x[1][0])
-                 for ch in e.chunks if ch.shard == e.recipient]
+        moved = [
+            (key_of(ch.min), key_of(ch.max))
+            for _, (ts, e) in sorted(committed.items(), key=lambda x: x[1][0])
+            for ch in e.chunks
+            if ch.shard == e.recipient
+        ]
         owners_before, owners_after = owners(before["snapshot"]), owners(after["snapshot"])
         if set(owners_before) != set(owners_after):
-            self.problems.append("chunk bounds changed during convergence: 'minimum needed' compares owners by chunk min")
+            self.problems.append(
+                "chunk bounds changed during convergence: 'minimum needed' compares owners by chunk min"
+            )
         sizes_after = shard_sizes(after["snapshot"])
         return {
-            "rounds": len(rounds), "rounds_by_counter": after["lastRound"]["round"] - before["lastRound"]["round"],
+            "rounds": len(rounds),
+            "rounds_by_counter": after["lastRound"]["round"] - before["lastRound"]["round"],
             "rounds_with_failures": sum(1 for r in rounds if r.summary.get("failed")),
-            **timing(requested, committed, added), "converged_s": round(converged - added, 2),
-            "migrations_issued": len(requested), "committed": len(committed), "aborted": len(aborted),
+            **timing(requested, committed, added),
+            "converged_s": round(converged - added, 2),
+            "migrations_issued": len(requested),
+            "committed": len(committed),
+            "aborted": len(aborted),
             "abort_reasons": sorted({e.reason for _, e in aborted.values()}),
             "minimum": sum(1 for lo, sh in owners_after.items() if owners_before.get(lo) != sh),
             "ranges_moved_more_than_once": overlapping(moved),
-            "mins_requested_more_than_once": sum(n - 1 for n in Counter(
-                key_of(e.min) for _, e in requested.values()).values() if n > 1),
+            "mins_requested_more_than_once": sum(
+                n - 1 for n in Counter(key_of(e.min) for _, e in requested.values()).values() if n > 1
+            ),
             "moves": dict(Counter(f"{a['from']}->{a['to']}" for a in issued)),
             "chunks_per_shard": dict(sorted(Counter(owners_after.values()).items())),
             "mib_per_shard": {s: round(v / MIB, 2) for s, v in sorted(sizes_after.items())},
@@ -443,31 +502,45 @@ class Bench:
 
     def print_with(self, c: dict) -> None:
         w = self.figures["with"]
-        print(f"2. AddShard({NEW_SHARD}) -> converged: {c['rounds']} round(s) moved data "
-              f"(round counter +{c['rounds_by_counter']}); first MoveRange after {c['first_request_s']}s, last commit "
-              f"after {c['last_commit_s']}s, converged after {c['converged_s']}s "
-              f"(+{self.args.quiet_rounds} quiet rounds to be sure)")
-        print(f"   migrations issued {c['migrations_issued']} (committed {c['committed']}, aborted {c['aborted']}"
-              f"{': ' + '; '.join(c['abort_reasons']) if c['abort_reasons'] else ''}), minimum needed {c['minimum']}; "
-              f"ranges moved more than once {c['ranges_moved_more_than_once']}; moves {c['moves']}")
-        print(f"   each migration MoveRange -> committed: {c['migration_s']} s; a commit -> the next MoveRange: "
-              f"{c['commit_to_next_request_s']} s; a statistics report every {c['stats_period_s']} s (p50)")
-        print(f"   after: chunks per shard {c['chunks_per_shard']}, MiB per shard {c['mib_per_shard']} "
-              f"(spread {c['spread_mib']} MiB, limit {IMBALANCE / MIB:g})")
-        print("   CPU (% of one core) AddShard -> converged seen: " + ", ".join(f"{n} {v}" for n, v in c["cpu_pct"].items()))
+        print(
+            f"2. AddShard({NEW_SHARD}) -> converged: {c['rounds']} round(s) moved data "
+            f"(round counter +{c['rounds_by_counter']}); first MoveRange after {c['first_request_s']}s, last commit "
+            f"after {c['last_commit_s']}s, converged after {c['converged_s']}s "
+            f"(+{self.args.quiet_rounds} quiet rounds to be sure)"
+        )
+        print(
+            f"   migrations issued {c['migrations_issued']} (committed {c['committed']}, aborted {c['aborted']}"
+            f"{': ' + '; '.join(c['abort_reasons']) if c['abort_reasons'] else ''}), minimum needed {c['minimum']}; "
+            f"ranges moved more than once {c['ranges_moved_more_than_once']}; moves {c['moves']}"
+        )
+        print(
+            f"   each migration MoveRange -> committed: {c['migration_s']} s; a commit -> the next MoveRange: "
+            f"{c['commit_to_next_request_s']} s; a statistics report every {c['stats_period_s']} s (p50)"
+        )
+        print(
+            f"   after: chunks per shard {c['chunks_per_shard']}, MiB per shard {c['mib_per_shard']} "
+            f"(spread {c['spread_mib']} MiB, limit {IMBALANCE / MIB:g})"
+        )
+        print(
+            "   CPU (% of one core) AddShard -> converged seen: "
+            + ", ".join(f"{n} {v}" for n, v in c["cpu_pct"].items())
+        )
         print(f"   YCSB-A AddShard -> converged: {latency_line(w)}, errors {w['errors'] or 'none'}")
         if (mv := self.figures.get("while_moving")) and mv["ops"]:
             print(f"   YCSB-A first MoveRange -> last commit: {latency_line(mv)}")
 
     def cpu_mark(self) -> tuple[float, dict]:
-        return time.monotonic(), {**{n: p.cpu_seconds() for n, p in self.procs.items()},
-                                  "broker": cpu_seconds(broker_pid(self.bootstrap))}
+        return time.monotonic(), {
+            **{n: p.cpu_seconds() for n, p in self.procs.items()},
+            "broker": cpu_seconds(broker_pid(self.bootstrap)),
+        }
 
     def cpu_since(self, mark: tuple[float, dict]) -> dict:
         """% of one core each process (and the local broker) used since `mark`, busiest first."""
         (t0, before), (t1, now) = mark, self.cpu_mark()
-        return dict(sorted(((n, round(100 * (now[n] - before.get(n, 0)) / (t1 - t0))) for n in now),
-                           key=lambda x: -x[1]))
+        return dict(
+            sorted(((n, round(100 * (now[n] - before.get(n, 0)) / (t1 - t0))) for n in now), key=lambda x: -x[1])
+        )
 
     async def check_count(self, client) -> None:
         count = await client[DB][COLL].count_documents({})
@@ -479,11 +552,20 @@ class Bench:
 
     async def run(self) -> None:
         a = self.args
-        print(f"balancer benchmark: cluster {self.cluster}; {a.chunks} chunks x {a.chunk_docs:,} documents on "
-              f"{len(SHARDS)} shards, then AddShard({NEW_SHARD}); YCSB-A with {a.concurrency} tasks; rounds every "
-              f"{a.round_interval:g}s, statistics every {a.stats_interval:g}s", flush=True)
-        await kafka.ensure_topics(self.bootstrap, [*self.t.core(), *self.t.for_balancer(),
-                                                   *(sp for sh in (*SHARDS, NEW_SHARD) for sp in self.t.for_shard(sh))])
+        print(
+            f"balancer benchmark: cluster {self.cluster}; {a.chunks} chunks x {a.chunk_docs:,} documents on "
+            f"{len(SHARDS)} shards, then AddShard({NEW_SHARD}); YCSB-A with {a.concurrency} tasks; rounds every "
+            f"{a.round_interval:g}s, statistics every {a.stats_interval:g}s",
+            flush=True,
+        )
+        await kafka.ensure_topics(
+            self.bootstrap,
+            [
+                *self.t.core(),
+                *self.t.for_balancer(),
+                *(sp for sh in (*SHARDS, NEW_SHARD) for sp in self.t.for_shard(sh)),
+            ],
+        )
         async with Requester(self.bootstrap, self.t.cli_replies, client_id="bench-balancer") as self.req:
             await self.start()
             async with AsyncCluster(self.bootstrap, self.cluster, timeout=120) as client:
@@ -491,17 +573,21 @@ class Bench:
                 st = await self.start_balancing()
                 sizes = shard_sizes(st["snapshot"])
                 self.figures["mib_per_shard_before"] = {s: round(v / MIB, 2) for s, v in sorted(sizes.items())}
-                print(f"  balancer and range deleter up, the balanced cluster is quiet; MiB per shard "
-                      f"{self.figures['mib_per_shard_before']} (chunk ~{sum(sizes.values()) / a.chunks / MIB:.2f} MiB)",
-                      flush=True)
+                print(
+                    f"  balancer and range deleter up, the balanced cluster is quiet; MiB per shard "
+                    f"{self.figures['mib_per_shard_before']} (chunk ~{sum(sizes.values()) / a.chunks / MIB:.2f} MiB)",
+                    flush=True,
+                )
                 await self.phase_without(client)
                 await self.phase_with(client)
                 await self.check_count(client)
         w, m, mv = self.figures["without"], self.figures["with"], self.figures.get("while_moving") or {}
         self.figures["p99_ratio"] = ratio(m["p99_ms"], w["p99_ms"])
         self.figures["p99_ratio_while_moving"] = ratio(mv.get("p99_ms"), w["p99_ms"])
-        print(f"   ratio p99 with / without: {self.figures['p99_ratio']} (AddShard -> converged), "
-              f"{self.figures['p99_ratio_while_moving']} (first MoveRange -> last commit)")
+        print(
+            f"   ratio p99 with / without: {self.figures['p99_ratio']} (AddShard -> converged), "
+            f"{self.figures['p99_ratio_while_moving']} (first MoveRange -> last commit)"
+        )
         for p in self.problems:
             print(f"   PROBLEM: {p}")
 
@@ -513,15 +599,20 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--chunks", type=int, default=24, help="chunks of the collection, dealt to s0..s2 (default 24)")
-    p.add_argument("--chunk-docs", type=int, default=1000,
-                   help="documents per chunk, ~880 bytes each (default 1,000: ~0.85 MiB, under the 1 MiB max)")
+    p.add_argument(
+        "--chunk-docs",
+        type=int,
+        default=1000,
+        help="documents per chunk, ~880 bytes each (default 1,000: ~0.85 MiB, under the 1 MiB max)",
+    )
     p.add_argument("--seconds", type=float, default=30.0, help="length of the phase without balancing (default 30)")
     p.add_argument("--concurrency", type=int, default=8, help="YCSB-A client tasks (default 8)")
     p.add_argument("--round-interval", type=float, default=0.5, help="balancerRoundIntervalSecs (default 0.5)")
     p.add_argument("--throttle-ms", type=int, default=0, help="balancerMigrationsThrottlingMs (default 0)")
     p.add_argument("--stats-interval", type=float, default=0.5, help="SHARDLOG_STATS_INTERVAL_S (default 0.5)")
-    p.add_argument("--quiet-rounds", type=int, default=4,
-                   help="round intervals the converged state must hold (default 4)")
+    p.add_argument(
+        "--quiet-rounds", type=int, default=4, help="round intervals the converged state must hold (default 4)"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="keep the temp dir (service logs, stores)")
     args = p.parse_args()
@@ -543,9 +634,17 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     wall = time.monotonic() - t0
     print(f"({wall:.0f}s wall)")
-    E.result_line("balancer", chunks=args.chunks, chunk_docs=args.chunk_docs, concurrency=args.concurrency,
-                  round_interval_s=args.round_interval, stats_interval_s=args.stats_interval, wall_s=round(wall),
-                  problems=bench.problems, **bench.figures)
+    E.result_line(
+        "balancer",
+        chunks=args.chunks,
+        chunk_docs=args.chunk_docs,
+        concurrency=args.concurrency,
+        round_interval_s=args.round_interval,
+        stats_interval_s=args.stats_interval,
+        wall_s=round(wall),
+        problems=bench.problems,
+        **bench.figures,
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ No broker needed.
 
     .venv/bin/python bench/bench_balancer_policy.py [--chunks 1000,10000,100000] [--repeat 5] [--profile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,16 @@ SKEW = [8, 6, 5, 4, 1, 1, 1, 1, 1, 2]  # where chunks were first placed: S0..S3 
 
 def build_snapshot(n: int, seed: int) -> dict:
     rng = random.Random(seed)
-    shards = [{"id": s, "draining": s == "S9", "available": s != "S7", "weight": 2 if s == "S4" else 1,
-               "zones": ["eu"] if s in ("S0", "S1", "S2") else ["us"] if s in ("S3", "S4", "S5") else []}
-              for s in SHARDS]
+    shards = [
+        {
+            "id": s,
+            "draining": s == "S9",
+            "available": s != "S7",
+            "weight": 2 if s == "S4" else 1,
+            "zones": ["eu"] if s in ("S0", "S1", "S2") else ["us"] if s in ("S3", "S4", "S5") else [],
+        }
+        for s in SHARDS
+    ]
     collections = []
     for c, share in enumerate(SHARE):
         k = max(2, int(n * share))
@@ -54,13 +62,32 @@ def build_snapshot(n: int, seed: int) -> dict:
             pool = SHARDS  # mostly placed by zone already; 1 % still violates it
             if zoned and i <= 2 * third and rng.random() > 0.01:
                 pool = SHARDS[:3] if i <= third else SHARDS[3:6]
-            chunks.append({"min": {"x": bounds[i]}, "max": {"x": bounds[i + 1]},
-                           "shard": rng.choices(pool, weights=SKEW[:len(pool)] if pool is not SHARDS else SKEW)[0],
-                           "sizeBytes": rng.randrange(1 * MB, 128 * MB), "jumbo": rng.random() < 0.005})
-        zones = [{"zone": "eu", "min": {"x": STEP // 2}, "max": {"x": third * STEP + STEP // 2}},
-                 {"zone": "us", "min": {"x": third * STEP + STEP // 2}, "max": {"x": 2 * third * STEP}}] if zoned else []
-        collections.append({"ns": f"bench.c{c}", "key": {"x": 1}, "chunks": chunks, "zones": zones,
-                            **({"maxChunkSizeBytes": 64 * MB} if c == 3 else {})})
+            chunks.append(
+                {
+                    "min": {"x": bounds[i]},
+                    "max": {"x": bounds[i + 1]},
+                    "shard": rng.choices(pool, weights=SKEW[: len(pool)] if pool is not SHARDS else SKEW)[0],
+                    "sizeBytes": rng.randrange(1 * MB, 128 * MB),
+                    "jumbo": rng.random() < 0.005,
+                }
+            )
+        zones = (
+            [
+                {"zone": "eu", "min": {"x": STEP // 2}, "max": {"x": third * STEP + STEP // 2}},
+                {"zone": "us", "min": {"x": third * STEP + STEP // 2}, "max": {"x": 2 * third * STEP}},
+            ]
+            if zoned
+            else []
+        )
+        collections.append(
+            {
+                "ns": f"bench.c{c}",
+                "key": {"x": 1},
+                "chunks": chunks,
+                "zones": zones,
+                **({"maxChunkSizeBytes": 64 * MB} if c == 3 else {}),
+            }
+        )
     return {"settings": {"maxChunkSizeBytes": 128 * MB}, "shards": shards, "collections": collections}
 
 
@@ -97,23 +124,31 @@ def measure(n: int, repeat: int, seed: int, profile: cProfile.Profile | None) ->
     assert p.splits and "drain" in {m.reason for m in p.migrations}, p
     largest = raw["collections"][0]["ns"]
     found = policy.violations(parsed, largest)
-    rows = best_ms({
-        "iterate": (iterate, raw),
-        "parse": (policy.Snapshot.model_validate, raw),
-        "plan": (policy.plan, parsed),
-        "plan_parse": (policy.plan, raw),
-        "violations": (lambda s: policy.violations(s, largest), parsed),
-    }, repeat)
+    rows = best_ms(
+        {
+            "iterate": (iterate, raw),
+            "parse": (policy.Snapshot.model_validate, raw),
+            "plan": (policy.plan, parsed),
+            "plan_parse": (policy.plan, raw),
+            "violations": (lambda s: policy.violations(s, largest), parsed),
+        },
+        repeat,
+    )
     if profile is not None:
         profile.enable()
         policy.plan(parsed)
         profile.disable()
-    return {"chunks": chunks, "splits": len(p.splits), "migrations": len(p.migrations),
-            "reasons": sorted({m.reason for m in p.migrations}), "violations": len(found),
-            **{f"{k}_ms": round(v, 3) for k, v in rows.items()},
-            "plan_us_per_chunk": round(rows["plan"] * 1e3 / chunks, 3),
-            "ratio_plan_vs_iterate": round(rows["plan"] / rows["iterate"], 2),
-            "ratio_plan_vs_parse": round(rows["plan"] / rows["parse"], 3)}
+    return {
+        "chunks": chunks,
+        "splits": len(p.splits),
+        "migrations": len(p.migrations),
+        "reasons": sorted({m.reason for m in p.migrations}),
+        "violations": len(found),
+        **{f"{k}_ms": round(v, 3) for k, v in rows.items()},
+        "plan_us_per_chunk": round(rows["plan"] * 1e3 / chunks, 3),
+        "ratio_plan_vs_iterate": round(rows["plan"] / rows["iterate"], 2),
+        "ratio_plan_vs_parse": round(rows["plan"] / rows["parse"], 3),
+    }
 
 
 def main() -> None:
@@ -124,19 +159,26 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="cProfile plan at the largest chunk count")
     args = p.parse_args()
     sizes = [int(x) for x in args.chunks.split(",")]
-    print(f"balancer round: {len(SHARDS)} shards, {len(SHARE)} collections, zones eu/us, 1 draining, 1 busy; "
-          f"best of {args.repeat} interleaved passes (ms per call)")
-    print(f"  {'chunks':>8}  {'iterate':>8}  {'parse':>8}  {'plan':>8}  {'plan+parse':>10}  {'violations':>10}  "
-          f"{'µs/chunk':>8}  {'plan/iterate':>12}  {'plan/parse':>10}  actions")
+    print(
+        f"balancer round: {len(SHARDS)} shards, {len(SHARE)} collections, zones eu/us, 1 draining, 1 busy; "
+        f"best of {args.repeat} interleaved passes (ms per call)"
+    )
+    print(
+        f"  {'chunks':>8}  {'iterate':>8}  {'parse':>8}  {'plan':>8}  {'plan+parse':>10}  {'violations':>10}  "
+        f"{'µs/chunk':>8}  {'plan/iterate':>12}  {'plan/parse':>10}  actions"
+    )
     results = []
     prof = cProfile.Profile() if args.profile else None
     for n in sizes:
         r = measure(n, args.repeat, args.seed, prof if n == max(sizes) else None)
         results.append(r)
-        print(f"  {r['chunks']:8,}  {r['iterate_ms']:8.2f}  {r['parse_ms']:8.2f}  {r['plan_ms']:8.2f}  "
-              f"{r['plan_parse_ms']:10.2f}  {r['violations_ms']:10.2f}  {r['plan_us_per_chunk']:8.3f}  "
-              f"{r['ratio_plan_vs_iterate']:12.2f}  {r['ratio_plan_vs_parse']:10.3f}  "
-              f"{r['splits']} splits, {r['migrations']} migrations ({', '.join(r['reasons'])})", flush=True)
+        print(
+            f"  {r['chunks']:8,}  {r['iterate_ms']:8.2f}  {r['parse_ms']:8.2f}  {r['plan_ms']:8.2f}  "
+            f"{r['plan_parse_ms']:10.2f}  {r['violations_ms']:10.2f}  {r['plan_us_per_chunk']:8.3f}  "
+            f"{r['ratio_plan_vs_iterate']:12.2f}  {r['ratio_plan_vs_parse']:10.3f}  "
+            f"{r['splits']} splits, {r['migrations']} migrations ({', '.join(r['reasons'])})",
+            flush=True,
+        )
     if prof:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)

@@ -21,6 +21,7 @@ It runs `python -m infra.cluster` (what `make up/down` run) on a temporary data
 directory with its own brokers on free ports, whatever KAFKA_BOOTSTRAP says, and
 deletes it at the end.  Prints its figures and a final JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,13 +48,22 @@ CLUSTER = "bench"
 class Deployment:
     def __init__(self, data: Path, brokers: int = 1):
         self.data, self.brokers = data, brokers
-        self.env = {**{k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"},
-                    "KAFKA_PORT": "0", "PYTHONPATH": str(ROOT), "SHARDLOG_SESSION_TIMEOUT_MS": "6000"}
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"},
+            "KAFKA_PORT": "0",
+            "PYTHONPATH": str(ROOT),
+            "SHARDLOG_SESSION_TIMEOUT_MS": "6000",
+        }
 
     def run(self, action: str, *args: str) -> float:
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "infra.cluster", action, "--data", str(self.data),
-                            "--cluster", CLUSTER, *args], cwd=ROOT, env=self.env, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "infra.cluster", action, "--data", str(self.data), "--cluster", CLUSTER, *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             raise SystemExit(f"infra.cluster {action} failed:\n{r.stdout}\n{r.stderr}")
         return time.perf_counter() - t0
@@ -65,23 +75,35 @@ class Deployment:
         return self.run("down")
 
     def reset(self) -> None:
-        subprocess.run([sys.executable, "-m", "infra.cluster", "reset", "--data", str(self.data)],
-                       cwd=ROOT, env=self.env, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "infra.cluster", "reset", "--data", str(self.data)],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+        )
 
     @property
     def bootstrap(self) -> str:
         return (self.data / "kafka" / "bootstrap").read_text().strip()
 
     def cli(self, *args: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster", CLUSTER,
-                            *args], cwd=ROOT, env=self.env, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster", CLUSTER, *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             raise SystemExit(f"shardlog {' '.join(args)}: {r.stdout}{r.stderr}")
         return r.stdout
 
     def kafka(self, *args: str) -> None:
-        subprocess.run([sys.executable, str(ROOT / "infra" / "kafka" / "local.py"), *args, "--dir",
-                        str(self.data / "kafka")], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "infra" / "kafka" / "local.py"), *args, "--dir", str(self.data / "kafka")],
+            check=True,
+            capture_output=True,
+        )
 
     def broker_pid(self, node: int) -> int:
         return int((self.data / "kafka" / f"node-{node}" / "kafka.pid").read_text())
@@ -108,13 +130,18 @@ async def bulk_load(d: Deployment, ns: str, n: int, doc_bytes: int, start: int =
         async def batch(lo):
             nonlocal done
             async with sem:
-                await c.insert_many([{"_id": i, "pad": pads[i % 64][i % 7:] + pads[(i + 1) % 64][:i % 7]}
-                                     for i in range(lo, min(start + n, lo + 1000))],
-                                    ordered=False)
+                await c.insert_many(
+                    [
+                        {"_id": i, "pad": pads[i % 64][i % 7 :] + pads[(i + 1) % 64][: i % 7]}
+                        for i in range(lo, min(start + n, lo + 1000))
+                    ],
+                    ordered=False,
+                )
                 done += min(1000, start + n - lo)
                 if progress and done % 50_000 < 1000:
                     el = time.perf_counter() - t0
                     print(f"  loaded {done:,}/{n:,} documents ({done * doc_bytes / el / 1e6:.1f} MB/s)", flush=True)
+
         await asyncio.gather(*(batch(lo) for lo in range(start, start + n, 1000)))
     return time.perf_counter() - t0
 
@@ -151,23 +178,36 @@ def bench_restart(base: Path, gb: float, doc_bytes: int) -> dict:
         # Baseline: the same restart without the stores (every service replays its logs).
         d.down()
         import shutil
+
         shutil.rmtree(d.data / "services")
         replay_up = d.up()
         replay_read = asyncio.run(first_read(d, "b.docs", n - 1))
         counted_again = asyncio.run(count(d, "b.docs"))
         assert counted_again == n
-        out = {"documents": n, "doc_bytes": doc_bytes, "gb": gb, **sizes,
-               "load_s": round(load_s, 1), "load_mb_s": round(n * doc_bytes / load_s / 1e6, 1),
-               "down_s": round(down_s, 2), "empty_up_s": round(empty_up, 2),
-               "restart_up_s": round(restart_up, 2), "restart_first_read_s": round(read_s, 2),
-               "replay_up_s": round(replay_up, 2), "replay_first_read_s": round(replay_read, 2),
-               "ratio_restart_over_empty": round(restart_up / empty_up, 2),
-               "ratio_restart_over_replay": round(restart_up / replay_up, 3)}
-        print(f"restart with {n:,} documents ({gb} GB of documents; Kafka {sizes['kafka_bytes'] / 1e9:.2f} GB, "
-              f"stores {sizes['stores_bytes'] / 1e9:.2f} GB): make up {restart_up:.1f}s to every service active "
-              f"+ {read_s:.2f}s to the first read | empty cluster {empty_up:.1f}s (ratio "
-              f"{out['ratio_restart_over_empty']}) | rebuilding every store by replay {replay_up:.1f}s (ratio "
-              f"{out['ratio_restart_over_replay']}) | load {out['load_mb_s']} MB/s, down {down_s:.1f}s", flush=True)
+        out = {
+            "documents": n,
+            "doc_bytes": doc_bytes,
+            "gb": gb,
+            **sizes,
+            "load_s": round(load_s, 1),
+            "load_mb_s": round(n * doc_bytes / load_s / 1e6, 1),
+            "down_s": round(down_s, 2),
+            "empty_up_s": round(empty_up, 2),
+            "restart_up_s": round(restart_up, 2),
+            "restart_first_read_s": round(read_s, 2),
+            "replay_up_s": round(replay_up, 2),
+            "replay_first_read_s": round(replay_read, 2),
+            "ratio_restart_over_empty": round(restart_up / empty_up, 2),
+            "ratio_restart_over_replay": round(restart_up / replay_up, 3),
+        }
+        print(
+            f"restart with {n:,} documents ({gb} GB of documents; Kafka {sizes['kafka_bytes'] / 1e9:.2f} GB, "
+            f"stores {sizes['stores_bytes'] / 1e9:.2f} GB): make up {restart_up:.1f}s to every service active "
+            f"+ {read_s:.2f}s to the first read | empty cluster {empty_up:.1f}s (ratio "
+            f"{out['ratio_restart_over_empty']}) | rebuilding every store by replay {replay_up:.1f}s (ratio "
+            f"{out['ratio_restart_over_replay']}) | load {out['load_mb_s']} MB/s, down {down_s:.1f}s",
+            flush=True,
+        )
         return out
     finally:
         d.reset()
@@ -204,16 +244,24 @@ def bench_fsync(base: Path, docs: int, serial: int, rounds: int) -> dict:
                 res[mode]["bulk_docs_s"].append(docs / s)
                 res[mode]["p50_ms"].append(lat[len(lat) // 2] * 1000)
                 res[mode]["p99_ms"].append(lat[int(len(lat) * 0.99)] * 1000)
-                print(f"fsync {mode:6} round {r + 1}: bulk {docs / s:,.0f} docs/s, serial insert_one p50 "
-                      f"{lat[len(lat) // 2] * 1000:.1f} ms p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms", flush=True)
+                print(
+                    f"fsync {mode:6} round {r + 1}: bulk {docs / s:,.0f} docs/s, serial insert_one p50 "
+                    f"{lat[len(lat) // 2] * 1000:.1f} ms p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms",
+                    flush=True,
+                )
         med = {m: {k: round(statistics.median(v), 1) for k, v in figs.items()} for m, figs in res.items()}
-        out = {"always": med["always"], "os": med["os"],
-               "ratio_bulk_always_over_os": round(med["always"]["bulk_docs_s"] / med["os"]["bulk_docs_s"], 3),
-               "ratio_p50_always_over_os": round(med["always"]["p50_ms"] / med["os"]["p50_ms"], 3)}
-        print(f"fsync always vs os (medians of {rounds}): bulk {med['always']['bulk_docs_s']:,} vs "
-              f"{med['os']['bulk_docs_s']:,} docs/s (ratio {out['ratio_bulk_always_over_os']}), serial p50 "
-              f"{med['always']['p50_ms']} vs {med['os']['p50_ms']} ms (ratio {out['ratio_p50_always_over_os']})",
-              flush=True)
+        out = {
+            "always": med["always"],
+            "os": med["os"],
+            "ratio_bulk_always_over_os": round(med["always"]["bulk_docs_s"] / med["os"]["bulk_docs_s"], 3),
+            "ratio_p50_always_over_os": round(med["always"]["p50_ms"] / med["os"]["p50_ms"], 3),
+        }
+        print(
+            f"fsync always vs os (medians of {rounds}): bulk {med['always']['bulk_docs_s']:,} vs "
+            f"{med['os']['bulk_docs_s']:,} docs/s (ratio {out['ratio_bulk_always_over_os']}), serial p50 "
+            f"{med['always']['p50_ms']} vs {med['os']['p50_ms']} ms (ratio {out['ratio_p50_always_over_os']})",
+            flush=True,
+        )
         return out
     finally:
         d.reset()
@@ -243,14 +291,18 @@ class Steady:
                         await c.update_one({"_id": i}, {"$inc": {"n": 1}})
                     t1 = time.monotonic()
                     self.ops.append((t1, t1 - t0))
+
             await asyncio.gather(*(worker() for _ in range(8)))
 
     def after(self, since: float, until: float) -> dict:
         window = [(end, lat) for end, lat in self.ops if since <= end <= until]
         ends = sorted([since, *(end for end, _ in window)])
         gap = max((b - a for a, b in zip(ends, ends[1:])), default=until - since)
-        return {"longest_op_s": round(max((lat for _, lat in window), default=0.0), 2),
-                "longest_gap_s": round(gap, 2), "ops": len(window)}
+        return {
+            "longest_op_s": round(max((lat for _, lat in window), default=0.0), 2),
+            "longest_gap_s": round(gap, 2),
+            "ops": len(window),
+        }
 
 
 def _partition_leader(bootstrap: str, topic: str) -> int:
@@ -263,6 +315,7 @@ def _partition_leader(bootstrap: str, topic: str) -> int:
             return (await admin.describe_topics([topic]))[0]["partitions"][0]["leader"]
         finally:
             await admin.close()
+
     return asyncio.run(go())
 
 
@@ -291,12 +344,20 @@ def bench_takeover(base: Path, seconds: float) -> dict:
             t_warm = time.monotonic()
             await asyncio.sleep(seconds / 2)  # the baseline window: nothing happens on purpose
             lats = sorted(lat for end, lat in steady.ops if end >= t_warm)
-            out["baseline"] = {"p50_ms": round(lats[len(lats) // 2] * 1000, 1),
-                               "p99_ms": round(lats[int(len(lats) * 0.99)] * 1000, 1), "ops": len(lats)}
+            out["baseline"] = {
+                "p50_ms": round(lats[len(lats) // 2] * 1000, 1),
+                "p99_ms": round(lats[int(len(lats) * 0.99)] * 1000, 1),
+                "ops": len(lats),
+            }
             for what in ("partition leader", "controller leader"):
                 victim = await loop.run_in_executor(
-                    None, lambda: _partition_leader(d.bootstrap, f"{CLUSTER}.shard.s0.changelog")
-                    if what == "partition leader" else _controller_leader(d))
+                    None,
+                    lambda what=what: (
+                        _partition_leader(d.bootstrap, f"{CLUSTER}.shard.s0.changelog")
+                        if what == "partition leader"
+                        else _controller_leader(d)
+                    ),
+                )
                 os.kill(d.broker_pid(victim), signal.SIGKILL)
                 killed = time.monotonic()
                 await asyncio.sleep(seconds)  # observe clients through the take-over
@@ -306,17 +367,23 @@ def bench_takeover(base: Path, seconds: float) -> dict:
                 fig["broker_restart_s"] = round(time.monotonic() - t0, 1)
                 fig["broker"] = victim
                 out[what] = fig
-                print(f"takeover: {what} (broker {victim}) killed: longest operation {fig['longest_op_s']}s, "
-                      f"longest gap without a completed operation {fig['longest_gap_s']}s, {fig['ops']} ops in "
-                      f"{seconds:.0f}s; restarted and rejoined in {fig['broker_restart_s']}s", flush=True)
+                print(
+                    f"takeover: {what} (broker {victim}) killed: longest operation {fig['longest_op_s']}s, "
+                    f"longest gap without a completed operation {fig['longest_gap_s']}s, {fig['ops']} ops in "
+                    f"{seconds:.0f}s; restarted and rejoined in {fig['broker_restart_s']}s",
+                    flush=True,
+                )
             steady.stop.set()
             await task
+
         asyncio.run(scenario())
-        print(f"takeover: baseline p50 {out['baseline']['p50_ms']} ms, p99 {out['baseline']['p99_ms']} ms; ratio "
-              f"longest operation / baseline p99: "
-              f"{out['partition leader']['longest_op_s'] * 1000 / out['baseline']['p99_ms']:.0f} (partition leader), "
-              f"{out['controller leader']['longest_op_s'] * 1000 / out['baseline']['p99_ms']:.0f} (controller leader)",
-              flush=True)
+        print(
+            f"takeover: baseline p50 {out['baseline']['p50_ms']} ms, p99 {out['baseline']['p99_ms']} ms; ratio "
+            f"longest operation / baseline p99: "
+            f"{out['partition leader']['longest_op_s'] * 1000 / out['baseline']['p99_ms']:.0f} (partition leader), "
+            f"{out['controller leader']['longest_op_s'] * 1000 / out['baseline']['p99_ms']:.0f} (controller leader)",
+            flush=True,
+        )
         return out
     finally:
         d.reset()

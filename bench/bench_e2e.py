@@ -19,6 +19,7 @@ update_one are a bare aiokafka request/reply.  Runs alternate shardlog / raw.
 
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_e2e.py [--records 10000] [--ops 20000] [--concurrency 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 class Proc:
     """A child process (a service or an echo) with its log and readiness file."""
 
-    def __init__(self, name: str, argv: list[str], env: dict, logs: Path, ready_file: Path,
-                 profile_to: Path | None = None):
+    def __init__(
+        self, name: str, argv: list[str], env: dict, logs: Path, ready_file: Path, profile_to: Path | None = None
+    ):
         self.name, self.ready_file, self.profile_to = name, ready_file, profile_to
         self.log = logs / f"{name}.log"
         ready_file.unlink(missing_ok=True)
@@ -139,9 +141,13 @@ def broker_pid(bootstrap: str) -> int | None:
     """The local process listening on the bootstrap port (the broker), for its CPU figure; None if remote."""
     try:
         port = int(bootstrap.split(",")[0].rsplit(":", 1)[1])
-        inodes = {line.split()[9] for f in ("/proc/net/tcp", "/proc/net/tcp6") if Path(f).exists()
-                  for line in Path(f).read_text().splitlines()[1:]
-                  if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port}
+        inodes = {
+            line.split()[9]
+            for f in ("/proc/net/tcp", "/proc/net/tcp6")
+            if Path(f).exists()
+            for line in Path(f).read_text().splitlines()[1:]
+            if line.split()[3] == "0A" and int(line.split()[1].rsplit(":", 1)[1], 16) == port
+        }
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -209,8 +215,12 @@ class RawClient:
         corr = uuid.uuid4().hex.encode()
         fut = asyncio.get_running_loop().create_future()
         self.waiting[corr] = fut
-        await self.producer.send_and_wait(topic, value, key=uuid.uuid4().hex.encode(),
-                                          headers=[(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr)])
+        await self.producer.send_and_wait(
+            topic,
+            value,
+            key=uuid.uuid4().hex.encode(),
+            headers=[(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr)],
+        )
         return await asyncio.wait_for(fut, 30)
 
 
@@ -240,8 +250,13 @@ class Bench:
         self.logs = tmp / "logs"
         self.data.mkdir()
         self.logs.mkdir()
-        self.env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "SHARDLOG_CLUSTER": cluster,
-                    "SHARDLOG_DATA_DIR": str(self.data), "PYTHONPATH": str(ROOT)}
+        self.env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP": bootstrap,
+            "SHARDLOG_CLUSTER": cluster,
+            "SHARDLOG_DATA_DIR": str(self.data),
+            "PYTHONPATH": str(ROOT),
+        }
         self.procs: dict[str, Proc] = {}
         self.raw_requests = f"{cluster}.raw.requests"
         self.raw_backs = [f"{cluster}.raw.back{i}.requests" for i in range(len(SHARDS))]
@@ -260,38 +275,75 @@ class Bench:
         return self.spawn(name, ["-m", module, *args])
 
     def echo(self, name: str, *args: str) -> Proc:
-        return self.spawn(name, [str(ROOT / "bench" / "_echo.py"), *args, "--bootstrap", self.bootstrap,
-                                 "--ready", str(self.data / f"{name}.ready")])
+        return self.spawn(
+            name,
+            [
+                str(ROOT / "bench" / "_echo.py"),
+                *args,
+                "--bootstrap",
+                self.bootstrap,
+                "--ready",
+                str(self.data / f"{name}.ready"),
+            ],
+        )
 
     def front(self, i: int) -> Proc:
-        return self.echo(f"echo-front{i}", "front", "--requests", self.raw_requests, "--group", self.raw_group,
-                         "--backs", ",".join(self.raw_backs), "--inbox", self.t.inbox(f"raw-front{i}"))
+        return self.echo(
+            f"echo-front{i}",
+            "front",
+            "--requests",
+            self.raw_requests,
+            "--group",
+            self.raw_group,
+            "--backs",
+            ",".join(self.raw_backs),
+            "--inbox",
+            self.t.inbox(f"raw-front{i}"),
+        )
 
     # ---------------------------------------------------------------- setup
 
     async def start(self) -> None:
         t = self.t
-        raw_topics = [TopicSpec(self.raw_requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
-                      TopicSpec(self.t.inbox("raw-client"), config=SHORT_LIVED),
-                      *(TopicSpec(self.t.inbox(f"raw-front{i}"), config=SHORT_LIVED) for i in (1, 2)),
-                      *(TopicSpec(b, config=SHORT_LIVED) for b in self.raw_backs),
-                      *(TopicSpec(f"{self.cluster}.raw.back{i}.events",
-                                  config={"cleanup.policy": "compact", **LARGE_RECORDS}) for i in range(len(SHARDS)))]
-        await kafka.ensure_topics(self.bootstrap, [*t.core(), *(s for sh in SHARDS for s in t.for_shard(sh)),
-                                                   *raw_topics])
+        raw_topics = [
+            TopicSpec(self.raw_requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
+            TopicSpec(self.t.inbox("raw-client"), config=SHORT_LIVED),
+            *(TopicSpec(self.t.inbox(f"raw-front{i}"), config=SHORT_LIVED) for i in (1, 2)),
+            *(TopicSpec(b, config=SHORT_LIVED) for b in self.raw_backs),
+            *(
+                TopicSpec(f"{self.cluster}.raw.back{i}.events", config={"cleanup.policy": "compact", **LARGE_RECORDS})
+                for i in range(len(SHARDS))
+            ),
+        ]
+        await kafka.ensure_topics(
+            self.bootstrap, [*t.core(), *(s for sh in SHARDS for s in t.for_shard(sh)), *raw_topics]
+        )
         t0 = time.monotonic()
         config = self.service("config", "services.config")
-        backs = [self.echo(f"echo-back{i}", "back", "--requests", b, "--group", f"{self.cluster}.raw.back{i}",
-                           "--events", f"{self.cluster}.raw.back{i}.events", *(["--two-phase"] * self.args.raw_two_phase))
-                 for i, b in enumerate(self.raw_backs)]
+        backs = [
+            self.echo(
+                f"echo-back{i}",
+                "back",
+                "--requests",
+                b,
+                "--group",
+                f"{self.cluster}.raw.back{i}",
+                "--events",
+                f"{self.cluster}.raw.back{i}.events",
+                *(["--two-phase"] * self.args.raw_two_phase),
+            )
+            for i, b in enumerate(self.raw_backs)
+        ]
         await wait_ready([config], lambda p: "active")
         async with Requester(self.bootstrap, t.cli_replies, client_id="bench-e2e") as r:
             for sid in SHARDS:
                 reply = await r.request(t.config_commands, cfg.AddShard(shard=sid), timeout=60)
                 assert reply.ok, reply
-            reply = await r.request(t.config_commands,
-                                    cfg.ShardCollection(ns=f"{NS_DB}.{NS_COLL}", key={"_id": "hashed"},
-                                                        numInitialChunks=self.args.chunks), timeout=60)
+            reply = await r.request(
+                t.config_commands,
+                cfg.ShardCollection(ns=f"{NS_DB}.{NS_COLL}", key={"_id": "hashed"}, numInitialChunks=self.args.chunks),
+                timeout=60,
+            )
             assert reply.ok, reply
             self.chunks = reply.result["chunks"]
         shards = [self.service(f"shard-{s}", "services.shard", "--shard-id", s) for s in SHARDS]
@@ -300,8 +352,10 @@ class Bench:
         await wait_ready([*shards, router, *backs, front], lambda p: "active" if p.name.startswith("shard") else None)
         await wait_group(self.bootstrap, f"{self.cluster}.router", 1)
         await wait_group(self.bootstrap, self.raw_group, 1)
-        print(f"  config, {len(SHARDS)} shards, router r1, echo front + {len(backs)} backs up in "
-              f"{time.monotonic() - t0:.1f}s ({self.chunks} chunks of {NS_DB}.{NS_COLL} over {len(SHARDS)} shards)")
+        print(
+            f"  config, {len(SHARDS)} shards, router r1, echo front + {len(backs)} backs up in "
+            f"{time.monotonic() - t0:.1f}s ({self.chunks} chunks of {NS_DB}.{NS_COLL} over {len(SHARDS)} shards)"
+        )
 
     async def add_second_router(self) -> None:
         t0 = time.monotonic()
@@ -333,46 +387,81 @@ class Bench:
         if self.client_prof and system == "shardlog" and not warmup:
             self.client_prof.enable()
         try:
-            report = await runner.run(coll, workload, ops, concurrency=self.args.concurrency,
-                                      record_count=self.args.records, progress=progress, seed=self.args.seed,
-                                      progress_interval=5.0)
+            report = await runner.run(
+                coll,
+                workload,
+                ops,
+                concurrency=self.args.concurrency,
+                record_count=self.args.records,
+                progress=progress,
+                seed=self.args.seed,
+                progress_interval=5.0,
+            )
         finally:
             if self.client_prof:
                 self.client_prof.disable()
         busy1 = machine_busy()
         wall = report.elapsed_s
-        cpu = {"client": round((time.process_time() - own0) / wall * 100, 1),
-               **{p.name: round((p.cpu_seconds() - cpu0[p.name]) / wall * 100, 1) for p in procs}}
+        cpu = {
+            "client": round((time.process_time() - own0) / wall * 100, 1),
+            **{p.name: round((p.cpu_seconds() - cpu0[p.name]) / wall * 100, 1) for p in procs},
+        }
         idle = {p.name: round((p.cpu_seconds() - cpu0[p.name]) / wall * 100, 1) for p in others}
         if self.broker:
             cpu["broker"] = round((cpu_seconds(self.broker) - broker0) / wall * 100, 1)
         machine = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * 100 * os.cpu_count()
         p = final[-1]
-        r = {"system": system, "routers": routers, "workload": f"ycsb-{workload}", "ops": report.operations,
-             "seconds": report.elapsed_s, "ops_s": report.throughput_ops_s, "p50_ms": p.p50_ms, "p95_ms": p.p95_ms,
-             "p99_ms": p.p99_ms, "errors": report.errors, "cpu_pct": cpu, "idle_cpu_pct": idle,
-             "machine_cpu_pct": round(machine, 1),
-             "produce_retries": sum(p.retries() for p in procs) - retries0,
-             "kinds": {k: {"count": v.count, "p50_ms": v.latency_ms["p50"], "p99_ms": v.latency_ms["p99"],
-                           "max_ms": v.latency_ms["max"]} for k, v in report.kinds.items()}}
+        r = {
+            "system": system,
+            "routers": routers,
+            "workload": f"ycsb-{workload}",
+            "ops": report.operations,
+            "seconds": report.elapsed_s,
+            "ops_s": report.throughput_ops_s,
+            "p50_ms": p.p50_ms,
+            "p95_ms": p.p95_ms,
+            "p99_ms": p.p99_ms,
+            "errors": report.errors,
+            "cpu_pct": cpu,
+            "idle_cpu_pct": idle,
+            "machine_cpu_pct": round(machine, 1),
+            "produce_retries": sum(p.retries() for p in procs) - retries0,
+            "kinds": {
+                k: {
+                    "count": v.count,
+                    "p50_ms": v.latency_ms["p50"],
+                    "p99_ms": v.latency_ms["p99"],
+                    "max_ms": v.latency_ms["max"],
+                }
+                for k, v in report.kinds.items()
+            },
+        }
         if warmup:
             print(f"    warm-up {system:8s} ycsb-{workload}: {r['ops']:,} ops {r['ops_s']:,.0f}/s")
             return r
         busiest = sorted(((v, k) for k, v in cpu.items()), reverse=True)[:5]
         ours = sum(v for k, v in cpu.items() if k != "broker")
-        print(f"  {system:8s} routers={routers} ycsb-{workload}: {r['ops']:7,} ops in {r['seconds']:6.2f}s = "
-              f"{r['ops_s']:7,.0f} ops/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms"
-              + (f"  ERRORS {report.errors}" if report.total_errors else ""), flush=True)
-        print("           CPU (% of one core): " + ", ".join(f"{k} {v:.0f}" for v, k in busiest)
-              + f"; all {system} processes + client {ours:.0f} (the idle other system {sum(idle.values()):.0f}); "
-              f"machine {r['machine_cpu_pct']:.0f} of {os.cpu_count() * 100}; {r['produce_retries']} produce retries")
+        print(
+            f"  {system:8s} routers={routers} ycsb-{workload}: {r['ops']:7,} ops in {r['seconds']:6.2f}s = "
+            f"{r['ops_s']:7,.0f} ops/s  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms"
+            + (f"  ERRORS {report.errors}" if report.total_errors else ""),
+            flush=True,
+        )
+        print(
+            "           CPU (% of one core): "
+            + ", ".join(f"{k} {v:.0f}" for v, k in busiest)
+            + f"; all {system} processes + client {ours:.0f} (the idle other system {sum(idle.values()):.0f}); "
+            f"machine {r['machine_cpu_pct']:.0f} of {os.cpu_count() * 100}; {r['produce_retries']} produce retries"
+        )
         self.results.append(r)
         return r
 
     async def run(self) -> None:
         a = self.args
-        print(f"e2e benchmark: cluster {self.cluster}; {a.records:,} records, {a.ops:,} ops per workload, "
-              f"concurrency {a.concurrency}, workloads {a.workloads}, routers {a.routers}")
+        print(
+            f"e2e benchmark: cluster {self.cluster}; {a.records:,} records, {a.ops:,} ops per workload, "
+            f"concurrency {a.concurrency}, workloads {a.workloads}, routers {a.routers}"
+        )
         await self.start()
         raw = RawClient(self.bootstrap, self.t.inbox("raw-client"))
         await raw.start()
@@ -382,11 +471,19 @@ class Bench:
                 raw_coll = RawCollection(raw, self.raw_requests, f"{NS_DB}.{NS_COLL}")
                 load = await runner.load(coll, "a", a.records, concurrency=a.concurrency, batch_size=100, seed=a.seed)
                 lat = load.kinds[runner.LOAD_KIND].latency_ms
-                print(f"  load: {load.operations:,} records in {load.elapsed_s:.2f}s = {load.throughput_ops_s:,.0f} "
-                      f"records/s (insert_many of 100: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms)"
-                      + (f"  ERRORS {load.errors}" if load.total_errors else ""))
-                self.load = {"records": load.operations, "seconds": load.elapsed_s, "records_s": load.throughput_ops_s,
-                             "batch_p50_ms": lat["p50"], "batch_p99_ms": lat["p99"], "errors": load.errors}
+                print(
+                    f"  load: {load.operations:,} records in {load.elapsed_s:.2f}s = {load.throughput_ops_s:,.0f} "
+                    f"records/s (insert_many of 100: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms)"
+                    + (f"  ERRORS {load.errors}" if load.total_errors else "")
+                )
+                self.load = {
+                    "records": load.operations,
+                    "seconds": load.elapsed_s,
+                    "records_s": load.throughput_ops_s,
+                    "batch_p50_ms": lat["p50"],
+                    "batch_p99_ms": lat["p99"],
+                    "errors": load.errors,
+                }
                 for routers in a.routers:
                     if routers == 2:
                         await self.add_second_router()
@@ -424,8 +521,13 @@ def pooled(results: list[dict], system: str, routers: int, workload: str) -> dic
     ops, secs = sum(r["ops"] for r in rs), sum(r["seconds"] for r in rs)
     # Percentiles of several runs: the median run's (runs are the same size); with --repeat 1, the run's.
     mid = sorted(rs, key=lambda r: r["p50_ms"])[len(rs) // 2]
-    return {"ops": ops, "ops_s": round(ops / secs, 1), "p50_ms": mid["p50_ms"],
-            "p99_ms": sorted(r["p99_ms"] for r in rs)[len(rs) // 2], "runs": len(rs)}
+    return {
+        "ops": ops,
+        "ops_s": round(ops / secs, 1),
+        "p50_ms": mid["p50_ms"],
+        "p99_ms": sorted(r["p99_ms"] for r in rs)[len(rs) // 2],
+        "runs": len(rs),
+    }
 
 
 def print_profile(title: str, stats: pstats.Stats, n: int = 25) -> None:
@@ -443,16 +545,28 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32, help="operations in flight (default 32)")
     p.add_argument("--workloads", default="a,c", help="YCSB core workloads, comma-separated (default a,c)")
     p.add_argument("--routers", default="1,2", help="router counts to run, in order (default 1,2)")
-    p.add_argument("--chunks", type=int, default=None,
-                   help="numInitialChunks of ycsb.usertable (default: the config server's, 2 per shard = 6)")
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=None,
+        help="numInitialChunks of ycsb.usertable (default: the config server's, 2 per shard = 6)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="runs of each (workload, system) per router count")
     p.add_argument("--warmup", type=int, default=1000, help="ycsb-c operations before measuring (default 1,000)")
     p.add_argument("--seed", type=int, default=1, help="the operation stream's seed (the same for both systems)")
-    p.add_argument("--raw-two-phase", action="store_true",
-                   help="the echo back waits for its update events' acks before replying, as the shard processor")
+    p.add_argument(
+        "--raw-two-phase",
+        action="store_true",
+        help="the echo back waits for its update events' acks before replying, as the shard processor",
+    )
     p.add_argument("--profile", action="store_true", help="cProfile the client (this process) in the shardlog runs")
-    p.add_argument("--profile-service", action="append", default=[], metavar="NAME",
-                   help="run a service under cProfile (router-r1, shard-s0, echo-front1, ...); repeatable")
+    p.add_argument(
+        "--profile-service",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run a service under cProfile (router-r1, shard-s0, echo-front1, ...); repeatable",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores, profiles)")
     args = p.parse_args()
     args.workloads = [w.strip().lower().removeprefix("ycsb-") for w in args.workloads.split(",")]
@@ -481,22 +595,42 @@ def main() -> None:
 
     figures: dict = {}
     print(f"summary ({time.monotonic() - t0:.0f}s wall):")
-    print(f"  {'':22s} {'shardlog ops/s':>14s} {'raw ops/s':>10s} {'ratio':>6s}   {'p50 ms':>15s} {'ratio':>6s}   "
-          f"{'p99 ms':>15s} {'ratio':>6s}")
+    print(
+        f"  {'':22s} {'shardlog ops/s':>14s} {'raw ops/s':>10s} {'ratio':>6s}   {'p50 ms':>15s} {'ratio':>6s}   "
+        f"{'p99 ms':>15s} {'ratio':>6s}"
+    )
     for routers in args.routers:
         for w in args.workloads:
-            o, r = pooled(bench.results, "shardlog", routers, f"ycsb-{w}"), pooled(bench.results, "raw", routers, f"ycsb-{w}")
+            o, r = (
+                pooled(bench.results, "shardlog", routers, f"ycsb-{w}"),
+                pooled(bench.results, "raw", routers, f"ycsb-{w}"),
+            )
             if not (o and r):
                 continue
-            ratios = {"ratio_ops_s": round(o["ops_s"] / r["ops_s"], 3), "ratio_p50": round(o["p50_ms"] / r["p50_ms"], 2),
-                      "ratio_p99": round(o["p99_ms"] / r["p99_ms"], 2)}
+            ratios = {
+                "ratio_ops_s": round(o["ops_s"] / r["ops_s"], 3),
+                "ratio_p50": round(o["p50_ms"] / r["p50_ms"], 2),
+                "ratio_p99": round(o["p99_ms"] / r["p99_ms"], 2),
+            }
             figures[f"ycsb-{w}_routers{routers}"] = {"shardlog": o, "raw": r, **ratios}
-            print(f"  ycsb-{w}, {routers} router{'s' if routers > 1 else ' '}     {o['ops_s']:14,.0f} {r['ops_s']:10,.0f} "
-                  f"{ratios['ratio_ops_s']:6.3f}   {o['p50_ms']:7.2f} / {r['p50_ms']:5.2f} {ratios['ratio_p50']:6.2f}   "
-                  f"{o['p99_ms']:7.2f} / {r['p99_ms']:5.2f} {ratios['ratio_p99']:6.2f}")
-    E.result_line("e2e", records=args.records, ops=args.ops, concurrency=args.concurrency, repeat=args.repeat,
-                  raw_two_phase=args.raw_two_phase, shards=len(SHARDS), chunks=getattr(bench, "chunks", None),
-                  load=getattr(bench, "load", None), **figures, runs=bench.results)
+            print(
+                f"  ycsb-{w}, {routers} router{'s' if routers > 1 else ' '}     {o['ops_s']:14,.0f} {r['ops_s']:10,.0f} "
+                f"{ratios['ratio_ops_s']:6.3f}   {o['p50_ms']:7.2f} / {r['p50_ms']:5.2f} {ratios['ratio_p50']:6.2f}   "
+                f"{o['p99_ms']:7.2f} / {r['p99_ms']:5.2f} {ratios['ratio_p99']:6.2f}"
+            )
+    E.result_line(
+        "e2e",
+        records=args.records,
+        ops=args.ops,
+        concurrency=args.concurrency,
+        repeat=args.repeat,
+        raw_two_phase=args.raw_two_phase,
+        shards=len(SHARDS),
+        chunks=getattr(bench, "chunks", None),
+        load=getattr(bench, "load", None),
+        **figures,
+        runs=bench.results,
+    )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ N orphans on s0 and s1).  Ends with one JSON line, as the other benchmarks.
 
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_migration.py [--docs 50000] [--moves 20] [--range-docs 1000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,16 @@ from pathlib import Path
 
 import _events as E
 from aiokafka import TopicPartition
-from bench_e2e import (Proc, broker_pid, cpu_seconds, delete_cluster_topics, machine_busy, print_profile, wait_group,
-                       wait_ready)
+from bench_e2e import (
+    Proc,
+    broker_pid,
+    cpu_seconds,
+    delete_cluster_topics,
+    machine_busy,
+    print_profile,
+    wait_group,
+    wait_ready,
+)
 from rocksdict import Options, Rdict, WriteBatch
 
 from libs import kafka
@@ -119,8 +128,12 @@ def pct(values: list[float], p: float) -> float | None:
 
 
 def lat_stats(values: list[float]) -> dict:
-    return {"n": len(values), "p50_ms": _r(pct(values, 50)), "p99_ms": _r(pct(values, 99)),
-            "max_ms": _r(max(values) if values else None)}
+    return {
+        "n": len(values),
+        "p50_ms": _r(pct(values, 50)),
+        "p99_ms": _r(pct(values, 99)),
+        "max_ms": _r(max(values) if values else None),
+    }
 
 
 def _r(x, nd: int = 1):
@@ -138,7 +151,7 @@ def make_doc(i: int, rng: random.Random) -> dict:
     """~1.1 KB: _id, k and 10 fields of 100 base64 characters."""
     raw = rng.randbytes(75 * FIELDS)
     text = base64.b64encode(raw).decode()
-    return {"_id": i, "k": i, **{f"f{j}": text[j * 100:(j + 1) * 100] for j in range(FIELDS)}}
+    return {"_id": i, "k": i, **{f"f{j}": text[j * 100 : (j + 1) * 100] for j in range(FIELDS)}}
 
 
 def key_filter(k: int, by: str) -> dict:
@@ -163,12 +176,13 @@ def unframe(buf: bytes):
     while at < len(mv):
         kl, vl = struct.unpack_from(">II", mv, at)
         at += 8
-        yield bytes(mv[at:at + kl]), bytes(mv[at + kl:at + kl + vl])
+        yield bytes(mv[at : at + kl]), bytes(mv[at + kl : at + kl + vl])
         at += kl + vl
 
 
-def raw_sink(bootstrap: str, topic: str, ack_topic: str | None, changelog: str | None, dest: str, n_docs: int,
-             q) -> None:
+def raw_sink(
+    bootstrap: str, topic: str, ack_topic: str | None, changelog: str | None, dest: str, n_docs: int, q
+) -> None:
     """Child process: consume the framed batches, write each into a fresh rocksdict with one
     WriteBatch; report (time, docs, bytes) when n_docs are written.  With an ack topic, each
     batch is acked; with a changelog too, each document is first produced to it as a record
@@ -219,12 +233,23 @@ def raw_sink(bootstrap: str, topic: str, ack_topic: str | None, changelog: str |
     asyncio.run(go())
 
 
-async def raw_path(bootstrap: str, src: Rdict, lo: bytes, hi: bytes, n_docs: int, topic: str,
-                   ack_topic: str | None, changelog: str | None, dest: Path) -> dict:
+async def raw_path(
+    bootstrap: str,
+    src: Rdict,
+    lo: bytes,
+    hi: bytes,
+    n_docs: int,
+    topic: str,
+    ack_topic: str | None,
+    changelog: str | None,
+    dest: Path,
+) -> dict:
     """Read [lo, hi) of `src`, produce it in ~2 MB framed records, the sink writes it into `dest`."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=raw_sink, args=(bootstrap, topic, ack_topic, changelog, str(dest), n_docs, q), daemon=True)
+    proc = ctx.Process(
+        target=raw_sink, args=(bootstrap, topic, ack_topic, changelog, str(dest), n_docs, q), daemon=True
+    )
     proc.start()
     loop = asyncio.get_running_loop()
 
@@ -286,9 +311,16 @@ async def raw_path(bootstrap: str, src: Rdict, lo: bytes, hi: bytes, n_docs: int
         if proc.is_alive():
             proc.kill()
     secs = t_end - t0
-    return {"docs": docs, "bytes": nbytes, "batches": batches, "seconds": round(secs, 3),
-            "docs_s": round(docs / secs, 1), "mb_s": round(nbytes / MB / secs, 2),
-            "source_seconds": round(t_read - t0, 3), "ms_per_batch": round(secs / batches * 1000, 1)}
+    return {
+        "docs": docs,
+        "bytes": nbytes,
+        "batches": batches,
+        "seconds": round(secs, 3),
+        "docs_s": round(docs / secs, 1),
+        "mb_s": round(nbytes / MB / secs, 2),
+        "source_seconds": round(t_read - t0, 3),
+        "ms_per_batch": round(secs / batches * 1000, 1),
+    }
 
 
 # -------------------------------------------------------------------- bench
@@ -301,8 +333,13 @@ class Bench:
         self.data, self.logs = tmp / "data", tmp / "logs"
         self.data.mkdir()
         self.logs.mkdir()
-        self.env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "SHARDLOG_CLUSTER": cluster,
-                    "SHARDLOG_DATA_DIR": str(self.data), "PYTHONPATH": str(ROOT)}
+        self.env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP": bootstrap,
+            "SHARDLOG_CLUSTER": cluster,
+            "SHARDLOG_DATA_DIR": str(self.data),
+            "PYTHONPATH": str(ROOT),
+        }
         self.procs: dict[str, Proc] = {}
         self.broker = broker_pid(bootstrap)
         self.n, self.r = args.docs, args.range_docs
@@ -331,11 +368,16 @@ class Bench:
 
     async def create_topics(self) -> None:
         t = self.t
-        await kafka.ensure_topics(self.bootstrap, [
-            *t.core(), *(sp for sh in SHARDS for sp in t.for_shard(sh)),
-            TopicSpec(f"{self.cluster}.raw.transfer", config=SHORT_LIVED),
-            TopicSpec(f"{self.cluster}.raw.acks", config=SHORT_LIVED),
-            TopicSpec(f"{self.cluster}.raw.changelog", config={"cleanup.policy": "compact", **LARGE_RECORDS})])
+        await kafka.ensure_topics(
+            self.bootstrap,
+            [
+                *t.core(),
+                *(sp for sh in SHARDS for sp in t.for_shard(sh)),
+                TopicSpec(f"{self.cluster}.raw.transfer", config=SHORT_LIVED),
+                TopicSpec(f"{self.cluster}.raw.acks", config=SHORT_LIVED),
+                TopicSpec(f"{self.cluster}.raw.changelog", config={"cleanup.policy": "compact", **LARGE_RECORDS}),
+            ],
+        )
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -350,9 +392,12 @@ class Bench:
         router = self.service("router-r1", "services.router", "--instance", "r1")
         await wait_ready([*shards, router], lambda p: "active" if p.name.startswith("shard") else None)
         await wait_group(self.bootstrap, f"{self.cluster}.router", 1)
-        print(f"  config, {len(SHARDS)} shards, router r1 up in {time.monotonic() - t0:.1f}s; {NS} sharded on "
-              f"{{k: 1}}, chunks [MinKey, 0) [0, {self.n:,}) [{self.n:,}, {self.n + self.r:,}) "
-              f"[{self.n + self.r:,}, MaxKey) on s0", flush=True)
+        print(
+            f"  config, {len(SHARDS)} shards, router r1 up in {time.monotonic() - t0:.1f}s; {NS} sharded on "
+            f"{{k: 1}}, chunks [MinKey, 0) [0, {self.n:,}) [{self.n:,}, {self.n + self.r:,}) "
+            f"[{self.n + self.r:,}, MaxKey) on s0",
+            flush=True,
+        )
 
     async def load(self, coll) -> None:
         """Insert [0, N + r) with insert_many; the same JSON values also go into the raw source store."""
@@ -380,11 +425,19 @@ class Bench:
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(a.load_concurrency)))
         secs = time.monotonic() - t0
-        self.figures["load"] = {"docs": total, "seconds": round(secs, 2), "docs_s": round(total / secs, 1),
-                                "batch": a.batch, "batch_latency": lat_stats(lats)}
-        print(f"  load: {total:,} documents ({self.doc_bytes / self.n:,.0f} bytes each on average) in {secs:.1f}s = "
-              f"{total / secs:,.0f} docs/s (insert_many of {a.batch}, {a.load_concurrency} in flight: "
-              f"p50 {pct(lats, 50):.0f} ms, p99 {pct(lats, 99):.0f} ms)", flush=True)
+        self.figures["load"] = {
+            "docs": total,
+            "seconds": round(secs, 2),
+            "docs_s": round(total / secs, 1),
+            "batch": a.batch,
+            "batch_latency": lat_stats(lats),
+        }
+        print(
+            f"  load: {total:,} documents ({self.doc_bytes / self.n:,.0f} bytes each on average) in {secs:.1f}s = "
+            f"{total / secs:,.0f} docs/s (insert_many of {a.batch}, {a.load_concurrency} in flight: "
+            f"p50 {pct(lats, 50):.0f} ms, p99 {pct(lats, 99):.0f} ms)",
+            flush=True,
+        )
 
     # ------------------------------------------------------------ migrations
 
@@ -418,16 +471,28 @@ class Bench:
             if progress.get("phase") == "done":
                 break
             await asyncio.sleep(0.1)
-        m = {"label": label, "id": mid, "donor": donor, "recipient": to, "outcome": outcome,
-             "seconds": round(secs, 3), "t0": t0_unix, "t_end": t0_unix + secs, "progress": progress, "cpu": cpu,
-             "list_migrations_ms": round(lm_ms, 1),
-             "orphans_left": sum(t.get("left", 0) for t in lm.get("rangeDeletions", []))}
+        m = {
+            "label": label,
+            "id": mid,
+            "donor": donor,
+            "recipient": to,
+            "outcome": outcome,
+            "seconds": round(secs, 3),
+            "t0": t0_unix,
+            "t_end": t0_unix + secs,
+            "progress": progress,
+            "cpu": cpu,
+            "list_migrations_ms": round(lm_ms, 1),
+            "orphans_left": sum(t.get("left", 0) for t in lm.get("rangeDeletions", [])),
+        }
         if outcome != "committed" or progress.get("phase") != "done" or not forgotten:
             rec = await self.shard_request(to, s.ListMigrations())
-            msg = (f"{label}: migration {mid} {donor} -> {to}: outcome {outcome!r}, donor progress {progress}, "
-                   f"forgotten by the donor: {forgotten}\n"
-                   f"    donor ListMigrations: {json.dumps(lm)[:3000]}\n"
-                   f"    recipient ListMigrations: {json.dumps(rec)[:3000]}")
+            msg = (
+                f"{label}: migration {mid} {donor} -> {to}: outcome {outcome!r}, donor progress {progress}, "
+                f"forgotten by the donor: {forgotten}\n"
+                f"    donor ListMigrations: {json.dumps(lm)[:3000]}\n"
+                f"    recipient ListMigrations: {json.dumps(rec)[:3000]}"
+            )
             print("  PROBLEM " + msg, flush=True)
             self.problems.append(msg)
         return m
@@ -498,8 +563,14 @@ class Bench:
             if kind:  # the request's type, and for TransferBatch its phase, for EnterCriticalSection reads
                 detail = REQUEST_DETAIL.search(head)
                 corr = dict(rec.headers or []).get(CORRELATION_ID, b"")
-                sent.append((rec.timestamp - m["t0"] * 1000, kind[1].decode(),
-                             (detail[1] or detail[2]).decode() if detail else None, corr))
+                sent.append(
+                    (
+                        rec.timestamp - m["t0"] * 1000,
+                        kind[1].decode(),
+                        (detail[1] or detail[2]).decode() if detail else None,
+                        corr,
+                    )
+                )
 
         def on_reply(rec):
             corr = dict(rec.headers or []).get(CORRELATION_ID)
@@ -530,9 +601,12 @@ class Bench:
             "committed_seen": m["seconds"] * 1000,
             "forgotten": first("ForgetMigration"),
         }
-        return {"points_ms": {k: _r(v) for k, v in points.items()}, "clone_batches": len(clone),
-                "mods_batches_before_critical": sum(1 for t, _ in mods if critical is None or t < critical),
-                "mods_batches": len(mods)}
+        return {
+            "points_ms": {k: _r(v) for k, v in points.items()},
+            "clone_batches": len(clone),
+            "mods_batches_before_critical": sum(1 for t, _ in mods if critical is None or t < critical),
+            "mods_batches": len(mods),
+        }
 
     @staticmethod
     def phases(tl: dict) -> dict:
@@ -542,53 +616,87 @@ class Bench:
         def d(a, b):
             return _r(p[b] - p[a]) if p.get(a) is not None and p.get(b) is not None else None
 
-        return {"start": _r(p["donation"]), "receipt": d("donation", "receipt"), "clone": d("receipt", "clone_end"),
-                "catch_up": d("clone_end", "critical"), "critical": d("critical", "committing"),
-                "commit": d("committing", "decided")}
+        return {
+            "start": _r(p["donation"]),
+            "receipt": d("donation", "receipt"),
+            "clone": d("receipt", "clone_end"),
+            "catch_up": d("clone_end", "critical"),
+            "critical": d("critical", "committing"),
+            "commit": d("committing", "decided"),
+        }
 
     def describe(self, m: dict, tl: dict | None = None) -> dict:
         pr = m["progress"]
         docs, nbytes, secs = pr.get("cloned", 0), pr.get("bytes", 0), m["seconds"]
-        out = {"outcome": m["outcome"], "docs": docs, "bytes": nbytes, "mods": pr.get("mods"), "seconds": secs,
-               "docs_s": round(docs / secs, 1), "mb_s": round(nbytes / MB / secs, 2),
-               "critical_ms": pr.get("criticalMs"), "donor_seconds": pr.get("seconds"),
-               "list_migrations_ms": m.get("list_migrations_ms"), "donor_orphans": m.get("orphans_left")}
+        out = {
+            "outcome": m["outcome"],
+            "docs": docs,
+            "bytes": nbytes,
+            "mods": pr.get("mods"),
+            "seconds": secs,
+            "docs_s": round(docs / secs, 1),
+            "mb_s": round(nbytes / MB / secs, 2),
+            "critical_ms": pr.get("criticalMs"),
+            "donor_seconds": pr.get("seconds"),
+            "list_migrations_ms": m.get("list_migrations_ms"),
+            "donor_orphans": m.get("orphans_left"),
+        }
         if tl:
             ph = self.phases(tl)
             clone_ms = ph["clone"]
-            out.update(timeline_ms=tl["points_ms"], phases_ms=ph, clone_batches=tl["clone_batches"],
-                       mods_batches=tl["mods_batches"], mods_batches_before_critical=tl["mods_batches_before_critical"],
-                       clone_docs_s=round(docs / clone_ms * 1000, 1) if clone_ms else None,
-                       clone_mb_s=round(nbytes / MB / clone_ms * 1000, 2) if clone_ms else None,
-                       clone_ms_per_batch=round(clone_ms / tl["clone_batches"], 1) if clone_ms and tl["clone_batches"]
-                       else None)
+            out.update(
+                timeline_ms=tl["points_ms"],
+                phases_ms=ph,
+                clone_batches=tl["clone_batches"],
+                mods_batches=tl["mods_batches"],
+                mods_batches_before_critical=tl["mods_batches_before_critical"],
+                clone_docs_s=round(docs / clone_ms * 1000, 1) if clone_ms else None,
+                clone_mb_s=round(nbytes / MB / clone_ms * 1000, 2) if clone_ms else None,
+                clone_ms_per_batch=round(clone_ms / tl["clone_batches"], 1)
+                if clone_ms and tl["clone_batches"]
+                else None,
+            )
         return out
 
     def print_migration(self, title: str, f: dict) -> None:
-        print(f"  {title}: {f['outcome']}, {f['docs']:,} documents ({f['bytes'] / MB:.1f} MB) in {f['seconds']:.2f}s = "
-              f"{f['docs_s']:,.0f} docs/s, {f['mb_s']:.2f} MB/s; mods {f['mods']}; critical section "
-              f"{f['critical_ms']} ms", flush=True)
+        print(
+            f"  {title}: {f['outcome']}, {f['docs']:,} documents ({f['bytes'] / MB:.1f} MB) in {f['seconds']:.2f}s = "
+            f"{f['docs_s']:,.0f} docs/s, {f['mb_s']:.2f} MB/s; mods {f['mods']}; critical section "
+            f"{f['critical_ms']} ms",
+            flush=True,
+        )
         if "phases_ms" in f:
             total = f["seconds"] * 1000
             for name, ms in f["phases_ms"].items():
                 if ms is not None:
                     print(f"      {PHASES[name]:40s} {ms:9.1f} ms  {ms / total * 100:5.1f} %")
             tl = f["timeline_ms"]
-            print(f"      (RecordDecision answered at {tl['decided']} ms; the bench saw \"committed\" at "
-                  f"{tl['committed_seen']} ms; ForgetMigration answered at {tl['forgotten']} ms)")
+            print(
+                f'      (RecordDecision answered at {tl["decided"]} ms; the bench saw "committed" at '
+                f"{tl['committed_seen']} ms; ForgetMigration answered at {tl['forgotten']} ms)"
+            )
             if f.get("clone_docs_s"):
-                print(f"      ListMigrations on the donor afterwards ({f['donor_orphans']:,} orphans in its range-deletion "
-                      f"tasks): answered in {f['list_migrations_ms']:.0f} ms")
-                print(f"      clone phase alone: {f['clone_docs_s']:,.0f} docs/s, {f['clone_mb_s']:.2f} MB/s "
-                      f"({f['clone_batches']} TransferBatch(clone) requests, {f['clone_ms_per_batch']} ms each; "
-                      f"{f['mods_batches']} TransferBatch(mods), {f['mods_batches_before_critical']} of them before the "
-                      f"critical section)")
+                print(
+                    f"      ListMigrations on the donor afterwards ({f['donor_orphans']:,} orphans in its range-deletion "
+                    f"tasks): answered in {f['list_migrations_ms']:.0f} ms"
+                )
+                print(
+                    f"      clone phase alone: {f['clone_docs_s']:,.0f} docs/s, {f['clone_mb_s']:.2f} MB/s "
+                    f"({f['clone_batches']} TransferBatch(clone) requests, {f['clone_ms_per_batch']} ms each; "
+                    f"{f['mods_batches']} TransferBatch(mods), {f['mods_batches_before_critical']} of them before the "
+                    f"critical section)"
+                )
 
     # ---------------------------------------------------------------- CPU
 
     def cpu_mark(self) -> dict:
-        return {"procs": {n: p.cpu_seconds() for n, p in self.procs.items()}, "client": time.process_time(),
-                "broker": cpu_seconds(self.broker), "machine": machine_busy(), "wall": time.monotonic()}
+        return {
+            "procs": {n: p.cpu_seconds() for n, p in self.procs.items()},
+            "client": time.process_time(),
+            "broker": cpu_seconds(self.broker),
+            "machine": machine_busy(),
+            "wall": time.monotonic(),
+        }
 
     def cpu_since(self, mark: dict) -> dict:
         now = self.cpu_mark()
@@ -620,8 +728,11 @@ class Bench:
 
     async def part_loaded(self, coll) -> None:
         a = self.args
-        print(f"2. under YCSB-A load ({a.concurrency} client tasks, 50 % find_one / 50 % update_one by k over the "
-              f"moving range): [0, {self.n:,}) s1 -> s2", flush=True)
+        print(
+            f"2. under YCSB-A load ({a.concurrency} client tasks, 50 % find_one / 50 % update_one by k over the "
+            f"moving range): [0, {self.n:,}) s1 -> s2",
+            flush=True,
+        )
         ops: list[tuple[float, float, str]] = []  # (start unix, latency ms, kind)
         errors: dict[str, int] = {}
         stop = asyncio.Event()
@@ -666,26 +777,46 @@ class Bench:
             c0, c1 = pr["criticalSince"], pr["criticalSince"] + pr["criticalMs"] / 1000
             over = [lat for t, lat, kind in ops if kind == "update" and t < c1 and t + lat / 1000 > c0]
             f["updates_overlapping_critical"] = lat_stats(over)
-        f.update(client_before=before, client_during=during, client_errors=errors, cpu_pct=cpu,
-                 concurrency=a.concurrency, filter=a.filter,
-                 ops_over_1s=[{"start_ms": _r((t - m["t0"]) * 1000), "latency_ms": _r(lat), "kind": kind}
-                              for t, lat, kind in slow[:10]], ops_over_1s_count=len(slow))
+        f.update(
+            client_before=before,
+            client_during=during,
+            client_errors=errors,
+            cpu_pct=cpu,
+            concurrency=a.concurrency,
+            filter=a.filter,
+            ops_over_1s=[
+                {"start_ms": _r((t - m["t0"]) * 1000), "latency_ms": _r(lat), "kind": kind}
+                for t, lat, kind in slow[:10]
+            ],
+            ops_over_1s_count=len(slow),
+        )
         self.figures["loaded"] = f
         self.print_migration("loaded", f)
-        print(f"      client: before the move {before['ops_s']:,.0f} ops/s (p50 {before['p50_ms']} ms, p99 "
-              f"{before['p99_ms']} ms); during it {during['ops_s']:,.0f} ops/s (p50 {during['p50_ms']} ms, p99 "
-              f"{during['p99_ms']} ms, max {during['max_ms']} ms); errors {errors or 'none'}")
+        print(
+            f"      client: before the move {before['ops_s']:,.0f} ops/s (p50 {before['p50_ms']} ms, p99 "
+            f"{before['p99_ms']} ms); during it {during['ops_s']:,.0f} ops/s (p50 {during['p50_ms']} ms, p99 "
+            f"{during['p99_ms']} ms, max {during['max_ms']} ms); errors {errors or 'none'}"
+        )
         if "updates_overlapping_critical" in f:
             o = f["updates_overlapping_critical"]
-            print(f"      updates overlapping the critical section: {o['n']}, p50 {o['p50_ms']} ms, max {o['max_ms']} ms")
+            print(
+                f"      updates overlapping the critical section: {o['n']}, p50 {o['p50_ms']} ms, max {o['max_ms']} ms"
+            )
         if slow:
-            print(f"      {len(slow)} operations took over 1 s; the slowest (start after MoveRange, latency): "
-                  + ", ".join(f"{o['kind']} +{o['start_ms']:.0f} ms: {o['latency_ms']:.0f} ms" for o in f["ops_over_1s"][:5]))
+            print(
+                f"      {len(slow)} operations took over 1 s; the slowest (start after MoveRange, latency): "
+                + ", ".join(
+                    f"{o['kind']} +{o['start_ms']:.0f} ms: {o['latency_ms']:.0f} ms" for o in f["ops_over_1s"][:5]
+                )
+            )
         self.print_cpu(cpu)
 
     async def part_raw(self) -> None:
-        print(f"3. raw data path for the same {self.n:,} documents: rocksdict -> Kafka (~2 MB records) -> "
-              f"rocksdict (sink in a child process)", flush=True)
+        print(
+            f"3. raw data path for the same {self.n:,} documents: rocksdict -> Kafka (~2 MB records) -> "
+            f"rocksdict (sink in a child process)",
+            flush=True,
+        )
         base = doc_key(NS, b"", b"")
         lo, hi = base + encode_value(0), base + encode_value(self.n)
         out = {}
@@ -694,19 +825,34 @@ class Bench:
         if self.args.raw_changelog:
             modes.append(("one_in_flight+changelog", acks, changelog))
         for mode, ack, chl in modes:
-            r = await raw_path(self.bootstrap, self.src, lo, hi, self.n, f"{self.cluster}.raw.transfer", ack, chl,
-                               self.tmp / f"raw-dest-{mode}")
+            r = await raw_path(
+                self.bootstrap,
+                self.src,
+                lo,
+                hi,
+                self.n,
+                f"{self.cluster}.raw.transfer",
+                ack,
+                chl,
+                self.tmp / f"raw-dest-{mode}",
+            )
             out[mode] = r
-            print(f"  raw ({mode}): {r['docs']:,} documents ({r['bytes'] / MB:.1f} MB, {r['batches']} records) in "
-                  f"{r['seconds']:.2f}s = {r['docs_s']:,.0f} docs/s, {r['mb_s']:.2f} MB/s, {r['ms_per_batch']} ms per "
-                  f"record (source done reading + producing after {r['source_seconds']:.2f}s)", flush=True)
+            print(
+                f"  raw ({mode}): {r['docs']:,} documents ({r['bytes'] / MB:.1f} MB, {r['batches']} records) in "
+                f"{r['seconds']:.2f}s = {r['docs_s']:,.0f} docs/s, {r['mb_s']:.2f} MB/s, {r['ms_per_batch']} ms per "
+                f"record (source done reading + producing after {r['source_seconds']:.2f}s)",
+                flush=True,
+            )
         self.figures["raw"] = out
 
     async def part_critical(self, coll) -> None:
         a = self.args
         lo, hi = self.n, self.n + self.r
-        print(f"4. critical section: [{lo:,}, {hi:,}) ({self.r:,} documents) moved s0 <-> s1 {a.moves} times under "
-              f"{a.writers} update_one loops on that range", flush=True)
+        print(
+            f"4. critical section: [{lo:,}, {hi:,}) ({self.r:,} documents) moved s0 <-> s1 {a.moves} times under "
+            f"{a.writers} update_one loops on that range",
+            flush=True,
+        )
         writes: list[tuple[float, float]] = []  # (start unix, latency ms)
         errors: dict[str, int] = {}
         stop = asyncio.Event()
@@ -740,66 +886,100 @@ class Bench:
                     deleted, dsecs = await self.delete_orphans(here, m["id"])
                     deletions.append(dsecs * 1000)
                     here = to
-                print(f"    move {i + 1:2d} {m['donor']} -> {to}: {m['outcome']} in {m['seconds'] * 1000:6.0f} ms, "
-                      f"critical section {f['critical_ms']} ms, mods {f['mods']}"
-                      + (f"; orphans deleted in {deletions[-1]:.0f} ms" if m["outcome"] == "committed" else ""),
-                      flush=True)
+                print(
+                    f"    move {i + 1:2d} {m['donor']} -> {to}: {m['outcome']} in {m['seconds'] * 1000:6.0f} ms, "
+                    f"critical section {f['critical_ms']} ms, mods {f['mods']}"
+                    + (f"; orphans deleted in {deletions[-1]:.0f} ms" if m["outcome"] == "committed" else ""),
+                    flush=True,
+                )
                 await asyncio.sleep(a.pause)
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
         t_stop = time.time()
-        windows = [(f["critical_since"], f["critical_since"] + f["critical_ms"] / 1000) for f in moves
-                   if f.get("critical_since") and f.get("critical_ms") is not None]
+        windows = [
+            (f["critical_since"], f["critical_since"] + f["critical_ms"] / 1000)
+            for f in moves
+            if f.get("critical_since") and f.get("critical_ms") is not None
+        ]
         over, other, slow = [], [], []
         for t, lat in writes:
             (over if any(t < w1 and t + lat / 1000 > w0 for w0, w1 in windows) else other).append(lat)
             if lat > 1000:  # where it started, relative to the closest critical section
                 w0, w1 = min(windows, key=lambda w: abs(t - w[0]), default=(t, t))
-                slow.append({"latency_ms": _r(lat), "start_vs_critical_ms": _r((t - w0) * 1000),
-                             "critical_ms": _r((w1 - w0) * 1000)})
+                slow.append(
+                    {
+                        "latency_ms": _r(lat),
+                        "start_vs_critical_ms": _r((t - w0) * 1000),
+                        "critical_ms": _r((w1 - w0) * 1000),
+                    }
+                )
         slow.sort(key=lambda x: -x["latency_ms"])
         crit = [f["critical_ms"] for f in moves if f.get("critical_ms") is not None]
         secs = [f["seconds"] * 1000 for f in moves]
         phase_names = list(moves[0]["phases_ms"]) if moves else []
-        phase_p50 = {k: _r(pct([f["phases_ms"][k] for f in moves if f["phases_ms"][k] is not None], 50))
-                     for k in phase_names}
-        fig = {"moves": len(moves), "committed": sum(f["outcome"] == "committed" for f in moves),
-               "range_docs": self.r, "writers": a.writers,
-               "critical_ms": {"p50": _r(pct(crit, 50)), "p99": _r(pct(crit, 99)), "max": _r(max(crit, default=None))},
-               "migration_ms": {"p50": _r(pct(secs, 50)), "p99": _r(pct(secs, 99))},
-               "phases_p50_ms": phase_p50,
-               "orphan_delete_ms_p50": _r(pct(deletions, 50)),
-               "writes_overlapping": lat_stats(over), "writes_other": lat_stats(other),
-               "writes_s": round(len(writes) / (t_stop - t_start), 1), "write_errors": errors, "filter": a.filter,
-               "writes_over_1s_count": len(slow), "writes_over_1s": slow[:10],
-               "per_move": [{k: f[k] for k in ("outcome", "seconds", "critical_ms", "mods", "docs")} for f in moves]}
+        phase_p50 = {
+            k: _r(pct([f["phases_ms"][k] for f in moves if f["phases_ms"][k] is not None], 50)) for k in phase_names
+        }
+        fig = {
+            "moves": len(moves),
+            "committed": sum(f["outcome"] == "committed" for f in moves),
+            "range_docs": self.r,
+            "writers": a.writers,
+            "critical_ms": {"p50": _r(pct(crit, 50)), "p99": _r(pct(crit, 99)), "max": _r(max(crit, default=None))},
+            "migration_ms": {"p50": _r(pct(secs, 50)), "p99": _r(pct(secs, 99))},
+            "phases_p50_ms": phase_p50,
+            "orphan_delete_ms_p50": _r(pct(deletions, 50)),
+            "writes_overlapping": lat_stats(over),
+            "writes_other": lat_stats(other),
+            "writes_s": round(len(writes) / (t_stop - t_start), 1),
+            "write_errors": errors,
+            "filter": a.filter,
+            "writes_over_1s_count": len(slow),
+            "writes_over_1s": slow[:10],
+            "per_move": [{k: f[k] for k in ("outcome", "seconds", "critical_ms", "mods", "docs")} for f in moves],
+        }
         o, n = fig["writes_overlapping"], fig["writes_other"]
         if o["n"] and n["n"]:
             fig["added_ms"] = {"p50": _r(o["p50_ms"] - n["p50_ms"]), "p99": _r(o["p99_ms"] - n["p99_ms"])}
         self.figures["critical"] = fig
-        print(f"  critical section over {len(crit)} moves: p50 {fig['critical_ms']['p50']} ms, p99 "
-              f"{fig['critical_ms']['p99']} ms, max {fig['critical_ms']['max']} ms; whole move p50 "
-              f"{fig['migration_ms']['p50']} ms")
+        print(
+            f"  critical section over {len(crit)} moves: p50 {fig['critical_ms']['p50']} ms, p99 "
+            f"{fig['critical_ms']['p99']} ms, max {fig['critical_ms']['max']} ms; whole move p50 "
+            f"{fig['migration_ms']['p50']} ms"
+        )
         print("  phases, p50 over the moves (ms): " + ", ".join(f"{k} {v}" for k, v in phase_p50.items()))
-        print(f"  writes ({fig['writes_s']:,.0f}/s, errors {errors or 'none'}):  {'n':>6s} {'p50 ms':>8s} "
-              f"{'p99 ms':>8s} {'max ms':>8s}")
+        print(
+            f"  writes ({fig['writes_s']:,.0f}/s, errors {errors or 'none'}):  {'n':>6s} {'p50 ms':>8s} "
+            f"{'p99 ms':>8s} {'max ms':>8s}"
+        )
         for name, st in (("overlapping a critical section", o), ("all other writes", n)):
             print(f"    {name:33s} {st['n']:6d} {fmt_ms(st['p50_ms'])}  {fmt_ms(st['p99_ms'])}  {fmt_ms(st['max_ms'])}")
         if slow:
-            print(f"    {len(slow)} writes took over 1 s; the slowest (start relative to the closest critical section "
-                  f"start, its length): " + ", ".join(f"{w['latency_ms']:.0f} ms (at {w['start_vs_critical_ms']:+.0f} ms, "
-                                                      f"{w['critical_ms']:.0f} ms)" for w in slow[:5]))
+            print(
+                f"    {len(slow)} writes took over 1 s; the slowest (start relative to the closest critical section "
+                f"start, its length): "
+                + ", ".join(
+                    f"{w['latency_ms']:.0f} ms (at {w['start_vs_critical_ms']:+.0f} ms, {w['critical_ms']:.0f} ms)"
+                    for w in slow[:5]
+                )
+            )
         if "added_ms" in fig:
-            print(f"    added by the critical section: p50 +{fig['added_ms']['p50']} ms, p99 +{fig['added_ms']['p99']} ms "
-                  f"(aim: writes blocked well under 200 ms at p99)", flush=True)
+            print(
+                f"    added by the critical section: p50 +{fig['added_ms']['p50']} ms, p99 +{fig['added_ms']['p99']} ms "
+                f"(aim: writes blocked well under 200 ms at p99)",
+                flush=True,
+            )
 
     # ------------------------------------------------------------------ run
 
     async def run(self) -> None:
         a = self.args
-        print(f"migration benchmark: cluster {self.cluster}; big range {self.n:,} documents, small range {self.r:,} "
-              f"documents moved {a.moves} times; YCSB-A concurrency {a.concurrency}, {a.writers} writers", flush=True)
+        print(
+            f"migration benchmark: cluster {self.cluster}; big range {self.n:,} documents, small range {self.r:,} "
+            f"documents moved {a.moves} times; YCSB-A concurrency {a.concurrency}, {a.writers} writers",
+            flush=True,
+        )
         await self.create_topics()
         async with Requester(self.bootstrap, self.t.cli_replies, client_id="bench-migration") as self.req:
             await self.start()
@@ -830,21 +1010,27 @@ def summary(b: Bench, wall: float) -> None:
         if not m:
             continue
         m["ratio_to_raw"] = {mode: round(m["docs_s"] / r["docs_s"], 3) for mode, r in raws.items()}
-        print(f"  {name:34s} {m['docs_s']:9,.0f} {m['mb_s']:7.2f} {m['critical_ms']!s:>12s}   "
-              + " / ".join(f"{v:.3f}" for v in m["ratio_to_raw"].values()))
+        print(
+            f"  {name:34s} {m['docs_s']:9,.0f} {m['mb_s']:7.2f} {m['critical_ms']!s:>12s}   "
+            + " / ".join(f"{v:.3f}" for v in m["ratio_to_raw"].values())
+        )
     for mode, r in raws.items():
         print(f"  {'3. raw, ' + mode:34s} {r['docs_s']:9,.0f} {r['mb_s']:7.2f}")
     if "loaded" in f:
         lo = f["loaded"]
-        print(f"  client ops/s during the loaded move: {lo['client_during']['ops_s']:,.0f} (before it: "
-              f"{lo['client_before']['ops_s']:,.0f}); p99 {lo['client_during']['p99_ms']} ms "
-              f"(before: {lo['client_before']['p99_ms']} ms)")
+        print(
+            f"  client ops/s during the loaded move: {lo['client_during']['ops_s']:,.0f} (before it: "
+            f"{lo['client_before']['ops_s']:,.0f}); p99 {lo['client_during']['p99_ms']} ms "
+            f"(before: {lo['client_before']['p99_ms']} ms)"
+        )
     if "critical" in f:
         c = f["critical"]
-        print(f"  4. critical section ({c['moves']} moves of {c['range_docs']:,} docs): p50 {c['critical_ms']['p50']} ms, "
-              f"p99 {c['critical_ms']['p99']} ms; writes overlapping it p50/p99 {c['writes_overlapping']['p50_ms']} / "
-              f"{c['writes_overlapping']['p99_ms']} ms vs others {c['writes_other']['p50_ms']} / "
-              f"{c['writes_other']['p99_ms']} ms")
+        print(
+            f"  4. critical section ({c['moves']} moves of {c['range_docs']:,} docs): p50 {c['critical_ms']['p50']} ms, "
+            f"p99 {c['critical_ms']['p99']} ms; writes overlapping it p50/p99 {c['writes_overlapping']['p50_ms']} / "
+            f"{c['writes_overlapping']['p99_ms']} ms vs others {c['writes_other']['p50_ms']} / "
+            f"{c['writes_other']['p99_ms']} ms"
+        )
     if b.problems:
         print(f"  PROBLEMS ({len(b.problems)}):")
         for p in b.problems:
@@ -853,30 +1039,61 @@ def summary(b: Bench, wall: float) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--docs", type=int, default=50_000,
-                   help="documents in the big range (default 50,000: 100,000 takes ~5 min here, mostly the loaded move)")
-    p.add_argument("--range-docs", type=int, default=1000, help="documents in the small range of part 4 (default 1,000)")
+    p.add_argument(
+        "--docs",
+        type=int,
+        default=50_000,
+        help="documents in the big range (default 50,000: 100,000 takes ~5 min here, mostly the loaded move)",
+    )
+    p.add_argument(
+        "--range-docs", type=int, default=1000, help="documents in the small range of part 4 (default 1,000)"
+    )
     p.add_argument("--moves", type=int, default=20, help="moves of the small range (default 20; 0 skips part 4)")
     p.add_argument("--writers", type=int, default=4, help="update_one loops on the small range (default 4)")
     p.add_argument("--concurrency", type=int, default=16, help="YCSB-A client tasks in part 2 (default 16)")
-    p.add_argument("--load-before", type=float, default=5.0, help="seconds of YCSB-A measured before the move (default 5)")
-    p.add_argument("--pause", type=float, default=0.5, help="seconds between two moves of the small range (default 0.5)")
+    p.add_argument(
+        "--load-before", type=float, default=5.0, help="seconds of YCSB-A measured before the move (default 5)"
+    )
+    p.add_argument(
+        "--pause", type=float, default=0.5, help="seconds between two moves of the small range (default 0.5)"
+    )
     p.add_argument("--batch", type=int, default=500, help="insert_many batch size while loading (default 500)")
     p.add_argument("--load-concurrency", type=int, default=8, help="insert_many batches in flight (default 8)")
     p.add_argument("--delete-batch", type=int, default=5000, help="DeleteRangeBatch limit (default 5,000)")
-    p.add_argument("--filter", choices=("id", "key"), default="id",
-                   help="load tasks address a document by {_id: k, k: k} (default) or by {k: k} alone")
-    p.add_argument("--raw-changelog", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run raw (c): one batch in flight + every document produced to a changelog topic in "
-                        "a transaction per batch, as the recipient shard does (default on)")
-    p.add_argument("--attempt-timeout", type=float, default=10.0,
-                   help="the client's per-attempt timeout before it resends (AsyncCluster's default 10 s)")
+    p.add_argument(
+        "--filter",
+        choices=("id", "key"),
+        default="id",
+        help="load tasks address a document by {_id: k, k: k} (default) or by {k: k} alone",
+    )
+    p.add_argument(
+        "--raw-changelog",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run raw (c): one batch in flight + every document produced to a changelog topic in "
+        "a transaction per batch, as the recipient shard does (default on)",
+    )
+    p.add_argument(
+        "--attempt-timeout",
+        type=float,
+        default=10.0,
+        help="the client's per-attempt timeout before it resends (AsyncCluster's default 10 s)",
+    )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--profile-service", action="append", default=[], metavar="NAME",
-                   help="run a service under cProfile (shard-s0, shard-s1, router-r1, config); repeatable")
+    p.add_argument(
+        "--profile-service",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run a service under cProfile (shard-s0, shard-s1, router-r1, config); repeatable",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (service logs, stores)")
-    p.add_argument("--parts", default="1,2,3,4", help="which parts to run (default 1,2,3,4; they run in the order "
-                                                      "4, 3, 1, 2; part 2 moves the range part 1 moved, from s1)")
+    p.add_argument(
+        "--parts",
+        default="1,2,3,4",
+        help="which parts to run (default 1,2,3,4; they run in the order "
+        "4, 3, 1, 2; part 2 moves the range part 1 moved, from s1)",
+    )
     args = p.parse_args()
     args.parts = {int(x) for x in args.parts.split(",")}
     bootstrap, cluster = E.bootstrap(), E.cluster_name()
@@ -899,8 +1116,17 @@ def main() -> None:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     summary(bench, time.monotonic() - t0)
-    E.result_line("migration", docs=args.docs, range_docs=args.range_docs, moves=args.moves, writers=args.writers,
-                  concurrency=args.concurrency, shards=len(SHARDS), problems=bench.problems, **bench.figures)
+    E.result_line(
+        "migration",
+        docs=args.docs,
+        range_docs=args.range_docs,
+        moves=args.moves,
+        writers=args.writers,
+        concurrency=args.concurrency,
+        shards=len(SHARDS),
+        problems=bench.problems,
+        **bench.figures,
+    )
 
 
 if __name__ == "__main__":

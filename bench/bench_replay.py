@@ -13,6 +13,7 @@ measured in a second, instrumented pass over the same log.
 
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_replay.py [--n 1000000]
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,8 +62,13 @@ async def project(bootstrap: str, topic: str, path: Path, profile: bool) -> dict
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
         print(out.getvalue())
-    return {"seconds": seconds, "position": position, "skipped": proj.skipped, "batches": batches,
-            "chunks": sum(len(c.chunks) for c in catalog.collections.values())}
+    return {
+        "seconds": seconds,
+        "position": position,
+        "skipped": proj.skipped,
+        "batches": batches,
+        "chunks": sum(len(c.chunks) for c in catalog.collections.values()),
+    }
 
 
 class TimedCodec:
@@ -131,9 +137,15 @@ async def instrumented_pass(bootstrap: str, topic: str, path: Path) -> dict:
     total = time.perf_counter() - t0 - t_capture
     await proj.stop()
     store.close()
-    return {"total": total, "decode": codec.seconds, "apply": catalog.seconds,
-            "fetch": total - codec.seconds - catalog.seconds, "position": proj.position,
-            "captured": captured, "streamed": streamed}
+    return {
+        "total": total,
+        "decode": codec.seconds,
+        "apply": catalog.seconds,
+        "fetch": total - codec.seconds - catalog.seconds,
+        "position": proj.position,
+        "captured": captured,
+        "streamed": streamed,
+    }
 
 
 def raw_ingest(path: Path, captured) -> dict:
@@ -177,8 +189,10 @@ def main() -> None:
     topic = f"{cluster}.config.events"
     tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-replay-"))
     E.check_encoding()
-    print(f"replay benchmark: {args.n:_} events ({args.collections} collections of {args.chunks} chunks), "
-          f"topic {topic}, stores under {tmp}")
+    print(
+        f"replay benchmark: {args.n:_} events ({args.collections} collections of {args.chunks} chunks), "
+        f"topic {topic}, stores under {tmp}"
+    )
     try:
         asyncio.run(E.create_events_topic(bootstrap, topic))
         events = E.catalog_events(args.n, collections=args.collections, chunks=args.chunks)
@@ -189,8 +203,10 @@ def main() -> None:
         if proj["skipped"]:
             raise SystemExit(f"projection skipped {proj['skipped']} undecodable events")
         proj_rate = E.rate(n, proj["seconds"])
-        print(f"(a) projection start+catch_up: {n:_} events in {proj['seconds']:.2f}s = {proj_rate:,.0f} events/s "
-              f"({proj['batches']:_} write batches, position {proj['position']:_}, {proj['chunks']} chunks)")
+        print(
+            f"(a) projection start+catch_up: {n:_} events in {proj['seconds']:.2f}s = {proj_rate:,.0f} events/s "
+            f"({proj['batches']:_} write batches, position {proj['position']:_}, {proj['chunks']} chunks)"
+        )
 
         br = asyncio.run(instrumented_pass(bootstrap, topic, tmp / "instrumented"))
         if br["position"] != proj["position"]:
@@ -198,33 +214,58 @@ def main() -> None:
         raw = raw_ingest(tmp / "raw", br["captured"])
         raw_rate = E.rate(n, raw["seconds"])
         identical = same_contents(tmp / "projection", tmp / "raw")
-        print(f"(b) raw rocksdict WriteBatch ingest of the same {len(br['captured']):_} batches "
-              f"({raw['writes']:_} puts/deletes): {raw['seconds']:.2f}s = {raw_rate:,.0f} events/s "
-              f"({E.rate(raw['writes'], raw['seconds']):,.0f} writes/s); stores identical: {identical}")
+        print(
+            f"(b) raw rocksdict WriteBatch ingest of the same {len(br['captured']):_} batches "
+            f"({raw['writes']:_} puts/deletes): {raw['seconds']:.2f}s = {raw_rate:,.0f} events/s "
+            f"({E.rate(raw['writes'], raw['seconds']):,.0f} writes/s); stores identical: {identical}"
+        )
         stream = raw_ingest(tmp / "raw-stream", br["streamed"])
         stream_rate = E.rate(n, stream["seconds"])
-        print(f"(b') raw ingest of every event's writes, no collapsing within a batch ({stream['writes']:_} "
-              f"puts/deletes, same batches): {stream['seconds']:.2f}s = {stream_rate:,.0f} events/s "
-              f"({E.rate(stream['writes'], stream['seconds']):,.0f} writes/s)")
+        print(
+            f"(b') raw ingest of every event's writes, no collapsing within a batch ({stream['writes']:_} "
+            f"puts/deletes, same batches): {stream['seconds']:.2f}s = {stream_rate:,.0f} events/s "
+            f"({E.rate(stream['writes'], stream['seconds']):,.0f} writes/s)"
+        )
         ratio = proj_rate / raw_rate
-        print(f"ratio projection / raw = {ratio:.4f} (the projection runs at {ratio:.2%} of raw RocksDB speed); "
-              f"against the uncollapsed stream: {proj_rate / stream_rate:.4f}")
+        print(
+            f"ratio projection / raw = {ratio:.4f} (the projection runs at {ratio:.2%} of raw RocksDB speed); "
+            f"against the uncollapsed stream: {proj_rate / stream_rate:.4f}"
+        )
         write_est = raw["seconds"]
         print(f"where the time goes (instrumented pass {br['total']:.2f}s + raw write {write_est:.2f}s):")
-        for what, s in (("Kafka fetch, parsing, loop", br["fetch"]), ("decode (JSON + pydantic)", br["decode"]),
-                        ("Catalog.apply + drain_changes", br["apply"]), ("RocksDB write batches", write_est)):
+        for what, s in (
+            ("Kafka fetch, parsing, loop", br["fetch"]),
+            ("decode (JSON + pydantic)", br["decode"]),
+            ("Catalog.apply + drain_changes", br["apply"]),
+            ("RocksDB write batches", write_est),
+        ):
             print(f"  {what:32s} {s:7.2f}s  {E.rate(n, s):>12,.0f} events/s")
         E.result_line(
-            "replay", events=n, collections=args.collections, chunks_per_collection=args.chunks,
+            "replay",
+            events=n,
+            collections=args.collections,
+            chunks_per_collection=args.chunks,
             produce_s=round(t_prod, 3),
-            projection_s=round(proj["seconds"], 3), projection_eps=round(proj_rate),
-            raw_rocksdb_s=round(raw["seconds"], 3), raw_rocksdb_eps=round(raw_rate), raw_writes=raw["writes"],
-            write_batches=proj["batches"], ratio_projection_over_raw=round(ratio, 5),
-            raw_stream_s=round(stream["seconds"], 3), raw_stream_eps=round(stream_rate),
-            raw_stream_writes=stream["writes"], ratio_projection_over_raw_stream=round(proj_rate / stream_rate, 5),
-            breakdown_s={"fetch": round(br["fetch"], 3), "decode": round(br["decode"], 3),
-                         "apply": round(br["apply"], 3), "rocksdb_write": round(write_est, 3)},
-            decode_only_eps=round(E.rate(n, br["decode"])), stores_identical=identical)
+            projection_s=round(proj["seconds"], 3),
+            projection_eps=round(proj_rate),
+            raw_rocksdb_s=round(raw["seconds"], 3),
+            raw_rocksdb_eps=round(raw_rate),
+            raw_writes=raw["writes"],
+            write_batches=proj["batches"],
+            ratio_projection_over_raw=round(ratio, 5),
+            raw_stream_s=round(stream["seconds"], 3),
+            raw_stream_eps=round(stream_rate),
+            raw_stream_writes=stream["writes"],
+            ratio_projection_over_raw_stream=round(proj_rate / stream_rate, 5),
+            breakdown_s={
+                "fetch": round(br["fetch"], 3),
+                "decode": round(br["decode"], 3),
+                "apply": round(br["apply"], 3),
+                "rocksdb_write": round(write_est, 3),
+            },
+            decode_only_eps=round(E.rate(n, br["decode"])),
+            stores_identical=identical,
+        )
     finally:
         E.delete_topics(bootstrap, [topic])
         shutil.rmtree(tmp, ignore_errors=True)

@@ -4,6 +4,7 @@
 on a snapshot file, offline: no broker needed.  `shardlog defragment NS
 start|stop|status` asks the live balancer to defragment a collection.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ def _fail(message: str) -> NoReturn:
 
 
 @balancer_app.command("plan")
-def plan(snapshot: Path = typer.Option(..., "--snapshot", help="snapshot JSON "
-                                       "(schemas/json/balancer.snapshot.schema.json)")) -> None:
+def plan(
+    snapshot: Path = typer.Option(..., "--snapshot", help="snapshot JSON (schemas/json/balancer.snapshot.schema.json)"),
+) -> None:
     """One balancing round: the splits and migrations the balancer would issue, as JSON."""
     try:
         raw = json.loads(snapshot.read_text())
@@ -51,7 +53,8 @@ def plan(snapshot: Path = typer.Option(..., "--snapshot", help="snapshot JSON "
 
 # ------------------------------------------------------------------ the live balancer
 
-class DefragAction(str, Enum):
+
+class DefragAction(str, Enum):  # noqa: UP042 (StrEnum would change how typer prints it)
     start = "start"
     stop = "stop"
     status = "status"
@@ -67,8 +70,10 @@ def register(app: typer.Typer, m) -> None:
     def balancer_state(req, as_json: bool) -> dict:
         async def go():
             from libs.requests import Requester
+
             async with Requester(m._ctx.bootstrap, m._ctx.topics.cli_replies, client_id="shardlog-cli") as r:
                 return await r.request(m._ctx.topics.balancer_commands, req, timeout=m._ctx.timeout)
+
         reply = m.run(go())
         if not reply.ok:
             m.fail(reply.error or "", code=reply.code or "Error", as_json=as_json)
@@ -84,16 +89,27 @@ def register(app: typer.Typer, m) -> None:
         if json_out:
             print(json.dumps({"ok": True, **st}))
             return
-        m.out.print(f"balancer {'on' if st['enabled'] else 'off'}; "
-                    f"{'inside' if st['inWindow'] else 'outside'} the window"
-                    + (f" {st['window']['start']}-{st['window']['stop']} {st['window']['timeZone']}" if st["window"] else
-                       " (none: any time)"))
+        m.out.print(
+            f"balancer {'on' if st['enabled'] else 'off'}; "
+            f"{'inside' if st['inWindow'] else 'outside'} the window"
+            + (
+                f" {st['window']['start']}-{st['window']['stop']} {st['window']['timeZone']}"
+                if st["window"]
+                else " (none: any time)"
+            )
+        )
         last = st["lastRound"]
-        m.out.print(f"round {last['round']} last completed" + (f": {json.dumps(last['summary'])}" if last["summary"] else "")
-                    + f"; now: {st['activity']}")
+        m.out.print(
+            f"round {last['round']} last completed"
+            + (f": {json.dumps(last['summary'])}" if last["summary"] else "")
+            + f"; now: {st['activity']}"
+        )
         for a in st["inFlight"]:
-            what = f"{a['ns']} {a.get('from', '')} -> {a.get('to', '')} ({a.get('reason', '')})" \
-                if a["kind"] == "migration" else a["ns"]
+            what = (
+                f"{a['ns']} {a.get('from', '')} -> {a.get('to', '')} ({a.get('reason', '')})"
+                if a["kind"] == "migration"
+                else a["ns"]
+            )
             m.out.print(f"  in flight: {a['kind']} {what}")
         for ns, d in st["defragmenting"].items():
             if d["state"] != "finished":
@@ -136,32 +152,45 @@ def register(app: typer.Typer, m) -> None:
         setting("balancerEnabled", False, ns, json_out, f"not balancing {ns}")
 
     @balancer_app.command("window")
-    def window(start: str = typer.Option(None, help="HH:MM"), stop: str = typer.Option(None, help="HH:MM"),
-               time_zone: str = typer.Option(None, "--time-zone", help="IANA name, e.g. Europe/Paris"),
-               clear: bool = typer.Option(False, "--clear", help="balance at any time"), json_out: bool = JsonOpt) -> None:
+    def window(
+        start: str = typer.Option(None, help="HH:MM"),
+        stop: str = typer.Option(None, help="HH:MM"),
+        time_zone: str = typer.Option(None, "--time-zone", help="IANA name, e.g. Europe/Paris"),
+        clear: bool = typer.Option(False, "--clear", help="balance at any time"),
+        json_out: bool = JsonOpt,
+    ) -> None:
         """The balancing window, with an explicit time zone (it may wrap midnight)."""
         if clear:
             return setting("balancerWindow", None, None, json_out, "no balancing window: any time")
         if not (start and stop and time_zone):
             m.fail("give --start, --stop and --time-zone (or --clear)", code="BadValue", as_json=json_out, exit_code=2)
-        setting("balancerWindow", {"start": start, "stop": stop, "timeZone": time_zone}, None, json_out,
-                f"balancing window {start}-{stop} {time_zone}")
+        setting(
+            "balancerWindow",
+            {"start": start, "stop": stop, "timeZone": time_zone},
+            None,
+            json_out,
+            f"balancing window {start}-{stop} {time_zone}",
+        )
 
     @balancer_app.command("chunk-size")
-    def chunk_size(ns: str, mb: int = typer.Argument(..., help="max chunk size in MB (1-1024)"),
-                   json_out: bool = JsonOpt) -> None:
+    def chunk_size(
+        ns: str, mb: int = typer.Argument(..., help="max chunk size in MB (1-1024)"), json_out: bool = JsonOpt
+    ) -> None:
         """This collection's max chunk size (wins over the cluster's)."""
         setting("maxChunkSizeBytes", mb * 1024 * 1024, ns, json_out, f"{ns}: max chunk size {mb} MB")
 
     @balancer_app.command("throttle")
-    def throttle(ms: int = typer.Argument(..., help="least time from one round's migrations to the next round's, in ms"),
-                 json_out: bool = JsonOpt) -> None:
+    def throttle(
+        ms: int = typer.Argument(..., help="least time from one round's migrations to the next round's, in ms"),
+        json_out: bool = JsonOpt,
+    ) -> None:
         """Migration throttling between rounds (balancerMigrationsThrottlingMs)."""
         setting("balancerMigrationsThrottlingMs", ms, None, json_out, f"{ms} ms between migration rounds")
 
     @balancer_app.command("weight")
-    def weight(shard: str, value: float = typer.Argument(..., help="capacity weight (default 1)"),
-               json_out: bool = JsonOpt) -> None:
+    def weight(
+        shard: str, value: float = typer.Argument(..., help="capacity weight (default 1)"), json_out: bool = JsonOpt
+    ) -> None:
         """A shard's capacity weight: weight 2 aims for twice the data of weight 1."""
         cat = m._catalog(None, json_out)
         if shard not in cat.shards:
@@ -170,8 +199,9 @@ def register(app: typer.Typer, m) -> None:
         setting("shardWeights", weights, None, json_out, f"{shard}: weight {value:g}")
 
     @app.command("defragment")
-    def defragment(ns: str, action: DefragAction = typer.Argument(..., help="start, stop or status"),
-                   json_out: bool = JsonOpt) -> None:
+    def defragment(
+        ns: str, action: DefragAction = typer.Argument(..., help="start, stop or status"), json_out: bool = JsonOpt
+    ) -> None:
         """Defragment a collection (merge and measure, move and merge small chunks, merge); the
         balancer does not balance it meanwhile.  `status`: its phase and progress."""
         if action is DefragAction.status:
@@ -182,19 +212,27 @@ def register(app: typer.Typer, m) -> None:
             elif doc["currentPhase"] is None:
                 m.out.print(f"{ns}: not defragmented")
             else:
-                m.out.print(f"{ns}: phase {doc['currentPhase']} ({doc['state']}), "
-                            f"{doc['remainingChunksToProcess']} chunk(s) to process, {doc['outstanding']} in flight; "
-                            + ", ".join(f"{doc[k]} {k}" for k in ("merges", "dataSizes", "moves", "retries", "restarts")))
+                m.out.print(
+                    f"{ns}: phase {doc['currentPhase']} ({doc['state']}), "
+                    f"{doc['remainingChunksToProcess']} chunk(s) to process, {doc['outstanding']} in flight; "
+                    + ", ".join(f"{doc[k]} {k}" for k in ("merges", "dataSizes", "moves", "retries", "restarts"))
+                )
             return
         req = b.StartDefragmentation(ns=ns) if action is DefragAction.start else b.StopDefragmentation(ns=ns)
         res = balancer_state(req, json_out)
         if json_out:
             print(json.dumps({"ok": True, **res}))
         elif action is DefragAction.start:
-            m.out.print(f"defragmenting {ns}" if res["started"] else
-                        f"{ns} is already being defragmented (phase {res['status']['currentPhase']})")
+            m.out.print(
+                f"defragmenting {ns}"
+                if res["started"]
+                else f"{ns} is already being defragmented (phase {res['status']['currentPhase']})"
+            )
         else:
-            m.out.print(f"stopping the defragmentation of {ns} (actions in flight finish)" if res["stopped"] else
-                        f"{ns} is not being defragmented")
+            m.out.print(
+                f"stopping the defragmentation of {ns} (actions in flight finish)"
+                if res["stopped"]
+                else f"{ns} is not being defragmented"
+            )
 
     app.add_typer(balancer_app, name="balancer")

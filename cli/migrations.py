@@ -5,13 +5,12 @@ between the donor and the recipient.  We follow it by asking the donor for its
 progress and the config server for the outcome, until it is decided (and, with
 --wait-for-delete, until the donor has deleted its copy).
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
-import time
-from typing import Optional
 
 import typer
 from rich.live import Live
@@ -30,27 +29,37 @@ def register(app: typer.Typer, ctx, helpers) -> None:
     JsonOpt = m.JsonOpt
 
     @app.command("move-range")
-    def move_range(ns: str, min: str = typer.Option(..., "--min", help="lower bound (full shard key)"),
-                   max: Optional[str] = typer.Option(None, "--max", help="upper bound; without it the donor moves up "
-                                                                          "to one max chunk size of data from --min"),
-                   to: str = typer.Option(..., "--to", help="recipient shard"),
-                   wait_for_delete: bool = typer.Option(False, "--wait-for-delete",
-                                                        help="return once the donor has deleted the moved documents"),
-                   force_jumbo: bool = typer.Option(False, "--force-jumbo", help="move a range over twice the max "
-                                                                                 "chunk size"),
-                   json_out: bool = JsonOpt) -> None:
+    def move_range(
+        ns: str,
+        min: str = typer.Option(..., "--min", help="lower bound (full shard key)"),
+        max: str | None = typer.Option(
+            None, "--max", help="upper bound; without it the donor moves up to one max chunk size of data from --min"
+        ),
+        to: str = typer.Option(..., "--to", help="recipient shard"),
+        wait_for_delete: bool = typer.Option(
+            False, "--wait-for-delete", help="return once the donor has deleted the moved documents"
+        ),
+        force_jumbo: bool = typer.Option(False, "--force-jumbo", help="move a range over twice the max chunk size"),
+        json_out: bool = JsonOpt,
+    ) -> None:
         """Move [min, max) of a sharded collection to another shard, showing progress."""
         lo = m.parse_json(min, "--min", json_out)
         hi = m.parse_json(max, "--max", json_out) if max is not None else None
-        _move(c.MoveRange(ns=ns, min=lo, max=hi, to=to, forceJumbo=force_jumbo, waitForDelete=wait_for_delete),
-              wait_for_delete, json_out)
+        _move(
+            c.MoveRange(ns=ns, min=lo, max=hi, to=to, forceJumbo=force_jumbo, waitForDelete=wait_for_delete),
+            wait_for_delete,
+            json_out,
+        )
 
     @app.command("move-chunk")
-    def move_chunk(ns: str, find: str = typer.Option(..., "--find", help="a document (its shard key picks the chunk)"),
-                   to: str = typer.Option(..., "--to", help="recipient shard"),
-                   wait_for_delete: bool = typer.Option(False, "--wait-for-delete"),
-                   force_jumbo: bool = typer.Option(False, "--force-jumbo"),
-                   json_out: bool = JsonOpt) -> None:
+    def move_chunk(
+        ns: str,
+        find: str = typer.Option(..., "--find", help="a document (its shard key picks the chunk)"),
+        to: str = typer.Option(..., "--to", help="recipient shard"),
+        wait_for_delete: bool = typer.Option(False, "--wait-for-delete"),
+        force_jumbo: bool = typer.Option(False, "--force-jumbo"),
+        json_out: bool = JsonOpt,
+    ) -> None:
         """Move the whole chunk holding a document's shard key."""
         doc = m.parse_json(find, "--find", json_out)
         cat = m._catalog(None, json_out)
@@ -62,20 +71,32 @@ def register(app: typer.Typer, ctx, helpers) -> None:
         except Exception as e:
             m.fail(f"--find: {e}", code="BadValue", as_json=json_out, exit_code=2)
         chunk = coll.chunks[coll.chunk_index(key)]
-        _move(c.MoveRange(ns=ns, min=to_ejson(chunk.min), max=to_ejson(chunk.max), to=to, forceJumbo=force_jumbo,
-                          waitForDelete=wait_for_delete), wait_for_delete, json_out)
+        _move(
+            c.MoveRange(
+                ns=ns,
+                min=to_ejson(chunk.min),
+                max=to_ejson(chunk.max),
+                to=to,
+                forceJumbo=force_jumbo,
+                waitForDelete=wait_for_delete,
+            ),
+            wait_for_delete,
+            json_out,
+        )
 
     @app.command("move-primary")
-    def move_primary(db: str, to: str = typer.Option(..., "--to", help="the new primary shard"),
-                     json_out: bool = JsonOpt) -> None:
+    def move_primary(
+        db: str, to: str = typer.Option(..., "--to", help="the new primary shard"), json_out: bool = JsonOpt
+    ) -> None:
         """Move a database's primary, with its unsharded collections (writes to them wait meanwhile)."""
         reply = m.run(m._request(c.MovePrimary(db=db, to=to), "shardlog move-primary"))
         if not reply.ok:
             m.fail(reply.error or "", code=reply.code or "Error", as_json=json_out)
         r = reply.result or {}
         if not r.get("moved"):
-            print(json.dumps({"ok": True, "moved": False, "reason": r.get("reason")})) if json_out \
-                else m.out.print(r.get("reason", "nothing to move"))
+            print(json.dumps({"ok": True, "moved": False, "reason": r.get("reason")})) if json_out else m.out.print(
+                r.get("reason", "nothing to move")
+            )
             return
         summary = m.run(_follow(r["id"], r["donor"], False, None, json_out))
         if summary["outcome"] != "committed":
@@ -86,19 +107,24 @@ def register(app: typer.Typer, ctx, helpers) -> None:
             m.out.print(f"{db}: primary {r['donor']} -> {to}, {summary['progress'].get('cloned', 0)} documents copied")
 
     @app.command("set-allow-migrations")
-    def set_allow_migrations(ns: str, allow: bool = typer.Argument(..., help="true or false"),
-                             json_out: bool = JsonOpt) -> None:
+    def set_allow_migrations(
+        ns: str, allow: bool = typer.Argument(..., help="true or false"), json_out: bool = JsonOpt
+    ) -> None:
         """Allow or stop migrations of a collection.  Stopping aborts those that have not
         committed and returns once none is running."""
-        reply = m.run(m._request(c.SetSetting(ns=ns, key="allowMigrations", value=allow), "shardlog set-allow-migrations"))
+        reply = m.run(
+            m._request(c.SetSetting(ns=ns, key="allowMigrations", value=allow), "shardlog set-allow-migrations")
+        )
         if not reply.ok:
             m.fail(reply.error or "", code=reply.code or "Error", as_json=json_out)
         running = [] if allow else m.run(_wait_none_running(ns))
         if json_out:
             print(json.dumps({"ok": True, "ns": ns, "allowMigrations": allow, "waitedFor": running}))
         else:
-            m.out.print(f"migrations of {ns} {'allowed' if allow else 'stopped'}"
-                        + (f" (waited for {len(running)} to finish)" if running else ""))
+            m.out.print(
+                f"migrations of {ns} {'allowed' if allow else 'stopped'}"
+                + (f" (waited for {len(running)} to finish)" if running else "")
+            )
 
     def _move(cmd: c.MoveRange, wait_for_delete: bool, json_out: bool) -> None:
         reply = m.run(m._request(cmd, "shardlog move-range"))
@@ -124,16 +150,21 @@ def register(app: typer.Typer, ctx, helpers) -> None:
             code, _, why = state.removeprefix("aborted: ").partition(": ")
             if not why:
                 code, why = "MigrationAborted", state
-            m.fail(f"migration {r['id']} aborted: {why}", code=code if code.isalnum() else "MigrationAborted",
-                   as_json=json_out)
+            m.fail(
+                f"migration {r['id']} aborted: {why}",
+                code=code if code.isalnum() else "MigrationAborted",
+                as_json=json_out,
+            )
         if json_out:
             print(json.dumps({"ok": True, **summary}))
         else:
             p = summary.get("progress", {})
-            m.out.print(f"moved [{m.b(from_ejson(summary['min']))}, {m.b(from_ejson(summary['max']))}) of {cmd.ns} "
-                        f"{r['donor']} -> {r['recipient']}: {p.get('cloned', 0)} documents cloned, "
-                        f"{p.get('mods', 0)} modifications, {p.get('seconds', '?')} s, critical section "
-                        f"{p.get('criticalMs', '?')} ms" + ("; donor copy deleted" if wait_for_delete else ""))
+            m.out.print(
+                f"moved [{m.b(from_ejson(summary['min']))}, {m.b(from_ejson(summary['max']))}) of {cmd.ns} "
+                f"{r['donor']} -> {r['recipient']}: {p.get('cloned', 0)} documents cloned, "
+                f"{p.get('mods', 0)} modifications, {p.get('seconds', '?')} s, critical section "
+                f"{p.get('criticalMs', '?')} ms" + ("; donor copy deleted" if wait_for_delete else "")
+            )
 
     async def _follow(mid: str, donor: str, wait_for_delete: bool, live, json_out: bool) -> dict:
         t = ctx().topics
@@ -149,13 +180,19 @@ def register(app: typer.Typer, ctx, helpers) -> None:
                 if live is not None:
                     live.update(_progress_line(mid, state["state"], progress))
                 # Decided; the donor's figures are final once it recorded the decision.
-                if state["state"] != "active" and (not progress or "criticalMs" in progress
-                                                   or progress.get("phase") in ("done", "aborting")):
+                if state["state"] != "active" and (
+                    not progress or "criticalMs" in progress or progress.get("phase") in ("done", "aborting")
+                ):
                     break
                 await asyncio.sleep(POLL_S)
             mig = state.get("migration") or {}
-            summary = {"id": mid, "outcome": state["state"], "progress": progress,
-                       "min": progress.get("min", mig.get("min")), "max": progress.get("max", mig.get("max"))}
+            summary = {
+                "id": mid,
+                "outcome": state["state"],
+                "progress": progress,
+                "min": progress.get("min", mig.get("min")),
+                "max": progress.get("max", mig.get("max")),
+            }
             if wait_for_delete and state["state"] == "committed":
                 while True:
                     shard = await _ask(r, t.shard_requests(donor), s.ListMigrations())
@@ -163,8 +200,10 @@ def register(app: typer.Typer, ctx, helpers) -> None:
                     if task is None:
                         break
                     if live is not None:
-                        live.update(f"waiting for the donor to delete the moved documents: {task['left']} left"
-                                    + (f" ({task['waiting']})" if task.get("waiting") else ""))
+                        live.update(
+                            f"waiting for the donor to delete the moved documents: {task['left']} left"
+                            + (f" ({task['waiting']})" if task.get("waiting") else "")
+                        )
                     await asyncio.sleep(POLL_S)
             return summary
 

@@ -7,14 +7,16 @@ Live progress on a terminal, a progress line every few seconds elsewhere;
 then a table and the final JSON report (only the JSON with --json).  Metrics
 go over OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from types import ModuleType
-from typing import Awaitable, Callable, NoReturn, Optional
+from typing import NoReturn
 
 import typer
 from rich.live import Live
@@ -38,6 +40,7 @@ SeedOpt = typer.Option(None, "--seed", help="fix the random operation stream and
 
 # ---------------------------------------------------------------- helpers
 
+
 def _cli() -> ModuleType:
     """cli.main as it runs, looked up at call time: cli.main imports this module (so no import of it at
     the top), and under `python -m cli.main` it is __main__, whose callback set the _ctx (a second
@@ -46,6 +49,7 @@ def _cli() -> ModuleType:
     if getattr(getattr(running, "__spec__", None), "name", None) == "cli.main":
         return running
     import cli.main
+
     return cli.main
 
 
@@ -83,15 +87,18 @@ def _setup_metrics() -> Callable[[], None]:
     if isinstance(provider, MeterProvider):  # already installed in this process
         return lambda: provider.force_flush(5000)
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true" or not (
-            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")):
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    ):
         return lambda: None
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
 
     name = os.environ.get("OTEL_SERVICE_NAME", "shardlog-workload")
-    provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())],
-                             resource=Resource.create({"service.name": name}))
+    provider = MeterProvider(
+        metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())],
+        resource=Resource.create({"service.name": name}),
+    )
     metrics.set_meter_provider(provider)
     return lambda: provider.force_flush(5000)
 
@@ -111,7 +118,7 @@ class ProgressDisplay:
         self.lines = not as_json and self.live is None
         self._last_line = time.monotonic()
 
-    def __enter__(self) -> "ProgressDisplay":
+    def __enter__(self) -> ProgressDisplay:
         if self.live:
             self.live.start()
         return self
@@ -128,18 +135,25 @@ class ProgressDisplay:
             _cli().err.print(f"{self.title}: {self._figures(p)}", highlight=False, soft_wrap=True)
 
     def _figures(self, p: runner.Progress) -> str:
-        return (f"{p.done:,}/{p.total:,} {self.unit}  {p.ops_per_s:,.0f} {self.unit}/s  p50 {_ms(p.p50_ms)} ms  "
-                f"p95 {_ms(p.p95_ms)} ms  p99 {_ms(p.p99_ms)} ms  errors {p.errors:,}  {p.elapsed_s:,.1f} s")
+        return (
+            f"{p.done:,}/{p.total:,} {self.unit}  {p.ops_per_s:,.0f} {self.unit}/s  p50 {_ms(p.p50_ms)} ms  "
+            f"p95 {_ms(p.p95_ms)} ms  p99 {_ms(p.p99_ms)} ms  errors {p.errors:,}  {p.elapsed_s:,.1f} s"
+        )
 
     def _render(self, p: runner.Progress) -> Table:
         t = Table.grid(padding=(0, 2))
-        t.add_row(f"[bold]{self.title}[/bold]", ProgressBar(total=p.total, completed=p.done, width=30),
-                  self._figures(p))
+        t.add_row(
+            f"[bold]{self.title}[/bold]", ProgressBar(total=p.total, completed=p.done, width=30), self._figures(p)
+        )
         return t
 
 
-def _execute(title: str, unit: str, as_json: bool,
-             fn: Callable[[AsyncCluster, runner.ProgressCallback], Awaitable[runner.Report]]) -> runner.Report:
+def _execute(
+    title: str,
+    unit: str,
+    as_json: bool,
+    fn: Callable[[AsyncCluster, runner.ProgressCallback], Awaitable[runner.Report]],
+) -> runner.Report:
     """Connect, run fn(cluster, progress) under a progress display, flush the metrics."""
     flush = _setup_metrics()
     try:
@@ -155,60 +169,113 @@ def _print_report(report: runner.Report, as_json: bool) -> None:
         print(line)
         return
     out = _cli().out
-    t = Table("kind", "ok", "errors", "ops/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
-              title=f"{report.workload} {report.phase} on {report.ns}")
+    t = Table(
+        "kind",
+        "ok",
+        "errors",
+        "ops/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
+        title=f"{report.workload} {report.phase} on {report.ns}",
+    )
     for kind, k in report.kinds.items():
         lat = k.latency_ms
-        t.add_row(kind, f"{k.count:,}", f"{k.errors:,}", f"{k.ops_per_s:,.1f}", _ms(lat["p50"]), _ms(lat["p95"]),
-                  _ms(lat["p99"]), _ms(lat["max"]))
+        t.add_row(
+            kind,
+            f"{k.count:,}",
+            f"{k.errors:,}",
+            f"{k.ops_per_s:,.1f}",
+            _ms(lat["p50"]),
+            _ms(lat["p95"]),
+            _ms(lat["p99"]),
+            _ms(lat["max"]),
+        )
     out.print(t)
     unit = "records" if report.phase == "load" else "ops"
-    out.print(f"{report.operations:,} {unit} in {report.elapsed_s:,.2f} s: {report.throughput_ops_s:,.1f} {unit}/s, "
-              f"{report.inserted:,} inserted, {report.total_errors:,} errors", highlight=False)
+    out.print(
+        f"{report.operations:,} {unit} in {report.elapsed_s:,.2f} s: {report.throughput_ops_s:,.1f} {unit}/s, "
+        f"{report.inserted:,} inserted, {report.total_errors:,} errors",
+        highlight=False,
+    )
     for kind, by_code in report.errors.items():
-        out.print(f"[red]errors[/red] {kind}: " + ", ".join(f"{code} {n:,}" for code, n in by_code.items()),
-                  highlight=False)
+        out.print(
+            f"[red]errors[/red] {kind}: " + ", ".join(f"{code} {n:,}" for code, n in by_code.items()), highlight=False
+        )
     print(line)  # the final JSON report, for humans too
 
 
 # --------------------------------------------------------------- commands
 
+
 @workload_app.command("load")
-def load_cmd(workload: str = typer.Argument(..., help="ycsb (every core workload reads the same records)"),
-             records: int = typer.Option(..., "--records", help="records to insert"),
-             ns: str = NsOpt, concurrency: int = ConcurrencyOpt,
-             batch_size: int = typer.Option(100, "--batch-size", help="records per insert_many"),
-             seed: Optional[int] = SeedOpt, json_out: bool = JsonOpt) -> None:
+def load_cmd(
+    workload: str = typer.Argument(..., help="ycsb (every core workload reads the same records)"),
+    records: int = typer.Option(..., "--records", help="records to insert"),
+    ns: str = NsOpt,
+    concurrency: int = ConcurrencyOpt,
+    batch_size: int = typer.Option(100, "--batch-size", help="records per insert_many"),
+    seed: int | None = SeedOpt,
+    json_out: bool = JsonOpt,
+) -> None:
     """Insert the YCSB records (user…, field0..field9 of 100 characters)."""
     w = _workload("a" if workload.lower() == "ycsb" else workload, json_out)
     _require(records >= 1, "--records must be >= 1", json_out)
     _require(concurrency >= 1, "--concurrency must be >= 1", json_out)
     _require(batch_size >= 1, "--batch-size must be >= 1", json_out)
     db, coll = _split_ns(ns, json_out)
-    report = _execute("ycsb load", "records", json_out, lambda c, progress: runner.load(
-        c[db][coll], w, records, concurrency=concurrency, batch_size=batch_size, progress=progress, seed=seed))
+    report = _execute(
+        "ycsb load",
+        "records",
+        json_out,
+        lambda c, progress: runner.load(
+            c[db][coll], w, records, concurrency=concurrency, batch_size=batch_size, progress=progress, seed=seed
+        ),
+    )
     _print_report(report, json_out)
 
 
 @workload_app.command("run")
-def run_cmd(workload: str = typer.Argument(..., help="ycsb-a, ycsb-b, ycsb-c, ycsb-d, ycsb-e or ycsb-f"),
-            ops: int = typer.Option(..., "--ops", help="operations to execute"),
-            records: int = typer.Option(1000, "--records", help="records loaded (must match the load)"),
-            rate: Optional[float] = typer.Option(None, "--rate", help="target ops/s (default: as fast as possible)"),
-            concurrency: int = ConcurrencyOpt,
-            distribution: Optional[str] = typer.Option(None, "--distribution",
-                                                       help="zipfian, uniform or latest (default: the workload's)"),
-            ns: str = NsOpt, seed: Optional[int] = SeedOpt, json_out: bool = JsonOpt) -> None:
+def run_cmd(
+    workload: str = typer.Argument(..., help="ycsb-a, ycsb-b, ycsb-c, ycsb-d, ycsb-e or ycsb-f"),
+    ops: int = typer.Option(..., "--ops", help="operations to execute"),
+    records: int = typer.Option(1000, "--records", help="records loaded (must match the load)"),
+    rate: float | None = typer.Option(None, "--rate", help="target ops/s (default: as fast as possible)"),
+    concurrency: int = ConcurrencyOpt,
+    distribution: str | None = typer.Option(
+        None, "--distribution", help="zipfian, uniform or latest (default: the workload's)"
+    ),
+    ns: str = NsOpt,
+    seed: int | None = SeedOpt,
+    json_out: bool = JsonOpt,
+) -> None:
     """Run a YCSB core workload against loaded records and measure it."""
     w = _workload(workload, json_out)
     _require(ops >= 1, "--ops must be >= 1", json_out)
     _require(records >= 1, "--records must be >= 1", json_out)
     _require(rate is None or rate > 0, "--rate must be > 0", json_out)
     _require(concurrency >= 1, "--concurrency must be >= 1", json_out)
-    _require(distribution is None or distribution in REQUEST_DISTRIBUTIONS,
-             f"--distribution must be one of {', '.join(REQUEST_DISTRIBUTIONS)}", json_out)
+    _require(
+        distribution is None or distribution in REQUEST_DISTRIBUTIONS,
+        f"--distribution must be one of {', '.join(REQUEST_DISTRIBUTIONS)}",
+        json_out,
+    )
     db, coll = _split_ns(ns, json_out)
-    report = _execute(f"ycsb-{w.name}", "ops", json_out, lambda c, progress: runner.run(
-        c[db][coll], w, ops, concurrency=concurrency, rate=rate, record_count=records, progress=progress,
-        request_distribution=distribution, seed=seed))
+    report = _execute(
+        f"ycsb-{w.name}",
+        "ops",
+        json_out,
+        lambda c, progress: runner.run(
+            c[db][coll],
+            w,
+            ops,
+            concurrency=concurrency,
+            rate=rate,
+            record_count=records,
+            progress=progress,
+            request_distribution=distribution,
+            seed=seed,
+        ),
+    )
     _print_report(report, json_out)

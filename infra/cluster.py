@@ -11,6 +11,7 @@ running (the brokers included: after `down`, a crash or a kill -9) and leaves
 the rest alone; every service resumes from its store's checkpoint.  `down`
 stops everything and keeps every byte.  Only `reset` deletes data.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,9 @@ KAFKA_PORT = int(os.environ.get("KAFKA_PORT", "9092"))  # the first broker's por
 def services() -> dict[str, list[str]]:
     out = {"config": ["services.config"]}
     out.update({f"shard-{s}": ["services.shard", "--shard-id", s] for s in SHARDS})
-    out.update({"router": ["services.router"], "balancer": ["services.balancer"],
-                "range-deleter": ["services.range_deleter"]})
+    out.update(
+        {"router": ["services.router"], "balancer": ["services.balancer"], "range-deleter": ["services.range_deleter"]}
+    )
     return out
 
 
@@ -114,8 +116,13 @@ def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 18
     bootstrap = _bootstrap(data, brokers)
     for d in ("logs", "pids", "services"):
         (data / d).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "SHARDLOG_CLUSTER": cluster,
-           "SHARDLOG_DATA_DIR": str(data / "services"), "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP": bootstrap,
+        "SHARDLOG_CLUSTER": cluster,
+        "SHARDLOG_DATA_DIR": str(data / "services"),
+        "PYTHONPATH": str(ROOT),
+    }
     asyncio.run(_ensure_core_topics(bootstrap, cluster))
     started: dict[str, tuple[int, float]] = {}
     for name, argv in services().items():
@@ -125,31 +132,44 @@ def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 18
             continue
         (data / "services" / f"{name}.ready").unlink(missing_ok=True)
         with open(data / "logs" / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", *argv], env=env, cwd=ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *argv],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         pidfile.write_text(str(proc.pid))
         started[name] = (proc.pid, time.monotonic())
     deadline = time.monotonic() + timeout
     for name, (pid, since) in started.items():
         log = data / "logs" / f"{name}.log"
         while (info := _ready(data, name, pid)) is None:
-            failed = (f"{name} exited" if not _alive(pid) else
-                      f"{name} not ready after {timeout:.0f}s" if time.monotonic() > deadline else None)
+            failed = (
+                f"{name} exited"
+                if not _alive(pid)
+                else f"{name} not ready after {timeout:.0f}s"
+                if time.monotonic() > deadline
+                else None
+            )
             if failed:
                 # Leave nothing half up: stop what this run started (what already ran keeps running).
                 for other, (opid, _) in started.items():
                     if _alive(opid):
                         os.killpg(opid, signal.SIGTERM)
                     (data / "pids" / f"{other}.pid").unlink(missing_ok=True)
-                raise SystemExit(f"make up: {failed}; the end of {log}:\n{_why(log, 1)}\n"
-                                 f"(stopped the {len(started)} services this run started)")
+                raise SystemExit(
+                    f"make up: {failed}; the end of {log}:\n{_why(log, 1)}\n"
+                    f"(stopped the {len(started)} services this run started)"
+                )
             time.sleep(0.1)
         at = f", ConfigTime {info['configTime']}" if "configTime" in info else ""
         print(f"  {name:14} ready (pid {pid}, {time.monotonic() - since:.1f}s{at})")
     asyncio.run(_add_shards(bootstrap, cluster))
     print(f"""
 shardlog cluster {cluster!r} is up in {time.monotonic() - t0:.1f}s: Kafka at {bootstrap}, config server,
-shards {', '.join(SHARDS)}, router, balancer, range-deleter.  Logs: {data / 'logs'}
+shards {", ".join(SHARDS)}, router, balancer, range-deleter.  Logs: {data / "logs"}
 
   export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}
   .venv/bin/shardlog status
@@ -165,6 +185,7 @@ shards {', '.join(SHARDS)}, router, balancer, range-deleter.  Logs: {data / 'log
 async def _ensure_core_topics(bootstrap: str, cluster: str) -> None:
     from libs import kafka
     from libs.topics import Topics
+
     await kafka.ensure_topics(bootstrap, Topics(cluster).core())
 
 
@@ -201,13 +222,18 @@ def reset(data: Path) -> None:
     """Stop everything, then delete the service stores, the logs and the local brokers' data."""
     data = data.resolve()
     _stop_services(data)
-    doomed = [(data / "services", "every service's store (catalog, documents, tasks, checkpoints)"),
-              (data / "logs", "service logs"), (data / "pids", "pid files")]
+    doomed = [
+        (data / "services", "every service's store (catalog, documents, tasks, checkpoints)"),
+        (data / "logs", "service logs"),
+        (data / "pids", "pid files"),
+    ]
     if _external() is None:
         doomed.insert(0, (data / "kafka", "the local brokers' data: every topic, consumer offset and transaction"))
     else:
-        print(f"the broker at {_external()} is not ours: the cluster's topics on it are kept, and the services "
-              f"will rebuild their stores from them on the next `make up`")
+        print(
+            f"the broker at {_external()} is not ours: the cluster's topics on it are kept, and the services "
+            f"will rebuild their stores from them on the next `make up`"
+        )
     for path, what in doomed:
         if path.exists():
             size = _size(path)
@@ -224,17 +250,20 @@ def status(data: Path, as_json: bool) -> None:
     for name in services():
         out["services"][name] = _pid(data / "pids" / f"{name}.pid")
     if _external() is None:
-        st = subprocess.run([sys.executable, str(LOCAL_KAFKA), "status", "--dir", str(data / "kafka"), "--json"],
-                            capture_output=True, text=True)
+        st = subprocess.run(
+            [sys.executable, str(LOCAL_KAFKA), "status", "--dir", str(data / "kafka"), "--json"],
+            capture_output=True,
+            text=True,
+        )
         out["kafka"] = json.loads(st.stdout) if st.stdout.strip() else None
     if as_json:
         print(json.dumps(out))
         return
     for name, pid in out["services"].items():
-        print(f"  {name:14} {'running (pid %d)' % pid if pid else 'not running'}")
+        print(f"  {name:14} {f'running (pid {pid})' if pid else 'not running'}")
     for b in (out["kafka"] or {}).get("brokers", []):
-        print(f"  {'kafka-' + str(b['id']):14} {'running (pid %d)' % b['pid'] if b['running'] else 'not running'}"
-              f" at 127.0.0.1:{b['port']}")
+        state = f"running (pid {b['pid']})" if b["running"] else "not running"
+        print(f"  {'kafka-' + str(b['id']):14} {state} at 127.0.0.1:{b['port']}")
 
 
 def main() -> None:

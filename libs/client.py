@@ -16,6 +16,7 @@ none, so a retry after a timeout or a dead router is applied once.
 _id uniqueness across shards holds only when the shard key includes _id, as in
 MongoDB: each shard enforces it for its own documents.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,15 +24,16 @@ import json
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from libs import kafka, tracing
+from libs.ids import new_object_id
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import Record
 from schemas import shard as s
 from schemas.reply import Reply
-from libs.ids import new_object_id
 
 
 class ShardlogError(Exception):
@@ -43,10 +45,20 @@ class ShardlogError(Exception):
 
 
 class DuplicateKeyError(ShardlogError): ...
+
+
 class ShardKeyError(ShardlogError): ...
+
+
 class StaleConfigError(ShardlogError): ...
+
+
 class InvalidNamespace(ShardlogError): ...
+
+
 class DocumentTooLarge(ShardlogError): ...
+
+
 class OperationTimeout(ShardlogError, TimeoutError): ...
 
 
@@ -54,9 +66,15 @@ class BulkWriteError(ShardlogError):
     """Some documents of an insert_many were refused; `details` has `writeErrors` and `inserted`."""
 
 
-_ERRORS = {"DuplicateKey": DuplicateKeyError, "ShardKeyNotFound": ShardKeyError, "ShardKeyTooLarge": ShardKeyError,
-           "ImmutableField": ShardKeyError, "StaleConfig": StaleConfigError, "InvalidNamespace": InvalidNamespace,
-           "DocumentTooLarge": DocumentTooLarge}
+_ERRORS = {
+    "DuplicateKey": DuplicateKeyError,
+    "ShardKeyNotFound": ShardKeyError,
+    "ShardKeyTooLarge": ShardKeyError,
+    "ImmutableField": ShardKeyError,
+    "StaleConfig": StaleConfigError,
+    "InvalidNamespace": InvalidNamespace,
+    "DocumentTooLarge": DocumentTooLarge,
+}
 
 
 def error_for(code: str, message: str, details: dict | None = None) -> ShardlogError:
@@ -64,14 +82,15 @@ def error_for(code: str, message: str, details: dict | None = None) -> ShardlogE
 
 
 class AsyncCluster:
-    def __init__(self, bootstrap: str, cluster: str = "shardlog", *, timeout: float = 30.0,
-                 attempt_timeout: float = 10.0):
+    def __init__(
+        self, bootstrap: str, cluster: str = "shardlog", *, timeout: float = 30.0, attempt_timeout: float = 10.0
+    ):
         self.bootstrap, self.topics = bootstrap, Topics(cluster)
         self.timeout, self.attempt_timeout = timeout, attempt_timeout
         self.inbox = self.topics.inbox(f"client-{uuid.uuid4().hex[:12]}")
         self._requester: Requester | None = None
 
-    async def connect(self) -> "AsyncCluster":
+    async def connect(self) -> AsyncCluster:
         await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.inbox, config=SHORT_LIVED)])
         self._requester = Requester(self.bootstrap, self.inbox, client_id="shardlog-client")
         await self._requester.start()
@@ -83,20 +102,21 @@ class AsyncCluster:
             self._requester = None
             await kafka.delete_topics(self.bootstrap, [self.inbox])
 
-    async def __aenter__(self) -> "AsyncCluster":
+    async def __aenter__(self) -> AsyncCluster:
         return await self.connect()
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def __getitem__(self, db: str) -> "AsyncDatabase":
+    def __getitem__(self, db: str) -> AsyncDatabase:
         return AsyncDatabase(self, db)
 
     async def call(self, req: Record, *, topic: str | None = None) -> dict:
         """Send an operation, retrying the same operation (same opId) until the deadline.
         One operation is one trace: router and shard spans hang below this one."""
-        with tracing.tracer.start_as_current_span(f"shardlog.client {req.type}",
-                                                  attributes={"db.namespace": getattr(req, "ns", "") or ""}):
+        with tracing.tracer.start_as_current_span(
+            f"shardlog.client {req.type}", attributes={"db.namespace": getattr(req, "ns", "") or ""}
+        ):
             return await self._call(req, topic)
 
     async def _call(self, req: Record, topic: str | None) -> dict:
@@ -109,8 +129,12 @@ class AsyncCluster:
             # A getMore is not retried: a slow first attempt may already have consumed the batch.
             once = isinstance(req, s.GetMore)
             try:
-                reply: Reply = await self._requester.request(topic or self.topics.router_requests, req, key=key,
-                                                             timeout=left if once else min(self.attempt_timeout, left))
+                reply: Reply = await self._requester.request(
+                    topic or self.topics.router_requests,
+                    req,
+                    key=key,
+                    timeout=left if once else min(self.attempt_timeout, left),
+                )
             except RequestTimeout:
                 if once:
                     raise OperationTimeout("Timeout", f"no answer to getMore within {self.timeout:g}s") from None
@@ -124,7 +148,7 @@ class AsyncDatabase:
     def __init__(self, cluster: AsyncCluster, name: str):
         self.cluster, self.name = cluster, name
 
-    def __getitem__(self, coll: str) -> "AsyncCollection":
+    def __getitem__(self, coll: str) -> AsyncCollection:
         return AsyncCollection(self.cluster, f"{self.name}.{coll}")
 
 
@@ -136,7 +160,9 @@ def _prepared(doc: dict) -> dict:
     doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
     size = len(json.dumps(doc, separators=(",", ":")).encode())
     if size > MAX_DOCUMENT_BYTES:
-        raise DocumentTooLarge("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")
+        raise DocumentTooLarge(
+            "DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)"
+        )
     return doc
 
 
@@ -156,10 +182,28 @@ class AsyncCollection:
         _raise_write_errors(result, many=True)
         return [d["_id"] for d in docs]
 
-    def find(self, filter: dict | None = None, *, sort: dict | None = None, skip: int = 0, limit: int = 0,
-             projection: dict | None = None, batch_size: int = 101) -> "AsyncCursor":
-        return AsyncCursor(self.cluster, s.Find(ns=self.ns, filter=filter or {}, sort=sort, skip=skip, limit=limit,
-                                                projection=projection, batchSize=batch_size))
+    def find(
+        self,
+        filter: dict | None = None,
+        *,
+        sort: dict | None = None,
+        skip: int = 0,
+        limit: int = 0,
+        projection: dict | None = None,
+        batch_size: int = 101,
+    ) -> AsyncCursor:
+        return AsyncCursor(
+            self.cluster,
+            s.Find(
+                ns=self.ns,
+                filter=filter or {},
+                sort=sort,
+                skip=skip,
+                limit=limit,
+                projection=projection,
+                batchSize=batch_size,
+            ),
+        )
 
     async def find_one(self, filter: dict | None = None, **kw) -> dict | None:
         async for doc in self.find(filter, limit=1, **kw):
@@ -170,19 +214,22 @@ class AsyncCollection:
         return (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {})))["n"]
 
     async def update_one(self, filter: dict, update: dict, *, upsert: bool = False) -> dict:
-        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert,
-                                                opId=uuid.uuid4().hex))
+        return await self.cluster.call(
+            s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert, opId=uuid.uuid4().hex)
+        )
 
     async def update_many(self, filter: dict, update: dict, *, upsert: bool = False) -> dict:
-        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert,
-                                                opId=uuid.uuid4().hex))
+        return await self.cluster.call(
+            s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert, opId=uuid.uuid4().hex)
+        )
 
     async def delete_one(self, filter: dict) -> int:
         return (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, opId=uuid.uuid4().hex)))["deleted"]
 
     async def delete_many(self, filter: dict) -> int:
-        return (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True,
-                                                 opId=uuid.uuid4().hex)))["deleted"]
+        return (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True, opId=uuid.uuid4().hex)))[
+            "deleted"
+        ]
 
     async def explain(self, filter: dict | None = None) -> dict:
         return await self.cluster.call(s.Explain(ns=self.ns, filter=filter or {}))
@@ -222,8 +269,9 @@ def _raise_write_errors(result: dict, many: bool = False) -> None:
         return
     first = errors[0]
     if many and (result.get("inserted") or len(errors) > 1):
-        raise BulkWriteError("BulkWriteError", f"{len(errors)} document(s) refused; first: {first['code']}: "
-                                               f"{first['errmsg']}", result)
+        raise BulkWriteError(
+            "BulkWriteError", f"{len(errors)} document(s) refused; first: {first['code']}: {first['errmsg']}", result
+        )
     raise error_for(first["code"], first["errmsg"], result)
 
 
@@ -248,13 +296,13 @@ class Cluster:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __getitem__(self, db: str) -> "Database":
+    def __getitem__(self, db: str) -> Database:
         return Database(self, db)
 
 
@@ -262,7 +310,7 @@ class Database:
     def __init__(self, cluster: Cluster, name: str):
         self.cluster, self.name = cluster, name
 
-    def __getitem__(self, coll: str) -> "Collection":
+    def __getitem__(self, coll: str) -> Collection:
         return Collection(self.cluster, AsyncCollection(self.cluster._async, f"{self.name}.{coll}"))
 
 
@@ -276,6 +324,7 @@ class Collection:
 
         def call(*args, **kw):
             return self._cluster._run(method(*args, **kw))
+
         return call
 
     def find(self, filter: dict | None = None, **kw) -> Iterator[dict]:

@@ -10,14 +10,15 @@ events, replies and the consumed offsets in ONE Kafka transaction.
   a transactional producer with the stable id `<group>.<partition>`, catches
   its projection up to the tip of the event log, then serves.  Standbys wait.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
@@ -38,7 +39,11 @@ class CommandError(Exception):
 
     def __init__(self, code: str, message: str, info: dict | None = None):
         super().__init__(message)
-        self.code, self.message, self.info = code, message, info  # info: details for the caller (e.g. StaleConfig's versions)
+        self.code, self.message, self.info = (
+            code,
+            message,
+            info,
+        )  # info: details for the caller (e.g. StaleConfig's versions)
 
 
 @dataclass
@@ -60,12 +65,23 @@ def header(headers, name: str) -> bytes | None:
 
 
 class CommandProcessor:
-    def __init__(self, *, bootstrap: str, command_topic: str, command_codec: Codec, projection: Projection,
-                 decide: Decide, dead_letters: str, group_id: str, name: str,
-                 max_batch: int = 500, session_timeout_ms: int = 10_000,
-                 on_role: Callable[[str], None] | None = None,
-                 event_key: Callable[[Record], bytes | None] | None = None,
-                 prepare: Callable[[list], Awaitable[None]] | None = None):
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        command_topic: str,
+        command_codec: Codec,
+        projection: Projection,
+        decide: Decide,
+        dead_letters: str,
+        group_id: str,
+        name: str,
+        max_batch: int = 500,
+        session_timeout_ms: int = 10_000,
+        on_role: Callable[[str], None] | None = None,
+        event_key: Callable[[Record], bytes | None] | None = None,
+        prepare: Callable[[list], Awaitable[None]] | None = None,
+    ):
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
         self.group_id, self.name, self.max_batch = group_id, name, max_batch
@@ -100,8 +116,9 @@ class CommandProcessor:
                 if processor.tp in assigned:
                     processor._assigned.set()
 
-        self._consumer = kafka.consumer(self.bootstrap, group_id=self.group_id, client_id=self.name,
-                                        session_timeout_ms=self.session_timeout_ms)
+        self._consumer = kafka.consumer(
+            self.bootstrap, group_id=self.group_id, client_id=self.name, session_timeout_ms=self.session_timeout_ms
+        )
         await self._consumer.start()
         self._consumer.subscribe([self.command_topic], listener=Listener())
         try:
@@ -129,8 +146,7 @@ class CommandProcessor:
             if not self._assigned.is_set():
                 return
             self._consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
-            self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id,
-                                            client_id=self.name)
+            self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id, client_id=self.name)
             await self._producer.start()  # init_transactions: fences every earlier owner
             # Only now is the committed offset final (the fenced owner cannot commit any more).
             committed = await self._consumer.committed(self.tp)
@@ -141,8 +157,13 @@ class CommandProcessor:
             self._consumer.resume(self.tp)
             self.active.set()
             self.on_role("active")
-            log.info("%s: active at ConfigTime %d (caught up in %.2fs), commands from offset %s",
-                     self.name, at, time.monotonic() - t0, committed)
+            log.info(
+                "%s: active at ConfigTime %d (caught up in %.2fs), commands from offset %s",
+                self.name,
+                at,
+                time.monotonic() - t0,
+                committed,
+            )
 
     async def _deactivate(self, why: str) -> None:
         was = self.active.is_set()
@@ -178,8 +199,9 @@ class CommandProcessor:
                 # Someone else owns the log now (or the transaction failed): forget the
                 # in-memory state this batch built and rebuild it from the store.
                 self.fenced = isinstance(e, ProducerFenced)
-                log.error("%s: transaction failed (%s: %s); reloading state and standing by",
-                          self.name, type(e).__name__, e)
+                log.error(
+                    "%s: transaction failed (%s: %s); reloading state and standing by", self.name, type(e).__name__, e
+                )
                 # If the group moved the partition, revocation tells us within a session
                 # timeout; if it is still ours after that (we were fenced by a zombie), activating
                 # again fences it in turn and re-reads the committed offset.
@@ -197,8 +219,11 @@ class CommandProcessor:
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint
         for rec in records:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-            with tracing.process_span(f"{self.name} process", rec.headers,
-                                      **{"messaging.source.name": rec.topic, "messaging.offset": rec.offset}) as span:
+            with tracing.process_span(
+                f"{self.name} process",
+                rec.headers,
+                **{"messaging.source.name": rec.topic, "messaging.offset": rec.offset},
+            ) as span:
                 futures: list[asyncio.Future] = []
                 decision, values = None, []
                 try:
@@ -223,8 +248,9 @@ class CommandProcessor:
                     for event, value in zip(decision.events, values):
                         self.projection.state.apply(event, -1)  # its offset is known once acked
                         with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
-                            futures.append(await p.send(events_topic, value, key=self.event_key(event),
-                                                        headers=tracing.inject()))
+                            futures.append(
+                                await p.send(events_topic, value, key=self.event_key(event), headers=tracing.inject())
+                            )
                         last_value = value
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)
@@ -236,7 +262,9 @@ class CommandProcessor:
             for f in futures:
                 last_event = await f
             if reply is not None:
-                at = last_event.offset + 1 if last_event else self.projection.position  # events so far in this batch count
+                at = (
+                    last_event.offset + 1 if last_event else self.projection.position
+                )  # events so far in this batch count
                 reply = reply.model_copy(update={"configTime": at})
                 await p.send(reply_to.decode(), Codec.encode(reply), headers=headers)
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
@@ -257,6 +285,10 @@ def _tag(records) -> str:
 
 
 def _dead_letter_headers(rec, reason: str) -> list[tuple[str, bytes]]:
-    return [("dlq.reason", reason.encode()), ("dlq.topic", rec.topic.encode()),
-            ("dlq.partition", str(rec.partition).encode()), ("dlq.offset", str(rec.offset).encode()),
-            *[(k, v) for k, v in (rec.headers or ()) if k in (REPLY_TO, CORRELATION_ID)]]
+    return [
+        ("dlq.reason", reason.encode()),
+        ("dlq.topic", rec.topic.encode()),
+        ("dlq.partition", str(rec.partition).encode()),
+        ("dlq.offset", str(rec.offset).encode()),
+        *[(k, v) for k, v in (rec.headers or ()) if k in (REPLY_TO, CORRELATION_ID)],
+    ]

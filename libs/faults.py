@@ -5,6 +5,7 @@ the process freezes and becomes a zombie once others take over), `raise`.
 A point with an `@text` suffix fires only when the caller's tag contains
 that text, e.g. `config.before_commit@zombie-shard=stop`.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,7 @@ def fault_point(point: str, tag: str | None = None) -> None:
         return
     action = _PLAN.get(point)
     if action is None and tag is not None:
-        action = next((a for p, a in _PLAN.items() if p.startswith(point + "@") and p[len(point) + 1:] in tag), None)
+        action = next((a for p, a in _PLAN.items() if p.startswith(point + "@") and p[len(point) + 1 :] in tag), None)
     if action is None:
         return
     if action == "kill":

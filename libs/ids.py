@@ -1,4 +1,5 @@
 """Identifiers minted by shardlog."""
+
 from __future__ import annotations
 
 import os

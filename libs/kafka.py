@@ -3,6 +3,7 @@
 aiokafka's defaults (acks=1, no idempotence, auto-commit, read_uncommitted)
 are wrong for an event-sourced system; every client is made here instead.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,14 @@ log = logging.getLogger(__name__)
 MAX_RECORD_BYTES = 16 * 1024 * 1024 + 64 * 1024  # a 16 MB document plus its envelope
 
 
-def producer(bootstrap: str, *, transactional_id: str | None = None, client_id: str = "shardlog",
-             linger_ms: int = 2, transaction_timeout_ms: int = 60_000) -> AIOKafkaProducer:
+def producer(
+    bootstrap: str,
+    *,
+    transactional_id: str | None = None,
+    client_id: str = "shardlog",
+    linger_ms: int = 2,
+    transaction_timeout_ms: int = 60_000,
+) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         client_id=client_id,
@@ -42,8 +49,9 @@ def producer(bootstrap: str, *, transactional_id: str | None = None, client_id: 
     )
 
 
-def consumer(bootstrap: str, *, group_id: str | None = None, client_id: str = "shardlog",
-             session_timeout_ms: int = 10_000, **kw) -> AIOKafkaConsumer:
+def consumer(
+    bootstrap: str, *, group_id: str | None = None, client_id: str = "shardlog", session_timeout_ms: int = 10_000, **kw
+) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         client_id=client_id,
@@ -76,11 +84,18 @@ async def replication(admin: AIOKafkaAdminClient) -> Replication:
     factor, min_insync = os.environ.get("SHARDLOG_REPLICATION_FACTOR"), os.environ.get("SHARDLOG_MIN_INSYNC_REPLICAS")
     if factor is None or min_insync is None:
         brokers = (await admin.describe_cluster())["brokers"]
-        (res,) = await admin.describe_configs([ConfigResource(
-            ConfigResourceType.BROKER, str(brokers[0]["node_id"]),
-            {"default.replication.factor": None, "min.insync.replicas": None})])
-        entries = {e["config_names"]: e["config_value"]
-                   for r in res.to_object()["resources"] for e in r["config_entries"]}
+        (res,) = await admin.describe_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.BROKER,
+                    str(brokers[0]["node_id"]),
+                    {"default.replication.factor": None, "min.insync.replicas": None},
+                )
+            ]
+        )
+        entries = {
+            e["config_names"]: e["config_value"] for r in res.to_object()["resources"] for e in r["config_entries"]
+        }
         factor = factor or entries.get("default.replication.factor", "1")
         min_insync = min_insync or entries.get("min.insync.replicas", "1")
     r = Replication(int(factor), int(min_insync))
@@ -99,10 +114,17 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec]) -> list[str]:
         if missing:
             rep = await replication(admin)
             try:
-                await admin.create_topics([
-                    NewTopic(s.name, s.partitions, rep.factor,
-                             topic_configs={"min.insync.replicas": str(rep.min_insync), **s.config})
-                    for s in missing])
+                await admin.create_topics(
+                    [
+                        NewTopic(
+                            s.name,
+                            s.partitions,
+                            rep.factor,
+                            topic_configs={"min.insync.replicas": str(rep.min_insync), **s.config},
+                        )
+                        for s in missing
+                    ]
+                )
             except TopicAlreadyExistsError:
                 pass  # created concurrently by another starter: fine
         # Metadata propagates asynchronously: wait until every topic is visible.
@@ -111,8 +133,10 @@ async def ensure_topics(bootstrap: str, specs: list[TopicSpec]) -> list[str]:
                 break
             await asyncio.sleep(0.05)
         else:  # create_topics reports per-topic errors in its response instead of raising
-            raise RuntimeError(f"could not create the topics {sorted(absent)} (see the broker's log; with a "
-                               f"replication factor above the number of live brokers, Kafka refuses them)")
+            raise RuntimeError(
+                f"could not create the topics {sorted(absent)} (see the broker's log; with a "
+                f"replication factor above the number of live brokers, Kafka refuses them)"
+            )
         return [s.name for s in missing]
     finally:
         await admin.close()

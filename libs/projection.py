@@ -5,6 +5,7 @@ so a restart resumes exactly where the store stands.  A missing store replays
 from the start; a store whose checkpoint the log cannot vouch for (topic
 recreated, records deleted) is refused rather than silently diverging.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,17 @@ class CheckpointMismatch(RuntimeError):
 
 
 class Projection:
-    def __init__(self, bootstrap: str, topic: str, codec: Codec, state: State, store: Store,
-                 *, partition: int = 0, name: str = "projection"):
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        codec: Codec,
+        state: State,
+        store: Store,
+        *,
+        partition: int = 0,
+        name: str = "projection",
+    ):
         self.bootstrap, self.topic, self.codec, self.state, self.store = bootstrap, topic, codec, state, store
         self.tp = TopicPartition(topic, partition)
         self.name = name
@@ -81,25 +91,34 @@ class Projection:
         where = f"{self.name}: store {self.store.path} is at offset {ckpt.next_offset} of {self.topic}"
         # Never rebuild from a shorter log on our own: that would silently drop what the store
         # holds and the log lost.  Say what happened and the command for each way out.
-        way_out = (f" Refusing to start rather than rebuild from a shorter log. If the loss is accepted, "
-                   f"`make reset` starts an empty cluster (it deletes every store and the local broker's data); "
-                   f"to rebuild only this store from what the log holds now: rm -rf {self.store.path}")
+        way_out = (
+            f" Refusing to start rather than rebuild from a shorter log. If the loss is accepted, "
+            f"`make reset` starts an empty cluster (it deletes every store and the local broker's data); "
+            f"to rebuild only this store from what the log holds now: rm -rf {self.store.path}"
+        )
         if ckpt.next_offset > end:
             raise CheckpointMismatch(
                 f"{where}, but the log ends at {end}: the log it was built from is gone (the broker's data "
-                f"was deleted or reformatted, or the topic recreated).{way_out}")
+                f"was deleted or reformatted, or the topic recreated).{way_out}"
+            )
         if ckpt.next_offset < start:
-            raise CheckpointMismatch(f"{where}, but the log now starts at {start}: records it has not applied "
-                                     f"were deleted.{way_out}")
+            raise CheckpointMismatch(
+                f"{where}, but the log now starts at {start}: records it has not applied were deleted.{way_out}"
+            )
         if ckpt.next_offset == 0 or ckpt.last_fingerprint is None:
             return
         # Fingerprint: the last record applied must still be where the store saw it.
         c.seek(self.tp, ckpt.next_offset - 1)
         batch = await c.getmany(self.tp, timeout_ms=2000, max_records=1)
         records = batch.get(self.tp, [])
-        if records and records[0].offset == ckpt.next_offset - 1 and fingerprint(records[0].value) != ckpt.last_fingerprint:
-            raise CheckpointMismatch(f"{where}, but the record before it is not the one the store applied: "
-                                     f"the topic was recreated.{way_out}")
+        if (
+            records
+            and records[0].offset == ckpt.next_offset - 1
+            and fingerprint(records[0].value) != ckpt.last_fingerprint
+        ):
+            raise CheckpointMismatch(
+                f"{where}, but the record before it is not the one the store applied: the topic was recreated.{way_out}"
+            )
 
     def reset(self) -> None:
         """Forget in-memory state: reload it from the store and resume reading at its checkpoint."""
@@ -131,14 +150,16 @@ class Projection:
     def advance(self, next_offset: int, last_fingerprint: int | None) -> None:
         """Persist the state's pending changes with the new position, in one batch."""
         self.position, self.last_fingerprint = next_offset, last_fingerprint
-        self.store.commit(self.state.drain_changes().items(),
-                          Checkpoint(self.topic, self.tp.partition, next_offset, last_fingerprint))
+        self.store.commit(
+            self.state.drain_changes().items(), Checkpoint(self.topic, self.tp.partition, next_offset, last_fingerprint)
+        )
         asyncio.get_running_loop().call_soon(self._notify)
 
     def _notify(self) -> None:
         async def wake():
             async with self._advanced:
                 self._advanced.notify_all()
+
         asyncio.ensure_future(wake())
 
     async def catch_up(self) -> int:
@@ -159,7 +180,9 @@ class Projection:
 
     async def wait_for(self, offset: int, timeout: float) -> None:
         """Block until the projection has applied every record below `offset`."""
+
         async def reached():
             async with self._advanced:
                 await self._advanced.wait_for(lambda: self.position >= offset)
+
         await asyncio.wait_for(reached(), timeout)

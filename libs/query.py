@@ -124,8 +124,7 @@ def _split_path(path: Any, what: str) -> tuple[str, ...]:
         raise QueryError(f"{what} field {path!r} has an empty path component")
     if any(p.startswith("$") for p in parts):
         raise QueryError(
-            f"{what} field {path!r}: path components must not start with '$' "
-            "(positional operators are not supported)"
+            f"{what} field {path!r}: path components must not start with '$' (positional operators are not supported)"
         )
     return parts
 
@@ -343,14 +342,11 @@ def _parse_operators(path: str, ops: dict) -> tuple[Any, ...]:
         elif op == "$not":
             if not _is_operator_object(arg):
                 raise QueryError(
-                    f"$not on {path!r} needs a non-empty operator object such as "
-                    f"{{'$gt': 5}}, got {_short(arg)}"
+                    f"$not on {path!r} needs a non-empty operator object such as {{'$gt': 5}}, got {_short(arg)}"
                 )
             tests.append(_Not(_parse_operators(path, arg)))
         else:
-            raise QueryError(
-                f"unknown operator {op!r} on {path!r} (supported: {', '.join(_OPERATORS)})"
-            )
+            raise QueryError(f"unknown operator {op!r} on {path!r} (supported: {', '.join(_OPERATORS)})")
     return tuple(tests)
 
 
@@ -854,9 +850,7 @@ def _upsert_seed(query: dict) -> dict:
     return seed
 
 
-def apply_update(
-    doc: dict, update: dict, *, is_upsert_insert: bool = False, query: dict | None = None
-) -> dict:
+def apply_update(doc: dict, update: dict, *, is_upsert_insert: bool = False, query: dict | None = None) -> dict:
     """The document ``update`` turns ``doc`` into: a new dict, inputs never mutated.
 
     Operator updates: ``$set``, ``$unset``, ``$inc`` (numbers only; a missing field is

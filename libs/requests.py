@@ -4,6 +4,7 @@ The request carries `reply-to` (the inbox topic) and a `correlation-id` in its
 headers; the inbox is read from its end as of start-up, read_committed (a
 reply inside an aborted transaction was never sent).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,8 @@ import uuid
 from aiokafka import TopicPartition
 
 from libs import kafka, tracing
-from libs.service import supervised
 from libs.commands import CORRELATION_ID, REPLY_TO, header
+from libs.service import supervised
 from schemas import Codec, Record, RecordError
 from schemas.reply import Reply, replies
 
@@ -23,8 +24,9 @@ class RequestTimeout(TimeoutError):
 
 
 class Requester:
-    def __init__(self, bootstrap: str, inbox: str, *, client_id: str = "shardlog-client",
-                 stop_owner_on_failure: bool = False):
+    def __init__(
+        self, bootstrap: str, inbox: str, *, client_id: str = "shardlog-client", stop_owner_on_failure: bool = False
+    ):
         self.bootstrap, self.inbox, self.client_id = bootstrap, inbox, client_id
         self.stop_owner_on_failure = stop_owner_on_failure  # a service stops; a client library only logs
         self._waiting: dict[bytes, asyncio.Future] = {}
@@ -38,15 +40,16 @@ class Requester:
         self._consumer.assign([tp])
         # Replies to requests sent from now on come after this offset.
         self._consumer.seek(tp, (await self._consumer.end_offsets([tp]))[tp])
-        self._reader = supervised(asyncio.create_task(self._read(tp)), f"{self.client_id} reply reader",
-                                  stop_owner=self.stop_owner_on_failure)
+        self._reader = supervised(
+            asyncio.create_task(self._read(tp)), f"{self.client_id} reply reader", stop_owner=self.stop_owner_on_failure
+        )
 
     async def stop(self) -> None:
         if self._reader:
             self._reader.cancel()
         await asyncio.gather(*(c.stop() for c in (self._producer, self._consumer) if c), return_exceptions=True)
 
-    async def __aenter__(self) -> "Requester":
+    async def __aenter__(self) -> Requester:
         await self.start()
         return self
 
@@ -66,8 +69,14 @@ class Requester:
                     except RecordError as e:
                         fut.set_result(Reply(ok=False, code="BadReply", error=e.reason))
 
-    async def send(self, topic: str, record: Record | bytes, *, key: bytes | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
+    async def send(
+        self,
+        topic: str,
+        record: Record | bytes,
+        *,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future:
         """Send without waiting for the reply; returns the future of the reply."""
         corr = uuid.uuid4().hex.encode()
         fut = asyncio.get_running_loop().create_future()
@@ -78,11 +87,18 @@ class Requester:
             await self._producer.send_and_wait(topic, value, key=key, headers=headers)
         return fut
 
-    async def request(self, topic: str, record: Record | bytes, *, timeout: float = 30.0,
-                      key: bytes | None = None, headers: list[tuple[str, bytes]] | None = None) -> Reply:
+    async def request(
+        self,
+        topic: str,
+        record: Record | bytes,
+        *,
+        timeout: float = 30.0,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Reply:
         fut = await self.send(topic, record, key=key, headers=headers)
         try:
             return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._waiting = {k: f for k, f in self._waiting.items() if f is not fut}
             raise RequestTimeout(f"no reply from {topic} within {timeout:g}s (is the service running?)") from None

@@ -5,6 +5,7 @@ A service is an asyncio component with `run()`; a host process runs one
 is reported by writing `<data_dir>/<name>.ready` (JSON: pid, ConfigTime) once
 the service has replayed its logs — for the launcher, never between services.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ class ServiceSettings:
         return Topics(self.cluster)
 
     @classmethod
-    def from_env(cls, **overrides) -> "ServiceSettings":
+    def from_env(cls, **overrides) -> ServiceSettings:
         values = dict(
             bootstrap=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
             cluster=os.environ.get("SHARDLOG_CLUSTER", "shardlog"),
@@ -91,8 +92,10 @@ def supervised(task: asyncio.Task, what: str, *, stop_owner: bool = True) -> asy
 
 def run_service(name: str, main) -> None:
     """Run `main()` (a coroutine function) until SIGTERM/SIGINT; exit cleanly."""
-    logging.basicConfig(level=os.environ.get("SHARDLOG_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("SHARDLOG_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     # A reply inbox deleted by a departed client stays in the producer's metadata for a
     # while and is reported at ERROR on every refresh: noise, since sends to it fail loudly anyway.
@@ -112,6 +115,7 @@ def run_service(name: str, main) -> None:
             tracing.shutdown()
 
     from libs.projection import CheckpointMismatch
+
     try:
         asyncio.run(guarded())
     except CheckpointMismatch as e:

@@ -208,9 +208,7 @@ def _number_body(v: int | float) -> bytes:
         tie = 0
     else:
         if not INT64_MIN <= v <= INT64_MAX:
-            raise ShardKeyError(
-                f"integer {v} is outside the signed 64-bit range MongoDB can store"
-            )
+            raise ShardKeyError(f"integer {v} is outside the signed 64-bit range MongoDB can store")
         image = float(v)
         tie = v - int(image)
     (bits,) = struct.unpack(">Q", struct.pack(">d", image))
@@ -283,9 +281,7 @@ def check_size(key: dict[str, Any]) -> None:
     """Raise :class:`ShardKeyError` if the encoded key exceeds MAX_SHARD_KEY_BYTES."""
     size = sum(len(encode_value(v)) for v in key.values())
     if size > MAX_SHARD_KEY_BYTES:
-        raise ShardKeyError(
-            f"shard key is {size} bytes encoded, more than the {MAX_SHARD_KEY_BYTES}-byte limit"
-        )
+        raise ShardKeyError(f"shard key is {size} bytes encoded, more than the {MAX_SHARD_KEY_BYTES}-byte limit")
 
 
 def to_ejson_bound(bound: dict[str, Any]) -> dict[str, Any]:
@@ -306,8 +302,7 @@ def _check_field_name(name: Any) -> None:
     segments = name.split(".")
     if "" in segments:
         raise InvalidKeyPattern(
-            f"shard key field {name!r} has an empty path component "
-            "(no leading, trailing or doubled dots)"
+            f"shard key field {name!r} has an empty path component (no leading, trailing or doubled dots)"
         )
     if any(s.startswith("$") for s in segments):
         raise InvalidKeyPattern(f"shard key field {name!r} must not start with '$' (in any path component)")
@@ -332,9 +327,7 @@ class KeyPattern:
         if not isinstance(spec, dict) or not spec:
             raise InvalidKeyPattern(f"shard key pattern must be a non-empty object, got {spec!r}")
         if len(spec) > MAX_SHARD_KEY_FIELDS:
-            raise InvalidKeyPattern(
-                f"a shard key can have at most {MAX_SHARD_KEY_FIELDS} fields, got {len(spec)}"
-            )
+            raise InvalidKeyPattern(f"a shard key can have at most {MAX_SHARD_KEY_FIELDS} fields, got {len(spec)}")
         hashed: list[str] = []
         for name, kind in spec.items():
             _check_field_name(name)
@@ -345,13 +338,10 @@ class KeyPattern:
             else:
                 hint = " (descending shard keys are not supported)" if kind == -1 else ""
                 raise InvalidKeyPattern(
-                    f'shard key fields must be ascending (1) or "hashed", '
-                    f"got {kind!r} for field {name!r}{hint}"
+                    f'shard key fields must be ascending (1) or "hashed", got {kind!r} for field {name!r}{hint}'
                 )
         if len(hashed) > 1:
-            raise InvalidKeyPattern(
-                f"a shard key can have at most one hashed field, got {len(hashed)}: {hashed}"
-            )
+            raise InvalidKeyPattern(f"a shard key can have at most one hashed field, got {len(hashed)}: {hashed}")
         return cls(tuple(spec), hashed[0] if hashed else None)
 
     @property
@@ -378,17 +368,12 @@ class KeyPattern:
         MinKey/MaxKey."""
         if not isinstance(bound, dict) or tuple(bound) != self.fields:
             raise ShardKeyError(
-                f"bound {bound!r} must name exactly the shard key fields "
-                f"{list(self.fields)} in that order"
+                f"bound {bound!r} must name exactly the shard key fields {list(self.fields)} in that order"
             )
         result = {name: from_ejson(v) for name, v in bound.items()}
         for name, v in result.items():
             if name == self.hashed_field:
-                if not (
-                    v is MIN_KEY
-                    or v is MAX_KEY
-                    or (type(v) is int and INT64_MIN <= v <= INT64_MAX)
-                ):
+                if not (v is MIN_KEY or v is MAX_KEY or (type(v) is int and INT64_MIN <= v <= INT64_MAX)):
                     raise ShardKeyError(
                         f"bound value for hashed field {name!r} must be a signed 64-bit "
                         f"integer (a hash) or MinKey/MaxKey, got {v!r}"

@@ -4,15 +4,16 @@ State and checkpoint are written in one `WriteBatch`, so they can never
 disagree: after a crash the store is exactly "the fold of the log up to the
 checkpoint".  Keys under `\\x00meta/` are the runtime's own.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import shutil
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from rocksdict import Options, Rdict, WriteBatch
 
@@ -36,7 +37,7 @@ class Checkpoint:
         return json.dumps(self.__dict__).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "Checkpoint":
+    def from_bytes(cls, raw: bytes) -> Checkpoint:
         return cls(**json.loads(raw))
 
 

@@ -3,6 +3,7 @@
 Every name carries the cluster prefix so several clusters (and every test)
 can share a broker without seeing each other.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,7 +24,10 @@ KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 # Records that carry documents must fit a 16 MB document plus its envelope (the broker's default is 1 MB).
 LARGE_RECORDS = {"max.message.bytes": str(17 * 1024 * 1024)}
 ROUTER_PARTITIONS = 4  # at most this many routers share the client load
-SHORT_LIVED = {"retention.ms": str(3600_000), **LARGE_RECORDS}  # replies and dead letters are for humans and waiting callers
+SHORT_LIVED = {
+    "retention.ms": str(3600_000),
+    **LARGE_RECORDS,
+}  # replies and dead letters are for humans and waiting callers
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,10 @@ class Topics:
     def for_balancer(self) -> list[TopicSpec]:
         # The events are keyed by entity (an action, a collection's defragmentation, ...), so
         # compaction keeps the log as small as the state it folds to.
-        return [TopicSpec(self.balancer_commands, config=SHORT_LIVED),
-                TopicSpec(self.balancer_events, config={"cleanup.policy": "compact", **LARGE_RECORDS})]
+        return [
+            TopicSpec(self.balancer_commands, config=SHORT_LIVED),
+            TopicSpec(self.balancer_events, config={"cleanup.policy": "compact", **LARGE_RECORDS}),
+        ]
 
     def inbox(self, owner: str) -> str:
         """A per-instance inbox (replies to a router or a client, a router's cursor requests)."""

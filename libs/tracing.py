@@ -4,12 +4,13 @@ Each hop opens its own spans (producer, consumer/process) from the context in
 the record's headers, so one client operation is one trace across services.
 Replay never opens spans: it is history, not work.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -41,6 +42,7 @@ def setup(service_name: str) -> None:
         # traceparent on, so traces stay whole across hops, at no recording cost.
         return
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
     name = os.environ.get("OTEL_SERVICE_NAME", service_name)
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
@@ -74,13 +76,15 @@ def extract(headers: Headers | None) -> otel_context.Context:
 @contextmanager
 def process_span(name: str, headers: Headers | None, **attributes) -> Iterator[trace.Span]:
     """A consumer-side span for handling one record, child of the sender's span."""
-    with tracer.start_as_current_span(name, context=extract(headers), kind=SpanKind.CONSUMER,
-                                      attributes=attributes) as span:
+    with tracer.start_as_current_span(
+        name, context=extract(headers), kind=SpanKind.CONSUMER, attributes=attributes
+    ) as span:
         yield span
 
 
 @contextmanager
 def producer_span(topic: str, **attributes) -> Iterator[trace.Span]:
-    with tracer.start_as_current_span(f"send {topic}", kind=SpanKind.PRODUCER,
-                                      attributes={"messaging.destination.name": topic, **attributes}) as span:
+    with tracer.start_as_current_span(
+        f"send {topic}", kind=SpanKind.PRODUCER, attributes={"messaging.destination.name": topic, **attributes}
+    ) as span:
         yield span

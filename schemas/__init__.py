@@ -6,6 +6,7 @@ schema version `v`; a record that does not parse — bad JSON, unknown type,
 wrong version, wrong fields — raises `RecordError` with the reason, which the
 runtime turns into a dead letter.
 """
+
 from __future__ import annotations
 
 import json

@@ -3,9 +3,10 @@ the balancer's round loop), `balancer.events` out.  Its state — actions in fli
 defragmentation per collection, the auto-merger's schedule, the last round — is
 the fold of `balancer.events`, so a new leader resumes where the old one stopped.
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -83,11 +84,27 @@ class GetBalancerState(Record):
     snapshot: bool = False  # also: the cluster snapshot the policy would see now
 
 
-BalancerCommand = Annotated[Union[IssueActions, FinishAction, CompleteRound, StartDefragmentation,
-                                  StopDefragmentation, SetDefragmentation, MarkAutoMerge, GetBalancerState],
-                            Field(discriminator="type")]
-COMMANDS = (IssueActions, FinishAction, CompleteRound, StartDefragmentation, StopDefragmentation, SetDefragmentation,
-            MarkAutoMerge, GetBalancerState)
+BalancerCommand = Annotated[
+    IssueActions
+    | FinishAction
+    | CompleteRound
+    | StartDefragmentation
+    | StopDefragmentation
+    | SetDefragmentation
+    | MarkAutoMerge
+    | GetBalancerState,
+    Field(discriminator="type"),
+]
+COMMANDS = (
+    IssueActions,
+    FinishAction,
+    CompleteRound,
+    StartDefragmentation,
+    StopDefragmentation,
+    SetDefragmentation,
+    MarkAutoMerge,
+    GetBalancerState,
+)
 
 # ------------------------------------------------------------------ events
 
@@ -129,8 +146,9 @@ class AutoMergeRan(Record):
     at: float
 
 
-BalancerEvent = Annotated[Union[ActionIssued, ActionFinished, RoundCompleted, DefragmentationChanged, AutoMergeRan],
-                          Field(discriminator="type")]
+BalancerEvent = Annotated[
+    ActionIssued | ActionFinished | RoundCompleted | DefragmentationChanged | AutoMergeRan, Field(discriminator="type")
+]
 EVENTS = (ActionIssued, ActionFinished, RoundCompleted, DefragmentationChanged, AutoMergeRan)
 
 commands = Codec("balancer.commands", BalancerCommand, COMMANDS)

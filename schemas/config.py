@@ -4,9 +4,10 @@ Events carry the facts decided by the config server (new chunk versions,
 epochs, uuids) so that every projection applies them without re-deciding.
 Shard-key bounds travel as MongoDB Extended JSON (`{"$minKey": 1}`).
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -207,12 +208,50 @@ class SetSetting(Record):
 
 
 ConfigCommand = Annotated[
-    Union[AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-          AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove, MarkJumbo],
+    AddShard
+    | RemoveShard
+    | CreateDatabase
+    | CreateCollection
+    | ShardCollection
+    | SplitChunk
+    | MergeChunks
+    | AddShardToZone
+    | RemoveShardFromZone
+    | AssignZoneRange
+    | RemoveZoneRange
+    | SetSetting
+    | MoveRange
+    | CommitMigration
+    | AbortMigration
+    | GetMigration
+    | MovePrimary
+    | CommitPrimaryMove
+    | AbortPrimaryMove
+    | MarkJumbo,
     Field(discriminator="type"),
 ]
-COMMANDS = (AddShard, RemoveShard, CreateDatabase, CreateCollection, ShardCollection, SplitChunk, MergeChunks,
-            AddShardToZone, RemoveShardFromZone, AssignZoneRange, RemoveZoneRange, SetSetting, MoveRange, CommitMigration, AbortMigration, GetMigration, MovePrimary, CommitPrimaryMove, AbortPrimaryMove, MarkJumbo)
+COMMANDS = (
+    AddShard,
+    RemoveShard,
+    CreateDatabase,
+    CreateCollection,
+    ShardCollection,
+    SplitChunk,
+    MergeChunks,
+    AddShardToZone,
+    RemoveShardFromZone,
+    AssignZoneRange,
+    RemoveZoneRange,
+    SetSetting,
+    MoveRange,
+    CommitMigration,
+    AbortMigration,
+    GetMigration,
+    MovePrimary,
+    CommitPrimaryMove,
+    AbortPrimaryMove,
+    MarkJumbo,
+)
 
 # ------------------------------------------------------------------ events
 
@@ -396,16 +435,50 @@ class SettingChanged(Record):
 
 
 ConfigEvent = Annotated[
-    Union[ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
-          ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
-          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo,
-          PrimaryMoveRequested, PrimaryMoved, PrimaryMoveAborted],
+    ShardAdded
+    | ShardDraining
+    | ShardRemoved
+    | DatabaseCreated
+    | CollectionCreated
+    | CollectionSharded
+    | ChunkSplit
+    | ChunksMerged
+    | ShardZoneAdded
+    | ShardZoneRemoved
+    | ZoneRangeAssigned
+    | ZoneRangeRemoved
+    | SettingChanged
+    | MigrationRequested
+    | MigrationCommitted
+    | MigrationAborted
+    | ChunkMarkedJumbo
+    | PrimaryMoveRequested
+    | PrimaryMoved
+    | PrimaryMoveAborted,
     Field(discriminator="type"),
 ]
-EVENTS = (ShardAdded, ShardDraining, ShardRemoved, DatabaseCreated, CollectionCreated, CollectionSharded, ChunkSplit,
-          ChunksMerged, ShardZoneAdded, ShardZoneRemoved, ZoneRangeAssigned, ZoneRangeRemoved,
-          SettingChanged, MigrationRequested, MigrationCommitted, MigrationAborted, ChunkMarkedJumbo,
-          PrimaryMoveRequested, PrimaryMoved, PrimaryMoveAborted)
+EVENTS = (
+    ShardAdded,
+    ShardDraining,
+    ShardRemoved,
+    DatabaseCreated,
+    CollectionCreated,
+    CollectionSharded,
+    ChunkSplit,
+    ChunksMerged,
+    ShardZoneAdded,
+    ShardZoneRemoved,
+    ZoneRangeAssigned,
+    ZoneRangeRemoved,
+    SettingChanged,
+    MigrationRequested,
+    MigrationCommitted,
+    MigrationAborted,
+    ChunkMarkedJumbo,
+    PrimaryMoveRequested,
+    PrimaryMoved,
+    PrimaryMoveAborted,
+)
 
 commands = Codec("config.commands", ConfigCommand, COMMANDS)
 events = Codec("config.events", ConfigEvent, EVENTS)

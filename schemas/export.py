@@ -3,6 +3,7 @@
 `tests/test_schemas.py` fails when the committed files differ from what the
 models produce, so a changed record cannot ship with a stale schema.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Replies, sent to the requester's inbox topic with the request's correlation id."""
+
 from __future__ import annotations
 
 from typing import Any, Literal

@@ -9,9 +9,10 @@ Every data request carries the router's `Routing`: the ConfigTime it routed
 at and the version it believes this shard has for the collection, so the
 shard can answer StaleConfig instead of serving from a different placement.
 """
+
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -233,15 +234,46 @@ class DeleteRangeBatch(Record):
     limit: int = Field(128, ge=1)
 
 
-MIGRATION_REQUESTS = (StartDonation, StartReceipt, StartPrimaryMove, StartPrimaryReceipt, TransferBatch, CommitClone, EnterCriticalSection, RecordDecision,
-                      FinishReceipt, ForgetMigration, ListMigrations, DeleteRangeBatch, SplitVector)
+MIGRATION_REQUESTS = (
+    StartDonation,
+    StartReceipt,
+    StartPrimaryMove,
+    StartPrimaryReceipt,
+    TransferBatch,
+    CommitClone,
+    EnterCriticalSection,
+    RecordDecision,
+    FinishReceipt,
+    ForgetMigration,
+    ListMigrations,
+    DeleteRangeBatch,
+    SplitVector,
+)
 
 
-ShardRequest = Annotated[Union[Insert, Find, GetMore, Count, Update, Delete, Explain, StartDonation, StartReceipt,
-                               StartPrimaryMove, StartPrimaryReceipt,
-                               TransferBatch, CommitClone, EnterCriticalSection, RecordDecision, FinishReceipt,
-                               ForgetMigration, ListMigrations, DeleteRangeBatch, SplitVector],
-                         Field(discriminator="type")]
+ShardRequest = Annotated[
+    Insert
+    | Find
+    | GetMore
+    | Count
+    | Update
+    | Delete
+    | Explain
+    | StartDonation
+    | StartReceipt
+    | StartPrimaryMove
+    | StartPrimaryReceipt
+    | TransferBatch
+    | CommitClone
+    | EnterCriticalSection
+    | RecordDecision
+    | FinishReceipt
+    | ForgetMigration
+    | ListMigrations
+    | DeleteRangeBatch
+    | SplitVector,
+    Field(discriminator="type"),
+]
 REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, *MIGRATION_REQUESTS)
 # What clients may send to a router (the rest is between services).
 CLIENT_REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain)
@@ -324,10 +356,25 @@ class RangeDeletionRemoved(Record):
     id: str
 
 
-ShardEvent = Annotated[Union[DocumentWritten, DocumentRemoved, WriteRecorded, MigrationRecorded, MigrationForgotten,
-                             RangeDeletionRecorded, RangeDeletionRemoved], Field(discriminator="type")]
-EVENTS = (DocumentWritten, DocumentRemoved, WriteRecorded, MigrationRecorded, MigrationForgotten,
-          RangeDeletionRecorded, RangeDeletionRemoved)
+ShardEvent = Annotated[
+    DocumentWritten
+    | DocumentRemoved
+    | WriteRecorded
+    | MigrationRecorded
+    | MigrationForgotten
+    | RangeDeletionRecorded
+    | RangeDeletionRemoved,
+    Field(discriminator="type"),
+]
+EVENTS = (
+    DocumentWritten,
+    DocumentRemoved,
+    WriteRecorded,
+    MigrationRecorded,
+    MigrationForgotten,
+    RangeDeletionRecorded,
+    RangeDeletionRemoved,
+)
 
 requests = Codec("shard.requests", ShardRequest, REQUESTS)
 changelog = Codec("shard.changelog", ShardEvent, EVENTS)

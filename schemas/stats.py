@@ -6,6 +6,7 @@ shard survives.  A report describes the chunks the shard owned at `configTime`
 many bytes of documents were written into it since the shard's previous report.
 Bounds travel as MongoDB Extended JSON (`{"$minKey": 1}`), as in `schemas.config.ChunkDoc`.
 """
+
 from __future__ import annotations
 
 from typing import Literal

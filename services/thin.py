@@ -1,5 +1,6 @@
 """Hosting for services whose behaviour later issues fill in: each one starts,
 replays its logs (the catalog from config.events), reports ready, and follows."""
+
 from __future__ import annotations
 
 import asyncio

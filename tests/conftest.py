@@ -1,6 +1,7 @@
 """Shared fixtures: a real broker (KAFKA_BOOTSTRAP), a fresh cluster name per
 test (topic prefix, so tests never see each other), services in-process or as
 child processes for kill -9, and bounded waits with clear failure messages."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -41,11 +42,17 @@ def cluster(bootstrap, request) -> str:
 @pytest.fixture
 def settings(bootstrap, cluster, tmp_path):
     from libs.service import ServiceSettings
+
     return ServiceSettings(bootstrap, cluster, tmp_path / "data", session_timeout_ms=6000)
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05,
-               detail: Callable[[], str] | None = None):
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    detail: Callable[[], str] | None = None,
+):
     """Poll `predicate` until truthy; fail with `what` (and `detail()`, e.g. a log tail) after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -57,8 +64,9 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
         time.sleep(interval)
 
 
-async def async_wait_until(predicate, timeout: float, what: str, interval: float = 0.05,
-                           detail: Callable[[], str] | None = None):
+async def async_wait_until(
+    predicate, timeout: float, what: str, interval: float = 0.05, detail: Callable[[], str] | None = None
+):
     """As wait_until, without blocking the loop; `detail()` (e.g. a service's log tail) goes into the failure."""
     deadline = time.monotonic() + timeout
     while True:
@@ -73,20 +81,27 @@ async def async_wait_until(predicate, timeout: float, what: str, interval: float
 class ServiceProcess:
     """A service in its own process (for kill -9), with its readiness file."""
 
-    def __init__(self, settings, module: str, *args: str, ready_name: str, env: dict | None = None,
-                 log: Path | None = None):
+    def __init__(
+        self, settings, module: str, *args: str, ready_name: str, env: dict | None = None, log: Path | None = None
+    ):
         self.settings, self.ready_name = settings, ready_name
         self.ready_file = settings.data_dir / f"{ready_name}.ready"
         self.ready_file.unlink(missing_ok=True)
         self.log = log or settings.data_dir.parent / f"{ready_name}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        full_env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "SHARDLOG_CLUSTER": settings.cluster,
-                    "SHARDLOG_DATA_DIR": str(settings.data_dir),
-                    "SHARDLOG_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
-                    "PYTHONPATH": str(ROOT), **(env or {})}
+        full_env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP": settings.bootstrap,
+            "SHARDLOG_CLUSTER": settings.cluster,
+            "SHARDLOG_DATA_DIR": str(settings.data_dir),
+            "SHARDLOG_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+            "PYTHONPATH": str(ROOT),
+            **(env or {}),
+        }
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], env=full_env, cwd=ROOT,
-                                         stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, *args], env=full_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            )
 
     def ready_info(self) -> dict | None:
         try:
@@ -101,6 +116,7 @@ class ServiceProcess:
                 pytest.fail(f"{self.ready_name} exited with {self.proc.returncode}:\n{self.tail()}")
             info = self.ready_info()
             return info if info and (role is None or info.get("role") == role) else None
+
         return wait_until(check, timeout, f"{self.ready_name} to be ready{' as ' + role if role else ''}")
 
     def tail(self, n: int = 40) -> str:
@@ -186,24 +202,32 @@ def read_records(bootstrap: str, topic: str) -> list:
 
             async def take(records):
                 out.extend(records)
+
             await kafka.catch_up(c, tp, take)
             return out
         finally:
             await c.stop()
+
     return asyncio.run(go())
 
 
 def read_events(bootstrap: str, topic: str) -> list:
     """Every config event, as (offset, record)."""
     from schemas import config as schema
+
     return [(r.offset, schema.events.decode(r.value)) for r in read_records(bootstrap, topic)]
 
 
 def cli(settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run the real `shardlog` command line in a child process."""
-    return subprocess.run([sys.executable, "-m", "cli.main", "--bootstrap", settings.bootstrap,
-                           "--cluster", settings.cluster, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "--bootstrap", settings.bootstrap, "--cluster", settings.cluster, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 class InProcessCluster:
@@ -243,8 +267,9 @@ class InProcessCluster:
         for s in self.shards.values():
             self.tasks.append(asyncio.create_task(s.run()))
         self.tasks.append(asyncio.create_task(self.router.run()))
-        await async_wait_until(lambda: all(s.processor.active.is_set() for s in self.shards.values()), 60,
-                               "every shard active")
+        await async_wait_until(
+            lambda: all(s.processor.active.is_set() for s in self.shards.values()), 60, "every shard active"
+        )
         await async_wait_until(lambda: self.router.follower._tail is not None, 60, "the router to follow the catalog")
 
     def command(self, cmd):
@@ -259,6 +284,7 @@ class InProcessCluster:
             for s in self.shards.values():
                 await s.follower.wait_for(reply.configTime, 30)
             return reply
+
         return self.call(go())
 
     def command_without_router(self, cmd):
@@ -272,6 +298,7 @@ class InProcessCluster:
             for s in self.shards.values():
                 await s.follower.wait_for(reply.configTime, 30)
             return reply
+
         return self.call(go())
 
     def served(self, kind: str, ns: str) -> dict:
@@ -282,6 +309,7 @@ class InProcessCluster:
             for t in self.tasks:
                 t.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+
         try:
             self.call(stop_all(), timeout=60)
         finally:

@@ -1,4 +1,5 @@
 """The balancer against a real broker: rounds that even out the data, then quiet."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,9 @@ def sizes_by_shard(cl, ns: str) -> dict:
     out = {}
     for sid, shard in cl.shards.items():
         coll = shard.follower.catalog.collections[ns]
-        out[sid] = sum(sum(shard.documents.range_sizes(ns, ch.min_key, ch.max_key))
-                       for ch in coll.chunks if ch.shard == sid)
+        out[sid] = sum(
+            sum(shard.documents.range_sizes(ns, ch.min_key, ch.max_key)) for ch in coll.chunks if ch.shard == sid
+        )
     return out
 
 
@@ -37,8 +39,12 @@ def test_the_balancer_evens_out_a_collection_loaded_on_one_shard_then_stays_quie
     from services.balancer.server import Balancer
 
     cl = balanced_cluster
-    for key, value in (("maxChunkSizeBytes", MB), ("balancerRoundIntervalSecs", 0.5),
-                       ("balancerMigrationsThrottlingMs", 0), ("orphanCleanupDelaySecs", 0)):
+    for key, value in (
+        ("maxChunkSizeBytes", MB),
+        ("balancerRoundIntervalSecs", 0.5),
+        ("balancerMigrationsThrottlingMs", 0),
+        ("orphanCleanupDelaySecs", 0),
+    ):
         cl.command(c.SetSetting(key=key, value=value))
     cl.command(c.CreateDatabase(db="b", primary="s0"))
     cl.command(c.ShardCollection(ns="b.c", key={"k": 1}))
@@ -49,27 +55,47 @@ def test_the_balancer_evens_out_a_collection_loaded_on_one_shard_then_stays_quie
             coll = client["b"]["c"]
             for start in range(0, 8000, 1000):
                 await coll.insert_many([{"_id": i, "k": i, "pad": "x" * 1000} for i in range(start, start + 1000)])
+
     asyncio.run(load())
     assert sizes_by_shard(cl, "b.c")["s1"] == 0
 
     balancer = Balancer(cl.settings)
     task = asyncio.run_coroutine_threadsafe(balancer.run(), cl.loop)
     try:
+
         def even():
             sizes = sizes_by_shard(cl, "b.c")
             return max(sizes.values()) - min(sizes.values()) <= 3 * MB and min(sizes.values()) > 0 and sizes
+
         cl.call(async_wait_until(even, 240, "the balancer to even out b.c"))
         # Then quiet: several more rounds with fresh statistics issue no migration.
-        moved = len([e for _, e in read_events(cl.settings.bootstrap, cl.settings.topics.config_events)
-                     if e.type == "MigrationRequested"])
+        moved = len(
+            [
+                e
+                for _, e in read_events(cl.settings.bootstrap, cl.settings.topics.config_events)
+                if e.type == "MigrationRequested"
+            ]
+        )
         rounds_seen = balancer.round
         cl.call(async_wait_until(lambda: "balanced" in balancer.activity, 60, "a round that finds nothing to do"))
         stats_reports = dict(balancer.statistics.latest)
-        cl.call(async_wait_until(lambda: all(balancer.statistics.latest[s].timestamp > stats_reports[s].timestamp + 1
-                                             for s in stats_reports), 60, "two more seconds of statistics"))
+        cl.call(
+            async_wait_until(
+                lambda: all(
+                    balancer.statistics.latest[s].timestamp > stats_reports[s].timestamp + 1 for s in stats_reports
+                ),
+                60,
+                "two more seconds of statistics",
+            )
+        )
         assert "balanced" in balancer.activity
-        again = len([e for _, e in read_events(cl.settings.bootstrap, cl.settings.topics.config_events)
-                     if e.type == "MigrationRequested"])
+        again = len(
+            [
+                e
+                for _, e in read_events(cl.settings.bootstrap, cl.settings.topics.config_events)
+                if e.type == "MigrationRequested"
+            ]
+        )
         assert again == moved and balancer.round == rounds_seen, "the balancer kept moving data once even"
         status = cli(cl.settings, "balancer", "status", "--json")
         assert status.returncode == 0, status.stderr
@@ -96,8 +122,10 @@ def test_split_find_without_at_splits_at_the_median_and_refuses_a_single_key_chu
 
     async def load():
         async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=60) as client:
-            await client["sp"]["c"].insert_many([{"_id": i, "k": i // 2} for i in range(100)]
-                                                + [{"_id": 5000 + i, "k": 2000} for i in range(10)])
+            await client["sp"]["c"].insert_many(
+                [{"_id": i, "k": i // 2} for i in range(100)] + [{"_id": 5000 + i, "k": 2000} for i in range(10)]
+            )
+
     asyncio.run(load())
     done = cli(cl.settings, "split", "sp.c", "--find", '{"k": 7}', "--json")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -120,8 +148,12 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
     from services.shard.server import ShardServer
 
     cl = balanced_cluster
-    for key, value in (("maxChunkSizeBytes", MB), ("balancerRoundIntervalSecs", 0.5),
-                       ("balancerMigrationsThrottlingMs", 0), ("orphanCleanupDelaySecs", 0)):
+    for key, value in (
+        ("maxChunkSizeBytes", MB),
+        ("balancerRoundIntervalSecs", 0.5),
+        ("balancerMigrationsThrottlingMs", 0),
+        ("orphanCleanupDelaySecs", 0),
+    ):
         cl.command(c.SetSetting(key=key, value=value))
     cl.command(c.CreateDatabase(db="g", primary="s2"))
     cl.command(c.ShardCollection(ns="g.c", key={"k": 1}))
@@ -137,9 +169,11 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
     async def load():
         async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=120) as client:
             for start in range(0, n, 1000):
-                await client["g"]["c"].insert_many([{"_id": i, "k": i, "pad": "x" * 1000}
-                                                    for i in range(start, start + 1000)])
+                await client["g"]["c"].insert_many(
+                    [{"_id": i, "k": i, "pad": "x" * 1000} for i in range(start, start + 1000)]
+                )
             await client["g"]["u"].insert_many([{"_id": i, "note": f"unsharded {i}"} for i in range(50)])
+
     asyncio.run(load())
 
     balancer, deleter = Balancer(cl.settings), RangeDeleter(cl.settings)
@@ -150,6 +184,7 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
 
         async def spawn():  # a cluster member from now on: it stops with the others
             cl.tasks.append(asyncio.create_task(s3.run()))
+
         cl.call(spawn())
         cl.call(async_wait_until(lambda: s3.processor.active.is_set(), 60, "s3 active"))
         cl.shards["s3"] = s3
@@ -157,8 +192,13 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
 
         def s3_has_its_share():
             sizes = sizes_by_shard(cl, "g.c")
-            return sizes["s3"] > 0 and max(sizes.values()) - min(sizes.values()) <= 3 * MB \
-                and not balancer.state.in_flight and sizes
+            return (
+                sizes["s3"] > 0
+                and max(sizes.values()) - min(sizes.values()) <= 3 * MB
+                and not balancer.state.in_flight
+                and sizes
+            )
+
         shares = cl.call(async_wait_until(s3_has_its_share, 240, "the balancer to give s3 its share"))
         assert shares["s3"] >= 2 * MB, shares
 
@@ -173,8 +213,9 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
         assert status["draining"] and status["chunks"] == on_s2 > 0 and status["databases"] == ["g"], status
         assert {b["reason"] for b in status["blockers"]} == {"balancerStopped", "migrationsDisallowed"}, status
         during = json.loads(cli(cl.settings, "balancer", "collection-status", "g.c", "--json").stdout)
-        assert not during["compliant"] and {"draining", "migrationsDisallowed"} <= \
-            {v["reason"] for v in during["violations"]}, during
+        assert not during["compliant"] and {"draining", "migrationsDisallowed"} <= {
+            v["reason"] for v in during["violations"]
+        }, during
         for args in (("set-allow-migrations", "g.c", "true"), ("balancer", "start")):
             done = cli(cl.settings, *args, "--json")
             assert done.returncode == 0, done.stdout + done.stderr
@@ -190,23 +231,28 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
 
     async def read_back():
         async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=60) as client:
-            return ([d["k"] for d in await client["g"]["c"].find({}, projection={"k": 1}, sort={"k": 1}).to_list()],
-                    await client["g"]["u"].find({}, sort={"_id": 1}).to_list())
+            return (
+                [d["k"] for d in await client["g"]["c"].find({}, projection={"k": 1}, sort={"k": 1}).to_list()],
+                await client["g"]["u"].find({}, sort={"_id": 1}).to_list(),
+            )
+
     keys, unsharded = asyncio.run(read_back())
     assert keys == list(range(n)), "a document was lost or duplicated while adding and removing shards"
     assert [d["note"] for d in unsharded] == [f"unsharded {i}" for i in range(50)]
 
 
-def test_auto_split_splits_a_grown_chunk_moves_the_new_top_chunk_and_marks_a_single_key_chunk_jumbo(
-        balanced_cluster):
+def test_auto_split_splits_a_grown_chunk_moves_the_new_top_chunk_and_marks_a_single_key_chunk_jumbo(balanced_cluster):
     """Seed 001's auto-splitting, through the balancer: an ascending key grown past the max
     chunk size is split about every half max size, its highest key gets a chunk of its own
     that moves off the hot shard; a chunk whose documents share one shard key is jumbo."""
     from services.balancer.server import Balancer
 
     cl = balanced_cluster
-    for key, value in (("maxChunkSizeBytes", MB), ("balancerRoundIntervalSecs", 0.5),
-                       ("balancerMigrationsThrottlingMs", 0)):
+    for key, value in (
+        ("maxChunkSizeBytes", MB),
+        ("balancerRoundIntervalSecs", 0.5),
+        ("balancerMigrationsThrottlingMs", 0),
+    ):
         cl.command(c.SetSetting(key=key, value=value))
     cl.command(c.CreateDatabase(db="as", primary="s0"))
     for ns in ("as.up", "as.one"):
@@ -217,16 +263,24 @@ def test_auto_split_splits_a_grown_chunk_moves_the_new_top_chunk_and_marks_a_sin
         async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=120) as client:
             await client["as"]["up"].insert_many([{"_id": i, "k": i, "pad": "x" * 1000} for i in range(2500)])
             await client["as"]["one"].insert_many([{"_id": i, "k": 7, "pad": "x" * 1000} for i in range(1500)])
+
     asyncio.run(load())
 
     balancer = Balancer(cl.settings)
     task = asyncio.run_coroutine_threadsafe(balancer.run(), cl.loop)
     try:
+
         def done():
             cat = cl.config.catalog
             up, one = cat.collections["as.up"], cat.collections["as.one"]
-            return (len(up.chunks) > 2 and up.chunks[-1].shard != "s0" and one.chunks[0].jumbo
-                    and not balancer.state.in_flight and (up, one))
+            return (
+                len(up.chunks) > 2
+                and up.chunks[-1].shard != "s0"
+                and one.chunks[0].jumbo
+                and not balancer.state.in_flight
+                and (up, one)
+            )
+
         up, one = cl.call(async_wait_until(done, 120, "the auto-split of as.up and the jumbo mark of as.one"))
     finally:
         task.cancel()
@@ -239,10 +293,16 @@ def test_auto_split_splits_a_grown_chunk_moves_the_new_top_chunk_and_marks_a_sin
 
     async def ask(req):
         from libs.requests import Requester
+
         async with Requester(cl.settings.bootstrap, cl.settings.topics.cli_replies) as r:
             return await r.request(cl.settings.topics.shard_requests("s0"), req, timeout=30)
+
     from schemas import shard as s
-    for bad in (s.SplitVector(ns="as.up"), s.SplitVector(ns="as.up", find={"k": 1}, chunkMin={"k": 0}),
-                s.SplitVector(ns="as.up", chunkMin={"x": 1})):
+
+    for bad in (
+        s.SplitVector(ns="as.up"),
+        s.SplitVector(ns="as.up", find={"k": 1}, chunkMin={"k": 0}),
+        s.SplitVector(ns="as.up", chunkMin={"x": 1}),
+    ):
         reply = cl.call(ask(bad))
         assert not reply.ok and reply.code == "BadValue", reply

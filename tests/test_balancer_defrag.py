@@ -1,5 +1,6 @@
 """The balancer's pure policies, no Kafka: the auto-merger (seed 002), defragmentation
 (seed 002) and auto-splitting (seed 001)."""
+
 from __future__ import annotations
 
 import json
@@ -42,19 +43,32 @@ def merges(chunks, zone_ranges=None, **kw):
 # ====================================================================== auto-merger
 
 
-SEED_EXAMPLE = [("A", 0, 10, "Shard0"), ("B", 10, 20, "Shard0"), ("C", 20, 30, "Shard0"), ("D", 30, 40, "Shard0"),
-                ("E", 40, 50, "Shard1"), ("F", 50, 60, "Shard1"), ("G", 60, 70, "Shard0"), ("H", 70, 80, "Shard0"),
-                ("I", 80, 90, "Shard1")]
-SEED_RESULT = [("A-B-C-D", 0, 40, "Shard0"), ("E-F", 40, 60, "Shard1"), ("G-H", 60, 80, "Shard0"),
-               ("I", 80, 90, "Shard1")]
+SEED_EXAMPLE = [
+    ("A", 0, 10, "Shard0"),
+    ("B", 10, 20, "Shard0"),
+    ("C", 20, 30, "Shard0"),
+    ("D", 30, 40, "Shard0"),
+    ("E", 40, 50, "Shard1"),
+    ("F", 50, 60, "Shard1"),
+    ("G", 60, 70, "Shard0"),
+    ("H", 70, 80, "Shard0"),
+    ("I", 80, 90, "Shard1"),
+]
+SEED_RESULT = [
+    ("A-B-C-D", 0, 40, "Shard0"),
+    ("E-F", 40, 60, "Shard1"),
+    ("G-H", 60, 80, "Shard0"),
+    ("I", 80, 90, "Shard1"),
+]
 
 
 def test_the_worked_example_of_seed_002_exactly():
     # "assumes that history is empty for all chunks and no chunk is flagged as jumbo"
     chunks = [ChunkInfo(k(lo), k(hi), shard) for _, lo, hi, shard in SEED_EXAMPLE]
     actions = merges(chunks)
-    assert sorted(ranges(actions)) == sorted([(k(0), k(40), "Shard0"), (k(40), k(60), "Shard1"),
-                                              (k(60), k(80), "Shard0")])
+    assert sorted(ranges(actions)) == sorted(
+        [(k(0), k(40), "Shard0"), (k(40), k(60), "Shard1"), (k(60), k(80), "Shard0")]
+    )
     assert all(a["type"] == "merge" and a["ns"] == "db.coll" for a in actions)
     # Squash the named chunks as the actions say: the seed's second table.
     table = [(name, lo, hi, shard) for name, lo, hi, shard in SEED_EXAMPLE]
@@ -62,7 +76,7 @@ def test_the_worked_example_of_seed_002_exactly():
         inside = [r for r in table if a["min"] <= k(r[1]) and k(r[2]) <= a["max"]]
         assert {r[3] for r in inside} == {a["shard"]}
         first = table.index(inside[0])
-        table[first:first + len(inside)] = [("-".join(r[0] for r in inside), inside[0][1], inside[-1][2], a["shard"])]
+        table[first : first + len(inside)] = [("-".join(r[0] for r in inside), inside[0][1], inside[-1][2], a["shard"])]
     assert table == SEED_RESULT
     # Nothing is left to merge afterwards.
     assert merges([ChunkInfo(k(lo), k(hi), shard) for _, lo, hi, shard in table]) == []
@@ -85,8 +99,10 @@ def test_another_shard_breaks_a_run():
 def test_a_gap_breaks_a_run():
     # contiguous means max == next min; a portion of a routing table may skip chunks
     assert merges(chunks_of((0, 1, "s0"), (2, 3, "s0"))) == []
-    assert ranges(merges(chunks_of((0, 1, "s0"), (1, 2, "s0"), (5, 6, "s0"), (6, 7, "s0")))) == [(0, 2, "s0"),
-                                                                                                  (5, 7, "s0")]
+    assert ranges(merges(chunks_of((0, 1, "s0"), (1, 2, "s0"), (5, 6, "s0"), (6, 7, "s0")))) == [
+        (0, 2, "s0"),
+        (5, 7, "s0"),
+    ]
 
 
 def test_another_zone_breaks_a_run():
@@ -108,13 +124,19 @@ def test_two_ranges_of_one_zone_merge():
 def test_a_chunk_across_a_zone_boundary_never_merges():
     chunks = chunks_of((0, 10, "s0"), (10, 20, "s0"), (20, 30, "s0"))
     assert ranges(merges(chunks, [(15, 40, "EU")])) == []
-    assert ranges(merges(chunks_of((0, 10, "s0"), (10, 20, "s0"), (20, 30, "s0"), (30, 40, "s0")),
-                         [(25, 99, "EU")])) == [(0, 20, "s0")]
+    assert ranges(
+        merges(chunks_of((0, 10, "s0"), (10, 20, "s0"), (20, 30, "s0"), (30, 40, "s0")), [(25, 99, "EU")])
+    ) == [(0, 20, "s0")]
 
 
 def test_a_jumbo_chunk_breaks_a_run():
-    chunks = [ChunkInfo(0, 1, "s0"), ChunkInfo(1, 2, "s0"), ChunkInfo(2, 3, "s0", jumbo=True),
-              ChunkInfo(3, 4, "s0"), ChunkInfo(4, 5, "s0")]
+    chunks = [
+        ChunkInfo(0, 1, "s0"),
+        ChunkInfo(1, 2, "s0"),
+        ChunkInfo(2, 3, "s0", jumbo=True),
+        ChunkInfo(3, 4, "s0"),
+        ChunkInfo(4, 5, "s0"),
+    ]
     assert ranges(merges(chunks)) == [(0, 2, "s0"), (3, 5, "s0")]
 
 
@@ -166,9 +188,13 @@ def test_from_collection_uses_the_encoded_bounds():
         def __init__(self, **kw):
             self.__dict__.update(kw)
 
-    coll = Z(chunks=[Z(min_key=k(MIN_KEY), max_key=k(0), shard="s0", jumbo=False),
-                     Z(min_key=k(0), max_key=k(MAX_KEY), shard="s0", jumbo=True)],
-             zones=[Z(min_key=k(0), max_key=k(MAX_KEY), zone="EU")])
+    coll = Z(
+        chunks=[
+            Z(min_key=k(MIN_KEY), max_key=k(0), shard="s0", jumbo=False),
+            Z(min_key=k(0), max_key=k(MAX_KEY), shard="s0", jumbo=True),
+        ],
+        zones=[Z(min_key=k(0), max_key=k(MAX_KEY), zone="EU")],
+    )
     chunks, zones = am.from_collection(coll, {k(0): 5.0}, {k(MIN_KEY): 7})
     assert chunks[1].jumbo and chunks[1].last_migrated == 5.0 and chunks[0].size == 7
     assert zones == [(k(0), k(MAX_KEY), "EU")]
@@ -176,13 +202,23 @@ def test_from_collection_uses_the_encoded_bounds():
 
 @st.composite
 def routing_tables(draw):
-    attrs = draw(st.lists(st.tuples(st.sampled_from(["s0", "s1", "s2"]), st.integers(0, 9).map(lambda n: n == 0),
-                                    st.sampled_from([None, None, None, NOW - 10, NOW - 10_000])), max_size=25))
+    attrs = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["s0", "s1", "s2"]),
+                st.integers(0, 9).map(lambda n: n == 0),
+                st.sampled_from([None, None, None, NOW - 10, NOW - 10_000]),
+            ),
+            max_size=25,
+        )
+    )
     bounds = [0]
     for w in draw(st.lists(st.integers(1, 40), min_size=len(attrs), max_size=len(attrs))):
         bounds.append(bounds[-1] + w)
-    chunks = [ChunkInfo(lo, hi, shard, jumbo=jumbo, last_migrated=lm)
-              for (lo, hi), (shard, jumbo, lm) in zip(zip(bounds, bounds[1:]), attrs)]
+    chunks = [
+        ChunkInfo(lo, hi, shard, jumbo=jumbo, last_migrated=lm)
+        for (lo, hi), (shard, jumbo, lm) in zip(zip(bounds, bounds[1:]), attrs)
+    ]
     zcuts = sorted(draw(st.sets(st.one_of(st.sampled_from(bounds), st.integers(0, bounds[-1] + 5)), max_size=4)))
     zones = [(lo, hi, draw(st.sampled_from(["EU", "US"]))) for lo, hi in zip(zcuts[::2], zcuts[1::2])]
     return chunks, zones
@@ -207,8 +243,12 @@ def test_merges_never_span_shards_or_zones_and_are_maximal(table):
     # maximal: two neighbouring eligible chunks alike are always in the same run
     for x in range(len(chunks) - 1):
         a, b = chunks[x], chunks[x + 1]
-        if (a.shard == b.shard and zone_of[x] == zone_of[x + 1] and not isinstance(zone_of[x], am.Straddling)
-                and all(not c.jumbo and am.history_purgeable(c, NOW, WINDOW) for c in (a, b))):
+        if (
+            a.shard == b.shard
+            and zone_of[x] == zone_of[x + 1]
+            and not isinstance(zone_of[x], am.Straddling)
+            and all(not c.jumbo and am.history_purgeable(c, NOW, WINDOW) for c in (a, b))
+        ):
             assert any(i <= x and x + 1 < j for i, j in found)
     assert len(merges(chunks, zones, outstanding=3)) == min(7, len(found))
 
@@ -242,19 +282,29 @@ class Cluster:
         self.log: list[dict] = []
 
     def snapshot(self) -> df.Snapshot:
-        return df.Snapshot([ChunkInfo(c["min"], c["max"], c["shard"], size=None) for c in self.chunks],
-                           self.max_chunk_size, self.zone_ranges, self.shard_sizes, self.draining)
+        return df.Snapshot(
+            [ChunkInfo(c["min"], c["max"], c["shard"], size=None) for c in self.chunks],
+            self.max_chunk_size,
+            self.zone_ranges,
+            self.shard_sizes,
+            self.draining,
+        )
 
     def run(self, a: dict) -> tuple[bool, str | None, int | None]:
         self.log.append(a)
         inside = [c for c in self.chunks if a["min"] <= c["min"] and c["max"] <= a["max"]]
         if a["type"] == "merge":
-            if (not inside or inside[0]["min"] != a["min"] or inside[-1]["max"] != a["max"]
-                    or {c["shard"] for c in inside} != {a["shard"]}):
+            if (
+                not inside
+                or inside[0]["min"] != a["min"]
+                or inside[-1]["max"] != a["max"]
+                or {c["shard"] for c in inside} != {a["shard"]}
+            ):
                 return False, "IllegalOperation", None
             i = self.chunks.index(inside[0])
-            self.chunks[i:i + len(inside)] = [dict(min=a["min"], max=a["max"], shard=a["shard"],
-                                                   size=sum(c["size"] for c in inside))]
+            self.chunks[i : i + len(inside)] = [
+                dict(min=a["min"], max=a["max"], shard=a["shard"], size=sum(c["size"] for c in inside))
+            ]
             return True, None, None
         if len(inside) != 1 or (inside[0]["min"], inside[0]["max"]) != (a["min"], a["max"]):
             return False, "IllegalOperation", None
@@ -295,7 +345,10 @@ def test_phase_1_merges_runs_per_shard_then_measures():
     s, actions = df.next_actions(df.start("db.c"), cl.snapshot())
     assert s.phase == df.MERGE_AND_MEASURE and df.blocks_balancing(s)
     assert [(a["type"], a["min"], a["max"], a["shard"]) for a in actions] == [
-        ("merge", 0, 20, "s0"), ("dataSize", 20, 30, "s1"), ("dataSize", 30, 40, "s0")]
+        ("merge", 0, 20, "s0"),
+        ("dataSize", 20, 30, "s1"),
+        ("dataSize", 30, 40, "s0"),
+    ]
     assert df.status(s)["remainingChunksToProcess"] == 3
     s = df.on_result(s, actions[0], *cl.run(actions[0])[:2])
     s, more = df.next_actions(s, cl.snapshot())
@@ -321,12 +374,20 @@ def test_every_phase_in_turn_to_the_end():
         for a in actions:
             ok, code, size = cl.run(a)
             s = df.on_result(s, a, ok, code, data_size=size)
-    assert trace == [(df.MERGE_AND_MEASURE, "dataSize")] * 3 + [(df.MOVE_AND_MERGE, "move"),
-                                                                 (df.MOVE_AND_MERGE, "merge"), (df.MERGE, "merge")]
+    assert trace == [(df.MERGE_AND_MEASURE, "dataSize")] * 3 + [
+        (df.MOVE_AND_MERGE, "move"),
+        (df.MOVE_AND_MERGE, "merge"),
+        (df.MERGE, "merge"),
+    ]
     assert cl.chunks == [{"min": 0, "max": 30, "shard": "s0", "size": 125}]
     assert not df.blocks_balancing(s) and s.sizes == {}  # sizes are cleaned up at the end
-    assert df.status(s)["state"] == "finished" and s.counters == {"merges": 2, "dataSizes": 3, "moves": 1,
-                                                                  "retries": 0, "restarts": 0}
+    assert df.status(s)["state"] == "finished" and s.counters == {
+        "merges": 2,
+        "dataSizes": 3,
+        "moves": 1,
+        "retries": 0,
+        "restarts": 0,
+    }
 
 
 def test_phase_1_to_2_waits_for_the_actions_in_flight():
@@ -369,8 +430,12 @@ def test_the_small_chunk_threshold_is_strictly_below_25_percent():
 def pick(chunks, shard_sizes=None, draining=()):
     """The action phase 2 starts with for chunks (min, max, shard, size), max chunk size 100."""
     s = df.DefragState("db.c", phase=df.MOVE_AND_MERGE)
-    snap = df.Snapshot([ChunkInfo(lo, hi, sh, size=n) for lo, hi, sh, n in chunks], 100,
-                       shard_sizes=shard_sizes, draining=frozenset(draining))
+    snap = df.Snapshot(
+        [ChunkInfo(lo, hi, sh, size=n) for lo, hi, sh, n in chunks],
+        100,
+        shard_sizes=shard_sizes,
+        draining=frozenset(draining),
+    )
     return df.next_actions(s, snap)[1][0]
 
 
@@ -414,17 +479,27 @@ def test_the_recipient_with_less_data_wins_a_tie_then_the_right_sibling():
 def test_phase_2_keeps_to_zones_and_away_from_draining_shards():
     # the small chunk's only same-zone sibling is on a draining shard: nothing to do
     s = df.DefragState("db.c", phase=df.MOVE_AND_MERGE)
-    snap = df.Snapshot([ChunkInfo(0, 10, "s1", size=50), ChunkInfo(10, 20, "s0", size=5),
-                        ChunkInfo(20, 30, "s2", size=50)], 100, zone_ranges=[(0, 20, "EU")],
-                       draining=frozenset({"s1"}))
+    snap = df.Snapshot(
+        [ChunkInfo(0, 10, "s1", size=50), ChunkInfo(10, 20, "s0", size=5), ChunkInfo(20, 30, "s2", size=50)],
+        100,
+        zone_ranges=[(0, 20, "EU")],
+        draining=frozenset({"s1"}),
+    )
     s, actions = df.next_actions(s, snap)
     assert actions == [] and s.phase == df.FINISHED  # phase 3 had nothing to merge either
 
 
 def test_one_migration_per_shard_at_a_time():
     s = df.DefragState("db.c", phase=df.MOVE_AND_MERGE)
-    snap = df.Snapshot([ChunkInfo(0, 10, "s0", size=5), ChunkInfo(10, 20, "s1", size=50),
-                        ChunkInfo(20, 30, "s0", size=6), ChunkInfo(30, 40, "s1", size=50)], 100)
+    snap = df.Snapshot(
+        [
+            ChunkInfo(0, 10, "s0", size=5),
+            ChunkInfo(10, 20, "s1", size=50),
+            ChunkInfo(20, 30, "s0", size=6),
+            ChunkInfo(30, 40, "s1", size=50),
+        ],
+        100,
+    )
     s, actions = df.next_actions(s, snap)
     assert [(a["type"], a["min"]) for a in actions] == [("move", 0)]
 
@@ -446,13 +521,22 @@ def test_a_retriable_error_issues_the_same_action_again():
     assert again == [merge]
 
 
-@pytest.mark.parametrize("phase, back_to", [(df.MERGE_AND_MEASURE, df.MERGE_AND_MEASURE),
-                                            (df.MOVE_AND_MERGE, df.MERGE_AND_MEASURE),
-                                            (df.MERGE, df.MERGE)])
+@pytest.mark.parametrize(
+    "phase, back_to",
+    [(df.MERGE_AND_MEASURE, df.MERGE_AND_MEASURE), (df.MOVE_AND_MERGE, df.MERGE_AND_MEASURE), (df.MERGE, df.MERGE)],
+)
 def test_a_non_retriable_error_restarts_the_phase_the_seed_says(phase, back_to):
-    snap = df.Snapshot([ChunkInfo(0, 10, "s0", size=5), ChunkInfo(10, 20, "s0", size=5),
-                        ChunkInfo(20, 30, "s1", size=50), ChunkInfo(30, 40, "s2", size=5),
-                        ChunkInfo(40, 50, "s3", size=50), ChunkInfo(50, 60, "s3", size=50)], 100)
+    snap = df.Snapshot(
+        [
+            ChunkInfo(0, 10, "s0", size=5),
+            ChunkInfo(10, 20, "s0", size=5),
+            ChunkInfo(20, 30, "s1", size=50),
+            ChunkInfo(30, 40, "s2", size=5),
+            ChunkInfo(40, 50, "s3", size=50),
+            ChunkInfo(50, 60, "s3", size=50),
+        ],
+        100,
+    )
     s, actions = df.next_actions(df.DefragState("db.c", phase=phase), snap)
     assert s.phase == phase and len(actions) >= 2, actions
     first, rest = actions[0], actions[1:]
@@ -479,8 +563,10 @@ def test_a_retriable_move_keeps_its_pair_and_is_reissued():
 
 
 def test_whole_runs_with_errors_finish_and_leave_no_small_chunk_with_a_sibling():
-    spec = [(i * 10, i * 10 + 10, f"s{(i * 7) % 3}", n) for i, n in
-            enumerate([3, 4, 50, 2, 2, 2, 8, 90, 1, 1, 30, 5, 5, 5, 40, 7])]
+    spec = [
+        (i * 10, i * 10 + 10, f"s{(i * 7) % 3}", n)
+        for i, n in enumerate([3, 4, 50, 2, 2, 2, 8, 90, 1, 1, 30, 5, 5, 5, 40, 7])
+    ]
     flaky = {"n": 0}
 
     def fail(a):
@@ -547,14 +633,27 @@ def test_status_shows_progress():
     cl = Cluster([(0, 10, "s0", 5), (10, 20, "s0", 5), (20, 30, "s1", 60)])
     s, _ = df.next_actions(df.start("db.c"), cl.snapshot())
     st_ = df.status(s)
-    assert st_ == {"ns": "db.c", "currentPhase": df.MERGE_AND_MEASURE, "state": "running", "stopped": False,
-                   "remainingChunksToProcess": 2, "outstanding": 2, "pending": 0,
-                   "merges": 0, "dataSizes": 0, "moves": 0, "retries": 0, "restarts": 0}
+    assert st_ == {
+        "ns": "db.c",
+        "currentPhase": df.MERGE_AND_MEASURE,
+        "state": "running",
+        "stopped": False,
+        "remainingChunksToProcess": 2,
+        "outstanding": 2,
+        "pending": 0,
+        "merges": 0,
+        "dataSizes": 0,
+        "moves": 0,
+        "retries": 0,
+        "restarts": 0,
+    }
     json.dumps(st_)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["s0", "s1", "s2"]), st.integers(0, 120)), min_size=1, max_size=14),
-       st.sets(st.integers(0, 14), max_size=3))
+@given(
+    st.lists(st.tuples(st.sampled_from(["s0", "s1", "s2"]), st.integers(0, 120)), min_size=1, max_size=14),
+    st.sets(st.integers(0, 14), max_size=3),
+)
 @settings(max_examples=60, deadline=None)
 def test_defragmentation_always_finishes_and_keeps_the_data(spec, zone_cuts):
     chunks = [(i * 10, i * 10 + 10, sh, n) for i, (sh, n) in enumerate(spec)]
@@ -632,16 +731,18 @@ def test_top_chunk_optimisation_for_descending_keys():
     plan = asp.top_chunk(d, [50], chunk_min=MIN_KEY, chunk_max=200, is_bottom=True, is_top=False, hashed=False)
     assert plan.points == [1, 50] and plan.move == (MIN_KEY, 1)
     d = docs(0, 0, 0, *range(1, 100))  # the lowest key's documents stay together
-    assert asp.top_chunk(d, [50], chunk_min=MIN_KEY, chunk_max=200, is_bottom=True, is_top=False,
-                         hashed=False).move == (MIN_KEY, 1)
+    assert asp.top_chunk(
+        d, [50], chunk_min=MIN_KEY, chunk_max=200, is_bottom=True, is_top=False, hashed=False
+    ).move == (MIN_KEY, 1)
 
 
 def test_no_top_chunk_optimisation_in_the_middle_for_hashed_keys_or_without_a_split():
     d = docs(*range(100))
     for kw in (dict(is_bottom=False, is_top=False, hashed=False), dict(is_bottom=False, is_top=True, hashed=True)):
         assert asp.top_chunk(d, [50], chunk_min=0, chunk_max=100, **kw) == asp.TopChunkPlan([50], None)
-    assert asp.top_chunk(d, [], chunk_min=0, chunk_max=100, is_bottom=True, is_top=True,
-                         hashed=False) == asp.TopChunkPlan([], None)
+    assert asp.top_chunk(
+        d, [], chunk_min=0, chunk_max=100, is_bottom=True, is_top=True, hashed=False
+    ) == asp.TopChunkPlan([], None)
     # the last point already isolates the highest key
     plan = asp.top_chunk(d, [99], chunk_min=0, chunk_max=MAX_KEY, is_bottom=False, is_top=True, hashed=False)
     assert plan == asp.TopChunkPlan([99], (99, MAX_KEY))

@@ -1,6 +1,7 @@
 """Defragmentation and the auto-merger in the live balancer, against a real broker:
 the three phases end to end, a balancer killed mid-phase resuming the same phase,
 and the auto-merger's schedule and history window (seed 002)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,7 +41,10 @@ def cl(settings, monkeypatch):
 
 def move(cl, ns: str, lo: int, hi: int | None, to: str) -> None:
     """MoveRange [lo, hi) and wait until the router sees it committed."""
-    bound = (lambda v: {"k": v} if v is not None else {"k": {"$maxKey": 1}})
+
+    def bound(v: int | None) -> dict:
+        return {"k": v} if v is not None else {"k": {"$maxKey": 1}}
+
     mid = cl.command(c.MoveRange(ns=ns, min=bound(lo), max=bound(hi), to=to)).result["id"]
 
     async def committed():
@@ -52,6 +56,7 @@ def move(cl, ns: str, lo: int, hi: int | None, to: str) -> None:
                     await cl.router.follower.wait_for(rep.configTime or 0, 30)
                     return
                 await asyncio.sleep(0.1)
+
     cl.call(asyncio.wait_for(committed(), 90))
 
 
@@ -69,8 +74,10 @@ def fragmented_collection(cl, ns: str = "d.c") -> None:
 
     async def load():
         async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=120) as client:
-            await client[db][ns.partition(".")[2]].insert_many([{"_id": i, "k": i, "pad": "x" * 400}
-                                                                for i in range(DOCS)])
+            await client[db][ns.partition(".")[2]].insert_many(
+                [{"_id": i, "k": i, "pad": "x" * 400} for i in range(DOCS)]
+            )
+
     asyncio.run(load())
 
 
@@ -83,6 +90,7 @@ def all_ids(cl, ns: str) -> list:
         async with AsyncCluster(cl.settings.bootstrap, cl.settings.cluster, timeout=60) as client:
             db, _, coll = ns.partition(".")
             return sorted([d["_id"] async for d in client[db][coll].find({})])
+
     return asyncio.run(go())
 
 
@@ -127,8 +135,14 @@ def test_defragmentation_runs_its_three_phases_and_leaves_fewer_chunks(cl):
         comp = json.loads(cli(cl.settings, "balancer", "collection-status", "d.c", "--json").stdout)
         assert "defragmenting" in [v["reason"] for v in comp["violations"]], comp  # not balanced meanwhile
 
-        cl.call(async_wait_until(lambda: balancer.state.defrag_status("d.c")["state"] == "finished", 300,
-                                 "defragmentation of d.c to finish"), timeout=310)
+        cl.call(
+            async_wait_until(
+                lambda: balancer.state.defrag_status("d.c")["state"] == "finished",
+                300,
+                "defragmentation of d.c to finish",
+            ),
+            timeout=310,
+        )
         done = json.loads(cli(cl.settings, "defragment", "d.c", "status", "--json").stdout)
         assert done["currentPhase"] == "finished" and done["remainingChunksToProcess"] == 0, done
         assert done["merges"] > 0 and done["dataSizes"] > 0 and done["moves"] > 0, done
@@ -151,8 +165,12 @@ def test_a_balancer_killed_mid_phase_resumes_the_same_phase(cl, spawn):
     fragmented_collection(cl)
     before = len(chunks_of(cl, "d.c"))
     env = {"SHARDLOG_STATS_INTERVAL_S": "0.5"}
-    first = spawn(cl.settings, "services.balancer", ready_name="balancer",
-                  env={**env, "SHARDLOG_FAULTS": "balancer.defragment_step@moveAndMergeChunks#3=kill"})
+    first = spawn(
+        cl.settings,
+        "services.balancer",
+        ready_name="balancer",
+        env={**env, "SHARDLOG_FAULTS": "balancer.defragment_step@moveAndMergeChunks#3=kill"},
+    )
     first.wait_ready(90, role="active")
     started = cli(cl.settings, "defragment", "d.c", "start", "--json")
     assert started.returncode == 0, started.stdout + started.stderr
@@ -165,8 +183,11 @@ def test_a_balancer_killed_mid_phase_resumes_the_same_phase(cl, spawn):
 
     second = spawn(cl.settings, "services.balancer", ready_name="balancer", env={**env, "SHARDLOG_FAULTS": ""})
     second.wait_ready(90, role="active")
-    wait_until(lambda: any(st["phase"] == "finished" for _, st in defrag_states(cl.settings, "d.c", last_offset + 1)),
-               300, "the restarted balancer to finish defragmenting d.c")
+    wait_until(
+        lambda: any(st["phase"] == "finished" for _, st in defrag_states(cl.settings, "d.c", last_offset + 1)),
+        300,
+        "the restarted balancer to finish defragmenting d.c",
+    )
     resumed = [st for _, st in defrag_states(cl.settings, "d.c", last_offset + 1)]
     assert resumed[0]["phase"] == "moveAndMergeChunks", f"resumed in phase {resumed[0]['phase']}"
     seen = phases_in_order(resumed)  # (phase 3 passes unrecorded when phase 2 left nothing to merge)
@@ -178,8 +199,11 @@ def test_a_balancer_killed_mid_phase_resumes_the_same_phase(cl, spawn):
 
 def test_the_auto_merger_merges_on_its_schedule_but_not_recently_migrated_chunks(cl):
     interval, throttle = 4, 1500
-    for key, value in (("autoMergerIntervalSecs", interval), ("autoMergerThrottlingMS", throttle),
-                       ("balancerRoundIntervalSecs", 0.5)):
+    for key, value in (
+        ("autoMergerIntervalSecs", interval),
+        ("autoMergerThrottlingMS", throttle),
+        ("balancerRoundIntervalSecs", 0.5),
+    ):
         cl.command(c.SetSetting(key=key, value=value))
     cl.command(c.CreateDatabase(db="a", primary="s0"))
     cl.command(c.ShardCollection(ns="a.c", key={"k": 1}))
@@ -195,6 +219,7 @@ def test_the_auto_merger_merges_on_its_schedule_but_not_recently_migrated_chunks
 
         def layout():
             return [(ch.min["k"] if isinstance(ch.min["k"], int) else None, ch.shard) for ch in chunks_of(cl, "a.c")]
+
         expected = [(None, "s0"), (300, "s1"), (400, "s1"), (500, "s0")]  # s1's pair was migrated: not merged
         cl.call(async_wait_until(lambda: layout() == expected, 60, f"the auto-merger to merge a.c into {expected}"))
         merged_at = balancer.state.auto_merged_at
@@ -203,8 +228,11 @@ def test_the_auto_merger_merges_on_its_schedule_but_not_recently_migrated_chunks
     finally:
         task.cancel()
 
-    merges = [r.timestamp / 1000 for r in read_records(cl.settings.bootstrap, cl.settings.topics.config_commands)
-              if c.commands.decode(r.value).type == "MergeChunks"]
+    merges = [
+        r.timestamp / 1000
+        for r in read_records(cl.settings.bootstrap, cl.settings.topics.config_commands)
+        if c.commands.decode(r.value).type == "MergeChunks"
+    ]
     assert len(merges) >= 2, merges
     assert merges[0] >= first + interval - 0.05, "merged before autoMergerIntervalSecs elapsed"
     assert merges[1] - merges[0] >= throttle / 1000 - 0.05, "two merges of a.c closer than autoMergerThrottlingMS"

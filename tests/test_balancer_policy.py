@@ -1,4 +1,5 @@
 """The balancer's chunk-selection policy (services/balancer/policy.py): pure, no Kafka."""
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,30 @@ def bound(i: int, n: int) -> dict:
 def chunks(*owners: tuple) -> list[dict]:
     """One chunk per (shard, sizeBytes[, jumbo]), contiguous over {x: 1}."""
     n = len(owners)
-    return [{"min": bound(i, n), "max": bound(i + 1, n), "shard": o[0], "sizeBytes": o[1],
-             "jumbo": o[2] if len(o) > 2 else False} for i, o in enumerate(owners)]
+    return [
+        {
+            "min": bound(i, n),
+            "max": bound(i + 1, n),
+            "shard": o[0],
+            "sizeBytes": o[1],
+            "jumbo": o[2] if len(o) > 2 else False,
+        }
+        for i, o in enumerate(owners)
+    ]
 
 
 def coll(owners, zones=(), ns="db.c", **kw) -> dict:
     """`zones`: (zone, lo, hi) over x; None for MinKey / MaxKey."""
-    return {"ns": ns, "key": {"x": 1}, "chunks": chunks(*owners),
-            "zones": [{"zone": z, "min": {"x": MIN if lo is None else lo}, "max": {"x": MAX if hi is None else hi}}
-                      for z, lo, hi in zones], **kw}
+    return {
+        "ns": ns,
+        "key": {"x": 1},
+        "chunks": chunks(*owners),
+        "zones": [
+            {"zone": z, "min": {"x": MIN if lo is None else lo}, "max": {"x": MAX if hi is None else hi}}
+            for z, lo, hi in zones
+        ],
+        **kw,
+    }
 
 
 def snap(shards, *colls, max_chunk=MAXC) -> dict:
@@ -58,8 +74,10 @@ def test_a_balanced_cluster_needs_nothing():
 
 
 def test_draining_comes_first_and_moves_the_first_chunk_whole_to_the_least_loaded_shard():
-    s = snap([{"id": "S0", "draining": True}, "S1", "S2", "S3"],
-             coll([("S0", 5), ("S0", 5), ("S1", 100), ("S2", 40), ("S3", 0)]))
+    s = snap(
+        [{"id": "S0", "draining": True}, "S1", "S2", "S3"],
+        coll([("S0", 5), ("S0", 5), ("S1", 100), ("S2", 40), ("S3", 0)]),
+    )
     m = policy.plan(s).to_json()["migrations"]
     # S3 (least loaded) takes S0's first chunk; S1 -> S2 is then the only pair left, but S2's 40 is not
     # below the ideal, 150 / 4 = 37: the draining S0 is one of the shards the ideal counts (MongoDB's).
@@ -80,8 +98,10 @@ def test_a_jumbo_chunk_is_forced_off_a_draining_shard():
 
 
 def test_a_drained_chunk_goes_to_a_shard_of_its_zone():
-    s = snap([{"id": "S0", "draining": True}, "S1", {"id": "S2", "zones": ["a"]}],
-             coll([("S1", 0), ("S0", 5), ("S2", 90)], zones=[("a", 10, 20)]))
+    s = snap(
+        [{"id": "S0", "draining": True}, "S1", {"id": "S2", "zones": ["a"]}],
+        coll([("S1", 0), ("S0", 5), ("S2", 90)], zones=[("a", 10, 20)]),
+    )
     assert moves(s) == [("S0", "S2", "drain")]  # S1 holds less but is not in zone a
 
 
@@ -90,11 +110,14 @@ def test_a_drained_chunk_goes_to_a_shard_of_its_zone():
 
 def test_a_chunk_in_a_zone_on_a_shard_outside_the_zone_moves_whole_into_the_zone():
     # To the shard of the zone with the least data *in the zone*: S2, though S1 holds less overall.
-    s = snap(["S0", {"id": "S1", "zones": ["a"]}, {"id": "S2", "zones": ["a"]}],
-             coll([("S0", 1), ("S0", 1), ("S1", 50), ("S2", 80), ("S2", 0)], zones=[("a", 10, 20), ("a", 20, 30)]))
+    s = snap(
+        ["S0", {"id": "S1", "zones": ["a"]}, {"id": "S2", "zones": ["a"]}],
+        coll([("S0", 1), ("S0", 1), ("S1", 50), ("S2", 80), ("S2", 0)], zones=[("a", 10, 20), ("a", 20, 30)]),
+    )
     m = policy.plan(s).to_json()["migrations"]
-    assert m == [{"ns": "db.c", "from": "S0", "to": "S2", "min": {"x": 10}, "max": {"x": 20},
-                  "reason": "zoneViolation"}]
+    assert m == [
+        {"ns": "db.c", "from": "S0", "to": "S2", "min": {"x": 10}, "max": {"x": 20}, "reason": "zoneViolation"}
+    ]
 
 
 def test_a_jumbo_chunk_violating_its_zone_is_not_selected():
@@ -120,15 +143,22 @@ def test_a_chunk_crossing_zone_boundaries_is_split_there_and_not_moved():
 
 
 def test_a_zone_on_chunk_boundaries_needs_no_split():
-    s = snap(["S0", {"id": "S1", "zones": ["a"]}], coll([("S0", 1), ("S1", 1), ("S1", 1), ("S0", 1)],
-                                                       zones=[("a", 10, 30)]))
+    s = snap(
+        ["S0", {"id": "S1", "zones": ["a"]}], coll([("S0", 1), ("S1", 1), ("S1", 1), ("S0", 1)], zones=[("a", 10, 30)])
+    )
     assert policy.plan(s).splits == []
 
 
 def test_a_zone_reaching_maxkey_splits_only_at_its_min():
-    s = snap(["S0", {"id": "S1", "zones": ["a"]}], {
-        "ns": "db.c", "key": {"x": 1}, "chunks": chunks(("S1", 1), ("S1", 1)),
-        "zones": [{"zone": "a", "min": {"x": 15}, "max": {"x": MAX}}]})
+    s = snap(
+        ["S0", {"id": "S1", "zones": ["a"]}],
+        {
+            "ns": "db.c",
+            "key": {"x": 1},
+            "chunks": chunks(("S1", 1), ("S1", 1)),
+            "zones": [{"zone": "a", "min": {"x": 15}, "max": {"x": MAX}}],
+        },
+    )
     assert [sp["at"] for sp in policy.plan(s).to_json()["splits"]] == [[{"x": 15}]]
 
 
@@ -143,7 +173,8 @@ def test_imbalance_needs_at_least_three_max_chunk_sizes(donor_bytes, expected):
 def test_an_imbalance_moves_up_to_one_max_chunk_size_from_the_min_of_the_donors_first_chunk():
     s = snap(["S0", "S1"], coll([("S1", 0), ("S0", 5, True), ("S0", 100), ("S0", 100)]))
     assert policy.plan(s).to_json()["migrations"] == [
-        {"ns": "db.c", "from": "S0", "to": "S1", "min": {"x": 20}, "max": None, "reason": "chunksImbalance"}]
+        {"ns": "db.c", "from": "S0", "to": "S1", "min": {"x": 20}, "max": None, "reason": "chunksImbalance"}
+    ]
 
 
 def test_the_donor_must_hold_more_than_its_ideal():
@@ -170,8 +201,9 @@ def test_each_zone_is_balanced_among_its_own_shards():
 
 def test_weights_shard_capacity():
     assert moves(snap([{"id": "S0", "weight": 2}, "S1"], coll([("S0", 200), ("S1", 100)]))) == []
-    assert moves(snap([{"id": "S0", "weight": 2}, "S1"], coll([("S0", 150), ("S1", 150)]))) == \
-        [("S1", "S0", "chunksImbalance")]
+    assert moves(snap([{"id": "S0", "weight": 2}, "S1"], coll([("S0", 150), ("S1", 150)]))) == [
+        ("S1", "S0", "chunksImbalance")
+    ]
     assert moves(snap(["S0", "S1"], coll([("S0", 150), ("S1", 150)]))) == []
 
 
@@ -215,16 +247,23 @@ def test_up_to_half_the_shards_migrate_in_parallel_each_at_most_once():
 
 
 def test_one_round_spans_collections_without_reusing_a_shard():
-    s = snap(["S0", "S1", "S2", "S3"], coll([("S0", 100), ("S1", 0), ("S2", 0), ("S3", 0)], ns="db.a"),
-             coll([("S0", 100), ("S1", 100), ("S2", 100), ("S3", 0)], ns="db.b"))
+    s = snap(
+        ["S0", "S1", "S2", "S3"],
+        coll([("S0", 100), ("S1", 0), ("S2", 0), ("S3", 0)], ns="db.a"),
+        coll([("S0", 100), ("S1", 100), ("S2", 100), ("S3", 0)], ns="db.b"),
+    )
     # db.a: S0 -> S1; db.b: S0 and S1 are taken, S2 -> S3.
-    assert [(m.ns, m.donor, m.recipient) for m in policy.plan(s).migrations] == [("db.a", "S0", "S1"),
-                                                                                 ("db.b", "S2", "S3")]
+    assert [(m.ns, m.donor, m.recipient) for m in policy.plan(s).migrations] == [
+        ("db.a", "S0", "S1"),
+        ("db.b", "S2", "S3"),
+    ]
 
 
 def test_busy_shards_take_no_part():
-    s = snap([{"id": "S0", "available": False}, "S1", "S2", {"id": "S3", "available": False}],
-             coll([("S0", 900), ("S1", 500), ("S2", 100), ("S3", 0)]))
+    s = snap(
+        [{"id": "S0", "available": False}, "S1", "S2", {"id": "S3", "available": False}],
+        coll([("S0", 900), ("S1", 500), ("S2", 100), ("S3", 0)]),
+    )
     assert moves(s) == [("S1", "S2", "chunksImbalance")]
     s = snap([{"id": "S0", "draining": True, "available": False}, "S1"], coll([("S0", 5), ("S1", 0)]))
     assert moves(s) == []
@@ -244,8 +283,9 @@ def test_the_collections_max_chunk_size_wins_over_the_clusters():
     owners = [("S0", 40), ("S1", 0)]
     assert moves(snap(["S0", "S1"], coll(owners), max_chunk=10)) == [("S0", "S1", "chunksImbalance")]
     assert moves(snap(["S0", "S1"], coll(owners, maxChunkSizeBytes=100), max_chunk=10)) == []
-    assert moves(snap(["S0", "S1"], coll(owners, maxChunkSizeBytes=10), max_chunk=100)) == \
-        [("S0", "S1", "chunksImbalance")]
+    assert moves(snap(["S0", "S1"], coll(owners, maxChunkSizeBytes=10), max_chunk=100)) == [
+        ("S0", "S1", "chunksImbalance")
+    ]
 
 
 def test_a_collection_with_balancing_off_is_left_alone():
@@ -279,8 +319,9 @@ def test_rule_3_the_donor_is_the_shard_with_the_most_data_of_the_whole_collectio
     s = snap(shards, coll([("S0", 10), ("S1", 60), ("S0", 60), ("S2", s2_bytes)], zones=[("a", None, 20)]))
     m = policy.plan(s).to_json()["migrations"]
     if moved:
-        assert m == [{"ns": "db.c", "from": "S0", "to": "S2", "min": {"x": MIN}, "max": None,
-                      "reason": "chunksImbalance"}]
+        assert m == [
+            {"ns": "db.c", "from": "S0", "to": "S2", "min": {"x": MIN}, "max": None, "reason": "chunksImbalance"}
+        ]
         # With every shard free (violations), S0 would also give S2 a chunk from outside the zone.
         assert imbalanced(s) == [("S0", "a"), ("S0", None)]
     else:  # 29 apart: zone a is balanced, though S1 holds 60 of its 70 bytes
@@ -290,24 +331,32 @@ def test_rule_3_the_donor_is_the_shard_with_the_most_data_of_the_whole_collectio
 def test_rule_3_a_shard_outside_the_zone_does_not_stop_it_being_balanced():
     # S2 holds the most data but not in zone a: S1 still gives to S0.  (MongoDB picks S2 as the donor,
     # finds none of its chunks in the zone and balances zone a no further this round.)
-    s = snap([{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]}, {"id": "S2", "available": False}],
-             coll([("S0", 0), ("S1", 100), ("S2", 1000)], zones=[("a", None, 20)]))
+    s = snap(
+        [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]}, {"id": "S2", "available": False}],
+        coll([("S0", 0), ("S1", 100), ("S2", 1000)], zones=[("a", None, 20)]),
+    )
     assert moves(s) == [("S1", "S0", "chunksImbalance")]
     assert imbalanced(s) == [("S1", "a"), ("S2", None)]  # violations ignore that S2 is busy
 
 
-@pytest.mark.parametrize("s1_bytes, s2_bytes, moved", [
-    (70, 100, True),  # ideal (100 + 70 + 100) / 3 = 90: S0 above it, S1 below it, 30 apart
-    (71, 100, False),  # ideal 90.3, but 29 apart
-    (70, 129, True),  # ideal 299 / 3 = 99.7: S0's 100 is above it
-    (70, 130, False),  # ideal 300 / 3 = 100: S0's 100 is not above it
-])
-def test_rule_3_the_ideal_of_a_zone_is_the_collections_data_on_its_shards_over_their_number(s1_bytes, s2_bytes,
-                                                                                          moved):
+@pytest.mark.parametrize(
+    "s1_bytes, s2_bytes, moved",
+    [
+        (70, 100, True),  # ideal (100 + 70 + 100) / 3 = 90: S0 above it, S1 below it, 30 apart
+        (71, 100, False),  # ideal 90.3, but 29 apart
+        (70, 129, True),  # ideal 299 / 3 = 99.7: S0's 100 is above it
+        (70, 130, False),  # ideal 300 / 3 = 100: S0's 100 is not above it
+    ],
+)
+def test_rule_3_the_ideal_of_a_zone_is_the_collections_data_on_its_shards_over_their_number(s1_bytes, s2_bytes, moved):
     # Zone a ([MinKey, 10)) is on S0, S1 and S2 (busy).  Only S0 has data in the zone; S1's and S2's,
     # outside it, count in its ideal; S3's (busy, not in the zone) does not.
-    shards = [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]},
-              {"id": "S2", "zones": ["a"], "available": False}, {"id": "S3", "available": False}]
+    shards = [
+        {"id": "S0", "zones": ["a"]},
+        {"id": "S1", "zones": ["a"]},
+        {"id": "S2", "zones": ["a"], "available": False},
+        {"id": "S3", "available": False},
+    ]
     s = snap(shards, coll([("S0", 100), ("S1", s1_bytes), ("S2", s2_bytes), ("S3", 10_000)], zones=[("a", None, 10)]))
     assert moves(s) == ([("S0", "S1", "chunksImbalance")] if moved else [])
     # With every shard free (violations), S3 would also give outside the zone.
@@ -317,8 +366,11 @@ def test_rule_3_the_ideal_of_a_zone_is_the_collections_data_on_its_shards_over_t
 @pytest.mark.parametrize("s2_bytes, moved", [(43, True), (42, False)])
 def test_rule_3_the_recipient_holds_less_than_the_ideal_rounded_down(s2_bytes, moved):
     # As above, S0 100 and S1 70: (100 + 70 + 43) / 3 = 71 takes S1's 70; 212 / 3 = 70.67 -> 70 does not.
-    shards = [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]},
-              {"id": "S2", "zones": ["a"], "available": False}]
+    shards = [
+        {"id": "S0", "zones": ["a"]},
+        {"id": "S1", "zones": ["a"]},
+        {"id": "S2", "zones": ["a"], "available": False},
+    ]
     s = snap(shards, coll([("S0", 100), ("S1", 70), ("S2", s2_bytes)], zones=[("a", None, 10)]))
     assert moves(s) == ([("S0", "S1", "chunksImbalance")] if moved else [])
 
@@ -341,18 +393,34 @@ def test_overlapping_chunks_are_refused():
         policy.plan(s)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda s: s["collections"][0]["chunks"][1].update(shard="S9"), "collections.0.chunks.1.shard: unknown shard 'S9'"),
-    (lambda s: s["collections"][0]["chunks"][1].pop("sizeBytes"), "collections.0.chunks.1.sizeBytes: Field required"),
-    (lambda s: s["collections"][0]["chunks"][0].update(min={"y": 1}), "collections.0.chunks.0.min: must name exactly"),
-    (lambda s: s["shards"].append({"id": "S0"}), "shards.2.id: duplicate shard 'S0'"),
-    (lambda s: s["shards"][0].update(weight=0), "shards.0.weight: Input should be greater than 0"),
-    (lambda s: s["collections"][0].update(key={"x": -1}), "collections.0.key: shard key fields must be ascending"),
-    (lambda s: s["collections"][0]["zones"].append({"zone": "b", "min": {"x": 5}, "max": {"x": 25}}),
-     "collections.0.zones: ranges of zones 'a' and 'b' overlap"),
-    (lambda s: s["collections"][0]["zones"].append({"zone": "b", "min": {"x": 50}, "max": {"x": 40}}),
-     "collections.0.zones.1: min must sort below max"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda s: s["collections"][0]["chunks"][1].update(shard="S9"),
+            "collections.0.chunks.1.shard: unknown shard 'S9'",
+        ),
+        (
+            lambda s: s["collections"][0]["chunks"][1].pop("sizeBytes"),
+            "collections.0.chunks.1.sizeBytes: Field required",
+        ),
+        (
+            lambda s: s["collections"][0]["chunks"][0].update(min={"y": 1}),
+            "collections.0.chunks.0.min: must name exactly",
+        ),
+        (lambda s: s["shards"].append({"id": "S0"}), "shards.2.id: duplicate shard 'S0'"),
+        (lambda s: s["shards"][0].update(weight=0), "shards.0.weight: Input should be greater than 0"),
+        (lambda s: s["collections"][0].update(key={"x": -1}), "collections.0.key: shard key fields must be ascending"),
+        (
+            lambda s: s["collections"][0]["zones"].append({"zone": "b", "min": {"x": 5}, "max": {"x": 25}}),
+            "collections.0.zones: ranges of zones 'a' and 'b' overlap",
+        ),
+        (
+            lambda s: s["collections"][0]["zones"].append({"zone": "b", "min": {"x": 50}, "max": {"x": 40}}),
+            "collections.0.zones.1: min must sort below max",
+        ),
+    ],
+)
 def test_a_bad_snapshot_is_refused_naming_the_field(change, message):
     s = snap(["S0", "S1"], coll([("S0", 1), ("S1", 1)], zones=[("a", 0, 10)]))
     change(s)
@@ -362,8 +430,10 @@ def test_a_bad_snapshot_is_refused_naming_the_field(change, message):
 
 
 def test_the_documented_formats_match_their_json_schemas():
-    s = snap([{"id": "S0", "draining": False, "zones": ["a"], "available": True, "weight": 1}, "S1"],
-             coll([("S0", 100), ("S1", 0), ("S0", 1)], zones=[("a", 5, 15)], maxChunkSizeBytes=10))
+    s = snap(
+        [{"id": "S0", "draining": False, "zones": ["a"], "available": True, "weight": 1}, "S1"],
+        coll([("S0", 100), ("S1", 0), ("S0", 1)], zones=[("a", 5, 15)], maxChunkSizeBytes=10),
+    )
     jsonschema.validate(s, json.loads((OUT / "balancer.snapshot.schema.json").read_text()))
     out = policy.plan(s).to_json()
     assert out["splits"] and out["migrations"]
@@ -375,15 +445,22 @@ def test_the_documented_formats_match_their_json_schemas():
 
 def test_violations_lists_every_reason_in_priority_order():
     shards = [{"id": "S0", "draining": True}, "S1", {"id": "S2", "zones": ["a"]}, "S3"]
-    s = snap(shards, coll([("S0", 1), ("S0", 1), ("S1", 1), ("S1", 1), ("S2", 100), ("S3", 400, True), ("S3", 50)],
-                          zones=[("a", 25, 50)]))
+    s = snap(
+        shards,
+        coll(
+            [("S0", 1), ("S0", 1), ("S1", 1), ("S1", 1), ("S2", 100), ("S3", 400, True), ("S3", 50)],
+            zones=[("a", 25, 50)],
+        ),
+    )
     found = policy.violations(s, "db.c")
     assert [(v.reason, v.shard) for v in found] == [
-        ("draining", "S0"), ("draining", "S0"),
+        ("draining", "S0"),
+        ("draining", "S0"),
         ("zoneViolation", "S1"),  # [30, 40) is in zone a
         ("zoneBoundary", "S1"),  # [20, 30) crosses 25
         ("chunksImbalance", "S3"),  # outside the zone: S3 holds 450, S1 2
-        ("jumbo", "S3")]
+        ("jumbo", "S3"),
+    ]
     assert found[2].min == {"x": 30} and found[2].zone == "a"
     assert "balancing the ranges outside every zone: S3 holds 450 bytes of the collection" in found[4].detail
     assert json.loads(json.dumps(found[0].to_json()))["reason"] == "draining"
@@ -396,32 +473,46 @@ def test_violations_lists_every_reason_in_priority_order():
 
 def test_a_snapshot_built_from_the_catalog_plans():
     cat = Catalog(track_changes=False)
-    docs = [ev.ChunkDoc(min={"x": MIN}, max={"x": 0}, shard="s0", version=(1, 0)),
-            ev.ChunkDoc(min={"x": 0}, max={"x": 100}, shard="s0", version=(1, 1)),
-            ev.ChunkDoc(min={"x": 100}, max={"x": MAX}, shard="s1", version=(1, 2), jumbo=True)]
-    events = [ev.ShardAdded(shard="s0"), ev.ShardAdded(shard="s1"), ev.ShardAdded(shard="s2"),
-              ev.ShardZoneAdded(shard="s2", zone="hot"), ev.ShardDraining(shard="s1"),
-              ev.DatabaseCreated(db="db", primary="s0", uuid="00000000-0000-4000-8000-000000000000"),
-              ev.CollectionSharded(ns="db.c", key={"x": 1}, unique=False, epoch="e", uuid="u", chunks=docs),
-              ev.ZoneRangeAssigned(ns="db.c", min={"x": 50}, max={"x": 60}, zone="hot"),
-              ev.SettingChanged(ns="db.c", key="maxChunkSizeBytes", value=2 * 1024 * 1024)]
+    docs = [
+        ev.ChunkDoc(min={"x": MIN}, max={"x": 0}, shard="s0", version=(1, 0)),
+        ev.ChunkDoc(min={"x": 0}, max={"x": 100}, shard="s0", version=(1, 1)),
+        ev.ChunkDoc(min={"x": 100}, max={"x": MAX}, shard="s1", version=(1, 2), jumbo=True),
+    ]
+    events = [
+        ev.ShardAdded(shard="s0"),
+        ev.ShardAdded(shard="s1"),
+        ev.ShardAdded(shard="s2"),
+        ev.ShardZoneAdded(shard="s2", zone="hot"),
+        ev.ShardDraining(shard="s1"),
+        ev.DatabaseCreated(db="db", primary="s0", uuid="00000000-0000-4000-8000-000000000000"),
+        ev.CollectionSharded(ns="db.c", key={"x": 1}, unique=False, epoch="e", uuid="u", chunks=docs),
+        ev.ZoneRangeAssigned(ns="db.c", min={"x": 50}, max={"x": 60}, zone="hot"),
+        ev.SettingChanged(ns="db.c", key="maxChunkSizeBytes", value=2 * 1024 * 1024),
+    ]
     for offset, e in enumerate(events):
         cat.apply(e, offset)
     coll_ = cat.collections["db.c"]
     sizes = {("db.c", coll_.chunks[0].min_key): 7}
     s = snapshot.build(cat, sizes, weights={"s2": 2}, busy=["s0"])
     assert [(sh["id"], sh["available"], sh["weight"], sh["draining"], sh["zones"]) for sh in s["shards"]] == [
-        ("s0", False, 1, False, []), ("s1", True, 1, True, []), ("s2", True, 2, False, ["hot"])]
+        ("s0", False, 1, False, []),
+        ("s1", True, 1, True, []),
+        ("s2", True, 2, False, ["hot"]),
+    ]
     c = s["collections"][0]
     assert c["maxChunkSizeBytes"] == 2 * 1024 * 1024 and c["key"] == {"x": 1}
     assert [(ch["min"], ch["sizeBytes"], ch["jumbo"]) for ch in c["chunks"]] == [
-        ({"x": MIN}, 7, False), ({"x": 0}, 0, False), ({"x": 100}, 0, True)]
+        ({"x": MIN}, 7, False),
+        ({"x": 0}, 0, False),
+        ({"x": 100}, 0, True),
+    ]
     assert c["zones"] == [{"zone": "hot", "min": {"x": 50}, "max": {"x": 60}}]
     jsonschema.validate(s, json.loads((OUT / "balancer.snapshot.schema.json").read_text()))
     p = policy.plan(s).to_json()
     assert p["splits"] == [{"ns": "db.c", "chunk": {"min": {"x": 0}, "max": {"x": 100}}, "at": [{"x": 50}, {"x": 60}]}]
-    assert p["migrations"] == [{"ns": "db.c", "from": "s1", "to": "s2", "min": {"x": 100}, "max": {"x": MAX},
-                                "reason": "drain"}]  # jumbo, forced off the draining shard
+    assert p["migrations"] == [
+        {"ns": "db.c", "from": "s1", "to": "s2", "min": {"x": 100}, "max": {"x": MAX}, "reason": "drain"}
+    ]  # jumbo, forced off the draining shard
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -435,13 +526,28 @@ def test_cli_plan_prints_the_plan(tmp_path):
     assert json.loads(r.stdout)["migrations"][0]["reason"] == "chunksImbalance"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("{\"shards\": [", "is not valid JSON: Expecting value at line 1 column 13"),
-    (json.dumps({"shards": [{"id": "S0"}], "collections": [{"ns": "a.b", "key": {"x": 1}, "chunks": [
-        {"min": {"x": MIN}, "max": {"x": MAX}, "shard": "S0"}]}]}),
-     "invalid snapshot: collections.0.chunks.0.sizeBytes: Field required"),
-    ("[]", "invalid snapshot: Input should be a valid dictionary"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"shards": [', "is not valid JSON: Expecting value at line 1 column 13"),
+        (
+            json.dumps(
+                {
+                    "shards": [{"id": "S0"}],
+                    "collections": [
+                        {
+                            "ns": "a.b",
+                            "key": {"x": 1},
+                            "chunks": [{"min": {"x": MIN}, "max": {"x": MAX}, "shard": "S0"}],
+                        }
+                    ],
+                }
+            ),
+            "invalid snapshot: collections.0.chunks.0.sizeBytes: Field required",
+        ),
+        ("[]", "invalid snapshot: Input should be a valid dictionary"),
+    ],
+)
 def test_cli_plan_refuses_a_bad_snapshot_in_one_line(tmp_path, text, message):
     f = tmp_path / "snap.json"
     f.write_text(text)
@@ -458,16 +564,24 @@ def test_cli_plan_refuses_a_bad_snapshot_in_one_line(tmp_path, text, message):
 @st.composite
 def snapshots(draw):
     n_shards = draw(st.integers(2, 7))
-    shards = [{"id": f"S{i}", "draining": draw(st.sampled_from([False, False, False, True])),
-               "zones": draw(st.lists(st.sampled_from(["a", "b"]), unique=True, max_size=2)),
-               "available": draw(st.sampled_from([True, True, True, False])),
-               "weight": draw(st.sampled_from([1, 1, 2, 0.5]))} for i in range(n_shards)]
+    shards = [
+        {
+            "id": f"S{i}",
+            "draining": draw(st.sampled_from([False, False, False, True])),
+            "zones": draw(st.lists(st.sampled_from(["a", "b"]), unique=True, max_size=2)),
+            "available": draw(st.sampled_from([True, True, True, False])),
+            "weight": draw(st.sampled_from([1, 1, 2, 0.5])),
+        }
+        for i in range(n_shards)
+    ]
     ids = [s["id"] for s in shards]
     colls = []
-    for ns in ("db.a", "db.b")[:draw(st.integers(1, 2))]:
+    for ns in ("db.a", "db.b")[: draw(st.integers(1, 2))]:
         n = draw(st.integers(1, 25))
-        owners = [(draw(st.sampled_from(ids)), draw(st.integers(0, 60)), draw(st.booleans()) and draw(st.booleans()))
-                  for _ in range(n)]
+        owners = [
+            (draw(st.sampled_from(ids)), draw(st.integers(0, 60)), draw(st.booleans()) and draw(st.booleans()))
+            for _ in range(n)
+        ]
         # Zone bounds on multiples of 5: some on chunk bounds, some inside chunks.
         points = sorted(draw(st.sets(st.integers(0, 2 * n + 1), max_size=4)))
         names = draw(st.lists(st.sampled_from(["a", "b"]), min_size=len(points) // 2, max_size=len(points) // 2))
@@ -537,9 +651,11 @@ def test_after_a_round_that_moved_data_the_next_starts_at_once_as_in_mongodb():
     assert round_pause({"splits": 1, "migrations": 0, "failed": 0}, 10.0) == 0.0
 
 
-@pytest.mark.parametrize("summary", [{"splits": 0, "migrations": 0}, {},
-                                     {"splits": 1, "migrations": 2, "failed": 3}, None],
-                         ids=["nothing to do", "disabled or outside the window", "every action failed", "raised"])
+@pytest.mark.parametrize(
+    "summary",
+    [{"splits": 0, "migrations": 0}, {}, {"splits": 1, "migrations": 2, "failed": 3}, None],
+    ids=["nothing to do", "disabled or outside the window", "every action failed", "raised"],
+)
 def test_a_quiet_failed_or_idle_round_waits_the_full_interval(summary):
     assert round_pause(summary, 10.0) == 10.0
 

@@ -1,5 +1,6 @@
 """`make up` / `make down` on a real broker: every service starts, replays and
 reports ready; a second `up` is harmless; `down` stops everything."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ pytestmark = pytest.mark.kafka
 
 
 def run(*args, env):
-    return subprocess.run([sys.executable, "-m", "infra.cluster", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "infra.cluster", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
 
 
 def test_up_twice_then_down(bootstrap, tmp_path):
@@ -35,8 +37,14 @@ def test_up_twice_then_down(bootstrap, tmp_path):
         assert second.returncode == 0, second.stdout + second.stderr
         assert second.stdout.count("already running") == 7
         assert {p.stem: int(p.read_text()) for p in (data / "pids").glob("*.pid")} == pids
-        status = subprocess.run([sys.executable, "-m", "cli.main", "--bootstrap", bootstrap, "--cluster", cluster,
-                                 "status", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            [sys.executable, "-m", "cli.main", "--bootstrap", bootstrap, "--cluster", cluster, "status", "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert [s["id"] for s in json.loads(status.stdout)["shards"]] == ["s0", "s1", "s2"]
     finally:
         down = run("down", "--data", str(data), env=env)

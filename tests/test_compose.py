@@ -5,6 +5,7 @@ resolve) and cross-checked against infra/Dockerfile, .dockerignore,
 pyproject.toml and the Python packages the containers will run.  The `replicated`
 profile (kafka-1..3) is checked as run by the command the file's header documents.
 """
+
 from __future__ import annotations
 
 import base64
@@ -37,6 +38,7 @@ EXPECTED_MODULES = {
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _load_compose() -> dict:
     with COMPOSE_FILE.open(encoding="utf-8") as fh:
@@ -208,14 +210,18 @@ DEFAULT_SERVICES = {name: svc for name, svc in SERVICES.items() if not svc.get("
 
 # --------------------------------------------------------------------------- compose basics
 
+
 def test_compose_has_services_built_from_the_dockerfile():
     assert isinstance(SERVICES, dict) and SERVICES
-    assert len(BUILT) >= 8, f"expected topics + config + 3 shards + router + balancer + range-deleter, got {sorted(BUILT)}"
+    assert len(BUILT) >= 8, (
+        f"expected topics + config + 3 shards + router + balancer + range-deleter, got {sorted(BUILT)}"
+    )
     for name, svc in BUILT.items():
         assert svc["build"]["context"] in (".", "./"), f"{name}: build context must be the repo root"
 
 
 # --------------------------------------------------------------------------- kafka
+
 
 def test_kafka_is_single_node_kraft():
     name, kafka = find_service(DEFAULT_SERVICES, "apache/kafka:")
@@ -290,6 +296,7 @@ def test_kafka_has_a_healthcheck_and_a_host_listener():
 
 # --------------------------------------------------------------------------- jaeger
 
+
 def test_jaeger_v2_with_otlp():
     _, jaeger = find_service(SERVICES, "jaegertracing/jaeger:")
     assert re.fullmatch(r"jaegertracing/jaeger:2\.\d+\.\d+", jaeger["image"]), jaeger["image"]
@@ -300,6 +307,7 @@ def test_jaeger_v2_with_otlp():
 
 
 # --------------------------------------------------------------------------- shardlog services
+
 
 def test_demo_cluster_membership():
     modules: dict[str, list[list[str]]] = {}
@@ -486,8 +494,7 @@ def header_compose_commands() -> list[dict]:
         if not profiles and env.get("COMPOSE_PROFILES"):
             profiles = [p.strip() for p in env["COMPOSE_PROFILES"].split(",") if p.strip()]
         project = project or env.get("COMPOSE_PROJECT_NAME") or COMPOSE.get("name")
-        commands.append({"line": raw, "env": env, "sub": sub, "profiles": profiles,
-                         "project": project, "scale": scale})
+        commands.append({"line": raw, "env": env, "sub": sub, "profiles": profiles, "project": project, "scale": scale})
     return commands
 
 
@@ -502,10 +509,13 @@ def running(cmd: dict) -> dict:
 
 
 def _the_up(replicated: bool) -> dict:
-    ups = [c for c in header_compose_commands()
-           if c["sub"] == "up" and (REPLICATED_PROFILE in c["profiles"]) == replicated]
-    assert len(ups) == 1, f"the header must document exactly one {'replicated' if replicated else 'default'} " \
-                          f"`docker compose up`, got {[c['line'] for c in ups]}"
+    ups = [
+        c for c in header_compose_commands() if c["sub"] == "up" and (REPLICATED_PROFILE in c["profiles"]) == replicated
+    ]
+    assert len(ups) == 1, (
+        f"the header must document exactly one {'replicated' if replicated else 'default'} "
+        f"`docker compose up`, got {[c['line'] for c in ups]}"
+    )
     return ups[0]
 
 
@@ -531,9 +541,15 @@ def test_replicated_nodes_form_one_kraft_quorum():
         assert {r.strip() for r in env["KAFKA_PROCESS_ROLES"].split(",")} == {"broker", "controller"}
         ids[name] = env["KAFKA_NODE_ID"]
         voter_lines.add(env["KAFKA_CONTROLLER_QUORUM_VOTERS"])
-        for key in ("KAFKA_CONTROLLER_LISTENER_NAMES", "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
-                    "KAFKA_INTER_BROKER_LISTENER_NAME", "KAFKA_AUTO_CREATE_TOPICS_ENABLE", "KAFKA_HEAP_OPTS",
-                    "KAFKA_LOG_DIRS", "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"):
+        for key in (
+            "KAFKA_CONTROLLER_LISTENER_NAMES",
+            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
+            "KAFKA_INTER_BROKER_LISTENER_NAME",
+            "KAFKA_AUTO_CREATE_TOPICS_ENABLE",
+            "KAFKA_HEAP_OPTS",
+            "KAFKA_LOG_DIRS",
+            "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS",
+        ):
             assert env[key] == single[key], f"{name}: {key} differs from the single broker's"
         lst = listeners(env["KAFKA_LISTENERS"])
         assert lst["PLAINTEXT"][1] == 9092 and lst["CONTROLLER"][1] == 9093, lst
@@ -549,8 +565,10 @@ def test_replicated_nodes_form_one_kraft_quorum():
         m = re.fullmatch(r"(\d+)@([^:]+):(\d+)", v.strip())
         assert m, v
         voters.add((m.group(1), m.group(2), int(m.group(3))))
-    want = {(ids[n], SERVICES[n]["hostname"], listeners(envs[n]["KAFKA_LISTENERS"])["CONTROLLER"][1])
-            for n in REPLICATED_BROKERS}
+    want = {
+        (ids[n], SERVICES[n]["hostname"], listeners(envs[n]["KAFKA_LISTENERS"])["CONTROLLER"][1])
+        for n in REPLICATED_BROKERS
+    }
     assert voters == want
 
     cluster_ids = {env["CLUSTER_ID"] for env in envs.values()}
@@ -625,27 +643,33 @@ def test_replicated_node_healthcheck_and_host_listener(name):
 def test_documented_replicated_command_points_every_service_at_the_three_brokers():
     up = _the_up(replicated=True)
     assert up["profiles"] == [REPLICATED_PROFILE], up["line"]
-    assert up["project"] != COMPOSE["name"], "its own project: the services' stores must not meet the single broker's log"
+    assert up["project"] != COMPOSE["name"], (
+        "its own project: the services' stores must not meet the single broker's log"
+    )
     run = running(up)
-    assert sorted(n for n in run if n in BROKERS) == REPLICATED_BROKERS, \
+    assert sorted(n for n in run if n in BROKERS) == REPLICATED_BROKERS, (
         f"the replicated stack must run kafka-1..3 and no single broker: {up['line']}"
+    )
     assert set(BUILT) <= set(run)
 
     in_network = set()
     for b in REPLICATED_BROKERS:
         env = env_of(SERVICES[b])
-        in_network |= {f"{h}:{p}" for h, p in listeners(env["KAFKA_ADVERTISED_LISTENERS"]).values()
-                       if h == SERVICES[b]["hostname"]}
+        in_network |= {
+            f"{h}:{p}" for h, p in listeners(env["KAFKA_ADVERTISED_LISTENERS"]).values() if h == SERVICES[b]["hostname"]
+        }
     for name, svc in BUILT.items():
         env = env_of(svc, up["env"])
         servers = [s.strip() for s in env["KAFKA_BOOTSTRAP"].split(",")]
         assert len(servers) == len(set(servers))
-        assert sorted(s.rpartition(":")[0] for s in servers) == REPLICATED_BROKERS, \
+        assert sorted(s.rpartition(":")[0] for s in servers) == REPLICATED_BROKERS, (
             f"{name}: KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']!r} under the replicated command"
+        )
         assert set(servers) <= in_network, f"{name}: {servers} are not the brokers' advertised listeners"
         # and nothing else changes: same cluster name, tracing, data dir as the default layout
-        assert {k: v for k, v in env.items() if k != "KAFKA_BOOTSTRAP"} == \
-               {k: v for k, v in env_of(svc).items() if k != "KAFKA_BOOTSTRAP"}
+        assert {k: v for k, v in env.items() if k != "KAFKA_BOOTSTRAP"} == {
+            k: v for k, v in env_of(svc).items() if k != "KAFKA_BOOTSTRAP"
+        }
 
     # The documented `down` addresses the same stack, profile included (else kafka-1..3 stay up).
     downs = [c for c in header_compose_commands() if c["sub"] == "down" and c["project"] == up["project"]]
@@ -672,6 +696,7 @@ def test_topics_waits_for_every_running_broker(replicated):
 
 
 # --------------------------------------------------------------------------- image
+
 
 def test_dockerfile_builds_the_package():
     assert DOCKERFILE.is_file()

@@ -1,5 +1,6 @@
 """The config server against a real broker: commands, refusals, dead letters,
 crash recovery (kill -9), standby takeover and zombie fencing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,6 @@ import json
 import signal
 
 import pytest
-
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -23,6 +23,7 @@ def request_all(settings, commands, timeout=60.0):
     async def go():
         async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
             return [await r.request(settings.topics.config_commands, cmd, timeout=timeout) for cmd in commands]
+
     return asyncio.run(go())
 
 
@@ -38,10 +39,22 @@ def test_cli_commands_and_status(settings, config_server):
     assert r.returncode == 0, r.stderr
     r = cli(settings, "zone", "add-shard", "s1", "eu")
     assert r.returncode == 0, r.stderr
-    r = cli(settings, "zone", "add-range", "app.orders", "--min", '{"cust": 10, "ts": 0}',
-            "--max", '{"cust": 20, "ts": 0}', "--zone", "eu")
+    r = cli(
+        settings,
+        "zone",
+        "add-range",
+        "app.orders",
+        "--min",
+        '{"cust": 10, "ts": 0}',
+        "--max",
+        '{"cust": 20, "ts": 0}',
+        "--zone",
+        "eu",
+    )
     assert r.returncode == 0, r.stderr
-    r = cli(settings, "settings", "set", "balancerWindow", '{"start": "23:00", "stop": "06:00", "timeZone": "Europe/Paris"}')
+    r = cli(
+        settings, "settings", "set", "balancerWindow", '{"start": "23:00", "stop": "06:00", "timeZone": "Europe/Paris"}'
+    )
     assert r.returncode == 0, r.stderr
 
     status = json.loads(cli(settings, "status", "--verbose", "--json").stdout)
@@ -70,14 +83,17 @@ BAD_INPUTS = [
     (("shard-collection", "app.c", "--key", '{"x": -1}'), "InvalidOptions"),
     (("shard-collection", "app.c", "--key", '{"$x": 1}'), "InvalidOptions"),
     (("shard-collection", "app.c", "--key", '{"x": "hashed", "y": "hashed"}'), "InvalidOptions"),
-    (("shard-collection", "app.c", "--key", '{bad json'), "BadValue"),
+    (("shard-collection", "app.c", "--key", "{bad json"), "BadValue"),
     (("shard-collection", "app.sharded", "--key", '{"x": 1}'), "AlreadyInitialized"),
     (("split", "app.missing", "--at", '{"x": 1}'), "NamespaceNotFound"),
     (("split", "app.sharded", "--at", '{"y": 1}'), "BadValue"),
     (("split", "app.sharded", "--at", '{"x": 5}', "--at", '{"x": 1}'), "BadValue"),
     (("merge", "app.sharded", "--min", '{"x": 3}', "--max", '{"x": 7}'), "BadValue"),
     (("zone", "add-shard", "ghost", "eu"), "ShardNotFound"),
-    (("zone", "add-range", "app.sharded", "--min", '{"x": 1}', "--max", '{"x": 2}', "--zone", "nozone"), "ZoneNotFound"),
+    (
+        ("zone", "add-range", "app.sharded", "--min", '{"x": 1}', "--max", '{"x": 2}', "--zone", "nozone"),
+        "ZoneNotFound",
+    ),
     (("settings", "set", "noSuchKnob", "1"), "BadValue"),
     (("settings", "set", "maxChunkSizeBytes", "5"), "BadValue"),
     (("settings", "set", "balancerWindow", '{"start": "23:00", "stop": "06:00", "timeZone": "Mars/Base"}'), "BadValue"),
@@ -102,15 +118,21 @@ def test_bad_input_gets_a_clear_error_and_no_event(settings, config_server):
 
 def test_malformed_records_go_to_dead_letters_and_the_server_carries_on(settings, config_server):
     t = settings.topics
-    garbage = [b"not json", b"[1, 2]", b'{"type": "NoSuchCommand", "v": 1}',
-               b'{"type": "AddShard", "v": 99, "shard": "x"}', b'{"type": "AddShard", "v": 1}',
-               b'{"type": "AddShard", "v": 1, "shard": "s0", "extra": true}']
+    garbage = [
+        b"not json",
+        b"[1, 2]",
+        b'{"type": "NoSuchCommand", "v": 1}',
+        b'{"type": "AddShard", "v": 99, "shard": "x"}',
+        b'{"type": "AddShard", "v": 1}',
+        b'{"type": "AddShard", "v": 1, "shard": "s0", "extra": true}',
+    ]
 
     async def go():
         async with Requester(settings.bootstrap, t.cli_replies) as r:
             replies = [await r.request(t.config_commands, raw, timeout=30) for raw in garbage]
             ok = await r.request(t.config_commands, c.AddShard(shard="s0"), timeout=30)
             return replies, ok
+
     replies, ok = asyncio.run(go())
     assert all(not rep.ok and rep.code == "BadRecord" for rep in replies)
     assert "unknown record type 'NoSuchCommand'" in replies[2].error
@@ -129,10 +151,13 @@ def test_malformed_records_go_to_dead_letters_and_the_server_carries_on(settings
 
 def _burst(settings, n: int, on_progress):
     """Send n ShardCollection commands (each creates a database too) pipelined; collect replies."""
+
     async def go():
         async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
-            futures = [await r.send(settings.topics.config_commands,
-                                    c.ShardCollection(ns=f"db{i}.coll", key={"x": 1})) for i in range(n)]
+            futures = [
+                await r.send(settings.topics.config_commands, c.ShardCollection(ns=f"db{i}.coll", key={"x": 1}))
+                for i in range(n)
+            ]
             acked = {}
             pending = set(range(n))
             while pending:
@@ -143,6 +168,7 @@ def _burst(settings, n: int, on_progress):
                 on_progress(len(acked))
                 await asyncio.sleep(0.02)
             return acked
+
     return go()
 
 
@@ -172,6 +198,7 @@ def test_kill9_during_a_burst_loses_nothing_and_applies_once(settings, spawn):
             state["killed"] = True
             state["acked_at_kill"] = acked
             state["restarted"] = spawn(settings, "services.config", ready_name="config")
+
     acked = asyncio.run(asyncio.wait_for(_burst(settings, n, on_progress), 180))
     assert state["killed"] and state["acked_at_kill"] < n, "the kill must land mid-burst"
     assert all(rep.ok for rep in acked.values()), [r for r in acked.values() if not r.ok][:3]
@@ -217,8 +244,12 @@ def test_standby_takes_over_when_the_active_config_server_dies(settings, spawn):
 
 def test_a_zombie_config_server_cannot_append(settings, spawn):
     # The first server freezes itself (SIGSTOP) inside the transaction of one command.
-    zombie = spawn(settings, "services.config", ready_name="config",
-                   env={"SHARDLOG_FAULTS": "config.before_commit@zombie-shard=stop"})
+    zombie = spawn(
+        settings,
+        "services.config",
+        ready_name="config",
+        env={"SHARDLOG_FAULTS": "config.before_commit@zombie-shard=stop"},
+    )
     zombie.wait_ready(role="active")
     assert request_all(settings, [c.AddShard(shard="before")])[0].ok
     heir = spawn(settings, "services.config", "--instance", "1", ready_name="config-1")
@@ -231,16 +262,24 @@ def test_a_zombie_config_server_cannot_append(settings, spawn):
             # timeout, fences it, and decides the command again.
             reply = await asyncio.wait_for(fut, 90)
             assert reply.ok, reply
-            await async_wait_until(lambda: heir.ready_info() and heir.ready_info().get("role") == "active",
-                                   10, "the heir to report itself active")
+            await async_wait_until(
+                lambda: heir.ready_info() and heir.ready_info().get("role") == "active",
+                10,
+                "the heir to report itself active",
+            )
             zombie.signal(signal.SIGCONT)  # the zombie wakes up and tries to commit
             # Its commit fails and it stands by (its readiness file says so): the transaction's
             # outcome, not the wording of a log line, is what the test waits for.
-            await async_wait_until(lambda: (zombie.ready_info() or {}).get("role") == "standby", 60,
-                                   "the zombie to stand by after its failed commit", detail=lambda: zombie.tail(80))
+            await async_wait_until(
+                lambda: (zombie.ready_info() or {}).get("role") == "standby",
+                60,
+                "the zombie to stand by after its failed commit",
+                detail=lambda: zombie.tail(80),
+            )
             assert "transaction failed (ProducerFenced" in zombie.tail(400), zombie.tail(80)
             after = await r.request(settings.topics.config_commands, c.AddShard(shard="after"), timeout=60)
             assert after.ok
+
     asyncio.run(go())
     shards = [e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events)]
     assert shards == ["before", "zombie-shard", "after"]

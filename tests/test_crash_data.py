@@ -1,5 +1,6 @@
 """kill -9 on the data path, every service in its own process: a shard or a
 router dies mid-workload; every acknowledged write is present exactly once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,14 @@ def cluster_procs(settings, spawn):
         async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
             for sid in ("s0", "s1", "s2"):
                 assert (await r.request(settings.topics.config_commands, c.AddShard(shard=sid), timeout=60)).ok
-            assert (await r.request(settings.topics.config_commands,
-                                    c.ShardCollection(ns="app.counters", key={"_id": "hashed"}), timeout=60)).ok
+            assert (
+                await r.request(
+                    settings.topics.config_commands,
+                    c.ShardCollection(ns="app.counters", key={"_id": "hashed"}),
+                    timeout=60,
+                )
+            ).ok
+
     asyncio.run(add_shards())
     for sid in ("s0", "s1", "s2"):
         procs[sid] = spawn(settings, "services.shard", "--shard-id", sid, ready_name=f"shard-{sid}")
@@ -58,6 +65,7 @@ async def workload(settings, on_progress) -> dict:
                 r = await coll.update_one({"_id": i}, {"$inc": {"n": 1}})
                 assert r["matched"] == 1
                 acked["incs"][i] += 1
+
         await asyncio.gather(*(insert(i) for i in range(N_DOCS)))
         ops = [i for i in range(N_DOCS) for _ in range(INCS_PER_DOC)]
         random.Random(1).shuffle(ops)
@@ -82,6 +90,7 @@ def test_kill9_a_shard_mid_workload(settings, cluster_procs):
             state["killed"] = True
             cluster_procs["s1"].kill9()
             state["restarted"] = cluster_procs["spawn"]("services.shard", "--shard-id", "s1", ready_name="shard-s1")
+
     result = asyncio.run(asyncio.wait_for(workload(settings, on_progress), 240))
     assert state["killed"]
     check_exactly_once(result)
@@ -94,6 +103,7 @@ def test_kill9_a_router_mid_workload(settings, cluster_procs):
         if not state["killed"] and n >= N_DOCS // 3:
             state["killed"] = True
             cluster_procs["r1"].kill9()  # r2 takes over its share of router.requests
+
     result = asyncio.run(asyncio.wait_for(workload(settings, on_progress), 240))
     assert state["killed"]
     check_exactly_once(result)
@@ -109,6 +119,7 @@ def test_a_shard_that_lost_its_disk_rebuilds_from_its_changelog(settings, cluste
             await coll.update_many({"n": {"$lt": 10}}, {"$inc": {"n": 100}})
             await coll.delete_many({"n": {"$gte": 50, "$lt": 60}})
             return await coll.find({}, sort={"_id": 1}).to_list()
+
     before = asyncio.run(write_and_read())
     cluster_procs["s0"].stop()
     shutil.rmtree(settings.data_dir / "shard-s0")  # documents and catalog: everything on its disk
@@ -118,5 +129,6 @@ def test_a_shard_that_lost_its_disk_rebuilds_from_its_changelog(settings, cluste
     async def read():
         async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
             return await cl["app"]["counters"].find({}, sort={"_id": 1}).to_list()
+
     assert asyncio.run(read()) == before
     assert len(before) == 50

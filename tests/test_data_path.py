@@ -1,6 +1,7 @@
 """The data path against a real broker: a config server, three shards and a
 router (in one host process, talking only through Kafka), driven by the client
 library."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +10,14 @@ import random
 
 import pytest
 
-from libs.client import (AsyncCluster, DocumentTooLarge, DuplicateKeyError, InvalidNamespace, ShardKeyError,
-                         ShardlogError)
+from libs.client import (
+    AsyncCluster,
+    DocumentTooLarge,
+    DuplicateKeyError,
+    InvalidNamespace,
+    ShardKeyError,
+    ShardlogError,
+)
 from libs.shardkey import hash_value
 from schemas import config as c
 from tests.conftest import async_wait_until, read_records
@@ -22,6 +29,7 @@ def client_run(data_cluster, fn):
     async def go():
         async with AsyncCluster(data_cluster.settings.bootstrap, data_cluster.settings.cluster, timeout=60) as cl:
             return await fn(cl)
+
     return asyncio.run(go())
 
 
@@ -45,6 +53,7 @@ def test_crud_on_a_hashed_collection(data_cluster):
         up = await users.update_one({"_id": 1000}, {"$set": {"age": 1}}, upsert=True)
         assert up["upsertedId"] == 1000 and await users.find_one({"_id": 1000}) == {"_id": 1000, "age": 1}
         return True
+
     assert client_run(data_cluster, go)
     # Every shard holds a share of a hashed collection.
     assert all(n >= 1 for n in data_cluster.served("Insert", "app.users").values())
@@ -54,6 +63,7 @@ def test_unsharded_collections_live_on_the_primary(data_cluster):
     async def go(cl):
         await cl["notes"]["todo"].insert_many([{"_id": i, "t": f"task {i}"} for i in range(10)])
         return await cl["notes"]["todo"].find({}, sort={"_id": -1}, limit=3).to_list()
+
     docs = client_run(data_cluster, go)
     assert [d["_id"] for d in docs] == [9, 8, 7]
     primary = data_cluster.config.catalog.databases["notes"].primary
@@ -64,14 +74,20 @@ def test_unsharded_collections_live_on_the_primary(data_cluster):
 def test_a_collection_sharded_after_writes_keeps_its_documents(data_cluster):
     async def fill(cl):
         await cl["late"]["c"].insert_many([{"_id": i, "k": i % 7} for i in range(40)])
+
     client_run(data_cluster, fill)
     result = data_cluster.command(c.ShardCollection(ns="late.c", key={"k": "hashed"})).result
     assert result["existing"] and result["chunks"] == 1  # all on the primary, where the documents are
 
     async def read(cl):
         coll = cl["late"]["c"]
-        return (await coll.count_documents({}), await coll.count_documents({"k": 3}),
-                await coll.find_one({"_id": 5}), await coll.insert_one({"_id": 99, "k": 1}))
+        return (
+            await coll.count_documents({}),
+            await coll.count_documents({"k": 3}),
+            await coll.find_one({"_id": 5}),
+            await coll.insert_one({"_id": 99, "k": 1}),
+        )
+
     assert client_run(data_cluster, read) == (40, 6, {"_id": 5, "k": 5}, 99)
 
 
@@ -103,10 +119,12 @@ def test_sorted_queries_merge_across_shards(data_cluster):
         p = cl["app"]["people"]
         await p.insert_many(people, ordered=False)
         a = await p.find({}, sort={"age": 1, "_id": -1}).to_list()
-        b = await p.find({"age": {"$lt": 50}}, sort={"name": -1, "_id": 1}, skip=10, limit=25,
-                         projection={"name": 1}).to_list()
+        b = await p.find(
+            {"age": {"$lt": 50}}, sort={"name": -1, "_id": 1}, skip=10, limit=25, projection={"name": 1}
+        ).to_list()
         cursor = await p.find({}, sort={"_id": 1}, batch_size=50).to_list()  # several getMore round trips
         return a, b, cursor
+
     a, b, cursor = client_run(data_cluster, go)
     assert a == sorted(people, key=lambda d: (d["age"], -d["_id"]))
     young = [d for d in people if d["age"] < 50]
@@ -136,6 +154,7 @@ def test_a_stale_router_refreshes_and_answers_correctly(data_cluster):
         await async_wait_until(lambda: router.routing.stale_retries > retries, 30, "a StaleConfig from a shard")
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_resume(router.follower), data_cluster.loop))
         return await find
+
     docs = client_run(data_cluster, go)
     assert [d["_id"] for d in docs] == list(range(100))
     assert router.follower.config_time >= reply.configTime
@@ -155,8 +174,10 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_trace(data_cluster):
     t = data_cluster.settings.topics
 
     def changelog_sizes():
-        return {sid: len(read_records(data_cluster.settings.bootstrap, t.shard_changelog(sid)))
-                for sid in data_cluster.shards}
+        return {
+            sid: len(read_records(data_cluster.settings.bootstrap, t.shard_changelog(sid)))
+            for sid in data_cluster.shards
+        }
 
     client_run(data_cluster, lambda cl: cl["app"]["k"].insert_one({"_id": 1, "region": "eu", "n": 1}))
     before = changelog_sizes()
@@ -166,8 +187,11 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_trace(data_cluster):
         cases = [
             (k.insert_one({"_id": 2, "region": "eu"}), ShardKeyError, "ShardKeyNotFound"),
             (k.insert_one({"_id": 3, "region": "x" * 600, "n": 1}), ShardKeyError, "ShardKeyTooLarge"),
-            (k.insert_one({"_id": 4, "region": "eu", "n": 2, "blob": "x" * (16 * 1024 * 1024)}), DocumentTooLarge,
-             "DocumentTooLarge"),
+            (
+                k.insert_one({"_id": 4, "region": "eu", "n": 2, "blob": "x" * (16 * 1024 * 1024)}),
+                DocumentTooLarge,
+                "DocumentTooLarge",
+            ),
             (k.insert_one({"_id": 1, "region": "eu", "n": 1}), DuplicateKeyError, "DuplicateKey"),
             (k.update_one({"_id": 1}, {"$set": {"region": "us"}}), ShardKeyError, "ImmutableField"),
             (k.update_one({"_id": 1}, {"$foo": {"a": 1}}), ShardlogError, "BadValue"),
@@ -181,6 +205,7 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_trace(data_cluster):
             assert e.value.code == code, (code, e.value)
             assert e.value.message
         return await k.find({}).to_list()
+
     docs = client_run(data_cluster, go)
     assert docs == [{"_id": 1, "region": "eu", "n": 1}]
     assert changelog_sizes() == before, "a refused write reached a changelog"
@@ -190,6 +215,7 @@ def test_cli_insert_find_count_explain(data_cluster):
     from typer.testing import CliRunner
 
     from cli.main import app
+
     data_cluster.command(c.ShardCollection(ns="app.cli", key={"sku": 1}))
     base = ["--bootstrap", data_cluster.settings.bootstrap, "--cluster", data_cluster.settings.cluster]
     runner = CliRunner()
@@ -197,6 +223,7 @@ def test_cli_insert_find_count_explain(data_cluster):
     def cli_json(*args):
         r = runner.invoke(app, [*base, *args, "--json"])
         return r.exit_code, json.loads(r.stdout.strip().splitlines()[-1])
+
     code, out = cli_json("insert", "app.cli", '[{"sku": 1, "q": 5}, {"sku": 2, "q": 7}, {"sku": 3, "q": 9}]')
     assert code == 0 and out["inserted"] == 3
     code, out = cli_json("find", "app.cli", '{"q": {"$gte": 7}}', "--sort", '{"sku": -1}')
@@ -217,8 +244,12 @@ def test_a_shard_key_prefix_reaches_only_the_owning_shards(data_cluster):
     # A hashed prefix presplits the collection over every shard; equality on the prefix
     # pins one hash, so one chunk range, so (here) one shard.
     data_cluster.command(c.ShardCollection(ns="app.orders", key={"cust": "hashed", "n": 1}))
-    client_run(data_cluster, lambda cl: cl["app"]["orders"].insert_many(
-        [{"cust": k, "n": n, "total": k * n} for k in range(12) for n in range(5)], ordered=False))
+    client_run(
+        data_cluster,
+        lambda cl: cl["app"]["orders"].insert_many(
+            [{"cust": k, "n": n, "total": k * n} for k in range(12) for n in range(5)], ordered=False
+        ),
+    )
     coll = data_cluster.config.catalog.collections["app.orders"]
     assert len({ch.shard for ch in coll.chunks}) == 3
     owner = coll.chunks[coll.chunk_index(coll.pattern.encode_bound({"cust": hash_value(4), "n": 0}))].shard
@@ -228,6 +259,7 @@ def test_a_shard_key_prefix_reaches_only_the_owning_shards(data_cluster):
         docs = client_run(data_cluster, lambda cl: cl["app"]["orders"].find(flt).to_list())
         after = data_cluster.served("Find", "app.orders")
         return docs, {s for s in after if after[s] > before[s]}
+
     docs, shards = served_by({"cust": 4})
     assert sorted(d["n"] for d in docs) == [0, 1, 2, 3, 4] and shards == {owner}
     docs, shards = served_by({"cust": 4, "n": {"$gte": 3}})
@@ -238,25 +270,31 @@ def test_a_shard_key_prefix_reaches_only_the_owning_shards(data_cluster):
 
 def test_malformed_operations_reach_dead_letters_and_routing_carries_on(data_cluster):
     from libs.requests import Requester
+
     t = data_cluster.settings.topics
 
     async def go():
         async with Requester(data_cluster.settings.bootstrap, t.cli_replies) as r:
-            bad = [await r.request(t.router_requests, raw, timeout=30)
-                   for raw in (b"{nope", b'{"type": "Insert", "v": 1, "ns": "a.b"}', b'{"type": "Drop", "v": 1}')]
+            bad = [
+                await r.request(t.router_requests, raw, timeout=30)
+                for raw in (b"{nope", b'{"type": "Insert", "v": 1, "ns": "a.b"}', b'{"type": "Drop", "v": 1}')
+            ]
             routing = s_insert_with_routing()
             smuggled = await r.request(t.router_requests, routing, timeout=30)
             return bad, smuggled
+
     bad, smuggled = data_cluster.call(go())
     assert [b.code for b in bad] == ["BadRecord"] * 3
     assert "docs" in bad[1].error and "unknown record type 'Drop'" in bad[2].error
     assert smuggled.code == "BadValue" and "routers add it" in smuggled.error
-    reasons = [dict(r.headers)["dlq.reason"].decode() for r in read_records(data_cluster.settings.bootstrap,
-                                                                             t.dead_letters)]
+    reasons = [
+        dict(r.headers)["dlq.reason"].decode() for r in read_records(data_cluster.settings.bootstrap, t.dead_letters)
+    ]
     assert len(reasons) == 3 and "not JSON" in reasons[0]
     assert client_run(data_cluster, lambda cl: cl["app"]["ok"].count_documents({})) == 0  # still serving
 
 
 def s_insert_with_routing():
     from schemas import shard as s
+
     return s.Insert(ns="app.ok", docs=[{"a": 1}], routing=s.Routing(configTime=0))

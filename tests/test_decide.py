@@ -3,6 +3,7 @@ its reply, and its refusals — each refusal with its code, a helpful message, a
 catalog left exactly as it was.  Plus persistence round-trips through a real Store
 and a stateful test of random splits and merges.  No Kafka.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,10 @@ def snapshot(cat: Catalog) -> dict:
     colls = {}
     for ns, coll in cat.collections.items():
         colls[ns] = {
-            "key": coll.pattern.spec, "unique": coll.unique, "epoch": coll.epoch, "uuid": coll.uuid,
+            "key": coll.pattern.spec,
+            "unique": coll.unique,
+            "epoch": coll.epoch,
+            "uuid": coll.uuid,
             "chunks": [(ch.doc().model_dump(), ch.min_key, ch.max_key, ch.version) for ch in coll.chunks],
             "zones": [(z.zone, repr(z.min), repr(z.max), z.min_key, z.max_key) for z in coll.zones],
             "settings": coll.settings.model_dump(),
@@ -152,7 +156,9 @@ def test_every_command_has_a_decision():
         c.CommitMigration: None,  # needs the id of the migration above
         c.AbortMigration: None,
         c.GetMigration: c.GetMigration(),  # read-only
-        c.MovePrimary: None, c.CommitPrimaryMove: None, c.AbortPrimaryMove: None,  # below
+        c.MovePrimary: None,
+        c.CommitPrimaryMove: None,
+        c.AbortPrimaryMove: None,  # below
         c.MarkJumbo: c.MarkJumbo(ns="d.x", min={"k": MINK}),
     }
     assert set(samples) == set(c.COMMANDS)
@@ -185,12 +191,18 @@ def test_moving_a_whole_chunk_gives_it_the_next_major_and_the_donor_a_control_ch
     assert cat.migration_of("a").id == e.id and cat.migration_of("b").id == e.id
     events, r = ok(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}))
     assert [x.type for x in events] == ["MigrationCommitted"]
-    assert chunks(cat, "d.x") == [({"k": MINK}, {"k": 0}, "a", (2, 1)), ({"k": 0}, {"k": 100}, "b", (2, 0)),
-                                  ({"k": 100}, {"k": MAXK}, "a", (1, 3))]
+    assert chunks(cat, "d.x") == [
+        ({"k": MINK}, {"k": 0}, "a", (2, 1)),
+        ({"k": 0}, {"k": 100}, "b", (2, 0)),
+        ({"k": 100}, {"k": MAXK}, "a", (1, 3)),
+    ]
     coll = cat.collections["d.x"]
     assert coll.shard_version("b").pair == (2, 0) and coll.shard_version("a").pair == (2, 1)
     assert cat.migrations == {} and cat.outcomes[e.id] == "committed"
-    assert ok(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100})) == ([], {"id": e.id, "outcome": "committed"})
+    assert ok(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100})) == (
+        [],
+        {"id": e.id, "outcome": "committed"},
+    )
     assert ok(cat, c.AbortMigration(id=e.id, reason="late"))[1]["outcome"] == "committed"  # recovery learns it moved
 
 
@@ -212,8 +224,11 @@ def test_a_sub_range_is_split_at_commit_then_moved():
     events, _ = ok(cat, c.CommitMigration(id=e.id, min={"k": 10}, max={"k": 20}))
     assert [x.type for x in events] == ["ChunkSplit", "MigrationCommitted"]
     # split: (1,4) (1,5) (1,6); the piece moves at (2,0), the donor's control chunk (the first piece left) (2,1)
-    assert chunks(cat, "d.x")[1:4] == [({"k": 0}, {"k": 10}, "a", (2, 1)), ({"k": 10}, {"k": 20}, "c", (2, 0)),
-                                       ({"k": 20}, {"k": 100}, "a", (1, 6))]
+    assert chunks(cat, "d.x")[1:4] == [
+        ({"k": 0}, {"k": 10}, "a", (2, 1)),
+        ({"k": 10}, {"k": 20}, "c", (2, 0)),
+        ({"k": 20}, {"k": 100}, "a", (1, 6)),
+    ]
     # --min only: the donor chose where the range ends
     (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": 100}, to="b"))
     ok(cat, c.CommitMigration(id=e.id, min={"k": 100}, max={"k": 500}))
@@ -234,7 +249,9 @@ def test_one_migration_per_shard_a_retry_joins_and_bad_requests_are_refused():
     refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 200}), "BadValue")
     refused(cat, c.CommitMigration(id="nope", min={"k": 0}, max={"k": 100}), "NoSuchMigration")
     events, r = ok(cat, c.AbortMigration(id=e.id, reason="test", jumbo=True))
-    assert [x.type for x in events] == ["ChunkMarkedJumbo", "MigrationAborted"] and cat.outcomes[e.id] == "aborted: test"
+    assert [x.type for x in events] == ["ChunkMarkedJumbo", "MigrationAborted"] and cat.outcomes[
+        e.id
+    ] == "aborted: test"
     assert cat.collections["d.x"].chunks[1].jumbo
     refused(cat, c.MoveRange(ns="d.x", min={"k": 0}, to="c"), "ChunkTooBig", "--force-jumbo")
     refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "NoSuchMigration", "aborted")
@@ -342,9 +359,17 @@ def test_remove_shard_drains_then_removes():
 
     # the balancer's work, by hand: b's chunks move to a (a new incarnation), d2's primary moves
     coll = cat.collections["d1.h"]
-    cat.apply(c.CollectionSharded(ns="d1.h", key=coll.pattern.spec, unique=False, epoch=new_epoch(),
-                                  uuid=new_uuid(), chunks=[c.ChunkDoc(min={"h": MINK}, max={"h": MAXK}, shard="a",
-                                                                      version=(1, 0))]), cat.config_time)
+    cat.apply(
+        c.CollectionSharded(
+            ns="d1.h",
+            key=coll.pattern.spec,
+            unique=False,
+            epoch=new_epoch(),
+            uuid=new_uuid(),
+            chunks=[c.ChunkDoc(min={"h": MINK}, max={"h": MAXK}, shard="a", version=(1, 0))],
+        ),
+        cat.config_time,
+    )
     assert ok(cat, c.RemoveShard(shard="b"))[1]["remaining"] == {"chunks": 0, "dbs": ["d2"]}
     d2 = cat.databases["d2"].version
     moved = moved_primary(d2)
@@ -415,8 +440,9 @@ def test_reserved_databases(db):
     refused(cat, c.ShardCollection(ns=f"{db}.x", key={"k": 1}), "InvalidNamespace", "reserved")
 
 
-@pytest.mark.parametrize("db", ["", "a.b", "a b", "a$b", "a/b", "a\\b", 'a"b', "a*b", "a<b", "a>b", "a:b", "a|b",
-                                "a?b", "a\x00b", "x" * 64])
+@pytest.mark.parametrize(
+    "db", ["", "a.b", "a b", "a$b", "a/b", "a\\b", 'a"b', "a*b", "a<b", "a>b", "a:b", "a|b", "a?b", "a\x00b", "x" * 64]
+)
 def test_invalid_database_names(db):
     cat = catalog("a")
     refused(cat, c.CreateDatabase(db=db), "InvalidNamespace", "invalid database name")
@@ -490,12 +516,25 @@ def test_hashed_field_not_first_is_a_range_key():
     cat = catalog("a", "b")
     _, result = ok(cat, c.ShardCollection(ns="d.h", key={"a": 1, "b": "hashed"}))
     assert result["chunks"] == 1
-    refused(cat, c.ShardCollection(ns="d.g", key={"a": 1, "b": "hashed"}, numInitialChunks=4),
-            "InvalidOptions", "hashed prefix")
+    refused(
+        cat,
+        c.ShardCollection(ns="d.g", key={"a": 1, "b": "hashed"}, numInitialChunks=4),
+        "InvalidOptions",
+        "hashed prefix",
+    )
 
 
-@pytest.mark.parametrize("shards,n", [(["a", "b"], 5), (["a", "b", "c"], 7), (["a", "b", "c"], 2),
-                                      (["a", "b"], 1), (["a"], 9), (["a", "b", "c", "d"], 1000)])
+@pytest.mark.parametrize(
+    "shards,n",
+    [
+        (["a", "b"], 5),
+        (["a", "b", "c"], 7),
+        (["a", "b", "c"], 2),
+        (["a", "b"], 1),
+        (["a"], 9),
+        (["a", "b", "c", "d"], 1000),
+    ],
+)
 def test_num_initial_chunks(shards, n):
     cat = catalog(*shards)
     _, result = ok(cat, c.ShardCollection(ns="d.h", key={"h": "hashed"}, numInitialChunks=n))
@@ -519,8 +558,13 @@ def test_num_initial_chunks_zero_means_the_default():
 @pytest.mark.parametrize("n", [-1, 2 * MAX_INITIAL_CHUNKS_PER_SHARD + 1])
 def test_num_initial_chunks_out_of_range(n):
     cat = catalog("a", "b")
-    refused(cat, c.ShardCollection(ns="d.h", key={"h": "hashed"}, numInitialChunks=n),
-            "InvalidOptions", "between 1 and 16384", str(n))
+    refused(
+        cat,
+        c.ShardCollection(ns="d.h", key={"h": "hashed"}, numInitialChunks=n),
+        "InvalidOptions",
+        "between 1 and 16384",
+        str(n),
+    )
     assert "d" not in cat.databases  # not even the database
 
 
@@ -536,18 +580,21 @@ def test_shard_collection_twice():
     refused(cat, c.ShardCollection(ns="d.x", key={"other": "hashed"}), "AlreadyInitialized")
 
 
-@pytest.mark.parametrize("key,fragment", [
-    ({}, "non-empty"),
-    ({"x": -1}, "descending"),
-    ({"x": "text"}, "ascending (1) or \"hashed\""),
-    ({"x": True}, "ascending"),
-    ({"x": 2}, "ascending"),
-    ({"a": "hashed", "b": "hashed"}, "at most one hashed"),
-    ({"": 1}, "empty"),
-    ({"$x": 1}, "'$'"),
-    ({"a..b": 1}, "empty path component"),
-    ({f"f{i}": 1 for i in range(33)}, "at most 32"),
-])
+@pytest.mark.parametrize(
+    "key,fragment",
+    [
+        ({}, "non-empty"),
+        ({"x": -1}, "descending"),
+        ({"x": "text"}, 'ascending (1) or "hashed"'),
+        ({"x": True}, "ascending"),
+        ({"x": 2}, "ascending"),
+        ({"a": "hashed", "b": "hashed"}, "at most one hashed"),
+        ({"": 1}, "empty"),
+        ({"$x": 1}, "'$'"),
+        ({"a..b": 1}, "empty path component"),
+        ({f"f{i}": 1 for i in range(33)}, "at most 32"),
+    ],
+)
 def test_invalid_shard_keys(key, fragment):
     cat = catalog("a")
     refused(cat, c.ShardCollection(ns="d.x", key=key), "InvalidOptions", "invalid shard key", fragment)
@@ -559,11 +606,19 @@ def test_hashed_key_cannot_be_unique(key):
     refused(cat, c.ShardCollection(ns="d.x", key=key, unique=True), "InvalidOptions", "cannot be unique")
 
 
-@pytest.mark.parametrize("ns,fragment", [
-    ("nodot", "database.collection"), ("d.", "database.collection"), (".x", "invalid database name"),
-    ("d.system.users", "system.*"), ("d.a$b", "'$'"), ("d b.x", "invalid database name"),
-    ("d." + "x" * 254, "255 bytes"), ("d.a\x00b", "NUL"),
-])
+@pytest.mark.parametrize(
+    "ns,fragment",
+    [
+        ("nodot", "database.collection"),
+        ("d.", "database.collection"),
+        (".x", "invalid database name"),
+        ("d.system.users", "system.*"),
+        ("d.a$b", "'$'"),
+        ("d b.x", "invalid database name"),
+        ("d." + "x" * 254, "255 bytes"),
+        ("d.a\x00b", "NUL"),
+    ],
+)
 def test_invalid_namespaces(ns, fragment):
     cat = catalog("a")
     refused(cat, c.ShardCollection(ns=ns, key={"k": 1}), "InvalidNamespace", fragment)
@@ -619,8 +674,12 @@ def test_split_at_several_points_uses_the_collection_version(ranged):
 
 
 def test_split_points_of_any_type_in_mongodb_order(ranged):
-    ok(ranged, c.SplitChunk(ns="d.x", at=[{"k": None}, {"k": -1.5}, {"k": 3}, {"k": "s"}, {"k": {"o": 1}},
-                                          {"k": False}, {"k": True}]))
+    ok(
+        ranged,
+        c.SplitChunk(
+            ns="d.x", at=[{"k": None}, {"k": -1.5}, {"k": 3}, {"k": "s"}, {"k": {"o": 1}}, {"k": False}, {"k": True}]
+        ),
+    )
     assert len(ranged.collections["d.x"].chunks) == 8
     check_chunk_invariants(ranged, "d.x")
 
@@ -641,8 +700,9 @@ def test_split_a_hashed_chunk():
     check_chunk_invariants(cat, "d.h")
 
 
-@pytest.mark.parametrize("at", [[{"k": 3}, {"k": 1}], [{"k": 2}, {"k": 2}], [{"k": 2}, {"k": 2.0}],
-                                [{"k": "a"}, {"k": 1}]])
+@pytest.mark.parametrize(
+    "at", [[{"k": 3}, {"k": 1}], [{"k": 2}, {"k": 2}], [{"k": 2}, {"k": 2.0}], [{"k": "a"}, {"k": 1}]]
+)
 def test_split_points_unsorted_or_duplicate(ranged, at):
     refused(ranged, c.SplitChunk(ns="d.x", at=at), "BadValue", "sorted ascending and distinct")
 
@@ -652,17 +712,29 @@ def test_split_points_on_bounds_or_outside_the_chunk(ranged):
     refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": 10}]), "BadValue", "not strictly inside")
     refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": 10.0}]), "BadValue", "not strictly inside")  # 10.0 == 10
     refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": 15}, {"k": 20}]), "BadValue", "not strictly inside")
-    refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": 5}, {"k": 15}]), "BadValue", "not strictly inside",
-            "[{'k': {'$minKey': 1}}, {'k': 10})")
+    refused(
+        ranged,
+        c.SplitChunk(ns="d.x", at=[{"k": 5}, {"k": 15}]),
+        "BadValue",
+        "not strictly inside",
+        "[{'k': {'$minKey': 1}}, {'k': 10})",
+    )
     refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": MINK}]), "BadValue", "not strictly inside")
     refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": MAXK}]), "BadValue", "not strictly inside")
 
 
-@pytest.mark.parametrize("point,fragment", [
-    ({"j": 5}, "shard key fields ['k']"), ({"k": 5, "j": 1}, "shard key fields ['k']"), ({}, "shard key fields"),
-    ({"k": [1, 2]}, "arrays"), ({"k": 2**63}, "64-bit"), ({"k": {"$minKey": 2}}, "must be 1"),
-    ({"k": "x" * 600}, "512-byte"),
-])
+@pytest.mark.parametrize(
+    "point,fragment",
+    [
+        ({"j": 5}, "shard key fields ['k']"),
+        ({"k": 5, "j": 1}, "shard key fields ['k']"),
+        ({}, "shard key fields"),
+        ({"k": [1, 2]}, "arrays"),
+        ({"k": 2**63}, "64-bit"),
+        ({"k": {"$minKey": 2}}, "must be 1"),
+        ({"k": "x" * 600}, "512-byte"),
+    ],
+)
 def test_split_points_not_shard_keys(ranged, point, fragment):
     refused(ranged, c.SplitChunk(ns="d.x", at=[point]), "BadValue", "split point 1", fragment)
 
@@ -678,14 +750,17 @@ def test_bounds_that_json_cannot_carry(ranged, x):
     ok(ranged, c.SplitChunk(ns="d.x", at=[{"k": 1e308}, {"k": {"a": -0.0}}]))  # finite floats are fine
 
 
-@pytest.mark.parametrize("cmd", [
-    c.CreateDatabase(db="d\ud800"),
-    c.AddShardToZone(shard="a", zone="z\udfff"),
-    c.ShardCollection(ns="d.y", key={"\ud800": 1}),
-    c.ShardCollection(ns="d.\ud800", key={"k": 1}),
-    c.SplitChunk(ns="d.x", at=[{"k": "\ud800"}]),
-    c.SetSetting(ns="d.x", key="\ud800", value=1),
-])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        c.CreateDatabase(db="d\ud800"),
+        c.AddShardToZone(shard="a", zone="z\udfff"),
+        c.ShardCollection(ns="d.y", key={"\ud800": 1}),
+        c.ShardCollection(ns="d.\ud800", key={"k": 1}),
+        c.SplitChunk(ns="d.x", at=[{"k": "\ud800"}]),
+        c.SetSetting(ns="d.x", key="\ud800", value=1),
+    ],
+)
 def test_text_that_is_not_unicode(ranged, cmd):
     # Events holding such text cannot be written to config.events.
     refused(ranged, cmd, "BadValue", "not valid Unicode")
@@ -740,10 +815,18 @@ def test_merge_a_single_chunk_is_a_no_op(ranged):
 
 def test_merge_misaligned_bounds(ranged):
     ok(ranged, c.SplitChunk(ns="d.x", at=[{"k": 10}, {"k": 20}, {"k": 30}]))
-    refused(ranged, c.MergeChunks(ns="d.x", min={"k": 11}, max={"k": 30}), "BadValue",
-            "min {'k': 11} is not the lower bound of a chunk")
-    refused(ranged, c.MergeChunks(ns="d.x", min={"k": 10}, max={"k": 25}), "BadValue",
-            "max {'k': 25} is not the upper bound of a chunk")
+    refused(
+        ranged,
+        c.MergeChunks(ns="d.x", min={"k": 11}, max={"k": 30}),
+        "BadValue",
+        "min {'k': 11} is not the lower bound of a chunk",
+    )
+    refused(
+        ranged,
+        c.MergeChunks(ns="d.x", min={"k": 10}, max={"k": 25}),
+        "BadValue",
+        "max {'k': 25} is not the upper bound of a chunk",
+    )
     refused(ranged, c.MergeChunks(ns="d.x", min={"k": MINK}, max={"k": 5}), "BadValue", "not the upper bound")
     refused(ranged, c.MergeChunks(ns="d.x", min={"k": 35}, max={"k": MAXK}), "BadValue", "not the lower bound")
     refused(ranged, c.MergeChunks(ns="d.x", min={"k": 20}, max={"k": 10}), "BadValue", "min must be below max")
@@ -756,13 +839,28 @@ def test_merge_misaligned_bounds(ranged):
 def test_merge_across_shards_is_refused():
     cat = catalog("a", "b")
     ok(cat, c.CreateDatabase(db="d", primary="a"))
-    cat.apply(c.CollectionSharded(ns="d.m", key={"k": 1}, unique=False, epoch=new_epoch(), uuid=new_uuid(), chunks=[
-        c.ChunkDoc(min={"k": MINK}, max={"k": 0}, shard="a", version=(1, 0)),
-        c.ChunkDoc(min={"k": 0}, max={"k": 10}, shard="b", version=(2, 0)),
-        c.ChunkDoc(min={"k": 10}, max={"k": MAXK}, shard="b", version=(1, 1)),
-    ]), cat.config_time)
-    refused(cat, c.MergeChunks(ns="d.m", min={"k": MINK}, max={"k": 10}), "IllegalOperation",
-            "several shards (a, b)", "merge needs them on one")
+    cat.apply(
+        c.CollectionSharded(
+            ns="d.m",
+            key={"k": 1},
+            unique=False,
+            epoch=new_epoch(),
+            uuid=new_uuid(),
+            chunks=[
+                c.ChunkDoc(min={"k": MINK}, max={"k": 0}, shard="a", version=(1, 0)),
+                c.ChunkDoc(min={"k": 0}, max={"k": 10}, shard="b", version=(2, 0)),
+                c.ChunkDoc(min={"k": 10}, max={"k": MAXK}, shard="b", version=(1, 1)),
+            ],
+        ),
+        cat.config_time,
+    )
+    refused(
+        cat,
+        c.MergeChunks(ns="d.m", min={"k": MINK}, max={"k": 10}),
+        "IllegalOperation",
+        "several shards (a, b)",
+        "merge needs them on one",
+    )
     refused(cat, c.MergeChunks(ns="d.m", min={"k": MINK}, max={"k": MAXK}), "IllegalOperation", "several shards")
     events, _ = ok(cat, c.MergeChunks(ns="d.m", min={"k": 0}, max={"k": MAXK}))
     assert events[0].chunk.version == (2, 1)  # <M_cv, m_cv + 1> of the collection version (2,0)
@@ -820,7 +918,10 @@ def test_assign_and_remove_zone_ranges(zoned):
     ok(zoned, c.AssignZoneRange(ns="d.x", min={"k": MINK}, max={"k": 10}, zone="US"))  # adjacent: fine
     ok(zoned, c.AssignZoneRange(ns="d.x", min={"k": 20}, max={"k": MAXK}, zone="EU"))
     assert [(z.zone, z.min, z.max) for z in zoned.collections["d.x"].zones] == [
-        ("US", {"k": MIN_KEY}, {"k": 10}), ("EU", {"k": 10}, {"k": 20}), ("EU", {"k": 20}, {"k": MAX_KEY})]
+        ("US", {"k": MIN_KEY}, {"k": 10}),
+        ("EU", {"k": 10}, {"k": 20}),
+        ("EU", {"k": 20}, {"k": MAX_KEY}),
+    ]
     assert ok(zoned, c.AssignZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}, zone="EU"))[0] == []  # idempotent
 
     events, result = ok(zoned, c.RemoveZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}))
@@ -832,17 +933,27 @@ def test_assign_and_remove_zone_ranges(zoned):
     refused(zoned, c.RemoveZoneRange(ns="d.x", min={"j": 20}, max={"k": 30}), "BadValue")
 
 
-@pytest.mark.parametrize("lo,hi,zone", [(15, 25, "US"), (5, 15, "US"), (12, 18, "US"), (0, 30, "US"),
-                                        (10, 20, "US"), (12, 18, "EU"), (10, 30, "EU")])
+@pytest.mark.parametrize(
+    "lo,hi,zone",
+    [(15, 25, "US"), (5, 15, "US"), (12, 18, "US"), (0, 30, "US"), (10, 20, "US"), (12, 18, "EU"), (10, 30, "EU")],
+)
 def test_overlapping_zone_ranges(zoned, lo, hi, zone):
     ok(zoned, c.AssignZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}, zone="EU"))
-    refused(zoned, c.AssignZoneRange(ns="d.x", min={"k": lo}, max={"k": hi}, zone=zone), "RangeOverlapConflict",
-            "overlaps the range [{'k': 10}, {'k': 20}) of zone 'EU'")
+    refused(
+        zoned,
+        c.AssignZoneRange(ns="d.x", min={"k": lo}, max={"k": hi}, zone=zone),
+        "RangeOverlapConflict",
+        "overlaps the range [{'k': 10}, {'k': 20}) of zone 'EU'",
+    )
 
 
 def test_assign_zone_range_refusals(zoned):
-    refused(zoned, c.AssignZoneRange(ns="d.x", min={"k": 1}, max={"k": 2}, zone="ASIA"), "ZoneNotFound",
-            "'ASIA' has no shard")
+    refused(
+        zoned,
+        c.AssignZoneRange(ns="d.x", min={"k": 1}, max={"k": 2}, zone="ASIA"),
+        "ZoneNotFound",
+        "'ASIA' has no shard",
+    )
     refused(zoned, c.AssignZoneRange(ns="d.x", min={"k": 2}, max={"k": 2}, zone="EU"), "BadValue", "below max")
     refused(zoned, c.AssignZoneRange(ns="d.x", min={"k": 3}, max={"k": 2}, zone="EU"), "BadValue", "below max")
     refused(zoned, c.AssignZoneRange(ns="d.x", min={"j": 1}, max={"k": 2}, zone="EU"), "BadValue", "min:")
@@ -852,8 +963,13 @@ def test_assign_zone_range_refusals(zoned):
 
 def test_last_shard_of_a_zone_in_use(zoned):
     ok(zoned, c.AssignZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}, zone="EU"))
-    refused(zoned, c.RemoveShardFromZone(shard="a", zone="EU"), "ZoneStillInUse", "last shard of zone 'EU'",
-            "remove those first")
+    refused(
+        zoned,
+        c.RemoveShardFromZone(shard="a", zone="EU"),
+        "ZoneStillInUse",
+        "last shard of zone 'EU'",
+        "remove those first",
+    )
     ok(zoned, c.AddShardToZone(shard="b", zone="EU"))
     ok(zoned, c.RemoveShardFromZone(shard="a", zone="EU"))  # b still serves EU
     refused(zoned, c.RemoveShardFromZone(shard="b", zone="EU"), "ZoneStillInUse")
@@ -882,10 +998,17 @@ def test_cluster_setting():
     assert ok(cat, c.SetSetting(key="maxChunkSizeBytes", value=None))[0] == []  # already the default
 
 
-@pytest.mark.parametrize("value,fragment", [(MB - 1, "greater than or equal to 1048576"),
-                                            (1024 * MB + 1, "less than or equal to 1073741824"),
-                                            (0, "greater"), (-5, "greater"), ("big", "integer"),
-                                            (MB + 0.5, "integer")])
+@pytest.mark.parametrize(
+    "value,fragment",
+    [
+        (MB - 1, "greater than or equal to 1048576"),
+        (1024 * MB + 1, "less than or equal to 1073741824"),
+        (0, "greater"),
+        (-5, "greater"),
+        ("big", "integer"),
+        (MB + 0.5, "integer"),
+    ],
+)
 def test_max_chunk_size_out_of_range(value, fragment):
     cat = catalog("a")
     refused(cat, c.SetSetting(key="maxChunkSizeBytes", value=value), "BadValue", "maxChunkSizeBytes", fragment)
@@ -896,16 +1019,25 @@ def test_unknown_setting_lists_the_known_ones():
     ok(cat, c.ShardCollection(ns="d.x", key={"k": 1}))
     e = refused(cat, c.SetSetting(key="chunkSize", value=64), "BadValue", "unknown setting 'chunkSize'", "known:")
     assert all(k in e.message for k in ClusterSettings.model_fields)
-    e = refused(cat, c.SetSetting(ns="d.x", key="balancerWindow", value=None), "BadValue",
-                "unknown setting 'balancerWindow'")
+    e = refused(
+        cat, c.SetSetting(ns="d.x", key="balancerWindow", value=None), "BadValue", "unknown setting 'balancerWindow'"
+    )
     assert all(k in e.message for k in CollectionSettings.model_fields)
 
 
-@pytest.mark.parametrize("key,value", [("balancerEnabled", "maybe"), ("balancerRoundIntervalSecs", 0),
-                                       ("balancerRoundIntervalSecs", float("inf")),
-                                       ("balancerRoundIntervalSecs", float("nan")),
-                                       ("rangeDeleterBatchSize", 0), ("orphanCleanupDelaySecs", -1),
-                                       ("autoMergerIntervalSecs", 0), ("balancerWindow", "23:00-06:00")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("balancerEnabled", "maybe"),
+        ("balancerRoundIntervalSecs", 0),
+        ("balancerRoundIntervalSecs", float("inf")),
+        ("balancerRoundIntervalSecs", float("nan")),
+        ("rangeDeleterBatchSize", 0),
+        ("orphanCleanupDelaySecs", -1),
+        ("autoMergerIntervalSecs", 0),
+        ("balancerWindow", "23:00-06:00"),
+    ],
+)
 def test_invalid_setting_values(key, value):
     cat = catalog("a")
     refused(cat, c.SetSetting(key=key, value=value), "BadValue", f"{key}:")
@@ -923,18 +1055,21 @@ def test_balancer_window():
     assert cat.settings.balancerWindow is None
 
 
-@pytest.mark.parametrize("window,fragment", [
-    ({"start": "24:00", "stop": "06:00", "timeZone": "UTC"}, "'24:00' is not a time of day HH:MM"),
-    ({"start": "7:00", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
-    ({"start": "12:60", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
-    ({"start": "23:00", "stop": "06:00 ", "timeZone": "UTC"}, "HH:MM"),
-    ({"start": "23:00\n", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
-    ({"start": "23:00", "stop": "06:00", "timeZone": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
-    ({"start": "23:00", "stop": "06:00", "timeZone": "../../etc/passwd"}, "unknown time zone"),
-    ({"start": "23:00", "stop": "06:00", "timeZone": ""}, "unknown time zone"),
-    ({"start": "23:00", "stop": "06:00"}, "timeZone"),
-    ({"start": "23:00", "stop": "06:00", "timeZone": "UTC", "days": 5}, "days"),
-])
+@pytest.mark.parametrize(
+    "window,fragment",
+    [
+        ({"start": "24:00", "stop": "06:00", "timeZone": "UTC"}, "'24:00' is not a time of day HH:MM"),
+        ({"start": "7:00", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
+        ({"start": "12:60", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
+        ({"start": "23:00", "stop": "06:00 ", "timeZone": "UTC"}, "HH:MM"),
+        ({"start": "23:00\n", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
+        ({"start": "23:00", "stop": "06:00", "timeZone": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
+        ({"start": "23:00", "stop": "06:00", "timeZone": "../../etc/passwd"}, "unknown time zone"),
+        ({"start": "23:00", "stop": "06:00", "timeZone": ""}, "unknown time zone"),
+        ({"start": "23:00", "stop": "06:00"}, "timeZone"),
+        ({"start": "23:00", "stop": "06:00", "timeZone": "UTC", "days": 5}, "days"),
+    ],
+)
 def test_invalid_balancer_window(window, fragment):
     cat = catalog("a")
     ok(cat, c.SetSetting(key="balancerWindow", value={"start": "01:00", "stop": "02:00", "timeZone": "UTC"}))
@@ -965,16 +1100,38 @@ def random_command(rng: random.Random, cat: Catalog) -> c.Record:
     """A random command, mostly valid for the current catalog."""
     shards = sorted(cat.shards)
     colls = sorted(cat.collections)
-    kind = rng.choice(["shard", "shard", "db", "coll", "coll", "split", "split", "split", "merge", "merge",
-                       "zone", "range", "unrange", "unzone", "setting", "collsetting", "remove"])
+    kind = rng.choice(
+        [
+            "shard",
+            "shard",
+            "db",
+            "coll",
+            "coll",
+            "split",
+            "split",
+            "split",
+            "merge",
+            "merge",
+            "zone",
+            "range",
+            "unrange",
+            "unzone",
+            "setting",
+            "collsetting",
+            "remove",
+        ]
+    )
     if kind == "shard" or not shards:
         return c.AddShard(shard=f"s{rng.randrange(6)}")
     if kind == "db":
         return c.CreateDatabase(db=f"db{rng.randrange(4)}", primary=rng.choice([None, *shards]))
     if kind == "coll" or not colls:
         key = rng.choice([{"k": 1}, {"h": "hashed"}, {"a": 1, "b": 1}, {"h": "hashed", "r": 1}])
-        return c.ShardCollection(ns=f"db{rng.randrange(4)}.c{rng.randrange(4)}", key=key,
-                                 numInitialChunks=rng.choice([None, 3]) if "h" in key else None)
+        return c.ShardCollection(
+            ns=f"db{rng.randrange(4)}.c{rng.randrange(4)}",
+            key=key,
+            numInitialChunks=rng.choice([None, 3]) if "h" in key else None,
+        )
     coll = cat.collections[rng.choice(colls)]
     field = coll.pattern.fields[0]
     rest = {f: MINK for f in coll.pattern.fields[1:]}
@@ -1001,8 +1158,9 @@ def random_command(rng: random.Random, cat: Catalog) -> c.Record:
         return c.RemoveShardFromZone(shard=rng.choice(shards), zone=rng.choice(["EU", "US"]))
     if kind == "range":
         lo = rng.randrange(-100, 100)
-        return c.AssignZoneRange(ns=coll.ns, min=bound(lo), max=bound(lo + rng.randint(1, 50)),
-                                 zone=rng.choice(["EU", "US"]))
+        return c.AssignZoneRange(
+            ns=coll.ns, min=bound(lo), max=bound(lo + rng.randint(1, 50)), zone=rng.choice(["EU", "US"])
+        )
     if kind == "unrange":
         zoned = [x for x in colls if cat.collections[x].zones]
         if zoned:
@@ -1010,13 +1168,20 @@ def random_command(rng: random.Random, cat: Catalog) -> c.Record:
             return c.RemoveZoneRange(ns=ns, min=to_ejson(z.min), max=to_ejson(z.max))
         return c.RemoveZoneRange(ns=coll.ns, min=bound(0), max=bound(1))
     if kind == "setting":
-        return rng.choice([c.SetSetting(key="maxChunkSizeBytes", value=rng.choice([None, 2 * MB, 64 * MB])),
-                           c.SetSetting(key="balancerWindow", value=rng.choice(
-                               [None, {"start": "22:00", "stop": "04:30", "timeZone": "America/New_York"}])),
-                           c.SetSetting(key="autoMergerEnabled", value=rng.choice([True, False]))])
+        return rng.choice(
+            [
+                c.SetSetting(key="maxChunkSizeBytes", value=rng.choice([None, 2 * MB, 64 * MB])),
+                c.SetSetting(
+                    key="balancerWindow",
+                    value=rng.choice([None, {"start": "22:00", "stop": "04:30", "timeZone": "America/New_York"}]),
+                ),
+                c.SetSetting(key="autoMergerEnabled", value=rng.choice([True, False])),
+            ]
+        )
     if kind == "collsetting":
-        return c.SetSetting(ns=coll.ns, key=rng.choice(["autoSplit", "balancerEnabled"]),
-                            value=rng.choice([True, False]))
+        return c.SetSetting(
+            ns=coll.ns, key=rng.choice(["autoSplit", "balancerEnabled"]), value=rng.choice([True, False])
+        )
     return c.RemoveShard(shard=rng.choice(shards))
 
 
@@ -1159,15 +1324,17 @@ class SplitsAndMerges(RuleBasedStateMachine):
         sv_before = {s: coll.shard_version(s) for s in self.cat.shards}
         r = ok(self.cat, c.SplitChunk(ns=ns, at=[self._bound(ns, p) for p in sorted(pts)]))
         assert len(self.cat.collections[ns].chunks) == n_before + len(pts)
-        new = self.cat.collections[ns].chunks[i:i + len(pts) + 1]
+        new = self.cat.collections[ns].chunks[i : i + len(pts) + 1]
         assert {ch.shard for ch in new} == {shard}
         assert [ch.version.pair for ch in new] == [(1, self.last[ns].minor + k) for k in range(1, len(pts) + 2)]
         for s, sv in sv_before.items():
             assert not self.cat.collections[ns].shard_version(s).older_than(sv)
         self._after(ns, r)
 
-    @rule(ns=st.sampled_from(NSS), pts=st.lists(st.integers(-(2**20), 2**20) | st.sampled_from([0, 1, -1]),
-                                                  min_size=0, max_size=3))
+    @rule(
+        ns=st.sampled_from(NSS),
+        pts=st.lists(st.integers(-(2**20), 2**20) | st.sampled_from([0, 1, -1]), min_size=0, max_size=3),
+    )
     def split_anywhere(self, ns, pts):
         self._after(ns, run(self.cat, c.SplitChunk(ns=ns, at=[self._bound(ns, p) for p in pts])))
 
@@ -1177,9 +1344,9 @@ class SplitsAndMerges(RuleBasedStateMachine):
         i = data.draw(st.integers(0, len(coll.chunks) - 1))
         j = data.draw(st.integers(i, min(len(coll.chunks) - 1, i + 4)))
         if data.draw(st.booleans()):  # mostly: keep to the first chunk's shard
-            while j > i and len({ch.shard for ch in coll.chunks[i:j + 1]}) > 1:
+            while j > i and len({ch.shard for ch in coll.chunks[i : j + 1]}) > 1:
                 j -= 1
-        run_ = coll.chunks[i:j + 1]
+        run_ = coll.chunks[i : j + 1]
         owners = {ch.shard for ch in run_}
         sv_before = {s: coll.shard_version(s) for s in self.cat.shards}
         n_before = len(coll.chunks)
@@ -1196,8 +1363,11 @@ class SplitsAndMerges(RuleBasedStateMachine):
             assert not self.cat.collections[ns].shard_version(s).older_than(sv)
         self._after(ns, r)
 
-    @rule(ns=st.sampled_from(NSS), lo=st.integers(-(2**20), 2**20) | st.just(None),
-          hi=st.integers(-(2**20), 2**20) | st.just(None))
+    @rule(
+        ns=st.sampled_from(NSS),
+        lo=st.integers(-(2**20), 2**20) | st.just(None),
+        hi=st.integers(-(2**20), 2**20) | st.just(None),
+    )
     def merge_anywhere(self, ns, lo, hi):
         fields = self.cat.collections[ns].pattern.fields
         mn = {f: MINK for f in fields} if lo is None else self._bound(ns, lo)

@@ -3,6 +3,7 @@ kill -9 and restart them): `make down` then `make up` keeps everything; a whole-
 crash (kill -9 of every process, the broker included) loses no acknowledged write; the
 broker restarts after a kill -9 while the services run; one of three replicated brokers
 (and then the controller leader) dies under a YCSB-A mix and a migration."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,14 +32,23 @@ class Deployment:
 
     def __init__(self, tmp_path: Path, brokers: int | None = None):
         self.data, self.cluster, self.brokers = tmp_path / "deploy", "dur", brokers
-        self.env = {**{k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"},
-                    "KAFKA_PORT": "0", "PYTHONPATH": str(ROOT), "SHARDLOG_SESSION_TIMEOUT_MS": "6000",
-                    "SHARDLOG_STATS_INTERVAL_S": "1"}
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"},
+            "KAFKA_PORT": "0",
+            "PYTHONPATH": str(ROOT),
+            "SHARDLOG_SESSION_TIMEOUT_MS": "6000",
+            "SHARDLOG_STATS_INTERVAL_S": "1",
+        }
 
     def run(self, action: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "infra.cluster", action, "--data", str(self.data),
-                               "--cluster", self.cluster, *args], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "infra.cluster", action, "--data", str(self.data), "--cluster", self.cluster, *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def up(self) -> str:
         r = self.run("up", *(["--brokers", str(self.brokers)] if self.brokers else []))
@@ -67,9 +77,14 @@ class Deployment:
         return {f.stem: int(f.read_text()) for f in (self.data / "pids").glob("*.pid")}
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        r = subprocess.run([sys.executable, "-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster",
-                            self.cluster, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                           env=self.env)
+        r = subprocess.run(
+            [sys.executable, "-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster", self.cluster, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+        )
         assert r.returncode == 0, f"shardlog {' '.join(args)}: {r.stdout}{r.stderr}"
         return r
 
@@ -110,6 +125,7 @@ def deployment(tmp_path):
         d = Deployment(tmp_path, brokers)
         made.append(d)
         return d
+
     yield make
     for d in made:
         d.reset()
@@ -120,6 +136,7 @@ def deployment(tmp_path):
 
 def client(d: Deployment, **kw):
     from libs.client import AsyncCluster
+
     return AsyncCluster(d.bootstrap, d.cluster, **kw)
 
 
@@ -128,7 +145,8 @@ def load(d: Deployment, ns: str, docs: list[dict]) -> None:
         async with client(d, timeout=120) as cl:
             db, coll = ns.split(".", 1)
             for i in range(0, len(docs), 500):
-                await cl[db][coll].insert_many(docs[i:i + 500], ordered=False)
+                await cl[db][coll].insert_many(docs[i : i + 500], ordered=False)
+
     asyncio.run(go())
 
 
@@ -137,6 +155,7 @@ def read_all(d: Deployment, ns: str) -> list[dict]:
         async with client(d, timeout=120) as cl:
             db, coll = ns.split(".", 1)
             return await cl[db][coll].find({}, sort={"_id": 1}).to_list()
+
     return asyncio.run(go())
 
 
@@ -147,8 +166,16 @@ class CounterWorkload:
     once the workload has finished, every document must hold exactly the increments it issued.
     Latencies are kept to measure the pause clients saw."""
 
-    def __init__(self, d: Deployment, ns: str, docs: int, ops: int, concurrency: int = 8,
-                 base: dict[int, int] | None = None, first_new_id: int | None = None):
+    def __init__(
+        self,
+        d: Deployment,
+        ns: str,
+        docs: int,
+        ops: int,
+        concurrency: int = 8,
+        base: dict[int, int] | None = None,
+        first_new_id: int | None = None,
+    ):
         self.d, self.ns, self.docs, self.ops, self.concurrency = d, ns, docs, ops, concurrency
         self.base = base if base is not None else {i: 0 for i in range(docs)}  # _id -> n before it starts
         self.first_new_id = first_new_id if first_new_id is not None else docs
@@ -159,7 +186,7 @@ class CounterWorkload:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "CounterWorkload":
+    def start(self) -> CounterWorkload:
         self.thread.start()
         return self
 
@@ -195,6 +222,7 @@ class CounterWorkload:
                         self.inserted.append(i)
                     self.latencies.append((t0, time.monotonic() - t0))
                     self.done_ops += 1
+
             await asyncio.gather(*(worker() for _ in range(self.concurrency)))
 
     def wait(self, timeout: float = 400) -> None:
@@ -210,10 +238,12 @@ class CounterWorkload:
         by_id = {doc["_id"]: doc for doc in docs}
         assert len(by_id) == len(docs), "a document is stored twice"
         expected = set(self.base) | set(self.inserted)
-        assert set(by_id) == expected, (f"missing {sorted(expected - set(by_id))[:10]}, "
-                                        f"unexpected {sorted(set(by_id) - expected)[:10]}")
-        wrong = {i: (by_id[i]["n"], self.base[i] + n) for i, n in self.incs.items()
-                 if by_id[i]["n"] != self.base[i] + n}
+        assert set(by_id) == expected, (
+            f"missing {sorted(expected - set(by_id))[:10]}, unexpected {sorted(set(by_id) - expected)[:10]}"
+        )
+        wrong = {
+            i: (by_id[i]["n"], self.base[i] + n) for i, n in self.incs.items() if by_id[i]["n"] != self.base[i] + n
+        }
         assert not wrong, f"$inc applied a different number of times than acknowledged (stored, acked): {wrong}"
 
 
@@ -229,6 +259,7 @@ def migration_state(d: Deployment, mid: str) -> str:
             rep = await r.request(t.config_commands, c.GetMigration(id=mid), timeout=60)
         assert rep.ok, rep
         return rep.result["state"]
+
     return asyncio.run(go())
 
 
@@ -275,8 +306,10 @@ def test_down_then_up_brings_back_every_write_the_catalog_and_pending_work(deplo
     # Every service resumed from its checkpoint: nothing replayed from zero.
     for service in ("config", "shard-s0", "shard-s1"):
         log = d.log(service)
-        restart = log[log.rindex("no checkpoint") if "no checkpoint" in log else 0:]
-        assert "from its checkpoint at offset" in restart, f"{service} did not resume from a checkpoint:\n{restart[-2000:]}"
+        restart = log[log.rindex("no checkpoint") if "no checkpoint" in log else 0 :]
+        assert "from its checkpoint at offset" in restart, (
+            f"{service} did not resume from a checkpoint:\n{restart[-2000:]}"
+        )
     assert consistent_snapshot(d) == before
     assert migration_state(d, moved["id"]) == "committed", "the migration's decision survives the restart"
     assert read_all(d, "app.kv") == stored
@@ -303,8 +336,7 @@ def test_whole_machine_crash_then_up_loses_no_acknowledged_write(deployment):
     w.check_exactly_once(read_all(d, "app.counters"))
     snapshot = consistent_snapshot(d)
     assert snapshot["status"]["collections"] == catalog["status"]["collections"]
-    print(f"\nwhole-machine crash: clients paused at most {w.max_latency(crashed_at):.1f}s "
-          f"(restart included)")
+    print(f"\nwhole-machine crash: clients paused at most {w.max_latency(crashed_at):.1f}s (restart included)")
 
 
 def test_broker_kill9_restarts_within_seconds_while_services_run(deployment):
@@ -325,8 +357,10 @@ def test_broker_kill9_restarts_within_seconds_while_services_run(deployment):
     w.wait()
     w.check_exactly_once(read_all(d, "app.counters"))
     assert consistent_snapshot(d) == catalog
-    print(f"\nbroker kill -9: restarted and serving in {restart_s:.1f}s; clients paused at most "
-          f"{w.max_latency(killed_at):.1f}s")
+    print(
+        f"\nbroker kill -9: restarted and serving in {restart_s:.1f}s; clients paused at most "
+        f"{w.max_latency(killed_at):.1f}s"
+    )
 
 
 def _quorum_leader(d: Deployment) -> int:
@@ -355,6 +389,7 @@ def _partition_leaders(bootstrap: str, topics: list[str]) -> dict[str, dict]:
             return out
         finally:
             await admin.close()
+
     return asyncio.run(go())
 
 
@@ -366,11 +401,13 @@ def _topic_min_isr(bootstrap: str, topic: str) -> str:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
         try:
-            (res,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
-                                                                  {"min.insync.replicas": None})])
+            (res,) = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic, {"min.insync.replicas": None})]
+            )
             return res.to_object()["resources"][0]["config_entries"][0]["config_value"]
         finally:
             await admin.close()
+
     return asyncio.run(go())
 
 
@@ -381,6 +418,7 @@ class Migration:
     def __init__(self, d: Deployment, cmd):
         from libs.requests import Requester
         from libs.topics import Topics
+
         self.d, self.t = d, Topics(d.cluster)
         self.requester = lambda: Requester(d.bootstrap, self.t.cli_replies, client_id="durability-test")
         self.cmd = cmd
@@ -399,7 +437,12 @@ class Migration:
 
     def progress(self) -> dict:
         from schemas import shard as s
-        return asyncio.run(self._ask(self.t.shard_requests(self.donor), s.ListMigrations())).get("progress", {}).get(self.id, {})
+
+        return (
+            asyncio.run(self._ask(self.t.shard_requests(self.donor), s.ListMigrations()))
+            .get("progress", {})
+            .get(self.id, {})
+        )
 
     def outcome(self, timeout: float = 240) -> str:
         from schemas import config as c
@@ -415,6 +458,7 @@ class Migration:
                     return state
                 await asyncio.sleep(0.2)
             raise AssertionError(f"migration {self.id} undecided after {timeout}s")
+
         return asyncio.run(go())
 
 
@@ -443,10 +487,12 @@ def test_one_of_three_brokers_then_the_controller_leader_killed_under_load(deplo
         to = ("s1", "s2")[n]
         base = {doc["_id"]: doc["n"] for doc in read_all(d, ns)}
         w = CounterWorkload(d, ns, docs=600, ops=1200, base=base, first_new_id=10_000 * (n + 1)).start()
-        wait_until(lambda: w.done_ops >= 150 or w.error, 120, "the workload to get going")
+        wait_until(lambda w=w: w.done_ops >= 150 or w.error, 120, "the workload to get going")
         m = Migration(d, c.MoveRange(ns=ns, min=moving["min"], max=moving["max"], to=to))
         m.start()
-        wait_until(lambda: m.progress().get("phase") not in (None, "preparing"), 60, "the migration to start cloning")
+        wait_until(
+            lambda m=m: m.progress().get("phase") not in (None, "preparing"), 60, "the migration to start cloning"
+        )
         victim = _partition_leaders(boot, [changelog])[changelog]["leader"] if n == 0 else _quorum_leader(d)
         kill9([d.broker_pids()[victim]])
         killed_at = time.monotonic()
@@ -456,14 +502,20 @@ def test_one_of_three_brokers_then_the_controller_leader_killed_under_load(deplo
         # The migration committed or aborted, and the catalog and the documents agree with it.
         chunks = d.cli_json("status", "--verbose")["collections"][0]["chunks"]
         owner = next(ch["shard"] for ch in chunks if ch["min"] == moving["min"])
-        assert outcome in ("committed", "aborted") and owner == (to if outcome == "committed" else "s0"), (outcome, chunks)
+        assert outcome in ("committed", "aborted") and owner == (to if outcome == "committed" else "s0"), (
+            outcome,
+            chunks,
+        )
         w.check_exactly_once(read_all(d, ns))
         # Restart the broker: it rejoins and catches up (every replica back in sync).
         out = d.up()
         assert f"broker {victim} ready" in out, out
-        wait_until(lambda: all(len(p["isr"]) == 3 for p in _partition_leaders(boot, [changelog, events]).values()),
-                   60, f"broker {victim} to rejoin every ISR",
-                   detail=lambda: str(_partition_leaders(boot, [changelog, events])))
+        wait_until(
+            lambda: all(len(p["isr"]) == 3 for p in _partition_leaders(boot, [changelog, events]).values()),
+            60,
+            f"broker {victim} to rejoin every ISR",
+            detail=lambda: str(_partition_leaders(boot, [changelog, events])),
+        )
         print(f"\n{phase} (broker {victim}) killed mid-migration: {outcome}; clients paused at most {pause:.2f}s")
 
 
@@ -474,8 +526,12 @@ def test_a_lost_broker_log_is_refused_by_name_and_reset_is_explicit(deployment):
     load(d, "app.kv", [{"_id": i, "k": i} for i in range(100)])
     d.down()
     # The broker's data is lost under the services' stores (deleted by hand, a new disk, ...).
-    lost = subprocess.run([sys.executable, "infra/kafka/local.py", "reset", "--dir", str(d.data / "kafka")],
-                          cwd=ROOT, capture_output=True, text=True)
+    lost = subprocess.run(
+        [sys.executable, "infra/kafka/local.py", "reset", "--dir", str(d.data / "kafka")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert lost.returncode == 0, lost.stderr
     refused = d.run("up")
     assert refused.returncode != 0, "a store ahead of its log must not be rebuilt from the shorter log"

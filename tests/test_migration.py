@@ -1,5 +1,6 @@
 """Moving ranges against a real broker: the migration protocol end to end, with the
 cluster serving traffic, and orphans left for the range deleter."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +22,7 @@ def client_run(cluster, fn):
     async def go():
         async with AsyncCluster(cluster.settings.bootstrap, cluster.settings.cluster, timeout=60) as cl:
             return await fn(cl)
+
     return asyncio.run(go())
 
 
@@ -37,11 +39,18 @@ def move(cluster, cmd: c.MoveRange, timeout: float = 90) -> str:
                 if rep.result["state"] != "active":
                     await cluster.router.follower.wait_for(rep.configTime or 0, 30)
                     if rep.result["state"] == "aborted":  # say why: the donor's progress keeps the reason
-                        donor = next((sh.decider.progress[mid] for sh in cluster.shards.values()
-                                      if "reason" in sh.decider.progress.get(mid, {})), {})
+                        donor = next(
+                            (
+                                sh.decider.progress[mid]
+                                for sh in cluster.shards.values()
+                                if "reason" in sh.decider.progress.get(mid, {})
+                            ),
+                            {},
+                        )
                         return f"aborted: {donor.get('reason', 'no reason recorded')}"
                     return rep.result["state"]
                 await asyncio.sleep(0.1)
+
     return cluster.call(asyncio.wait_for(outcome(), timeout))
 
 
@@ -51,6 +60,7 @@ def shard_state(cluster, sid: str) -> dict:
             rep = await r.request(cluster.settings.topics.shard_requests(sid), s.ListMigrations(), timeout=30)
             assert rep.ok, rep
             return rep.result
+
     return cluster.call(go())
 
 
@@ -68,6 +78,7 @@ def test_move_a_range_while_writing(data_cluster):
 
     async def load(client):
         await client["m"]["c"].insert_many([{"_id": i, "k": i, "v": "x" * 100} for i in range(1000)])
+
     client_run(cl, load)
 
     # Write to the moving range while it moves: every acknowledged write must be on the recipient.
@@ -124,14 +135,22 @@ def test_one_migration_per_shard_a_retry_joins_and_disallowing_migrations_aborts
 
     async def refused():
         async with Requester(cl.settings.bootstrap, cl.settings.topics.cli_replies) as r:
-            return await r.request(cl.settings.topics.config_commands,
-                                   c.MoveRange(ns="m.d", min={"k": MINK}, to="s2"), timeout=30)
+            return await r.request(
+                cl.settings.topics.config_commands, c.MoveRange(ns="m.d", min={"k": MINK}, to="s2"), timeout=30
+            )
+
     rep = cl.call(refused())
     assert not rep.ok and rep.code == "ConflictingOperationInProgress" and "one migration" in rep.error
-    cl.call(async_wait_until(lambda: "RangeDeletionPending" in str(
-        cl.shards["s1"].decider.progress.get(back["id"], {}).get("waiting", "")) or
-        "orphans" in str(cl.shards["s1"].decider.progress.get(back["id"], {}).get("waiting", "")), 30,
-        "the migration back to wait for s0's range deletion"))
+    cl.call(
+        async_wait_until(
+            lambda: (
+                "RangeDeletionPending" in str(cl.shards["s1"].decider.progress.get(back["id"], {}).get("waiting", ""))
+                or "orphans" in str(cl.shards["s1"].decider.progress.get(back["id"], {}).get("waiting", ""))
+            ),
+            30,
+            "the migration back to wait for s0's range deletion",
+        )
+    )
     done = cli(cl.settings, "set-allow-migrations", "m.d", "false", "--json")
     assert done.returncode == 0, done.stderr
     assert back["id"] in done.stdout
@@ -184,8 +203,7 @@ def test_ycsb_a_during_repeated_migrations_back_and_forth(data_cluster):
         for i in range(moves):
             to = "s1" if i % 2 == 0 else "s0"
             for _attempt in range(3):  # an abort (e.g. a busy broker) is legitimate; the balancer would retry too
-                outcome = await asyncio.to_thread(move, cl, c.MoveRange(ns="y.t", min={"k": records // 2}, to=to),
-                                                  180)
+                outcome = await asyncio.to_thread(move, cl, c.MoveRange(ns="y.t", min={"k": records // 2}, to=to), 180)
                 if outcome == "committed":
                     break
                 aborted.append(outcome)
@@ -218,6 +236,7 @@ def test_a_query_started_before_the_commit_sees_the_moved_documents_and_holds_th
 
     async def load(client):
         await client["q"]["c"].insert_many([{"_id": i, "k": i} for i in range(300)])
+
     client_run(cl, load)
 
     async def ask(sid, req):
@@ -227,8 +246,9 @@ def test_a_query_started_before_the_commit_sees_the_moved_documents_and_holds_th
             return rep.result
 
     coll = cl.router.follower.catalog.collections["q.c"]
-    routing = s.Routing(configTime=cl.router.follower.config_time, epoch=coll.epoch,
-                        version=coll.shard_version("s0").pair)
+    routing = s.Routing(
+        configTime=cl.router.follower.config_time, epoch=coll.epoch, version=coll.shard_version("s0").pair
+    )
     first = cl.call(ask("s0", s.Find(ns="q.c", filter={}, sort=None, batchSize=50, routing=routing)))
     assert len(first["docs"]) == 50 and first["cursorId"]
     assert move(cl, c.MoveRange(ns="q.c", min={"k": MINK}, to="s1")) == "committed"
@@ -258,12 +278,26 @@ def test_cli_move_chunk_too_big_and_jumbo(data_cluster):
     cl.command(c.SetSetting(ns="j.c", key="maxChunkSizeBytes", value=1024 * 1024))
     pad = "p" * 100_000
     # [MinKey, 100): 30 documents of ~100 KB over distinct keys; [100, MaxKey): one key value, ~3 MB
-    client_run(cl, lambda client: client["j"]["c"].insert_many(
-        [{"_id": i, "k": i, "pad": pad} for i in range(30)] + [{"_id": 1000 + i, "k": 500, "pad": pad}
-                                                               for i in range(30)]))
+    client_run(
+        cl,
+        lambda client: client["j"]["c"].insert_many(
+            [{"_id": i, "k": i, "pad": pad} for i in range(30)]
+            + [{"_id": 1000 + i, "k": 500, "pad": pad} for i in range(30)]
+        ),
+    )
     # An explicit range over twice the max chunk size: refused unless forced.
-    too_big = cli(cl.settings, "move-range", "j.c", "--min", '{"k": {"$minKey": 1}}', "--max", '{"k": 100}',
-                  "--to", "s1", "--json")
+    too_big = cli(
+        cl.settings,
+        "move-range",
+        "j.c",
+        "--min",
+        '{"k": {"$minKey": 1}}',
+        "--max",
+        '{"k": 100}',
+        "--to",
+        "s1",
+        "--json",
+    )
     assert too_big.returncode == 1 and json.loads(too_big.stdout)["code"] == "ChunkTooBig", too_big.stdout
     # Only --min: the donor cuts about one max chunk size (1 MB, ~10 documents) from it.
     cut = cli(cl.settings, "move-range", "j.c", "--min", '{"k": {"$minKey": 1}}', "--to", "s1", "--json")
@@ -282,7 +316,9 @@ def test_cli_move_chunk_too_big_and_jumbo(data_cluster):
     big = cl.router.follower.catalog.collections["j.c"].chunks[-1]
     assert big.jumbo and big.shard == "s0"
     refused = cli(cl.settings, "move-chunk", "j.c", "--find", '{"k": 500}', "--to", "s2", "--json")
-    assert json.loads(refused.stdout)["code"] == "ChunkTooBig" and "--force-jumbo" in json.loads(refused.stdout)["error"]
+    assert (
+        json.loads(refused.stdout)["code"] == "ChunkTooBig" and "--force-jumbo" in json.loads(refused.stdout)["error"]
+    )
     forced = cli(cl.settings, "move-chunk", "j.c", "--find", '{"k": 500}', "--to", "s2", "--force-jumbo", "--json")
     assert forced.returncode == 0 and json.loads(forced.stdout)["outcome"] == "committed", forced.stdout
     assert client_run(cl, lambda client: client["j"]["c"].count_documents({})) == 60
@@ -311,6 +347,7 @@ def test_move_primary_moves_the_unsharded_collections_and_writes_wait_not_fail(d
                 except Exception as e:
                     errors.append(repr(e))
                 n += 1
+
         task = asyncio.create_task(writer())
         moved = await asyncio.to_thread(cli, cl.settings, "move-primary", "p", "--to", "s2", "--json")
         stop.set()
@@ -344,8 +381,18 @@ def test_move_range_wait_for_delete_returns_once_the_donor_deleted_its_copy(data
     client_run(cl, lambda client: client["w"]["c"].insert_many([{"_id": i, "k": i} for i in range(300)]))
     deleter = asyncio.run_coroutine_threadsafe(RangeDeleter(cl.settings).run(), cl.loop)
     try:
-        done = cli(cl.settings, "move-range", "w.c", "--min", '{"k": 100}', "--to", "s1", "--wait-for-delete",
-                   "--json", timeout=120)
+        done = cli(
+            cl.settings,
+            "move-range",
+            "w.c",
+            "--min",
+            '{"k": 100}',
+            "--to",
+            "s1",
+            "--wait-for-delete",
+            "--json",
+            timeout=120,
+        )
         left_on_donor = {i for i in stored_ids(cl, "s0", "w.c") if i >= 100}  # read before anything else runs
     finally:
         deleter.cancel()

@@ -11,6 +11,7 @@ it, restarts the killed service without the fault, and then checks the whole clu
   (each shard's contents are read back from its changelog, not from the service);
 - no migration document or range-deletion task is left behind.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,19 +32,35 @@ from tests.conftest import ServiceProcess, read_records, wait_until
 pytestmark = pytest.mark.kafka
 
 DOCS = 300
-STEPS = ["registered", "cloning", "catching_up", "critical_section", "clone_committed", "commit_sent",
-         "commit_applied", "decision_recorded", "range_tasks_updated"]
+STEPS = [
+    "registered",
+    "cloning",
+    "catching_up",
+    "critical_section",
+    "clone_committed",
+    "commit_sent",
+    "commit_applied",
+    "decision_recorded",
+    "range_tasks_updated",
+]
 RECIPIENT_STEPS = ["registered", "cloning", "catching_up", "clone_committed", "range_tasks_updated"]
-CASES = ([("donor", f"migration.{step}") for step in STEPS]
-         + [("recipient", f"migration.{step}") for step in RECIPIENT_STEPS]
-         + [("config", "config.before_commit@CommitMigration"), ("config", "config.after_commit@CommitMigration"),
-            ("config", "config.after_commit@MoveRange"),
-            ("range-deleter", "range_deleter.mid_deletion")])
-SERVICES = {"donor": ("services.shard", ("--shard-id", "s0"), "shard-s0", "active"),
-            "recipient": ("services.shard", ("--shard-id", "s1"), "shard-s1", "active"),
-            "config": ("services.config", (), "config", "active"),
-            "router": ("services.router", ("--instance", "r1"), "router-r1", None),
-            "range-deleter": ("services.range_deleter", (), "range-deleter", None)}
+CASES = (
+    [("donor", f"migration.{step}") for step in STEPS]
+    + [("recipient", f"migration.{step}") for step in RECIPIENT_STEPS]
+    + [
+        ("config", "config.before_commit@CommitMigration"),
+        ("config", "config.after_commit@CommitMigration"),
+        ("config", "config.after_commit@MoveRange"),
+        ("range-deleter", "range_deleter.mid_deletion"),
+    ]
+)
+SERVICES = {
+    "donor": ("services.shard", ("--shard-id", "s0"), "shard-s0", "active"),
+    "recipient": ("services.shard", ("--shard-id", "s1"), "shard-s1", "active"),
+    "config": ("services.config", (), "config", "active"),
+    "router": ("services.router", ("--instance", "r1"), "router-r1", None),
+    "range-deleter": ("services.range_deleter", (), "range-deleter", None),
+}
 _numbers = itertools.count()
 
 
@@ -70,6 +87,7 @@ class Cluster:
         async def go():
             async with Requester(self.settings.bootstrap, self.settings.topics.cli_replies) as r:
                 return await r.request(topic, req, timeout=timeout)
+
         return asyncio.run(go())
 
     def config(self, cmd):
@@ -82,6 +100,7 @@ class Cluster:
 def procs(bootstrap, tmp_path_factory):
     from libs import kafka
     from libs.topics import Topics
+
     name = f"tf{next(_numbers)}{int(time.time()) % 100000}"
     asyncio.run(kafka.ensure_topics(bootstrap, Topics(name).core()))
     settings = ServiceSettings(bootstrap, name, tmp_path_factory.mktemp("faults") / "data", session_timeout_ms=6000)
@@ -149,8 +168,11 @@ def idle(cl: Cluster, ns: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("service,fault", CASES, ids=[f"{svc}-{f.split('@')[0]}{'@' + f.split('@')[1] if '@' in f else ''}"
-                                                      for svc, f in CASES])
+@pytest.mark.parametrize(
+    "service,fault",
+    CASES,
+    ids=[f"{svc}-{f.split('@')[0]}{'@' + f.split('@')[1] if '@' in f else ''}" for svc, f in CASES],
+)
 def test_kill9_during_a_migration(procs, service, fault):
     cl, settings = procs, procs.settings
     ns = f"f.c{next(_numbers)}"
@@ -169,21 +191,26 @@ def test_kill9_during_a_migration(procs, service, fault):
         async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
             while True:  # the config server itself may be the victim: the request stays queued
                 try:
-                    reply = await r.request(settings.topics.config_commands,
-                                            c.MoveRange(ns=ns, min={"k": DOCS // 2}, to="s1"), timeout=60)
+                    reply = await r.request(
+                        settings.topics.config_commands, c.MoveRange(ns=ns, min={"k": DOCS // 2}, to="s1"), timeout=60
+                    )
                     break
                 except RequestTimeout:
                     continue
         assert reply.ok, reply
-        died = await asyncio.to_thread(wait_until, lambda: victim.proc.poll() is not None, 120,
-                                       f"{service} to hit {fault}")
+        died = await asyncio.to_thread(
+            wait_until, lambda: victim.proc.poll() is not None, 120, f"{service} to hit {fault}"
+        )
         assert died and victim.proc.returncode == -9, f"{service} exited with {victim.proc.returncode}"
         await asyncio.to_thread(cl.start, service)  # restarted, without the fault
         mid = reply.result["id"]
         async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
             deadline = time.monotonic() + 180
-            while (state := (await r.request(settings.topics.config_commands, c.GetMigration(id=mid),
-                                             timeout=60)).result["state"]) == "active":
+            while (
+                state := (await r.request(settings.topics.config_commands, c.GetMigration(id=mid), timeout=60)).result[
+                    "state"
+                ]
+            ) == "active":
                 assert time.monotonic() < deadline, f"migration {mid} still active after the restart"
                 await asyncio.sleep(0.2)
         stop.set()

@@ -1,6 +1,7 @@
 """Projection against a real broker: kill -9 mid-stream, restart, and compare
 with a fresh full replay; refuse a store whose log was recreated; rebuild a
 missing store."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,21 +29,35 @@ def catalog_events(n_rounds: int, start: int = 0):
         yield c.ShardAdded(shard="s0")
         yield c.ShardAdded(shard="s1")
         yield c.DatabaseCreated(db="db", primary="s0", uuid="u-1")
-        yield c.CollectionSharded(ns="db.c", key={"x": 1}, unique=False, epoch=epoch, uuid="u-2", chunks=[
-            c.ChunkDoc(min=lo, max=top, shard="s0", version=(1, 0))])
+        yield c.CollectionSharded(
+            ns="db.c",
+            key={"x": 1},
+            unique=False,
+            epoch=epoch,
+            uuid="u-2",
+            chunks=[c.ChunkDoc(min=lo, max=top, shard="s0", version=(1, 0))],
+        )
     mins = [lo]  # lower bounds of the chunks, in order; the last chunk ends at MaxKey
     minor = 0
     for i in range(start, start + n_rounds):
         at = {"x": i}
-        yield c.ChunkSplit(ns="db.c", epoch=epoch, min=mins[-1], max=top, chunks=[
-            c.ChunkDoc(min=mins[-1], max=at, shard="s0", version=(1, minor + 1)),
-            c.ChunkDoc(min=at, max=top, shard="s0", version=(1, minor + 2))])
+        yield c.ChunkSplit(
+            ns="db.c",
+            epoch=epoch,
+            min=mins[-1],
+            max=top,
+            chunks=[
+                c.ChunkDoc(min=mins[-1], max=at, shard="s0", version=(1, minor + 1)),
+                c.ChunkDoc(min=at, max=top, shard="s0", version=(1, minor + 2)),
+            ],
+        )
         mins.append(at)
         minor += 2
         if i % 3 == 2:
             mins.pop()
-            yield c.ChunksMerged(ns="db.c", epoch=epoch, chunk=c.ChunkDoc(min=mins[-1], max=top, shard="s0",
-                                                                          version=(1, minor + 1)))
+            yield c.ChunksMerged(
+                ns="db.c", epoch=epoch, chunk=c.ChunkDoc(min=mins[-1], max=top, shard="s0", version=(1, minor + 1))
+            )
             minor += 1
         if i % 50 == 0:
             yield c.SettingChanged(key="rangeDeleterBatchSize", value=100 + i)
@@ -156,6 +171,7 @@ def test_checkpoint_ahead_of_a_recreated_log_is_refused(settings, tmp_path):
         finally:
             await proj.stop()
             store.close()
+
     asyncio.run(go())
 
 
@@ -171,4 +187,5 @@ def test_a_missing_store_is_rebuilt_from_the_log(settings, tmp_path):
         # And a restart from the checkpoint applies nothing twice.
         third, end3 = await fresh_replay(settings.bootstrap, topic, tmp_path / "a")
         assert (third, end3) == (first, end)
+
     asyncio.run(go())

@@ -1,6 +1,7 @@
 """The range deleter against a real broker: after a committed migration the donor's
 orphans go — only after orphanCleanupDelaySecs, in batches of rangeDeleterBatchSize,
 resuming after a crash — and `shardlog range-deletions` says why a task waits."""
+
 from __future__ import annotations
 
 import asyncio
@@ -44,15 +45,18 @@ def running_deleter(cl):
         if task.done():
             task.result()  # it failed: say why
         return task
+
     task = cl.call(start())
     try:
         yield rd
     finally:
+
         async def stop():
             if task.done() and not task.cancelled():
                 task.result()  # a crash during the test must not go unnoticed
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
         cl.call(stop())
 
 
@@ -82,6 +86,7 @@ def assert_cluster_intact(cl) -> None:
     async def read(client):
         coll = client["rd"]["c"]
         return await coll.count_documents({}), sorted(d["_id"] for d in await coll.find({}).to_list())
+
     assert client_run(cl, read) == (N, list(range(N)))
 
 
@@ -94,6 +99,7 @@ def test_orphans_wait_for_the_delay_then_go_in_batches(data_cluster, settings, m
         # Held for orphanCleanupDelaySecs (900 s by default): seen, explained, not touched.
         def listed_ready():
             return next((t for t in rd.status.tasks if (t["shard"], t["id"]) == donor and not t["pending"]), None)
+
         seen = cl.call(async_wait_until(listed_ready, 30, "the deleter to list the donor's task as decided"))
         assert seen["waitingFor"].startswith("orphanCleanupDelaySecs: ") and seen["waitingFor"].endswith(" s left")
         rounds = rd.status.rounds
@@ -118,8 +124,11 @@ def test_orphans_wait_for_the_delay_then_go_in_batches(data_cluster, settings, m
         cl.command(c.SetSetting(key="rangeDeleterBatchSize", value=BATCH))
         cl.command(c.SetSetting(key="orphanCleanupDelaySecs", value=1))
         cl.call(async_wait_until(lambda: orphans_gone(cl), 60, "the donor's orphans to be deleted"))
-        cl.call(async_wait_until(lambda: not rd.status.tasks and rd.status.current is None, 30,
-                                 "the deleter to see the task gone"))
+        cl.call(
+            async_wait_until(
+                lambda: not rd.status.tasks and rd.status.current is None, 30, "the deleter to see the task gone"
+            )
+        )
 
     assert_cluster_intact(cl)
     assert shard_state(cl, "s0")["rangeDeletions"] == [] and shard_state(cl, "s1")["rangeDeletions"] == []
@@ -139,8 +148,12 @@ def test_a_deleter_killed_between_batches_resumes_where_it_stopped(data_cluster,
     cl.command(c.SetSetting(key="rangeDeleterBatchSize", value=BATCH))
     tid = migrate(cl)
 
-    killed = spawn(settings, "services.range_deleter", ready_name="range-deleter",
-                   env={"SHARDLOG_FAULTS": "range_deleter.mid_deletion=kill"})
+    killed = spawn(
+        settings,
+        "services.range_deleter",
+        ready_name="range-deleter",
+        env={"SHARDLOG_FAULTS": "range_deleter.mid_deletion=kill"},
+    )
     wait_until(lambda: killed.proc.poll() is not None, 60, "the range deleter to be killed after its first batch")
     assert killed.proc.returncode == -9, killed.tail()
     (task,) = shard_state(cl, "s0")["rangeDeletions"]

@@ -1,4 +1,5 @@
 """The range deleter's policy (services/range_deleter/deleter.py): pure, no Kafka."""
+
 from __future__ import annotations
 
 from hypothesis import given
@@ -12,9 +13,22 @@ DELAY = ClusterSettings(orphanCleanupDelaySecs=900)
 
 
 def task(id="m1", shard="s0", pending=False, readyAt=NOW - 1000, deleted=0, waiting=None, **kw) -> dict:
-    return {"id": id, "shard": shard, "ns": "db.c", "epoch": "e", "min": {"k": 0}, "max": {"k": 10},
-            "pending": pending, "readyAt": None if pending else readyAt, "configTime": 5, "deleted": deleted,
-            "why": "donated to s1", "left": 10, "waiting": waiting, **kw}
+    return {
+        "id": id,
+        "shard": shard,
+        "ns": "db.c",
+        "epoch": "e",
+        "min": {"k": 0},
+        "max": {"k": 10},
+        "pending": pending,
+        "readyAt": None if pending else readyAt,
+        "configTime": 5,
+        "deleted": deleted,
+        "why": "donated to s1",
+        "left": 10,
+        "waiting": waiting,
+        **kw,
+    }
 
 
 def test_nothing_to_do():
@@ -46,12 +60,18 @@ def test_the_shards_own_reason_and_the_services_are_given():
 
 
 def test_a_task_in_progress_resumes_first_then_the_oldest():
-    old, started, new = task("old", readyAt=NOW - 5000), task("started", "s1", readyAt=NOW - 1000, deleted=128), \
-        task("new", "s2", readyAt=NOW - 2000)
+    old, started, new = (
+        task("old", readyAt=NOW - 5000),
+        task("started", "s1", readyAt=NOW - 1000, deleted=128),
+        task("new", "s2", readyAt=NOW - 2000),
+    )
     p = deleter.plan([old, started, new], DELAY, NOW)
     assert p.next is started and deleter.state(started) == "deleting"
-    assert p.waiting == {("s0", "old"): "queued behind task started on s1", ("s1", "started"): None,
-                         ("s2", "new"): "queued behind task started on s1"}
+    assert p.waiting == {
+        ("s0", "old"): "queued behind task started on s1",
+        ("s1", "started"): None,
+        ("s2", "new"): "queued behind task started on s1",
+    }
     assert deleter.plan([old, new], DELAY, NOW).next is old and deleter.state(old) == "ready"
 
 
@@ -61,11 +81,19 @@ def test_the_same_migration_names_a_task_on_two_shards():
     assert p.next is donor and p.waiting[("s1", "m")].startswith("pending")
 
 
-tasks = st.lists(st.builds(
-    task, id=st.sampled_from(["a", "b", "c", "d"]), shard=st.sampled_from(["s0", "s1", "s2"]),
-    pending=st.booleans(), readyAt=st.floats(NOW - 2000, NOW + 100), deleted=st.sampled_from([0, 0, 1, 500]),
-    waiting=st.sampled_from([None, None, "2 queries started before the migration committed still read the range"]),
-), unique_by=lambda t: (t["shard"], t["id"]), max_size=8)
+tasks = st.lists(
+    st.builds(
+        task,
+        id=st.sampled_from(["a", "b", "c", "d"]),
+        shard=st.sampled_from(["s0", "s1", "s2"]),
+        pending=st.booleans(),
+        readyAt=st.floats(NOW - 2000, NOW + 100),
+        deleted=st.sampled_from([0, 0, 1, 500]),
+        waiting=st.sampled_from([None, None, "2 queries started before the migration committed still read the range"]),
+    ),
+    unique_by=lambda t: (t["shard"], t["id"]),
+    max_size=8,
+)
 
 
 @given(tasks, st.integers(0, 3000))

@@ -1,4 +1,5 @@
 """Small pure pieces of the runtime: topic names, fault-point matching, settings validation."""
+
 from __future__ import annotations
 
 import importlib
@@ -26,6 +27,7 @@ def test_invalid_cluster_names_are_refused(bad):
 
 def test_fault_points_fire_only_where_aimed(monkeypatch):
     import libs.faults as faults
+
     monkeypatch.setenv("SHARDLOG_FAULTS", "a.step=raise,b.step@needle=raise")
     importlib.reload(faults)
     try:

@@ -1,5 +1,6 @@
 """A shard's decisions, without Kafka: the decider over a real RocksDB store and a catalog
 built by the config server's own decisions (events applied as the processor would)."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,11 @@ class Shard:
         coll = self.catalog.collections.get(ns)
         if coll is None:
             return s.Routing(configTime=self.catalog.config_time)
-        return s.Routing(configTime=self.catalog.config_time, epoch=coll.epoch,
-                         version=coll.shard_version(self.decider.shard_id).pair)
+        return s.Routing(
+            configTime=self.catalog.config_time,
+            epoch=coll.epoch,
+            version=coll.shard_version(self.decider.shard_id).pair,
+        )
 
     def run(self, req):
         """Decide and apply as the command processor does: (events, result)."""
@@ -79,13 +83,15 @@ def test_a_router_batch_holds_at_least_one_document_and_at_most_the_byte_cap():
 
 def test_a_write_that_changed_nothing_is_recorded_so_a_retry_cannot_match_later(shard):
     ns = "d.u"
-    events, result = shard.run(s.Update(ns=ns, filter={"x": 1}, update={"$set": {"y": 1}}, opId="op1",
-                                        routing=shard.routing(ns)))
+    events, result = shard.run(
+        s.Update(ns=ns, filter={"x": 1}, update={"$set": {"y": 1}}, opId="op1", routing=shard.routing(ns))
+    )
     assert result == {"matched": 0, "modified": 0}
     assert [e.type for e in events] == ["WriteRecorded"]
     shard.run(s.Insert(ns=ns, docs=[{"_id": 1, "x": 1}], routing=shard.routing(ns)))
-    events, result = shard.run(s.Update(ns=ns, filter={"x": 1}, update={"$set": {"y": 1}}, opId="op1",
-                                        routing=shard.routing(ns)))
+    events, result = shard.run(
+        s.Update(ns=ns, filter={"x": 1}, update={"$set": {"y": 1}}, opId="op1", routing=shard.routing(ns))
+    )
     assert events == [] and result["retried"] and result["matched"] == 0  # the retry keeps its first answer
     _, found = shard.run(s.Find(ns=ns, filter={"_id": 1}, routing=shard.routing(ns)))
     assert "y" not in found["docs"][0]

@@ -2,6 +2,7 @@
 written since the last report.  First the counting and the computation on a
 real RocksDB store (no Kafka), then end to end: a cluster whose shards publish
 to `shard.stats` every half second while a client writes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,13 +41,19 @@ def removed(doc: dict, pattern: KeyPattern, ns: str = NS) -> ev.DocumentRemoved:
 def k_catalog() -> Catalog:
     """db.c sharded on {k: 1}: [MinKey, 0) on s0, [0, 10) on s1, [10, MaxKey) on s0."""
     bounds = [{"k": MIN_KEY}, {"k": 0}, {"k": 10}, {"k": MAX_KEY}]
-    chunks = [c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=owner, version=(1, i))
-              for i, (lo, hi, owner) in enumerate(zip(bounds, bounds[1:], ["s0", "s1", "s0"]))]
+    chunks = [
+        c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=owner, version=(1, i))
+        for i, (lo, hi, owner) in enumerate(zip(bounds, bounds[1:], ["s0", "s1", "s0"]))
+    ]
     cat = Catalog(track_changes=False)
-    for offset, e in enumerate([c.ShardAdded(shard="s0"), c.ShardAdded(shard="s1"),
-                                c.DatabaseCreated(db="db", primary="s0", uuid="u"),
-                                c.CollectionSharded(ns=NS, key={"k": 1}, unique=False, epoch="e1", uuid="u2",
-                                                    chunks=chunks)]):
+    for offset, e in enumerate(
+        [
+            c.ShardAdded(shard="s0"),
+            c.ShardAdded(shard="s1"),
+            c.DatabaseCreated(db="db", primary="s0", uuid="u"),
+            c.CollectionSharded(ns=NS, key={"k": 1}, unique=False, epoch="e1", uuid="u2", chunks=chunks),
+        ]
+    ):
         cat.apply(e, offset)
     return cat
 
@@ -145,6 +152,7 @@ def test_a_report_covers_the_owned_chunks_and_attributes_writes_to_them(store, t
 
 def test_a_long_scan_lets_the_event_loop_run(store, tmp_path):
     from services.shard.statistics import YIELD_EVERY
+
     pattern = KeyPattern.parse({"k": 1})
     docs = CountingDocuments()
     docs.load(store)
@@ -162,6 +170,7 @@ def test_a_long_scan_lets_the_event_loop_run(store, tmp_path):
             while not done:
                 ticks += 1
                 await asyncio.sleep(0)
+
         t = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         start = ticks
@@ -169,6 +178,7 @@ def test_a_long_scan_lets_the_event_loop_run(store, tmp_path):
         done = True
         await t
         return report, ticks - start
+
     report, ticks = asyncio.run(go())
     assert report.chunks[0].documents == 3 * YIELD_EVERY
     assert ticks >= 3, "the scan yields to the event loop every few thousand documents"
@@ -210,6 +220,7 @@ class StatsReader:
 
     async def __aenter__(self):
         from aiokafka import TopicPartition
+
         self.tp = TopicPartition(self.settings.topics.shard_stats, 0)
         self.consumer = kafka.consumer(self.settings.bootstrap)
         await self.consumer.start()
@@ -236,8 +247,10 @@ class StatsReader:
                 return value
             if time.monotonic() > deadline:
                 latest = {sid: _summary(r) for sid, r in self.latest().items()}
-                pytest.fail(f"timed out after {timeout:g}s waiting for {what}; {len(self.reports)} reports, "
-                            f"latest per shard: {latest}")
+                pytest.fail(
+                    f"timed out after {timeout:g}s waiting for {what}; {len(self.reports)} reports, "
+                    f"latest per shard: {latest}"
+                )
 
     def latest(self, since: int = 0) -> dict[str, schema.ShardStatistics]:
         out = {}
@@ -252,8 +265,12 @@ def _coll(report: schema.ShardStatistics, ns: str = APP) -> schema.CollectionSta
 
 def _summary(r: schema.ShardStatistics) -> dict:
     x = _coll(r)
-    return {"configTime": r.configTime, "chunks": x and x.chunks, "documents": x and x.documents,
-            "written": x and x.bytesWrittenSinceLastReport}
+    return {
+        "configTime": r.configTime,
+        "chunks": x and x.chunks,
+        "documents": x and x.documents,
+        "written": x and x.bytesWrittenSinceLastReport,
+    }
 
 
 def _written(r: schema.ShardStatistics) -> int:
@@ -266,11 +283,13 @@ def client_run(cluster, fn):
     async def go():
         async with AsyncCluster(cluster.settings.bootstrap, cluster.settings.cluster, timeout=60) as cl:
             return await fn(cl)
+
     return asyncio.run(go())
 
 
 def shard_scan(cluster) -> dict[tuple[str, str], tuple[int, int]]:
     """(shard, min bound as JSON) -> (documents, data size), straight from each shard's store."""
+
     async def scan():
         out = {}
         for sid, s in cluster.shards.items():
@@ -279,12 +298,17 @@ def shard_scan(cluster) -> dict[tuple[str, str], tuple[int, int]]:
                     docs = [d for _, d in s.documents.scan(APP, ch.min_key, ch.max_key)]
                     out[(sid, json.dumps(to_ejson(ch.min)))] = (len(docs), sum(map(stored_size, docs)))
         return out
+
     return cluster.call(scan())
 
 
 def reported(latest: dict[str, schema.ShardStatistics]) -> dict[tuple[str, str], tuple[int, int]]:
-    return {(sid, json.dumps(ch.min)): (ch.documents, ch.dataSizeBytes)
-            for sid, r in latest.items() for ch in r.chunks if ch.ns == APP}
+    return {
+        (sid, json.dumps(ch.min)): (ch.documents, ch.dataSizeBytes)
+        for sid, r in latest.items()
+        for ch in r.chunks
+        if ch.ns == APP
+    }
 
 
 @pytest.mark.kafka
@@ -313,42 +337,56 @@ def test_shards_publish_chunk_statistics_for_the_balancer(stats_cluster):
                     return False
                 # Every byte inserted has been reported as written, once.
                 return sum(_written(r) for r in reader.reports) == total
+
             await reader.until(all_reported, 60, f"reports counting {n} documents and {total} bytes written")
             latest = reader.latest()
             catalog = cluster.config.catalog.collections[APP]
             for sid, r in latest.items():
                 own = [ch for ch in r.chunks if ch.ns == APP]
                 assert _coll(r).chunks == catalog.chunks_per_shard()[sid] == len(own)
-            assert reported(latest) == await asyncio.to_thread(shard_scan, cluster), \
+            assert reported(latest) == await asyncio.to_thread(shard_scan, cluster), (
                 "per-chunk counts and sizes are those of the shards' stores"
+            )
             assert sum(ch.dataSizeBytes for r in latest.values() for ch in r.chunks) == total
             for sid in shards:
                 mine = [r for r in reader.reports if r.shard == sid]
-                assert sum(map(_written, mine)) == _coll(latest[sid]).dataSizeBytes, \
+                assert sum(map(_written, mine)) == _coll(latest[sid]).dataSizeBytes, (
                     f"{sid}: bytes written over its reports == the size of what it holds"
+                )
                 assert any(_written(r) > 0 for r in mine)
 
             # Nothing written: a later report of every shard shows no bytes written, same counts.
             mark = len(reader.reports)
-            await reader.until(lambda: set(reader.latest(mark)) == shards and
-                               all(_written(r) == 0 for r in reader.latest(mark).values()), 30,
-                               "a report with nothing written from every shard")
+            await reader.until(
+                lambda: (
+                    set(reader.latest(mark)) == shards and all(_written(r) == 0 for r in reader.latest(mark).values())
+                ),
+                30,
+                "a report with nothing written from every shard",
+            )
             assert reported(reader.latest(mark)) == reported(latest)
 
             # Updates are written bytes too: the new size of each updated document.
             mark = len(reader.reports)
             pad = "y" * 100
-            res = await asyncio.to_thread(client_run, cluster, lambda cl: cl["app"]["st"].update_many(
-                {"_id": {"$lt": 30}}, {"$set": {"p": pad}}))
+            res = await asyncio.to_thread(
+                client_run, cluster, lambda cl: cl["app"]["st"].update_many({"_id": {"$lt": 30}}, {"$set": {"p": pad}})
+            )
             assert res["modified"] == 30
             rewritten = sum(stored_size({"_id": i, "p": pad}) for i in range(30))
             new_total = total - sum(map(stored_size, docs[:30])) + rewritten
-            await reader.until(lambda: sum(_written(r) for r in reader.reports[mark:]) == rewritten and
-                               set(reader.latest(mark)) == shards and
-                               sum(_coll(r).dataSizeBytes for r in reader.latest(mark).values()) == new_total,
-                               30, f"{rewritten} bytes rewritten to be reported")
+            await reader.until(
+                lambda: (
+                    sum(_written(r) for r in reader.reports[mark:]) == rewritten
+                    and set(reader.latest(mark)) == shards
+                    and sum(_coll(r).dataSizeBytes for r in reader.latest(mark).values()) == new_total
+                ),
+                30,
+                f"{rewritten} bytes rewritten to be reported",
+            )
             assert sum(_written(r) for r in reader.reports[mark:]) == rewritten
             return reader.reports
+
     reports = asyncio.run(go())
     assert {r.shard for r in reports} == shards
     assert all(r.windowSeconds >= 0 for r in reports)

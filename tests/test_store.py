@@ -1,4 +1,5 @@
 """The RocksDB store: state and checkpoint in one batch; a corrupt store is moved aside."""
+
 from __future__ import annotations
 
 from libs.store import Checkpoint, Store

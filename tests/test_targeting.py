@@ -2,6 +2,7 @@
 document goes to.  Concrete cases for every kind of filter, and a property:
 whatever the chunk layout and the filter, every document the filter matches
 lives in a chunk whose owner is targeted (soundness).  Pure: no Kafka."""
+
 from __future__ import annotations
 
 import itertools
@@ -24,11 +25,15 @@ def make_catalog(key: dict, bounds: list[dict], owners: list[str], primary: str 
     """A catalog with SHARDS, database `db` (primary `primary`) and `db.c` sharded on `key`
     with chunks [bounds[i], bounds[i+1]) owned by owners[i]; bounds hold sentinels."""
     assert len(bounds) == len(owners) + 1
-    chunks = [c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=owner, version=(1, i))
-              for i, (lo, hi, owner) in enumerate(zip(bounds, bounds[1:], owners))]
-    events = [*(c.ShardAdded(shard=s) for s in SHARDS),
-              c.DatabaseCreated(db="db", primary=primary, uuid="u-db"),
-              c.CollectionSharded(ns=NS, key=key, unique=False, epoch=EPOCH, uuid="u-c", chunks=chunks)]
+    chunks = [
+        c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=owner, version=(1, i))
+        for i, (lo, hi, owner) in enumerate(zip(bounds, bounds[1:], owners))
+    ]
+    events = [
+        *(c.ShardAdded(shard=s) for s in SHARDS),
+        c.DatabaseCreated(db="db", primary=primary, uuid="u-db"),
+        c.CollectionSharded(ns=NS, key=key, unique=False, epoch=EPOCH, uuid="u-c", chunks=chunks),
+    ]
     cat = Catalog(track_changes=False)
     for offset, e in enumerate(events):
         cat.apply(e, offset)
@@ -69,8 +74,16 @@ def k_catalog() -> Catalog:
 
 def test_equality_on_the_full_key_targets_exactly_the_owner():
     cat = k_catalog()
-    for v, owner in [(5, "s1"), (0, "s1"), (-1, "s0"), (10, "s2"), (29.5, "s3"), (30, "s0"), ("str", "s0"),
-                     (None, "s0")]:
+    for v, owner in [
+        (5, "s1"),
+        (0, "s1"),
+        (-1, "s0"),
+        (10, "s2"),
+        (29.5, "s3"),
+        (30, "s0"),
+        ("str", "s0"),
+        (None, "s0"),
+    ]:
         t = for_query(cat, NS, {"k": v})
         assert t.shards == (owner,) and t.sharded and "equality" in t.reason, (v, t)
         assert for_query(cat, NS, {"k": {"$eq": v}, "x": {"$gt": 3}}).shards == (owner,)
@@ -102,8 +115,16 @@ def test_in_on_the_full_key_targets_the_owners_of_those_points():
 
 def test_a_filter_without_key_constraint_targets_every_shard_owning_chunks():
     cat = k_catalog()
-    for flt in ({}, {"x": 1}, {"k": {"$ne": 5}}, {"k": {"$nin": [1, 2]}}, {"k": {"$exists": True}},
-                {"k": {"$not": {"$gt": 5}}}, {"$nor": [{"k": 5}]}, {"$or": [{"k": 5}, {"x": 1}]}):
+    for flt in (
+        {},
+        {"x": 1},
+        {"k": {"$ne": 5}},
+        {"k": {"$nin": [1, 2]}},
+        {"k": {"$exists": True}},
+        {"k": {"$not": {"$gt": 5}}},
+        {"$nor": [{"k": 5}]},
+        {"$or": [{"k": 5}, {"x": 1}]},
+    ):
         t = for_query(cat, NS, flt)
         assert set(t.shards) == ALL and "s4" not in t.shards, (flt, t)
 
@@ -119,8 +140,14 @@ def test_an_or_on_the_key_is_answered_conservatively():
 # ----------------------------------------------------------------- a compound key
 
 AB = {"a": 1, "b": 1}
-AB_BOUNDS = [{"a": MIN_KEY, "b": MIN_KEY}, {"a": 1, "b": 0}, {"a": 1, "b": 100}, {"a": 2, "b": MIN_KEY},
-             {"a": 3, "b": 50}, {"a": MAX_KEY, "b": MAX_KEY}]
+AB_BOUNDS = [
+    {"a": MIN_KEY, "b": MIN_KEY},
+    {"a": 1, "b": 0},
+    {"a": 1, "b": 100},
+    {"a": 2, "b": MIN_KEY},
+    {"a": 3, "b": 50},
+    {"a": MAX_KEY, "b": MAX_KEY},
+]
 AB_OWNERS = ["s0", "s1", "s2", "s3", "s1"]
 
 
@@ -176,6 +203,7 @@ def test_a_range_on_a_hashed_key_targets_every_shard():
 
 # ------------------------------------------------------- unsharded, missing, documents
 
+
 def test_an_unsharded_collection_goes_to_its_database_primary():
     cat = make_catalog(K, K_BOUNDS, K_OWNERS, primary="s2")
     t = for_query(cat, "db.other", {"k": 5})
@@ -193,8 +221,12 @@ def test_a_missing_database_has_no_shards():
 def test_for_document_picks_the_owner_of_the_chunk_holding_its_key():
     for key, bounds, owners, docs in [
         (K, K_BOUNDS, K_OWNERS, [{"k": v} for v in (-5, 0, 9.99, 10, 20, 30, 1e9, "s", None)] + [{}]),
-        (AB, AB_BOUNDS, AB_OWNERS, [{"a": a, "b": b} for a in (0, 1, 2, 3, 4) for b in (-1, 0, 50, 100, 200)]
-         + [{"a": 1}, {"b": 1}]),
+        (
+            AB,
+            AB_BOUNDS,
+            AB_OWNERS,
+            [{"a": a, "b": b} for a in (0, 1, 2, 3, 4) for b in (-1, 0, 50, 100, 200)] + [{"a": 1}, {"b": 1}],
+        ),
         (H, H_BOUNDS, H_OWNERS, [{"k": v} for v in range(20)]),
     ]:
         cat = make_catalog(key, bounds, owners)
@@ -240,9 +272,11 @@ def _field_clause(draw, f: str) -> dict:
 def filters(draw, fields: tuple[str, ...]) -> dict:
     """Equality / $in / ranges on key fields (mostly), conditions on the non-key field
     x, operators that constrain nothing, and sometimes an $or of such clauses."""
+
     def clause():
         f = draw(st.sampled_from([*fields, *fields, *fields, "x"]))
         return _field_clause(draw, f)
+
     clauses = [clause() for _ in range(draw(st.integers(0, 3)))]
     if draw(st.integers(0, 3)) == 0:
         clauses.append({"$or": [clause() for _ in range(draw(st.integers(1, 3)))]})
@@ -250,7 +284,7 @@ def filters(draw, fields: tuple[str, ...]) -> dict:
         return {"$and": clauses} if clauses else {}
     flt: dict = {}
     for cl in clauses:  # merge into one object where fields do not collide
-        (name, value), = cl.items()
+        ((name, value),) = cl.items()
         if name in flt:
             flt.setdefault("$and", []).append(cl)
         else:

@@ -1,4 +1,5 @@
 """One CLI command is one trace spanning the CLI and the config server."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def test_one_cli_command_is_one_trace_across_cli_and_config_server(settings, spa
     from cli.main import app
 
     spans.clear()  # activation of the server emits nothing, but be sure
-    result = CliRunner().invoke(app, ["--bootstrap", settings.bootstrap, "--cluster", settings.cluster,
-                                      "add-shard", "s0", "--json"])
+    result = CliRunner().invoke(
+        app, ["--bootstrap", settings.bootstrap, "--cluster", settings.cluster, "add-shard", "s0", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["shardAdded"] == "s0"
     finished = spans.get_finished_spans()

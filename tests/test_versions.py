@@ -4,6 +4,7 @@ Unit tests pin the rules taken from MongoDB's sharding internals; property tests
 replay random splits, merges and migrations on a model collection (a list of
 (shard, version) chunks) and check the invariants every router and shard relies on.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,9 +15,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.config.versions import (ChunkVersion, DatabaseVersion, collection_version, hashed_split_points,
-                                      initial_versions, merge_version, migration_versions, moved_primary,
-                                      new_database_version, new_epoch, new_uuid, shard_version, split_versions)
+from services.config.versions import (
+    ChunkVersion,
+    DatabaseVersion,
+    collection_version,
+    hashed_split_points,
+    initial_versions,
+    merge_version,
+    migration_versions,
+    moved_primary,
+    new_database_version,
+    new_epoch,
+    new_uuid,
+    shard_version,
+    split_versions,
+)
 
 PROPERTY = settings(max_examples=200, deadline=None)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -64,8 +77,12 @@ def test_versions_of_different_epochs_are_not_comparable():
 
 
 @PROPERTY
-@given(st.tuples(st.integers(0, 50), st.integers(0, 50)), st.tuples(st.integers(0, 50), st.integers(0, 50)),
-       st.text(min_size=1, max_size=4), st.text(min_size=1, max_size=4))
+@given(
+    st.tuples(st.integers(0, 50), st.integers(0, 50)),
+    st.tuples(st.integers(0, 50), st.integers(0, 50)),
+    st.text(min_size=1, max_size=4),
+    st.text(min_size=1, max_size=4),
+)
 def test_older_than_is_tuple_order_within_an_epoch_and_refused_across(p, q, e1, e2):
     a, b = ChunkVersion(*p, e1), ChunkVersion(*q, e2)
     if e1 == e2:
@@ -161,7 +178,7 @@ def test_database_versions():
 @given(st.integers(0, 30))
 def test_each_primary_move_bumps_last_mod_by_one(moves):
     d = new_database_version()
-    for i in range(moves):
+    for _ in range(moves):
         d2 = moved_primary(d)
         assert d2.uuid == d.uuid and d2.last_mod == d.last_mod + 1
         d = d2
@@ -238,13 +255,13 @@ def apply_op(chunks: list[tuple[str, ChunkVersion]], o) -> tuple[list[tuple[str,
     if kind == "split":
         i = o[1] % len(chunks)
         shard = chunks[i][0]
-        return chunks[:i] + [(shard, x) for x in split_versions(cv, o[2])] + chunks[i + 1:], kind
+        return chunks[:i] + [(shard, x) for x in split_versions(cv, o[2])] + chunks[i + 1 :], kind
     if kind == "merge":
         i = o[1] % len(chunks)
-        run = chunks[i:i + o[2]]
+        run = chunks[i : i + o[2]]
         if len(run) < 2 or len({s for s, _ in run}) != 1:
             return chunks, None  # merging needs >= 2 contiguous chunks on one shard
-        return chunks[:i] + [(run[0][0], merge_version(cv))] + chunks[i + len(run):], kind
+        return chunks[:i] + [(run[0][0], merge_version(cv))] + chunks[i + len(run) :], kind
     i, to = o[1] % len(chunks), o[2]
     donor = chunks[i][0]
     if to == donor:
@@ -263,8 +280,9 @@ def apply_op(chunks: list[tuple[str, ChunkVersion]], o) -> tuple[list[tuple[str,
 @given(st.integers(1, 6), st.sampled_from(SHARDS), st.lists(op, max_size=40))
 def test_random_histories_keep_version_invariants(n0, first_shard, ops):
     epoch = new_epoch()
-    chunks = [(SHARDS[(i + SHARDS.index(first_shard)) % len(SHARDS)], x)
-              for i, x in enumerate(initial_versions(epoch, n0))]
+    chunks = [
+        (SHARDS[(i + SHARDS.index(first_shard)) % len(SHARDS)], x) for i, x in enumerate(initial_versions(epoch, n0))
+    ]
     for o in ops:
         before_cv = collection_version(x for _, x in chunks)
         before_sv = shard_versions(chunks, epoch)

@@ -1,4 +1,5 @@
 """services.workload.ycsb: the YCSB core workload generators (pure, seeded)."""
+
 from __future__ import annotations
 
 import collections
@@ -25,8 +26,8 @@ from services.workload.ycsb import (
     zetastatic,
 )
 
-
 # ---------------------------------------------------------------- fnvhash64
+
 
 def _fnv1a64_reference(value: int) -> int:
     """FNV-1a 64 from its definition, over the long's 8 bytes little-endian
@@ -39,7 +40,9 @@ def _fnv1a64_reference(value: int) -> int:
     return signed if signed == -(2**63) else abs(signed)
 
 
-@pytest.mark.parametrize("value", [0, 1, 2, 3, 255, 256, 999, 1000, 123456789, 2**31 - 1, 2**62, 2**63 - 1, -1, -2**63])
+@pytest.mark.parametrize(
+    "value", [0, 1, 2, 3, 255, 256, 999, 1000, 123456789, 2**31 - 1, 2**62, 2**63 - 1, -1, -(2**63)]
+)
 def test_fnvhash64_matches_reference(value):
     assert fnvhash64(value) == _fnv1a64_reference(value)
 
@@ -64,6 +67,7 @@ def test_key_names():
 
 
 # ---------------------------------------------------------------- generators
+
 
 def test_zipfian_head_matches_theory():
     n, samples = 1000, 100_000
@@ -185,6 +189,7 @@ def test_discrete_generator():
 
 # ---------------------------------------------------------------- records
 
+
 def test_build_values_sizes():
     rng = random.Random(8)
     values = build_values(rng)
@@ -198,6 +203,7 @@ def test_build_values_sizes():
 
 # ---------------------------------------------------------------- workloads
 
+
 def test_workload_definitions():
     assert WORKLOADS["a"].proportions() == {"read": 0.5, "update": 0.5, "insert": 0, "scan": 0, "readmodifywrite": 0}
     assert (WORKLOADS["d"].read, WORKLOADS["d"].insert, WORKLOADS["d"].request_distribution) == (0.95, 0.05, "latest")
@@ -205,7 +211,12 @@ def test_workload_definitions():
     assert (e.scan, e.insert, e.maxscanlength, e.scanlengthdistribution) == (0.95, 0.05, 100, "uniform")
     for w in WORKLOADS.values():
         assert (w.fieldcount, w.fieldlength, w.readallfields, w.writeallfields, w.insertorder) == (
-            10, 100, True, False, "hashed")
+            10,
+            100,
+            True,
+            False,
+            "hashed",
+        )
         assert w.request_distribution == ("latest" if w.name == "d" else "zipfian")
     assert WORKLOADS["a"].with_request_distribution("uniform").request_distribution == "uniform"
     with pytest.raises(ValueError):
@@ -250,7 +261,7 @@ def test_operation_shapes():
             assert op.fields is None and op.values is None  # readallfields=true
         else:
             assert op.kind == "update"
-            (fname, value), = op.values.items()  # writeallfields=false: one field
+            ((fname, value),) = op.values.items()  # writeallfields=false: one field
             assert fname in a.fieldnames and len(value) == 100
     assert seen == {"read", "update"}
     e = CoreWorkload("e", 1000, random.Random(10))

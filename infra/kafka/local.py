@@ -22,6 +22,7 @@ the three form one KRaft quorum.  Layout of D:
 
 Standard library only, so it runs before the virtualenv exists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,13 @@ LIBS = CACHE / "libs"
 DEFAULT_DIR = ROOT / ".shardlog" / "kafka"
 HEAP = os.environ.get("KAFKA_HEAP_OPTS", "-Xms256m -Xmx512m")
 JVM_FLAGS = [
-    "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent", "-XX:MaxInlineLevel=15", "-Djava.awt.headless=true",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:MaxInlineLevel=15",
+    "-Djava.awt.headless=true",
 ]
 FSYNC_POLICIES = ("always", "os")
 
@@ -81,8 +87,16 @@ def fetch() -> Path:
     tmp.mkdir(parents=True)
     print(f"local kafka: fetching Apache Kafka {KAFKA_VERSION} jars with Maven into {LIBS}", flush=True)
     subprocess.run(
-        ["mvn", "-B", "-q", "-f", str(HERE / "pom.xml"), "dependency:copy-dependencies",
-         "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"],
+        [
+            "mvn",
+            "-B",
+            "-q",
+            "-f",
+            str(HERE / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={tmp}",
+        ],
         check=True,
     )
     shutil.rmtree(LIBS, ignore_errors=True)
@@ -97,7 +111,7 @@ def fetch() -> Path:
 @dataclass(frozen=True)
 class Node:
     id: int
-    port: int             # PLAINTEXT: clients and replication
+    port: int  # PLAINTEXT: clients and replication
     controller_port: int  # CONTROLLER: the KRaft quorum
 
 
@@ -113,12 +127,16 @@ class Layout:
 
     def save(self, d: Path) -> None:
         tmp = d / "cluster.json.tmp"
-        tmp.write_text(json.dumps({"cluster_id": self.cluster_id, "fsync": self.fsync,
-                                   "nodes": [asdict(n) for n in self.nodes]}, indent=1) + "\n")
+        tmp.write_text(
+            json.dumps(
+                {"cluster_id": self.cluster_id, "fsync": self.fsync, "nodes": [asdict(n) for n in self.nodes]}, indent=1
+            )
+            + "\n"
+        )
         tmp.replace(d / "cluster.json")
 
     @classmethod
-    def load(cls, d: Path) -> "Layout | None":
+    def load(cls, d: Path) -> Layout | None:
         try:
             raw = json.loads((d / "cluster.json").read_text())
         except FileNotFoundError:
@@ -250,9 +268,19 @@ def _format(d: Path, layout: Layout) -> None:
         nd.mkdir(parents=True, exist_ok=True)
         (nd / "server.properties").write_text(_properties(d, layout, node))
         (nd / "log4j2.yaml").write_text(LOG4J2)
-        subprocess.run([*_java_common(nd), "kafka.tools.StorageTool", "format", "--ignore-formatted",
-                        f"--cluster-id={layout.cluster_id}", "-c", str(nd / "server.properties")],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                *_java_common(nd),
+                "kafka.tools.StorageTool",
+                "format",
+                "--ignore-formatted",
+                f"--cluster-id={layout.cluster_id}",
+                "-c",
+                str(nd / "server.properties"),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     layout.save(d)  # last: a directory without it is not formatted (a crash during format starts over)
 
 
@@ -298,8 +326,7 @@ def _accepts(port: int) -> bool:
         return False
 
 
-def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None = None,
-          timeout: float = 120.0) -> str:
+def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None = None, timeout: float = 120.0) -> str:
     """Start every node of the cluster in `d` that is not running; format `d` on its first start."""
     d = d.resolve()
     d.mkdir(parents=True, exist_ok=True)
@@ -310,9 +337,11 @@ def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None 
         print(f"local kafka: formatting a new {n}-broker cluster in {d}")
         _format(d, layout)
     elif brokers is not None and brokers != len(layout.nodes):
-        sys.exit(f"local kafka: {d} holds a {len(layout.nodes)}-broker cluster with its data; it cannot become a "
-                 f"{brokers}-broker one in place. Run with BROKERS={len(layout.nodes)}, or `make reset` "
-                 f"(deletes every document) and start again with BROKERS={brokers}.")
+        sys.exit(
+            f"local kafka: {d} holds a {len(layout.nodes)}-broker cluster with its data; it cannot become a "
+            f"{brokers}-broker one in place. Run with BROKERS={len(layout.nodes)}, or `make reset` "
+            f"(deletes every document) and start again with BROKERS={brokers}."
+        )
     elif fsync is not None and fsync != layout.fsync:
         layout = Layout(layout.cluster_id, layout.nodes, fsync)
         layout.save(d)
@@ -324,9 +353,11 @@ def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None 
             continue
         for p in (node.port, node.controller_port):
             if not _port_free(p):
-                sys.exit(f"local kafka: port {p} of broker {node.id} is in use by another program. The broker keeps "
-                         f"its ports (clients and `KAFKA_BOOTSTRAP` know them): stop that program, or `make reset` "
-                         f"(deletes every document) to start over on new ports.")
+                sys.exit(
+                    f"local kafka: port {p} of broker {node.id} is in use by another program. The broker keeps "
+                    f"its ports (clients and `KAFKA_BOOTSTRAP` know them): stop that program, or `make reset` "
+                    f"(deletes every document) to start over on new ports."
+                )
         # Written anew each start, so changed settings (fsync, timeouts) apply to existing data too.
         (nd / "server.properties").write_text(_properties(d, layout, node))
         (nd / "log4j2.yaml").write_text(LOG4J2)
@@ -334,8 +365,12 @@ def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None 
         offset = log.stat().st_size if log.exists() else 0
         with open(nd / "stdout.log", "ab") as out:
             java, *common = _java_common(nd)
-            proc = subprocess.Popen([java, *HEAP.split(), *JVM_FLAGS, *common, "kafka.Kafka", str(nd / "server.properties")],
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [java, *HEAP.split(), *JVM_FLAGS, *common, "kafka.Kafka", str(nd / "server.properties")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         (nd / "kafka.pid").write_text(str(proc.pid))
         launched[node.id] = (proc, offset)
     (d / "bootstrap").write_text(layout.bootstrap + "\n")
@@ -347,19 +382,24 @@ def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None 
             node = next(n for n in layout.nodes if n.id == nid)
             log = node_dir(d, node) / "server.log"
             if _accepts(node.port) and _started_since(log, offset):
-                print(f"local kafka: broker {nid} ready at 127.0.0.1:{node.port} (pid {proc.pid}, "
-                      f"{time.monotonic() - t0:.1f}s)")
+                print(
+                    f"local kafka: broker {nid} ready at 127.0.0.1:{node.port} (pid {proc.pid}, "
+                    f"{time.monotonic() - t0:.1f}s)"
+                )
                 del waiting[nid]
             elif proc.poll() is not None:
                 sys.exit(f"local kafka: broker {nid} exited with {proc.returncode}; see {log}")
         if waiting and time.monotonic() > deadline:
             for proc, _ in waiting.values():
                 proc.kill()
-            sys.exit(f"local kafka: broker(s) {sorted(waiting)} not ready after {timeout:.0f}s; "
-                     f"see {d}/node-*/server.log")
+            sys.exit(
+                f"local kafka: broker(s) {sorted(waiting)} not ready after {timeout:.0f}s; see {d}/node-*/server.log"
+            )
         time.sleep(0.2)
-    print(f"local kafka: Apache Kafka {KAFKA_VERSION}, {len(layout.nodes)} broker(s), ready at {layout.bootstrap} "
-          f"(data in {d}, fsync {layout.fsync})")
+    print(
+        f"local kafka: Apache Kafka {KAFKA_VERSION}, {len(layout.nodes)} broker(s), ready at {layout.bootstrap} "
+        f"(data in {d}, fsync {layout.fsync})"
+    )
     return layout.bootstrap
 
 
@@ -374,8 +414,11 @@ def stop(d: Path, timeout: float = 60.0, node_ids: list[int] | None = None) -> N
     if layout is None:
         print("local kafka: not running")
         return
-    pids = {n.id: pid for n in layout.nodes
-            if (node_ids is None or n.id in node_ids) and (pid := node_pid(d, n)) is not None}
+    pids = {
+        n.id: pid
+        for n in layout.nodes
+        if (node_ids is None or n.id in node_ids) and (pid := node_pid(d, n)) is not None
+    }
     if not pids:
         print("local kafka: not running")
         return
@@ -397,10 +440,23 @@ def status(d: Path) -> dict:
     layout = Layout.load(d)
     if layout is None:
         return {"formatted": False, "dir": str(d), "brokers": []}
-    return {"formatted": True, "dir": str(d), "clusterId": layout.cluster_id, "bootstrap": layout.bootstrap,
-            "fsync": layout.fsync,
-            "brokers": [{"id": n.id, "port": n.port, "controllerPort": n.controller_port,
-                         "pid": node_pid(d, n), "running": node_pid(d, n) is not None} for n in layout.nodes]}
+    return {
+        "formatted": True,
+        "dir": str(d),
+        "clusterId": layout.cluster_id,
+        "bootstrap": layout.bootstrap,
+        "fsync": layout.fsync,
+        "brokers": [
+            {
+                "id": n.id,
+                "port": n.port,
+                "controllerPort": n.controller_port,
+                "pid": node_pid(d, n),
+                "running": node_pid(d, n) is not None,
+            }
+            for n in layout.nodes
+        ],
+    }
 
 
 def reset(d: Path) -> None:
@@ -416,10 +472,17 @@ def main() -> None:
     p.add_argument("action", choices=["fetch", "start", "stop", "status", "reset"])
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the cluster's directory")
     p.add_argument("--brokers", type=int, help="number of brokers when formatting (default 1); must match after")
-    p.add_argument("--port", type=int, default=0,
-                   help="first listener port when formatting (node i: port+2(i-1), controller +1); 0: free ports")
-    p.add_argument("--fsync", choices=FSYNC_POLICIES,
-                   help="always: acknowledge only what is on disk (default); os: leave flushing to the OS")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="first listener port when formatting (node i: port+2(i-1), controller +1); 0: free ports",
+    )
+    p.add_argument(
+        "--fsync",
+        choices=FSYNC_POLICIES,
+        help="always: acknowledge only what is on disk (default); os: leave flushing to the OS",
+    )
     p.add_argument("--node", type=int, action="append", help="with stop: only these node ids")
     p.add_argument("--json", action="store_true", help="with status: JSON")
     a = p.parse_args()

@@ -1,4 +1,5 @@
 """python -m services.balancer"""
+
 from libs.service import common_args, run_service, settings_from
 from services.balancer.server import Balancer
 

@@ -14,11 +14,13 @@ which merges every such run of one shard.  Bounds are whatever the caller gives
 (encoded shard-key bytes are best: they sort like the key and `bytes.hex()` keeps
 that order in JSON); only `==` is needed, and `<` when zone ranges are given.
 """
+
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 MAX_OUTSTANDING = 10  # seed 002: "Schedule a mergeAllChunksOnShard action (max 10 actions per time)"
 TRANSACTION_LIFETIME_LIMIT_SECS = 60  # MongoDB's transactionLifetimeLimitSeconds default
@@ -65,8 +67,9 @@ def chunk_zones(chunks: Sequence[ChunkInfo], zone_ranges: Iterable[ZoneRangeT] |
     return out
 
 
-def history_purgeable(c: ChunkInfo, now: float, history_window_secs: float,
-                      txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS) -> bool:
+def history_purgeable(
+    c: ChunkInfo, now: float, history_window_secs: float, txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS
+) -> bool:
     """Seed 002: never migrated, or the last migration is more than both windows ago."""
     return c.last_migrated is None or now - c.last_migrated > max(history_window_secs, txn_lifetime_secs)
 
@@ -78,8 +81,13 @@ def runs(chunks: Sequence[ChunkInfo], zones: Sequence[Any], eligible: Sequence[b
     while i < len(chunks):
         j = i + 1
         if eligible[i]:
-            while (j < len(chunks) and eligible[j] and chunks[j].shard == chunks[i].shard
-                   and zones[j] == zones[i] and chunks[j - 1].max == chunks[j].min):
+            while (
+                j < len(chunks)
+                and eligible[j]
+                and chunks[j].shard == chunks[i].shard
+                and zones[j] == zones[i]
+                and chunks[j - 1].max == chunks[j].min
+            ):
                 j += 1
             if j - i >= 2:
                 out.append((i, j))
@@ -87,33 +95,52 @@ def runs(chunks: Sequence[ChunkInfo], zones: Sequence[Any], eligible: Sequence[b
     return out
 
 
-def mergeable_runs(chunks: Sequence[ChunkInfo], zone_ranges: Iterable[ZoneRangeT] | None = None, *,
-                   now: float, history_window_secs: float,
-                   txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS) -> list[tuple[int, int]]:
+def mergeable_runs(
+    chunks: Sequence[ChunkInfo],
+    zone_ranges: Iterable[ZoneRangeT] | None = None,
+    *,
+    now: float,
+    history_window_secs: float,
+    txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS,
+) -> list[tuple[int, int]]:
     """Index runs [i, j) of mergeable chunks (seed 002's definition); a jumbo chunk, a recently
     migrated chunk, a gap, another shard or another zone each ends a run."""
     zones = chunk_zones(chunks, zone_ranges)
-    eligible = [not c.jumbo and not isinstance(z, Straddling)
-                and history_purgeable(c, now, history_window_secs, txn_lifetime_secs)
-                for c, z in zip(chunks, zones)]
+    eligible = [
+        not c.jumbo
+        and not isinstance(z, Straddling)
+        and history_purgeable(c, now, history_window_secs, txn_lifetime_secs)
+        for c, z in zip(chunks, zones)
+    ]
     return runs(chunks, zones, eligible)
 
 
-def merge_actions(ns: str, chunks: Sequence[ChunkInfo], zone_ranges: Iterable[ZoneRangeT] | None = None, *,
-                  now: float, history_window_secs: float,
-                  txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS,
-                  outstanding: int = 0, max_outstanding: int = MAX_OUTSTANDING) -> list[dict]:
+def merge_actions(
+    ns: str,
+    chunks: Sequence[ChunkInfo],
+    zone_ranges: Iterable[ZoneRangeT] | None = None,
+    *,
+    now: float,
+    history_window_secs: float,
+    txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS,
+    outstanding: int = 0,
+    max_outstanding: int = MAX_OUTSTANDING,
+) -> list[dict]:
     """The merges to issue now: at most `max_outstanding - outstanding` of them, shard by shard
     as the seed's loop goes ("for each shard: for each namespace"), in key order within a shard."""
-    found = mergeable_runs(chunks, zone_ranges, now=now, history_window_secs=history_window_secs,
-                           txn_lifetime_secs=txn_lifetime_secs)
+    found = mergeable_runs(
+        chunks, zone_ranges, now=now, history_window_secs=history_window_secs, txn_lifetime_secs=txn_lifetime_secs
+    )
     found.sort(key=lambda r: (chunks[r[0]].shard, r[0]))
     room = max(0, max_outstanding - outstanding)
-    return [{"type": "merge", "ns": ns, "shard": chunks[i].shard, "min": chunks[i].min, "max": chunks[j - 1].max}
-            for i, j in found[:room]]
+    return [
+        {"type": "merge", "ns": ns, "shard": chunks[i].shard, "min": chunks[i].min, "max": chunks[j - 1].max}
+        for i, j in found[:room]
+    ]
 
 
 # ----------------------------------------------------------------- scheduling (seed 002)
+
 
 def enabled(cluster_enabled: bool, collection_enabled: bool, defragmenting: bool = False) -> bool:
     """`autoMergerEnabled` cluster-wide and per collection; a collection being defragmented is
@@ -134,11 +161,21 @@ def throttle_wait(last_issued_at: float | None, now: float, throttling_ms: float
     return max(0.0, last_issued_at + throttling_ms / 1000.0 - now)
 
 
-def from_collection(coll: Any, last_migrated: dict[bytes, float] | None = None,
-                    sizes: dict[bytes, int] | None = None) -> tuple[list[ChunkInfo], list[ZoneRangeT]]:
+def from_collection(
+    coll: Any, last_migrated: dict[bytes, float] | None = None, sizes: dict[bytes, int] | None = None
+) -> tuple[list[ChunkInfo], list[ZoneRangeT]]:
     """A catalog `Collection`'s chunks and zone ranges with encoded bounds (keyed by `min_key`
     in `last_migrated` and `sizes`); map an action's bytes back with `coll.chunk_index`."""
     last_migrated, sizes = last_migrated or {}, sizes or {}
-    chunks = [ChunkInfo(c.min_key, c.max_key, c.shard, jumbo=c.jumbo, last_migrated=last_migrated.get(c.min_key),
-                        size=sizes.get(c.min_key)) for c in coll.chunks]
+    chunks = [
+        ChunkInfo(
+            c.min_key,
+            c.max_key,
+            c.shard,
+            jumbo=c.jumbo,
+            last_migrated=last_migrated.get(c.min_key),
+            size=sizes.get(c.min_key),
+        )
+        for c in coll.chunks
+    ]
     return chunks, [(z.min_key, z.max_key, z.zone) for z in coll.zones]

@@ -6,10 +6,12 @@ A chunk's documents are given as (key, size) pairs in shard-key order.  Keys onl
 key of the first document of a new piece, i.e. that piece's min bound, so documents with
 equal keys always land in one piece.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 MAX_CHUNK_OBJECTS = 250_000  # MongoDB splitVector's default cap on documents per piece
 
@@ -28,8 +30,9 @@ class TopChunkPlan:
     move: tuple[Any, Any] | None  # [min, max) of the new top (or bottom) chunk to move off the hot shard
 
 
-def needs_split(data_size: int, max_chunk_size: int, *, enabled: bool, split_in_progress: bool = False,
-                jumbo: bool = False) -> bool:
+def needs_split(
+    data_size: int, max_chunk_size: int, *, enabled: bool, split_in_progress: bool = False, jumbo: bool = False
+) -> bool:
     """Seed 001: auto-split (off by default: the collection's `autoSplit`) a chunk grown to the
     max chunk size, unless a split of it is already in progress; a jumbo chunk is not retried."""
     return enabled and not split_in_progress and not jumbo and data_size >= max_chunk_size
@@ -46,8 +49,9 @@ def _groups(docs: Sequence[Doc]) -> list[tuple[int, int]]:
     return out
 
 
-def split_points(docs: Iterable[Doc], max_chunk_size: int, *,
-                 max_chunk_objects: int = MAX_CHUNK_OBJECTS) -> SplitVector:
+def split_points(
+    docs: Iterable[Doc], max_chunk_size: int, *, max_chunk_objects: int = MAX_CHUNK_OBJECTS
+) -> SplitVector:
     """Seed 001's splitVector: nothing below the max chunk size; jumbo when every document
     has the same key; else a new piece every k documents, k chosen so that a piece of
     average-sized documents is half the max chunk size (at most `max_chunk_objects`).
@@ -89,8 +93,16 @@ def pieces(chunk_min: Any, chunk_max: Any, points: Sequence[Any]) -> list[tuple[
     return list(zip(bounds, bounds[1:]))
 
 
-def top_chunk(docs: Iterable[Doc], points: Sequence[Any], *, chunk_min: Any, chunk_max: Any,
-              is_bottom: bool, is_top: bool, hashed: bool) -> TopChunkPlan:
+def top_chunk(
+    docs: Iterable[Doc],
+    points: Sequence[Any],
+    *,
+    chunk_min: Any,
+    chunk_max: Any,
+    is_bottom: bool,
+    is_top: bool,
+    hashed: bool,
+) -> TopChunkPlan:
     """Seed 001's top-chunk optimisation.  Splitting the collection's first (or last) chunk
     of an ordered (not hashed) key, inserts are assumed to go on descending (ascending)
     below (above) every key: the lowest (highest) key gets a chunk of its own, which is

@@ -23,12 +23,14 @@ already folded in (the balancer waits for the catalog to reach the ConfigTime of
 last outcome): phases are built from them.  The functions never change the state given:
 each returns a new one (copying the containers it changes, sharing the rest).
 """
+
 from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from services.balancer.automerge import ChunkInfo, Straddling, ZoneRangeT, chunk_zones, runs
 
@@ -45,11 +47,23 @@ SMALL_CHUNK_PCT = 25  # seed 002: "less than 25% of the collection max chunk siz
 
 # MongoDB retries its RetriableError category plus StaleConfig/StaleShardVersion; ours adds
 # the project's transient refusals (a shard's one migration at a time, a pending range deletion).
-RETRIABLE_CODES = frozenset({
-    "StaleConfig", "StaleShardVersion", "ShardUnavailable", "HostUnreachable", "NetworkTimeout",
-    "ExceededTimeLimit", "LockBusy", "PrimarySteppedDown", "ShutdownInProgress", "InterruptedDueToReplStateChange",
-    "ConflictingOperationInProgress", "RangeDeletionPending", "Timeout",
-})
+RETRIABLE_CODES = frozenset(
+    {
+        "StaleConfig",
+        "StaleShardVersion",
+        "ShardUnavailable",
+        "HostUnreachable",
+        "NetworkTimeout",
+        "ExceededTimeLimit",
+        "LockBusy",
+        "PrimarySteppedDown",
+        "ShutdownInProgress",
+        "InterruptedDueToReplStateChange",
+        "ConflictingOperationInProgress",
+        "RangeDeletionPending",
+        "Timeout",
+    }
+)
 
 
 def is_retriable(code: str | None) -> bool:
@@ -83,16 +97,26 @@ class DefragState:
     shard_sizes: dict[str, int] = field(default_factory=dict)
     draining: list[str] = field(default_factory=list)
     max_chunk_size: int = 0
-    counters: dict[str, int] = field(default_factory=lambda: {
-        "merges": 0, "dataSizes": 0, "moves": 0, "retries": 0, "restarts": 0})
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"merges": 0, "dataSizes": 0, "moves": 0, "retries": 0, "restarts": 0}
+    )
 
 
 # --------------------------------------------------------------------------- lifecycle
 
+
 def _copy(s: DefragState) -> DefragState:
-    return replace(s, pending=list(s.pending), outstanding=list(s.outstanding), sizes=dict(s.sizes),
-                   chunks=None if s.chunks is None else list(s.chunks), pairs=list(s.pairs),
-                   shard_sizes=dict(s.shard_sizes), draining=list(s.draining), counters=dict(s.counters))
+    return replace(
+        s,
+        pending=list(s.pending),
+        outstanding=list(s.outstanding),
+        sizes=dict(s.sizes),
+        chunks=None if s.chunks is None else list(s.chunks),
+        pairs=list(s.pairs),
+        shard_sizes=dict(s.shard_sizes),
+        draining=list(s.draining),
+        counters=dict(s.counters),
+    )
 
 
 def start(ns: str) -> DefragState:
@@ -140,6 +164,7 @@ def _drained(s: DefragState) -> None:
 
 # ------------------------------------------------------------------------------ sizes
 
+
 def range_key(lo: Any, hi: Any) -> str:
     return json.dumps(_enc([lo, hi]), separators=(",", ":"))
 
@@ -154,6 +179,7 @@ def _small(s: DefragState, size: int) -> bool:
 
 
 # ----------------------------------------------------------------------------- building
+
 
 def _action(s: DefragState, kind: str, shard: str, lo: Any, hi: Any, **extra: Any) -> dict:
     return {"type": kind, "ns": s.ns, "shard": shard, "min": lo, "max": hi, **extra}
@@ -170,17 +196,28 @@ def _build(s: DefragState, snap: Snapshot) -> None:
         s.pending = [_action(s, "merge", chunks[i].shard, chunks[i].min, chunks[j - 1].max) for i, j in found]
         if s.phase == MERGE_AND_MEASURE:
             in_run = {k for i, j in found for k in range(i, j)}
-            s.pending += [_action(s, "dataSize", c.shard, c.min, c.max)
-                          for k, c in enumerate(chunks) if k not in in_run and size_of[k] is None]
+            s.pending += [
+                _action(s, "dataSize", c.shard, c.min, c.max)
+                for k, c in enumerate(chunks)
+                if k not in in_run and size_of[k] is None
+            ]
         return
     # MOVE_AND_MERGE needs every size; MongoDB goes back to phase 1 when one is missing.
     if any(n is None for n in size_of):
         s.counters["restarts"] += 1
         _enter(s, MERGE_AND_MEASURE)
         return
-    s.chunks = [{"min": c.min, "max": c.max, "shard": c.shard, "size": n,
-                 "zone": None if isinstance(z, Straddling) else z, "straddles": isinstance(z, Straddling)}
-                for c, z, n in zip(chunks, zones, size_of)]
+    s.chunks = [
+        {
+            "min": c.min,
+            "max": c.max,
+            "shard": c.shard,
+            "size": n,
+            "zone": None if isinstance(z, Straddling) else z,
+            "straddles": isinstance(z, Straddling),
+        }
+        for c, z, n in zip(chunks, zones, size_of)
+    ]
     if snap.shard_sizes is not None:
         s.shard_sizes = dict(snap.shard_sizes)
     else:
@@ -191,6 +228,7 @@ def _build(s: DefragState, snap: Snapshot) -> None:
 
 
 # ----------------------------------------------------------------- phase 2: move and merge
+
 
 def _busy(s: DefragState) -> set[tuple]:
     """Chunks in a move-and-merge now."""
@@ -214,8 +252,11 @@ def _siblings(s: DefragState, i: int) -> list[int]:
     for k in (i + 1, i - 1):  # right first: MongoDB's first candidate, kept on a tie
         if 0 <= k < len(s.chunks):
             sib = s.chunks[k]
-            if (not sib["straddles"] and sib["zone"] == c["zone"]
-                    and (sib["shard"] == c["shard"] or sib["shard"] not in s.draining)):
+            if (
+                not sib["straddles"]
+                and sib["zone"] == c["zone"]
+                and (sib["shard"] == c["shard"] or sib["shard"] not in s.draining)
+            ):
                 out.append(k)
     return out
 
@@ -226,8 +267,12 @@ def score(s: DefragState, chunk: dict, sibling: dict, other: dict | None) -> int
     recipient holding less data than the other possible recipient?"""
     merged = chunk["size"] + sibling["size"]
     less_data = other is not None and (s.shard_sizes.get(sibling["shard"], 0) < s.shard_sizes.get(other["shard"], 0))
-    return (8 * (sibling["shard"] == chunk["shard"]) + 4 * (chunk["size"] < sibling["size"])
-            + 2 * (not _small(s, merged)) + 1 * less_data)
+    return (
+        8 * (sibling["shard"] == chunk["shard"])
+        + 4 * (chunk["size"] < sibling["size"])
+        + 2 * (not _small(s, merged))
+        + 1 * less_data
+    )
 
 
 def _new_pairs(s: DefragState, room: int) -> list[dict]:
@@ -246,19 +291,29 @@ def _new_pairs(s: DefragState, room: int) -> list[dict]:
             c = s.chunks[i]
             if (c["min"], c["max"]) in busy:
                 continue  # became the sibling of an earlier pair
-            fit = [k for k in _siblings(s, i) if (s.chunks[k]["min"], s.chunks[k]["max"]) not in busy
-                   and (s.chunks[k]["shard"] == shard or not {shard, s.chunks[k]["shard"]} & migrating)]
+            fit = [
+                k
+                for k in _siblings(s, i)
+                if (s.chunks[k]["min"], s.chunks[k]["max"]) not in busy
+                and (s.chunks[k]["shard"] == shard or not {shard, s.chunks[k]["shard"]} & migrating)
+            ]
             if not fit:
                 continue
 
-            def rank(k: int) -> tuple[int, bool]:
-                other = next((s.chunks[o] for o in fit if o != k), None)
-                return score(s, c, s.chunks[k], other), k > i  # a tie keeps the right sibling
+            def rank(k: int) -> tuple[int, bool]:  # used at once, within this iteration
+                other = next((s.chunks[o] for o in fit if o != k), None)  # noqa: B023
+                return score(s, c, s.chunks[k], other), k > i  # noqa: B023 (a tie keeps the right sibling)
 
             sib = s.chunks[best := max(fit, key=rank)]
             merged = [sib["min"], c["max"]] if best < i else [c["min"], sib["max"]]
-            s.pairs.append({"chunk": [c["min"], c["max"]], "sibling": [sib["min"], sib["max"]],
-                            "merged": merged, "to": sib["shard"]})
+            s.pairs.append(
+                {
+                    "chunk": [c["min"], c["max"]],
+                    "sibling": [sib["min"], sib["max"]],
+                    "merged": merged,
+                    "to": sib["shard"],
+                }
+            )
             busy |= {(c["min"], c["max"]), (sib["min"], sib["max"])}
             if sib["shard"] == shard:  # seed 002 question 1: no move needed, merge straight away
                 out.append(_action(s, "merge", shard, *merged))
@@ -284,7 +339,7 @@ def _apply_pair_merge(s: DefragState, a: dict) -> None:
     i = _index(s, a["min"])
     left, right = s.chunks[i], s.chunks[i + 1]
     merged = {**left, "max": right["max"], "size": left["size"] + right["size"], "shard": pair["to"]}
-    s.chunks[i:i + 2] = [merged]
+    s.chunks[i : i + 2] = [merged]
     s.sizes[range_key(merged["min"], merged["max"])] = merged["size"]
 
 
@@ -296,7 +351,10 @@ def _remaining_small(s: DefragState) -> int:
 
 # ------------------------------------------------------------------------------- steps
 
-def next_actions(state: DefragState, snapshot: Snapshot, limit: int = MAX_OUTSTANDING) -> tuple[DefragState, list[dict]]:
+
+def next_actions(
+    state: DefragState, snapshot: Snapshot, limit: int = MAX_OUTSTANDING
+) -> tuple[DefragState, list[dict]]:
     """The actions to issue now (they become outstanding), moving to the next phase when one
     is done; at most `limit` in flight."""
     s = _copy(state)
@@ -321,8 +379,9 @@ def next_actions(state: DefragState, snapshot: Snapshot, limit: int = MAX_OUTSTA
     return s, issued
 
 
-def on_result(state: DefragState, action: Mapping, ok: bool, error_code: str | None = None, *,
-              data_size: int | None = None) -> DefragState:
+def on_result(
+    state: DefragState, action: Mapping, ok: bool, error_code: str | None = None, *, data_size: int | None = None
+) -> DefragState:
     """Fold in the outcome of an issued action (`data_size` answers a dataSize).  An answer
     to an action not in flight (already folded in, or issued before a restart) is ignored."""
     s = _copy(state)
@@ -364,14 +423,26 @@ def status(state: DefragState) -> dict:
         remaining = _remaining_small(s)
     else:
         remaining = len(s.pending) + len(s.outstanding)
-    return {"ns": s.ns, "currentPhase": s.phase,
-            "state": "finished" if s.phase == FINISHED else "stopping" if s.stopped else
-            "restarting" if s.restart_phase is not None else "running",
-            "stopped": s.stopped, "remainingChunksToProcess": remaining,
-            "outstanding": len(s.outstanding), "pending": len(s.pending), **s.counters}
+    return {
+        "ns": s.ns,
+        "currentPhase": s.phase,
+        "state": "finished"
+        if s.phase == FINISHED
+        else "stopping"
+        if s.stopped
+        else "restarting"
+        if s.restart_phase is not None
+        else "running",
+        "stopped": s.stopped,
+        "remainingChunksToProcess": remaining,
+        "outstanding": len(s.outstanding),
+        "pending": len(s.pending),
+        **s.counters,
+    }
 
 
 # --------------------------------------------------------------------------------- JSON
+
 
 def _enc(v: Any) -> Any:
     if isinstance(v, bytes):
@@ -408,4 +479,3 @@ def encode_action(action: Mapping) -> dict:
 
 def decode_action(data: Mapping) -> dict:
     return _dec(dict(data))
-

@@ -1,6 +1,7 @@
 """Removing a shard, past its chunks (which the policy drains): the databases whose
 primary it is move to another shard, then the removal completes.  Pure: the catalog
 in, actions out (the round loop records and sends them)."""
+
 from __future__ import annotations
 
 from services.config.catalog import Catalog
@@ -41,20 +42,40 @@ def removal_status(catalog: Catalog, shard: str, sizes: dict[str, int] | None = 
     blockers = []
     for ns, ch in chunks:
         if ch.jumbo:
-            blockers.append({"reason": "jumbo", "ns": ns,
-                             "detail": "a jumbo chunk; draining moves it anyway (forceJumbo), which may take long"})
+            blockers.append(
+                {
+                    "reason": "jumbo",
+                    "ns": ns,
+                    "detail": "a jumbo chunk; draining moves it anyway (forceJumbo), which may take long",
+                }
+            )
         coll = catalog.collections[ns]
         if not coll.settings.allowMigrations:
-            blockers.append({"reason": "migrationsDisallowed", "ns": ns,
-                             "detail": f"set-allow-migrations {ns} true to let its chunks leave"})
+            blockers.append(
+                {
+                    "reason": "migrationsDisallowed",
+                    "ns": ns,
+                    "detail": f"set-allow-migrations {ns} true to let its chunks leave",
+                }
+            )
         if not coll.settings.balancerEnabled:
-            blockers.append({"reason": "balancerDisabled", "ns": ns,
-                             "detail": f"balancing is disabled for {ns}; draining needs the balancer"})
+            blockers.append(
+                {
+                    "reason": "balancerDisabled",
+                    "ns": ns,
+                    "detail": f"balancing is disabled for {ns}; draining needs the balancer",
+                }
+            )
     if not catalog.settings.balancerEnabled:
         blockers.append({"reason": "balancerStopped", "detail": "the balancer is stopped (shardlog balancer start)"})
     if not [x for x in catalog.active_shards() if x != shard]:
         blockers.append({"reason": "noTarget", "detail": "no other active shard can take the data"})
     uniq = {(b["reason"], b.get("ns")): b for b in blockers}
-    return {"shard": shard, "draining": s.draining, "chunks": len(chunks),
-            "dataBytes": (sizes or {}).get(shard), "databases": catalog.primary_of(shard),
-            "blockers": list(uniq.values())}
+    return {
+        "shard": shard,
+        "draining": s.draining,
+        "chunks": len(chunks),
+        "dataBytes": (sizes or {}).get(shard),
+        "databases": catalog.primary_of(shard),
+        "blockers": list(uniq.values()),
+    }

@@ -45,16 +45,18 @@ weights of 1, that data divided by the number of the zone's shards (MongoDB's
 ``idealDataSizePerShardForZone``).  The max chunk size is the collection's when set,
 else the cluster's.
 """
+
 from __future__ import annotations
 
 import bisect
 import json
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Callable, Iterator, Literal, Sequence
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from libs.shardkey import KeyPattern, from_ejson
 
@@ -80,8 +82,12 @@ class ShardInfo(BaseModel):
     draining: bool = Field(False, description="being removed: its chunks move off, it receives none")
     zones: list[str] = []
     available: bool = Field(True, description="false: already busy this round (e.g. in a migration)")
-    weight: float = Field(1.0, gt=0, allow_inf_nan=False,
-                          description="capacity weight: a weight-2 shard aims for twice the data of a weight-1 one")
+    weight: float = Field(
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="capacity weight: a weight-2 shard aims for twice the data of a weight-1 one",
+    )
 
 
 class ChunkDoc(TypedDict):  # not a model: 100k of them validate about three times faster
@@ -110,8 +116,9 @@ class CollectionDoc(BaseModel):
     maxChunkSizeBytes: int | None = Field(None, ge=1, description="overrides the cluster's when set")
     balancerEnabled: bool = Field(True, description="false: no splits nor migrations for the collection")
     allowMigrations: bool = Field(True, description="false: no splits nor migrations for the collection")
-    chunks: list[ChunkDoc] = Field(description="the routing table: contiguous from MinKey to MaxKey "
-                                               "(any order is accepted, key order is fastest)")
+    chunks: list[ChunkDoc] = Field(
+        description="the routing table: contiguous from MinKey to MaxKey (any order is accepted, key order is fastest)"
+    )
     zones: list[ZoneRangeDoc] = []
 
     _pattern: KeyPattern = PrivateAttr()
@@ -153,8 +160,10 @@ class Snapshot(BaseModel):
                     raise ValueError(f"{where}.chunks.{i}.shard: unknown shard {c['shard']!r}")
                 for end in ("min", "max"):
                     if tuple(c[end]) != fields:
-                        raise ValueError(f"{where}.chunks.{i}.{end}: must name exactly the shard key fields "
-                                         f"{list(fields)} in that order")
+                        raise ValueError(
+                            f"{where}.chunks.{i}.{end}: must name exactly the shard key fields "
+                            f"{list(fields)} in that order"
+                        )
         return self
 
 
@@ -278,8 +287,12 @@ def _in_key_order(coll: CollectionDoc) -> tuple[list[ChunkDoc], Sequence[bytes],
     # The routing table's shape (what the catalog gives): a chain from MinKey to MaxKey,
     # hence ascending, unless a chunk had min >= max, which no catalog holds.  Comparing
     # the JSON bounds is ~200x cheaper than encoding them.
-    if chunks and chunks[0]["min"] == lo and chunks[-1]["max"] == hi and \
-            all(a["max"] == b["min"] for a, b in zip(chunks, chunks[1:])):
+    if (
+        chunks
+        and chunks[0]["min"] == lo
+        and chunks[-1]["max"] == hi
+        and all(a["max"] == b["min"] for a, b in zip(chunks, chunks[1:]))
+    ):
         return chunks, _LazyMins(chunks, encode), lambda i: encode(chunks[i]["max"])
     keyed = sorted(((encode(c["min"]), encode(c["max"]), c) for c in chunks), key=lambda t: t[0])
     for k_lo, k_hi, c in keyed:
@@ -423,13 +436,24 @@ class _Layout:
 
     def migration(self, i: int, to: str, reason: str, whole: bool = True) -> Migration:
         c = self.chunks[i]
-        return Migration(ns=self.coll.ns, donor=c["shard"], recipient=to, min=c["min"],
-                         max=c["max"] if whole else None, reason=reason)
+        return Migration(
+            ns=self.coll.ns,
+            donor=c["shard"],
+            recipient=to,
+            min=c["min"],
+            max=c["max"] if whole else None,
+            reason=reason,
+        )
 
     def splits(self) -> list[Split]:
-        return [Split(ns=self.coll.ns, chunk=ChunkRange(min=self.chunks[i]["min"], max=self.chunks[i]["max"]),
-                      at=[b for _, b in at])
-                for i, at in sorted(self.crossing.items())]
+        return [
+            Split(
+                ns=self.coll.ns,
+                chunk=ChunkRange(min=self.chunks[i]["min"], max=self.chunks[i]["max"]),
+                at=[b for _, b in at],
+            )
+            for i, at in sorted(self.crossing.items())
+        ]
 
 
 # ------------------------------------------------------------------------ the policy
@@ -526,18 +550,41 @@ def violations(snapshot: Snapshot | dict, ns: str) -> list[Violation]:
             c = lay.chunks[i]
             s = c["shard"]
             if s in draining:
-                found["draining"].append(Violation("draining", s, zone, c["min"], c["max"],
-                                                   f"on draining shard {s}"))
+                found["draining"].append(Violation("draining", s, zone, c["min"], c["max"], f"on draining shard {s}"))
             elif allowed is not None and s not in allowed:
-                found["zoneViolation"].append(Violation("zoneViolation", s, zone, c["min"], c["max"],
-                                                        f"in zone {zone!r} but on {s}, which is not in the zone"))
+                found["zoneViolation"].append(
+                    Violation(
+                        "zoneViolation",
+                        s,
+                        zone,
+                        c["min"],
+                        c["max"],
+                        f"in zone {zone!r} but on {s}, which is not in the zone",
+                    )
+                )
             if i in lay.crossing:
                 at = ", ".join(_j(b) for _, b in lay.crossing[i])
-                found["zoneBoundary"].append(Violation("zoneBoundary", s, zone, c["min"], c["max"],
-                                                       f"crosses zone boundaries at {at}: split before it can move"))
+                found["zoneBoundary"].append(
+                    Violation(
+                        "zoneBoundary",
+                        s,
+                        zone,
+                        c["min"],
+                        c["max"],
+                        f"crosses zone boundaries at {at}: split before it can move",
+                    )
+                )
             if c.get("jumbo"):
-                found["jumbo"].append(Violation("jumbo", s, zone, c["min"], c["max"],
-                                                "jumbo: the balancer does not move it (except off a draining shard)"))
+                found["jumbo"].append(
+                    Violation(
+                        "jumbo",
+                        s,
+                        zone,
+                        c["min"],
+                        c["max"],
+                        "jumbo: the balancer does not move it (except off a draining shard)",
+                    )
+                )
     # Exactly what rule 3 of `plan` would move in each zone were every shard free.
     imbalanced = []
     every = {s.id for s in snap.shards}
@@ -546,10 +593,17 @@ def violations(snapshot: Snapshot | dict, ns: str) -> list[Violation]:
         if (m := next(_zone_imbalance(lay, zone, set(every)), None)) is not None:
             donor, recipient = by_id[m.donor], by_id[m.recipient]
             name = "the ranges outside every zone" if zone is None else f"zone {zone!r}"
-            imbalanced.append(Violation(
-                "chunksImbalance", donor.id, zone, None, None,
-                f"balancing {name}: {donor.id} holds {lay.data(donor)} bytes of the collection "
-                f"(ideal {lay.ideal(zone, donor):.0f}), {recipient.id} holds {lay.data(recipient)} "
-                f"(ideal {lay.ideal(zone, recipient):.0f}): at least {IMBALANCE_CHUNKS} × max chunk size "
-                f"({lay.max_chunk}) apart"))
+            imbalanced.append(
+                Violation(
+                    "chunksImbalance",
+                    donor.id,
+                    zone,
+                    None,
+                    None,
+                    f"balancing {name}: {donor.id} holds {lay.data(donor)} bytes of the collection "
+                    f"(ideal {lay.ideal(zone, donor):.0f}), {recipient.id} holds {lay.data(recipient)} "
+                    f"(ideal {lay.ideal(zone, recipient):.0f}): at least {IMBALANCE_CHUNKS} × max chunk size "
+                    f"({lay.max_chunk}) apart",
+                )
+            )
     return [*found["draining"], *found["zoneViolation"], *found["zoneBoundary"], *imbalanced, *found["jumbo"]]

@@ -18,6 +18,7 @@ defragmentation (defragment.py: one task per collection, its state persisted aft
 every step) and the auto-merger (automerge.py: a pass every autoMergerIntervalSecs).
 Both run only while the balancer is enabled and inside its window.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,10 +41,9 @@ from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.shardkey import from_ejson, to_ejson
 from libs.store import Store
 from libs.topics import SHORT_LIVED, TopicSpec
-from schemas import RecordError
+from schemas import RecordError, stats
 from schemas import balancer as b
 from schemas import config as cfg
-from schemas import stats
 from services.balancer import automerge, defragment, draining, policy, snapshot
 from services.balancer.state import BalancerState, event_key
 from services.config.follower import CatalogFollower
@@ -127,7 +127,7 @@ class StatisticsReader:
         self._changed.clear()
         try:
             await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
@@ -175,8 +175,9 @@ class MigrationHistory:
             except RecordError:
                 continue
             if isinstance(e, cfg.MigrationCommitted):  # the moved chunk (the donor's control chunk stays put)
-                self.moved.setdefault(e.ns, []).extend((e.epoch, ch.min, ch.max, rec.timestamp / 1000)
-                                                       for ch in e.chunks if ch.shard == e.recipient)
+                self.moved.setdefault(e.ns, []).extend(
+                    (e.epoch, ch.min, ch.max, rec.timestamp / 1000) for ch in e.chunks if ch.shard == e.recipient
+                )
 
     async def wait_for(self, config_time, timeout: float = 30.0) -> None:
         """Until every migration the catalog shows at `config_time()` is known here."""
@@ -191,8 +192,11 @@ class MigrationHistory:
         split keeps the history; a merged chunk keeps its parts')."""
         cutoff = time.time() - self.horizon()
         self.moved[coll.ns] = kept = [m for m in self.moved.get(coll.ns, ()) if m[3] >= cutoff]  # the rest is history
-        moved = [(coll.pattern.encode_bound(from_ejson(lo)), coll.pattern.encode_bound(from_ejson(hi)), at)
-                 for epoch, lo, hi, at in kept if epoch == coll.epoch]
+        moved = [
+            (coll.pattern.encode_bound(from_ejson(lo)), coll.pattern.encode_bound(from_ejson(hi)), at)
+            for epoch, lo, hi, at in kept
+            if epoch == coll.epoch
+        ]
         out: dict[bytes, float] = {}
         for ch in coll.chunks if moved else ():
             times = [at for lo, hi, at in moved if lo < ch.max_key and ch.min_key < hi]
@@ -210,20 +214,33 @@ class Balancer:
         self.follower = CatalogFollower(settings, self.name)
         self.state = BalancerState()
         self.store = Store(settings.data_dir / self.name / "state")
-        self.projection = Projection(settings.bootstrap, t.balancer_events, b.events, self.state, self.store,
-                                     name=self.name)
+        self.projection = Projection(
+            settings.bootstrap, t.balancer_events, b.events, self.state, self.store, name=self.name
+        )
         self.processor = CommandProcessor(
-            bootstrap=settings.bootstrap, command_topic=t.balancer_commands, command_codec=b.commands,
-            projection=self.projection, decide=self.decide, dead_letters=t.dead_letters,
-            group_id=f"{settings.cluster}.{self.name}", name=self.name, session_timeout_ms=settings.session_timeout_ms,
+            bootstrap=settings.bootstrap,
+            command_topic=t.balancer_commands,
+            command_codec=b.commands,
+            projection=self.projection,
+            decide=self.decide,
+            dead_letters=t.dead_letters,
+            group_id=f"{settings.cluster}.{self.name}",
+            name=self.name,
+            session_timeout_ms=settings.session_timeout_ms,
             event_key=event_key,
-            on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time))
-        self.requester = Requester(settings.bootstrap, t.inbox("balancer"), client_id=self.name,
-                                   stop_owner_on_failure=True)
+            on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
+        )
+        self.requester = Requester(
+            settings.bootstrap, t.inbox("balancer"), client_id=self.name, stop_owner_on_failure=True
+        )
         self.statistics = StatisticsReader(settings)
-        self.history = MigrationHistory(settings, lambda: max(  # seed 002: both windows must have passed
-            self.follower.catalog.settings.minSnapshotHistoryWindowInSeconds,
-            automerge.TRANSACTION_LIFETIME_LIMIT_SECS))
+        self.history = MigrationHistory(
+            settings,
+            lambda: max(  # seed 002: both windows must have passed
+                self.follower.catalog.settings.minSnapshotHistoryWindowInSeconds,
+                automerge.TRANSACTION_LIFETIME_LIMIT_SECS,
+            ),
+        )
         self._live: set[str] = set()  # ids of the secondary loop's actions being run by this instance
         self._last_sent: dict = {}  # throttling key -> when its last action was (or will be) sent
         self.round = 0
@@ -242,9 +259,14 @@ class Balancer:
 
     def live(self, ns: str | None = None, with_snapshot: bool = False) -> dict:
         settings = self.follower.catalog.settings
-        out = {"enabled": settings.balancerEnabled, "inWindow": in_window(settings.balancerWindow, _now()),
-               "window": settings.balancerWindow.model_dump() if settings.balancerWindow else None,
-               "round": self.round, "activity": self.activity, "configTime": self.follower.config_time}
+        out = {
+            "enabled": settings.balancerEnabled,
+            "inWindow": in_window(settings.balancerWindow, _now()),
+            "window": settings.balancerWindow.model_dump() if settings.balancerWindow else None,
+            "round": self.round,
+            "activity": self.activity,
+            "configTime": self.follower.config_time,
+        }
         if ns is not None or with_snapshot:
             snap = self.snapshot()
             if with_snapshot:
@@ -256,8 +278,9 @@ class Balancer:
     def snapshot(self) -> dict:
         catalog = self.follower.catalog
         sizes, _ = self.statistics.sizes(catalog, 0)
-        busy = {a.get("from") for a in self.state.in_flight.values()} | \
-            {a.get("to") for a in self.state.in_flight.values()}
+        busy = {a.get("from") for a in self.state.in_flight.values()} | {
+            a.get("to") for a in self.state.in_flight.values()
+        }
         snap = snapshot.build(catalog, sizes, catalog.settings.shardWeights, busy - {None})
         for coll in snap["collections"]:
             if self.state.blocks_balancing(coll["ns"]):  # defragmentation owns the collection meanwhile
@@ -276,24 +299,30 @@ class Balancer:
             found.append({"reason": "migrationsDisallowed", "detail": "set-allow-migrations is false"})
         if not coll.settings.balancerEnabled:
             found.append({"reason": "balancerDisabled", "detail": "balancing is disabled for this collection"})
-        return {"ns": ns, "compliant": not [v for v in found if v["reason"] not in ("balancerDisabled",)],
-                "violations": found}
+        return {
+            "ns": ns,
+            "compliant": not [v for v in found if v["reason"] not in ("balancerDisabled",)],
+            "violations": found,
+        }
 
     # ------------------------------------------------------------- hosting
 
     async def run(self) -> None:
         s, t = self.settings, self.settings.topics
-        await kafka.ensure_topics(s.bootstrap, [*t.core(), *t.for_balancer(),
-                                                TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
+        await kafka.ensure_topics(
+            s.bootstrap, [*t.core(), *t.for_balancer(), TopicSpec(self.requester.inbox, config=SHORT_LIVED)]
+        )
         at = await self.follower.start()
         await self.projection.start()
         await self.projection.catch_up()
         await self.requester.start()
         report_ready(s, self.name, role="standby", configTime=at)
-        tasks = [supervised(asyncio.create_task(self.statistics.run()), "balancer statistics reader"),
-                 supervised(asyncio.create_task(self.history.run()), "balancer migration history reader"),
-                 supervised(asyncio.create_task(self._rounds()), "balancer round loop"),
-                 supervised(asyncio.create_task(self._secondary()), "balancer secondary loop")]
+        tasks = [
+            supervised(asyncio.create_task(self.statistics.run()), "balancer statistics reader"),
+            supervised(asyncio.create_task(self.history.run()), "balancer migration history reader"),
+            supervised(asyncio.create_task(self._rounds()), "balancer round loop"),
+            supervised(asyncio.create_task(self._secondary()), "balancer secondary loop"),
+        ]
         try:
             await self.processor.run()
         finally:
@@ -358,16 +387,24 @@ class Balancer:
         await self._ask(b.IssueActions(round=round_no, actions=splits + moves))
         self.activity = f"round {round_no}: {len(splits)} split(s), {len(moves)} migration(s)"
         split_results = [await self._run_action(action) for action in splits]
-        if moves and (pause := throttle_left(self._last_migration_end, time.monotonic(),
-                                              self.follower.catalog.settings.balancerMigrationsThrottlingMs)):
+        if moves and (
+            pause := throttle_left(
+                self._last_migration_end,
+                time.monotonic(),
+                self.follower.catalog.settings.balancerMigrationsThrottlingMs,
+            )
+        ):
             self.activity += f" (throttled {pause:.1f}s: balancerMigrationsThrottlingMs)"
             await asyncio.sleep(pause)
         results = await asyncio.gather(*(self._run_action(a) for a in moves))
         if moves:
             self._last_migration_end = time.monotonic()
-        summary = {"splits": len(splits), "migrations": len(moves),
-                   "failed": sum(1 for r in (*split_results, *results) if not r.ok),
-                   "reasons": sorted({m.get("reason", m["kind"]) for m in moves})}
+        summary = {
+            "splits": len(splits),
+            "migrations": len(moves),
+            "failed": sum(1 for r in (*split_results, *results) if not r.ok),
+            "reasons": sorted({m.get("reason", m["kind"]) for m in moves}),
+        }
         await self._ask(b.CompleteRound(round=round_no, summary=summary))
         self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
         return summary
@@ -384,15 +421,19 @@ class Balancer:
         try:
             kind, topic = action["kind"], self.settings.topics.config_commands
             if kind in ("split", "merge"):
-                cmd = cfg.SplitChunk(ns=action["ns"], at=action["at"]) if kind == "split" else \
-                    cfg.MergeChunks(ns=action["ns"], min=action["min"], max=action["max"])
+                cmd = (
+                    cfg.SplitChunk(ns=action["ns"], at=action["at"])
+                    if kind == "split"
+                    else cfg.MergeChunks(ns=action["ns"], min=action["min"], max=action["max"])
+                )
                 reply = await self.requester.request(topic, cmd, timeout=60)
                 out = Outcome(reply.ok, reply.code, reply.error, reply.configTime or 0)
             elif kind == "migration":
                 out = Outcome(*await self._migrate(action))
             elif kind == "movePrimary":
-                reply = await self.requester.request(topic, cfg.MovePrimary(db=action["ns"], to=action["to"]),
-                                                     timeout=60)
+                reply = await self.requester.request(
+                    topic, cfg.MovePrimary(db=action["ns"], to=action["to"]), timeout=60
+                )
                 out = Outcome(*await self._outcome(reply))
             elif kind == "removeShard":
                 reply = await self.requester.request(topic, cfg.RemoveShard(shard=action["shard"]), timeout=60)
@@ -426,15 +467,20 @@ class Balancer:
                 return Outcome(False, "Timeout", f"no statistics from {a['shard']} at ConfigTime {a['after']} or later")
             await self.statistics.changed(min(left, 5.0))
         for ch in report.chunks:
-            if ch.ns == a["ns"] and coll.pattern.encode_bound(from_ejson(ch.min)) == lo \
-                    and coll.pattern.encode_bound(from_ejson(ch.max)) == hi:
+            if (
+                ch.ns == a["ns"]
+                and coll.pattern.encode_bound(from_ejson(ch.min)) == lo
+                and coll.pattern.encode_bound(from_ejson(ch.max)) == hi
+            ):
                 return Outcome(True, size=ch.dataSizeBytes)
         return Outcome(False, "ChunkChanged", f"{a['shard']} no longer owns [{a['min']}, {a['max']}) of {a['ns']}")
 
     async def _migrate(self, a: dict) -> tuple[bool, str | None, str | None]:
-        reply = await self.requester.request(self.settings.topics.config_commands,
-                                             cfg.MoveRange(ns=a["ns"], min=a["min"], max=a["max"], to=a["to"],
-                                                           forceJumbo=a["reason"] == "drain"), timeout=60)
+        reply = await self.requester.request(
+            self.settings.topics.config_commands,
+            cfg.MoveRange(ns=a["ns"], min=a["min"], max=a["max"], to=a["to"], forceJumbo=a["reason"] == "drain"),
+            timeout=60,
+        )
         return await self._outcome(reply)
 
     async def _outcome(self, reply) -> tuple[bool, str | None, str | None]:
@@ -469,9 +515,18 @@ class Balancer:
             for i, ch in enumerate(coll.chunks):
                 if not ch.jumbo and sizes.get((ns, ch.min_key), 0) >= limit:
                     edge = "top" if i == len(coll.chunks) - 1 else "bottom" if i == 0 else None
-                    out.append({"id": uuid.uuid4().hex, "kind": "autoSplit", "ns": ns, "min": to_ejson(ch.min),
-                                "max": to_ejson(ch.max), "shard": ch.shard, "limit": limit,
-                                "edge": None if coll.pattern.is_hashed else edge})
+                    out.append(
+                        {
+                            "id": uuid.uuid4().hex,
+                            "kind": "autoSplit",
+                            "ns": ns,
+                            "min": to_ejson(ch.min),
+                            "max": to_ejson(ch.max),
+                            "shard": ch.shard,
+                            "limit": limit,
+                            "edge": None if coll.pattern.is_hashed else edge,
+                        }
+                    )
         return out
 
     async def _auto_split(self, a: dict) -> Outcome:
@@ -479,14 +534,19 @@ class Balancer:
         value only: mark the chunk jumbo.  Top-chunk optimisation: the new edge chunk of an
         ascending (or descending) key moves off the hot shard."""
         from schemas import shard as s
+
         topics = self.settings.topics
-        vec = await self.requester.request(topics.shard_requests(a["shard"]), s.SplitVector(
-            ns=a["ns"], chunkMin=a["min"], maxChunkSizeBytes=a["limit"], edge=a.get("edge")), timeout=60)
+        vec = await self.requester.request(
+            topics.shard_requests(a["shard"]),
+            s.SplitVector(ns=a["ns"], chunkMin=a["min"], maxChunkSizeBytes=a["limit"], edge=a.get("edge")),
+            timeout=60,
+        )
         if not vec.ok:
             return Outcome(False, vec.code, vec.error)
         if vec.result["jumbo"]:
-            reply = await self.requester.request(topics.config_commands, cfg.MarkJumbo(ns=a["ns"], min=a["min"]),
-                                                 timeout=60)
+            reply = await self.requester.request(
+                topics.config_commands, cfg.MarkJumbo(ns=a["ns"], min=a["min"]), timeout=60
+            )
             return Outcome(reply.ok, reply.code, reply.error, reply.configTime or 0)
         points = vec.result["points"]
         if not points:
@@ -556,9 +616,13 @@ class Balancer:
                         if self.state.blocks_balancing(ns) and (ns not in defrags or defrags[ns].done()):
                             defrags[ns] = asyncio.create_task(self._defragment(ns))
                     settings = self.follower.catalog.settings
-                    if (settings.autoMergerEnabled and (merger is None or merger.done())
-                            and automerge.scan_due(self.state.auto_merged_at or None, time.time(),
-                                                   settings.autoMergerIntervalSecs)):
+                    if (
+                        settings.autoMergerEnabled
+                        and (merger is None or merger.done())
+                        and automerge.scan_due(
+                            self.state.auto_merged_at or None, time.time(), settings.autoMergerIntervalSecs
+                        )
+                    ):
                         merger = asyncio.create_task(self._auto_merge())
                 await asyncio.sleep(SECONDARY_POLL_S)
         finally:
@@ -633,8 +697,13 @@ class Balancer:
         coll = catalog.collections[ns]
         chunks, zones = automerge.from_collection(coll)  # no sizes: phase 1 measures every chunk (dataSize)
         shard_sizes = {sh: sum(c.dataSizeBytes for c in r.collections) for sh, r in self.statistics.latest.items()}
-        return defragment.Snapshot(chunks, coll.settings.maxChunkSizeBytes or catalog.settings.maxChunkSizeBytes,
-                                   zones, shard_sizes, frozenset(s.id for s in catalog.shards.values() if s.draining))
+        return defragment.Snapshot(
+            chunks,
+            coll.settings.maxChunkSizeBytes or catalog.settings.maxChunkSizeBytes,
+            zones,
+            shard_sizes,
+            frozenset(s.id for s in catalog.shards.values() if s.draining),
+        )
 
     def _defrag_action(self, ns: str, a: dict) -> dict | None:
         """A policy action as the balancer records and sends it (bounds as the catalog's), or None
@@ -663,22 +732,41 @@ class Balancer:
                 catalog, now = self.follower.catalog, time.time()
                 settings, batch = catalog.settings, []
                 for ns, coll in sorted(catalog.collections.items()):
-                    if not automerge.enabled(settings.autoMergerEnabled,
-                                             coll.settings.autoMergerEnabled and coll.settings.balancerEnabled,
-                                             self.state.blocks_balancing(ns)):
+                    if not automerge.enabled(
+                        settings.autoMergerEnabled,
+                        coll.settings.autoMergerEnabled and coll.settings.balancerEnabled,
+                        self.state.blocks_balancing(ns),
+                    ):
                         continue
                     chunks, zones = automerge.from_collection(coll, self.history.last_migrated(coll))
-                    batch += [{"id": uuid.uuid4().hex, "kind": "merge", "by": "autoMerge", "ns": ns,
-                               "shard": a["shard"], "min": _boundary(coll, a["min"]), "max": _boundary(coll, a["max"])}
-                              for a in automerge.merge_actions(
-                                  ns, chunks, zones, now=now, outstanding=len(batch),
-                                  history_window_secs=settings.minSnapshotHistoryWindowInSeconds)]
+                    batch += [
+                        {
+                            "id": uuid.uuid4().hex,
+                            "kind": "merge",
+                            "by": "autoMerge",
+                            "ns": ns,
+                            "shard": a["shard"],
+                            "min": _boundary(coll, a["min"]),
+                            "max": _boundary(coll, a["max"]),
+                        }
+                        for a in automerge.merge_actions(
+                            ns,
+                            chunks,
+                            zones,
+                            now=now,
+                            outstanding=len(batch),
+                            history_window_secs=settings.minSnapshotHistoryWindowInSeconds,
+                        )
+                    ]
                 if not batch:
                     break
                 await self._issue(batch)
-                outcomes = await asyncio.gather(*(self._send(a, self._throttle(("autoMerge", a["ns"]),
-                                                                               settings.autoMergerThrottlingMS))
-                                                  for a in batch))
+                outcomes = await asyncio.gather(
+                    *(
+                        self._send(a, self._throttle(("autoMerge", a["ns"]), settings.autoMergerThrottlingMS))
+                        for a in batch
+                    )
+                )
                 if not any(o.ok for o in outcomes):
                     break  # what is left fails: the next pass tries again
                 await self.follower.wait_for(max(o.config_time for o in outcomes), 30)
@@ -724,4 +812,4 @@ def throttle_left(last_migration_end: float | None, now: float, throttle_ms: int
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)

@@ -8,6 +8,7 @@ key (so a restart loads it instead of replaying history), and the decisions on
     round          -> the last completed round's number, time and summary
     automerge      -> when the auto-merger last ran
 """
+
 from __future__ import annotations
 
 import json
@@ -87,24 +88,31 @@ class BalancerState:
 
     def defrag_status(self, ns: str) -> dict | None:
         doc = self.defragmenting.get(ns)
-        return None if doc is None else {**defragment.status(defragment.from_json(doc["state"])),
-                                         "started": doc["started"]}
+        return (
+            None
+            if doc is None
+            else {**defragment.status(defragment.from_json(doc["state"])), "started": doc["started"]}
+        )
 
     # --------------------------------------------------------------- decide
 
     def decide(self, cmd: Record) -> Decision:
         import time
+
         if isinstance(cmd, b.IssueActions):
             fresh = [a for a in cmd.actions if a["id"] not in self.in_flight]
             return Decision([b.ActionIssued(round=cmd.round, action=a) for a in fresh], {"issued": len(fresh)})
         if isinstance(cmd, b.FinishAction):
             if cmd.id not in self.in_flight:
                 return Decision([], {"id": cmd.id, "finished": False})
-            return Decision([b.ActionFinished(id=cmd.id, ok=cmd.ok, error=cmd.error, code=cmd.code)],
-                            {"id": cmd.id, "finished": True})
+            return Decision(
+                [b.ActionFinished(id=cmd.id, ok=cmd.ok, error=cmd.error, code=cmd.code)],
+                {"id": cmd.id, "finished": True},
+            )
         if isinstance(cmd, b.CompleteRound):
-            return Decision([b.RoundCompleted(round=cmd.round, at=time.time(), summary=cmd.summary)],
-                            {"round": cmd.round})
+            return Decision(
+                [b.RoundCompleted(round=cmd.round, at=time.time(), summary=cmd.summary)], {"round": cmd.round}
+            )
         if isinstance(cmd, b.StartDefragmentation):
             if self.blocks_balancing(cmd.ns):
                 return Decision([], {"ns": cmd.ns, "started": False, "status": self.defrag_status(cmd.ns)})
@@ -115,8 +123,9 @@ class BalancerState:
                 return Decision([], {"ns": cmd.ns, "stopped": False})
             doc = self.defragmenting[cmd.ns]
             state = defragment.to_json(defragment.stop(defragment.from_json(doc["state"])))
-            return Decision([b.DefragmentationChanged(ns=cmd.ns, state={**doc, "state": state})],
-                            {"ns": cmd.ns, "stopped": True})
+            return Decision(
+                [b.DefragmentationChanged(ns=cmd.ns, state={**doc, "state": state})], {"ns": cmd.ns, "stopped": True}
+            )
         if isinstance(cmd, b.SetDefragmentation):
             doc = self.defragmenting.get(cmd.ns)
             if doc is None or doc["started"] != cmd.started or cmd.state is None:
@@ -124,8 +133,10 @@ class BalancerState:
             state = cmd.state
             if doc["state"]["stopped"] and not state["stopped"]:  # a stop came in while the step was taken
                 state = defragment.to_json(defragment.stop(defragment.from_json(state)))
-            return Decision([b.DefragmentationChanged(ns=cmd.ns, state={**doc, "state": state})],
-                            {"ns": cmd.ns, "applied": True, "state": state})
+            return Decision(
+                [b.DefragmentationChanged(ns=cmd.ns, state={**doc, "state": state})],
+                {"ns": cmd.ns, "applied": True, "state": state},
+            )
         if isinstance(cmd, b.MarkAutoMerge):
             return Decision([b.AutoMergeRan(at=cmd.at)], {"at": cmd.at})
         if isinstance(cmd, b.GetBalancerState):
@@ -133,7 +144,10 @@ class BalancerState:
         raise CommandError("CommandNotFound", f"unknown balancer command {cmd.type!r}")
 
     def document(self) -> dict:
-        return {"lastRound": self.last_round, "inFlight": list(self.in_flight.values()),
-                "defragmenting": {ns: self.defrag_status(ns) for ns in self.defragmenting},
-                "autoMergedAt": self.auto_merged_at,
-                "recentFailures": self.recent_failures}
+        return {
+            "lastRound": self.last_round,
+            "inFlight": list(self.in_flight.values()),
+            "defragmenting": {ns: self.defrag_status(ns) for ns in self.defragmenting},
+            "autoMergedAt": self.auto_merged_at,
+            "recentFailures": self.recent_failures,
+        }

@@ -1,4 +1,5 @@
 """python -m services.config — run one config server instance (active or standby)."""
+
 from libs.service import common_args, run_service, settings_from
 from services.config.server import ConfigServer
 

@@ -6,12 +6,14 @@ and zones, and settings — the fold of `config.events`.
 serves the config server (persisted in RocksDB, entity per key) and any reader
 that wants "the catalog as of ConfigTime N" (in memory, from a replay).
 """
+
 from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from libs.shardkey import KeyPattern, from_ejson, to_ejson
 from libs.store import Store
@@ -31,8 +33,13 @@ class Chunk:
     jumbo: bool = False
 
     def doc(self) -> ev.ChunkDoc:
-        return ev.ChunkDoc(min=to_ejson(self.min), max=to_ejson(self.max), shard=self.shard,
-                           version=self.version.pair, jumbo=self.jumbo)
+        return ev.ChunkDoc(
+            min=to_ejson(self.min),
+            max=to_ejson(self.max),
+            shard=self.shard,
+            version=self.version.pair,
+            jumbo=self.jumbo,
+        )
 
 
 @dataclass
@@ -114,8 +121,17 @@ class Migration:
     kind: str = "range"  # or "primary": a database's unsharded collections (ns is the database)
 
     def record(self) -> dict:
-        return {"id": self.id, "ns": self.ns, "epoch": self.epoch, "min": self.min, "max": self.max,
-                "donor": self.donor, "recipient": self.recipient, "forceJumbo": self.force_jumbo, "kind": self.kind}
+        return {
+            "id": self.id,
+            "ns": self.ns,
+            "epoch": self.epoch,
+            "min": self.min,
+            "max": self.max,
+            "donor": self.donor,
+            "recipient": self.recipient,
+            "forceJumbo": self.force_jumbo,
+            "kind": self.kind,
+        }
 
 
 @dataclass
@@ -180,8 +196,16 @@ class Catalog:
         self._put(b"shard/" + s.id.encode(), {"draining": s.draining, "zones": sorted(s.zones)})
 
     def _put_collection(self, c: Collection) -> None:
-        self._put(b"coll/" + c.ns.encode(), {"key": c.pattern.spec, "unique": c.unique, "epoch": c.epoch,
-                                             "uuid": c.uuid, "settings": c.settings.model_dump()})
+        self._put(
+            b"coll/" + c.ns.encode(),
+            {
+                "key": c.pattern.spec,
+                "unique": c.unique,
+                "epoch": c.epoch,
+                "uuid": c.uuid,
+                "settings": c.settings.model_dump(),
+            },
+        )
 
     def _put_chunk(self, ns: str, ch: Chunk, doc: ev.ChunkDoc) -> None:
         # The event's own document is what is stored: serialising it is cheaper than rebuilding one.
@@ -194,29 +218,45 @@ class Catalog:
         for k, v in store.scan(b"shard/"):
             d = json.loads(v)
             self.shards[k[6:].decode()] = Shard(k[6:].decode(), d["draining"], set(d["zones"]))
-        for k, v in store.scan(b"db/"):
+        for _k, v in store.scan(b"db/"):
             d = json.loads(v)
-            self.databases[d["name"]] = Database(d["name"], d["primary"], DatabaseVersion(d["uuid"], d["lastMod"]),
-                                                 set(d.get("collections", ())))
+            self.databases[d["name"]] = Database(
+                d["name"], d["primary"], DatabaseVersion(d["uuid"], d["lastMod"]), set(d.get("collections", ()))
+            )
         for k, v in store.scan(b"coll/"):
             d = json.loads(v)
             ns = k[5:].decode()
-            self.collections[ns] = Collection(ns, KeyPattern.parse(d["key"]), d["unique"], d["epoch"], d["uuid"],
-                                              settings=CollectionSettings(**d["settings"]))
+            self.collections[ns] = Collection(
+                ns,
+                KeyPattern.parse(d["key"]),
+                d["unique"],
+                d["epoch"],
+                d["uuid"],
+                settings=CollectionSettings(**d["settings"]),
+            )
         for k, v in store.scan(b"chunk/"):
-            ns = k[6:k.index(b"\x00", 6)].decode()
+            ns = k[6 : k.index(b"\x00", 6)].decode()
             coll = self.collections[ns]
             ch = self._chunk(coll, ev.ChunkDoc.model_validate_json(v))
             coll.replace_chunks(len(coll.chunks), len(coll.chunks), [ch])
         for k, v in store.scan(b"zone/"):
-            ns = k[5:k.index(b"\x00", 5)].decode()
+            ns = k[5 : k.index(b"\x00", 5)].decode()
             coll = self.collections[ns]
             d = json.loads(v)
             coll.zones.append(self._zone(coll, d["min"], d["max"], d["zone"]))
-        for k, v in store.scan(b"mig/"):
+        for _k, v in store.scan(b"mig/"):
             d = json.loads(v)
-            self.migrations[d["id"]] = Migration(d["id"], d["ns"], d["epoch"], d["min"], d["max"], d["donor"],
-                                                 d["recipient"], d["forceJumbo"], d.get("kind", "range"))
+            self.migrations[d["id"]] = Migration(
+                d["id"],
+                d["ns"],
+                d["epoch"],
+                d["min"],
+                d["max"],
+                d["donor"],
+                d["recipient"],
+                d["forceJumbo"],
+                d.get("kind", "range"),
+            )
         for k, v in store.scan(b"outcome/"):
             self.outcomes[k[8:].decode()] = json.loads(v)
         if (raw := store.get(b"settings")) is not None:
@@ -229,8 +269,15 @@ class Catalog:
     @staticmethod
     def _chunk(coll: Collection, doc: ev.ChunkDoc) -> Chunk:
         lo, hi = from_ejson(doc.min), from_ejson(doc.max)
-        return Chunk(lo, hi, coll.pattern.encode_bound(lo), coll.pattern.encode_bound(hi), doc.shard,
-                     ChunkVersion(doc.version[0], doc.version[1], coll.epoch), doc.jumbo)
+        return Chunk(
+            lo,
+            hi,
+            coll.pattern.encode_bound(lo),
+            coll.pattern.encode_bound(hi),
+            doc.shard,
+            ChunkVersion(doc.version[0], doc.version[1], coll.epoch),
+            doc.jumbo,
+        )
 
     @staticmethod
     def _zone(coll: Collection, lo: dict, hi: dict, zone: str) -> ZoneRange:
@@ -260,8 +307,16 @@ class Catalog:
         self._put_database(db)
 
     def _put_database(self, d: Database) -> None:
-        self._put(b"db/" + d.name.encode(), {"name": d.name, "primary": d.primary, "uuid": d.version.uuid,
-                                             "lastMod": d.version.last_mod, "collections": sorted(d.collections)})
+        self._put(
+            b"db/" + d.name.encode(),
+            {
+                "name": d.name,
+                "primary": d.primary,
+                "uuid": d.version.uuid,
+                "lastMod": d.version.last_mod,
+                "collections": sorted(d.collections),
+            },
+        )
 
     def _on_CollectionCreated(self, e: ev.CollectionCreated) -> None:
         db = self.databases[e.ns.partition(".")[0]]
@@ -299,7 +354,7 @@ class Catalog:
         hi = lo
         while hi < len(coll.chunks) and coll.chunks[hi].max_key <= merged.max_key:
             hi += 1
-        for ch in coll.chunks[lo + 1:hi]:
+        for ch in coll.chunks[lo + 1 : hi]:
             self._put(self._chunk_key(e.ns, ch.min_key), None)
         coll.replace_chunks(lo, hi, [merged])
         self._put_chunk(e.ns, merged, e.chunk)

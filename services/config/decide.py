@@ -3,6 +3,7 @@ events that record its effect out — or a CommandError, and no event at all.
 
 Pure apart from minting epochs and uuids; nothing here touches Kafka or disk.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,23 @@ import re
 from typing import Any
 
 from libs.commands import CommandError, Decision
-from libs.shardkey import (MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson)
+from libs.shardkey import MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
 from schemas import Record
 from schemas import config as c
 from services.config.catalog import Catalog, Collection
 from services.config.settings import ClusterSettings, CollectionSettings, validated
-from services.config.versions import (ChunkVersion, hashed_split_points, initial_versions, merge_version,
-                                      migration_versions, moved_primary, new_database_version, new_epoch, new_uuid, split_versions)
+from services.config.versions import (
+    ChunkVersion,
+    hashed_split_points,
+    initial_versions,
+    merge_version,
+    migration_versions,
+    moved_primary,
+    new_database_version,
+    new_epoch,
+    new_uuid,
+    split_versions,
+)
 
 SHARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z, not $: "$" also matches before a final newline
 DB_FORBIDDEN = set('/\\. "$*<>:|?\x00')
@@ -55,6 +66,7 @@ def _utf8_ok(value: Any) -> bool:
 
 # ------------------------------------------------------------------ names
 
+
 def check_shard_name(name: str) -> None:
     if not SHARD_NAME.match(name):
         raise CommandError("BadValue", f"invalid shard name {name!r}: use 1-64 of A-Z a-z 0-9 _ -")
@@ -62,8 +74,9 @@ def check_shard_name(name: str) -> None:
 
 def check_db_name(db: str) -> None:
     if not db or len(db) >= 64 or any(ch in DB_FORBIDDEN for ch in db):
-        raise CommandError("InvalidNamespace",
-                           f"invalid database name {db!r}: 1-63 characters, none of / \\ . space \" $ * < > : | ?")
+        raise CommandError(
+            "InvalidNamespace", f'invalid database name {db!r}: 1-63 characters, none of / \\ . space " $ * < > : | ?'
+        )
     if db in RESERVED_DBS:
         raise CommandError("InvalidNamespace", f"database {db!r} is reserved")
 
@@ -74,8 +87,10 @@ def split_ns(ns: str) -> tuple[str, str]:
         raise CommandError("InvalidNamespace", f"invalid namespace {ns!r}: expected 'database.collection'")
     check_db_name(db)
     if len(ns.encode()) > 255 or "\x00" in coll or "$" in coll or coll.startswith("system."):
-        raise CommandError("InvalidNamespace",
-                           f"invalid collection name in {ns!r}: no '$' or NUL, not 'system.*', namespace <= 255 bytes")
+        raise CommandError(
+            "InvalidNamespace",
+            f"invalid collection name in {ns!r}: no '$' or NUL, not 'system.*', namespace <= 255 bytes",
+        )
     return db, coll
 
 
@@ -111,7 +126,9 @@ def _finite(v: Any) -> bool:
 
 def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict, bytes]:
     if not isinstance(raw, dict):
-        raise CommandError("BadValue", f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}")
+        raise CommandError(
+            "BadValue", f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}"
+        )
     try:
         b = coll.pattern.validate_bound(raw)
         key = coll.pattern.encode_bound(b)
@@ -125,6 +142,7 @@ def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict, bytes]:
 
 
 # ----------------------------------------------------------------- shards
+
 
 def least_loaded_shard(catalog: Catalog) -> str:
     """The shard with the least data, ties by name.  Until shards report data
@@ -165,6 +183,7 @@ def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
 
 # -------------------------------------------------------------- databases
 
+
 def _create_database_events(catalog: Catalog, db: str, primary: str | None) -> list[Record]:
     if primary is None:
         primary = least_loaded_shard(catalog)
@@ -179,14 +198,16 @@ def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
     existing = catalog.databases.get(cmd.db)
     if existing is not None:
         if cmd.primary not in (None, existing.primary):
-            raise CommandError("NamespaceExists",
-                               f"database {cmd.db!r} already exists with primary {existing.primary!r}")
+            raise CommandError(
+                "NamespaceExists", f"database {cmd.db!r} already exists with primary {existing.primary!r}"
+            )
         return Decision([], {"db": cmd.db, "primary": existing.primary, "created": False})
     events = _create_database_events(catalog, cmd.db, cmd.primary)
     return Decision(events, {"db": cmd.db, "primary": events[0].primary, "created": True})
 
 
 # ------------------------------------------------------------ collections
+
 
 def create_collection(catalog: Catalog, cmd: c.CreateCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
@@ -222,22 +243,27 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     # one chunk there (as in MongoDB, presplitting is for empty collections only).
     tracked = not events and cmd.ns in catalog.databases[db].collections
     if tracked and cmd.numInitialChunks is not None:
-        raise CommandError("InvalidOptions", f"numInitialChunks is only for an empty collection; {cmd.ns} "
-                                             f"already exists unsharded")
+        raise CommandError(
+            "InvalidOptions", f"numInitialChunks is only for an empty collection; {cmd.ns} already exists unsharded"
+        )
     if hashed_prefix and not tracked:
         shards = catalog.active_shards()
         n = cmd.numInitialChunks or 2 * len(shards)
         if not 1 <= n <= MAX_INITIAL_CHUNKS_PER_SHARD * len(shards):
-            raise CommandError("InvalidOptions", f"numInitialChunks must be between 1 and "
-                                                 f"{MAX_INITIAL_CHUNKS_PER_SHARD * len(shards)}, got {n}")
+            raise CommandError(
+                "InvalidOptions",
+                f"numInitialChunks must be between 1 and {MAX_INITIAL_CHUNKS_PER_SHARD * len(shards)}, got {n}",
+            )
         chunks = hashed_initial_chunks(pattern, shards, n, epoch)
     else:
         lo, hi = pattern.global_min(), pattern.global_max()
         chunks = [c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=primary, version=(1, 0))]
-    events.append(c.CollectionSharded(ns=cmd.ns, key=pattern.spec, unique=cmd.unique, epoch=epoch,
-                                      uuid=new_uuid(), chunks=chunks))
-    return Decision(events, {"ns": cmd.ns, "epoch": epoch, "chunks": len(chunks), "primary": primary,
-                             "existing": tracked})
+    events.append(
+        c.CollectionSharded(ns=cmd.ns, key=pattern.spec, unique=cmd.unique, epoch=epoch, uuid=new_uuid(), chunks=chunks)
+    )
+    return Decision(
+        events, {"ns": cmd.ns, "epoch": epoch, "chunks": len(chunks), "primary": primary, "existing": tracked}
+    )
 
 
 def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch: str) -> list[c.ChunkDoc]:
@@ -248,9 +274,15 @@ def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch:
     versions = initial_versions(epoch, n)
     # Shard j gets chunks [j*n/S, (j+1)*n/S): contiguous runs whose sizes differ by at most one.
     # (i // (n // S)) % S wrapped around when S does not divide n, e.g. a a b b a for 5 on 2.
-    return [c.ChunkDoc(min=to_ejson(bounds[i]), max=to_ejson(bounds[i + 1]),
-                       shard=shards[i * len(shards) // n], version=versions[i].pair)
-            for i in range(n)]
+    return [
+        c.ChunkDoc(
+            min=to_ejson(bounds[i]),
+            max=to_ejson(bounds[i + 1]),
+            shard=shards[i * len(shards) // n],
+            version=versions[i].pair,
+        )
+        for i in range(n)
+    ]
 
 
 def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
@@ -263,10 +295,13 @@ def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
         raise CommandError("BadValue", "split points must be sorted ascending and distinct")
     chunk = coll.chunks[coll.chunk_index(keys[0])]
     _not_migrating(catalog, coll, chunk.min_key, chunk.max_key)
-    for (p, k) in points:
+    for p, k in points:
         if not chunk.min_key < k < chunk.max_key:
-            raise CommandError("BadValue", f"split point {to_ejson(p)} is not strictly inside the chunk "
-                                           f"[{to_ejson(chunk.min)}, {to_ejson(chunk.max)})")
+            raise CommandError(
+                "BadValue",
+                f"split point {to_ejson(p)} is not strictly inside the chunk "
+                f"[{to_ejson(chunk.min)}, {to_ejson(chunk.max)})",
+            )
     event = _split_event(coll, chunk, [p for p, _ in points])
     return Decision([event], {"ns": coll.ns, "chunks": [d.model_dump() for d in event.chunks]})
 
@@ -275,8 +310,10 @@ def _split_event(coll: Collection, chunk, points: list[dict], version=None) -> c
     """`chunk` cut at `points` (sorted, strictly inside): the pieces take the next minors."""
     bounds = [chunk.min] + points + [chunk.max]
     versions = split_versions(version or coll.version(), len(points) + 1)
-    new = [c.ChunkDoc(min=to_ejson(bounds[i]), max=to_ejson(bounds[i + 1]), shard=chunk.shard,
-                      version=versions[i].pair) for i in range(len(bounds) - 1)]
+    new = [
+        c.ChunkDoc(min=to_ejson(bounds[i]), max=to_ejson(bounds[i + 1]), shard=chunk.shard, version=versions[i].pair)
+        for i in range(len(bounds) - 1)
+    ]
     return c.ChunkSplit(ns=coll.ns, epoch=coll.epoch, min=to_ejson(chunk.min), max=to_ejson(chunk.max), chunks=new)
 
 
@@ -294,27 +331,35 @@ def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
         last -= 1
     if coll.chunks[last].max_key != hi_key:
         raise CommandError("BadValue", f"max {to_ejson(hi)} is not the upper bound of a chunk")
-    run = coll.chunks[first:last + 1]
+    run = coll.chunks[first : last + 1]
     _not_migrating(catalog, coll, lo_key, hi_key)
     if len(run) == 1:
         return Decision([], {"ns": coll.ns, "merged": 0, "chunk": run[0].doc().model_dump()})
     owners = sorted({ch.shard for ch in run})
     if len(owners) > 1:
-        raise CommandError("IllegalOperation", f"chunks in [{to_ejson(lo)}, {to_ejson(hi)}) are on several "
-                                               f"shards ({', '.join(owners)}); merge needs them on one")
+        raise CommandError(
+            "IllegalOperation",
+            f"chunks in [{to_ejson(lo)}, {to_ejson(hi)}) are on several "
+            f"shards ({', '.join(owners)}); merge needs them on one",
+        )
     merged = c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=owners[0], version=merge_version(coll.version()).pair)
-    return Decision([c.ChunksMerged(ns=coll.ns, epoch=coll.epoch, chunk=merged)],
-                    {"ns": coll.ns, "merged": len(run), "chunk": merged.model_dump()})
+    return Decision(
+        [c.ChunksMerged(ns=coll.ns, epoch=coll.epoch, chunk=merged)],
+        {"ns": coll.ns, "merged": len(run), "chunk": merged.model_dump()},
+    )
 
 
 # ------------------------------------------------------------------ zones
+
 
 def add_shard_to_zone(catalog: Catalog, cmd: c.AddShardToZone) -> Decision:
     s = _shard(catalog, cmd.shard)
     check_zone_name(cmd.zone)
     if cmd.zone in s.zones:
         return Decision([], {"shard": s.id, "zones": sorted(s.zones)})
-    return Decision([c.ShardZoneAdded(shard=s.id, zone=cmd.zone)], {"shard": s.id, "zones": sorted(s.zones | {cmd.zone})})
+    return Decision(
+        [c.ShardZoneAdded(shard=s.id, zone=cmd.zone)], {"shard": s.id, "zones": sorted(s.zones | {cmd.zone})}
+    )
 
 
 def remove_shard_from_zone(catalog: Catalog, cmd: c.RemoveShardFromZone) -> Decision:
@@ -323,9 +368,13 @@ def remove_shard_from_zone(catalog: Catalog, cmd: c.RemoveShardFromZone) -> Deci
         return Decision([], {"shard": s.id, "zones": sorted(s.zones)})
     others = [x for x in catalog.shards.values() if x.id != s.id and cmd.zone in x.zones]
     if not others and catalog.zone_in_use(cmd.zone):
-        raise CommandError("ZoneStillInUse", f"{s.id!r} is the last shard of zone {cmd.zone!r}, which still has "
-                                             f"key ranges: remove those first")
-    return Decision([c.ShardZoneRemoved(shard=s.id, zone=cmd.zone)], {"shard": s.id, "zones": sorted(s.zones - {cmd.zone})})
+        raise CommandError(
+            "ZoneStillInUse",
+            f"{s.id!r} is the last shard of zone {cmd.zone!r}, which still has key ranges: remove those first",
+        )
+    return Decision(
+        [c.ShardZoneRemoved(shard=s.id, zone=cmd.zone)], {"shard": s.id, "zones": sorted(s.zones - {cmd.zone})}
+    )
 
 
 def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
@@ -341,10 +390,15 @@ def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
         if z.min_key == lo_key and z.max_key == hi_key and z.zone == cmd.zone:
             return Decision([], {"ns": coll.ns, "zone": cmd.zone})
         if z.min_key < hi_key and lo_key < z.max_key:
-            raise CommandError("RangeOverlapConflict", f"[{to_ejson(lo)}, {to_ejson(hi)}) overlaps the range "
-                                                       f"[{to_ejson(z.min)}, {to_ejson(z.max)}) of zone {z.zone!r}")
-    return Decision([c.ZoneRangeAssigned(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi), zone=cmd.zone)],
-                    {"ns": coll.ns, "zone": cmd.zone})
+            raise CommandError(
+                "RangeOverlapConflict",
+                f"[{to_ejson(lo)}, {to_ejson(hi)}) overlaps the range "
+                f"[{to_ejson(z.min)}, {to_ejson(z.max)}) of zone {z.zone!r}",
+            )
+    return Decision(
+        [c.ZoneRangeAssigned(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi), zone=cmd.zone)],
+        {"ns": coll.ns, "zone": cmd.zone},
+    )
 
 
 def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
@@ -353,12 +407,14 @@ def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
     hi, hi_key = _bound(coll, cmd.max, "max")
     for z in coll.zones:
         if z.min_key == lo_key and z.max_key == hi_key:
-            return Decision([c.ZoneRangeRemoved(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi))],
-                            {"ns": coll.ns, "zone": z.zone})
+            return Decision(
+                [c.ZoneRangeRemoved(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi))], {"ns": coll.ns, "zone": z.zone}
+            )
     raise CommandError("ZoneRangeNotFound", f"{coll.ns} has no zone range exactly [{to_ejson(lo)}, {to_ejson(hi)})")
 
 
 # --------------------------------------------------------------- settings
+
 
 def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
     if cmd.ns is None:
@@ -372,11 +428,14 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
     value = new.model_dump()[cmd.key]
     if value == current.model_dump()[cmd.key]:
         return Decision([], {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
-    return Decision([c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns)],
-                    {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True})
+    return Decision(
+        [c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns)],
+        {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True},
+    )
 
 
 # ------------------------------------------------------------- migrations
+
 
 def _migration_chunk_index(coll: Collection, m) -> int:
     return coll.chunk_index(coll.pattern.encode_bound(from_ejson(m.min)))
@@ -390,8 +449,10 @@ def _not_migrating(catalog: Catalog, coll: Collection, lo: bytes, hi: bytes) -> 
             continue
         ch = coll.chunks[_migration_chunk_index(coll, m)]
         if ch.min_key < hi and lo < ch.max_key:
-            raise CommandError("ConflictingOperationInProgress", f"migration {m.id} of [{_ej(ch.min)}, {_ej(ch.max)}) "
-                                                                 f"is in progress; try again when it is done")
+            raise CommandError(
+                "ConflictingOperationInProgress",
+                f"migration {m.id} of [{_ej(ch.min)}, {_ej(ch.max)}) is in progress; try again when it is done",
+            )
 
 
 def _ej(bound: dict) -> str:
@@ -407,33 +468,51 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
         if hi_key <= lo_key:
             raise CommandError("BadValue", "min must be below max")
         if hi_key > chunk.max_key:
-            raise CommandError("BadValue", f"[{_ej(lo)}, {_ej(hi)}) spans several chunks; a range must lie within "
-                                           f"one chunk, here [{_ej(chunk.min)}, {_ej(chunk.max)})")
+            raise CommandError(
+                "BadValue",
+                f"[{_ej(lo)}, {_ej(hi)}) spans several chunks; a range must lie within "
+                f"one chunk, here [{_ej(chunk.min)}, {_ej(chunk.max)})",
+            )
     target = _shard(catalog, cmd.to)
     if chunk.shard == cmd.to:
         return Decision([], {"ns": cmd.ns, "moved": False, "reason": f"the range is already on {cmd.to}"})
     if target.draining:
         raise CommandError("ShardNotFound", f"shard {cmd.to!r} is draining and cannot receive data")
     if not coll.settings.allowMigrations:
-        raise CommandError("ConflictingOperationInProgress", f"migrations of {cmd.ns} are not allowed "
-                                                             f"(set-allow-migrations {cmd.ns} true)")
+        raise CommandError(
+            "ConflictingOperationInProgress",
+            f"migrations of {cmd.ns} are not allowed (set-allow-migrations {cmd.ns} true)",
+        )
     if chunk.jumbo and not cmd.forceJumbo:
-        raise CommandError("ChunkTooBig", f"chunk [{_ej(chunk.min)}, {_ej(chunk.max)}) is jumbo; move it with "
-                                          f"--force-jumbo")
+        raise CommandError(
+            "ChunkTooBig", f"chunk [{_ej(chunk.min)}, {_ej(chunk.max)}) is jumbo; move it with --force-jumbo"
+        )
     want = (cmd.ns, to_ejson(lo), to_ejson(hi) if cmd.max is not None else None, chunk.shard, cmd.to)
     for shard in (chunk.shard, cmd.to):
         m = catalog.migration_of(shard)
         if m is None:
             continue
         if (m.ns, m.min, m.max, m.donor, m.recipient) == want:  # a retry joins the migration under way
-            return Decision([], {"ns": cmd.ns, "id": m.id, "donor": m.donor, "recipient": m.recipient,
-                                 "joined": True, "moved": True})
-        raise CommandError("ConflictingOperationInProgress",
-                           f"shard {shard} already takes part in migration {m.id} ({m.ns} {m.donor} -> {m.recipient});"
-                           f" a shard runs one migration at a time")
+            return Decision(
+                [],
+                {"ns": cmd.ns, "id": m.id, "donor": m.donor, "recipient": m.recipient, "joined": True, "moved": True},
+            )
+        raise CommandError(
+            "ConflictingOperationInProgress",
+            f"shard {shard} already takes part in migration {m.id} ({m.ns} {m.donor} -> {m.recipient});"
+            f" a shard runs one migration at a time",
+        )
     mid = new_uuid()
-    event = c.MigrationRequested(id=mid, ns=cmd.ns, epoch=coll.epoch, min=want[1], max=want[2], donor=chunk.shard,
-                                 recipient=cmd.to, forceJumbo=cmd.forceJumbo)
+    event = c.MigrationRequested(
+        id=mid,
+        ns=cmd.ns,
+        epoch=coll.epoch,
+        min=want[1],
+        max=want[2],
+        donor=chunk.shard,
+        recipient=cmd.to,
+        forceJumbo=cmd.forceJumbo,
+    )
     return Decision([event], {"ns": cmd.ns, "id": mid, "donor": chunk.shard, "recipient": cmd.to, "moved": True})
 
 
@@ -481,8 +560,9 @@ def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
             ch = coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(control_min)))]
             control = ch.doc()
         chunks.append(control.model_copy(update={"version": control_v.pair}))
-    events.append(c.MigrationCommitted(id=m.id, ns=m.ns, epoch=m.epoch, donor=m.donor, recipient=m.recipient,
-                                       chunks=chunks))
+    events.append(
+        c.MigrationCommitted(id=m.id, ns=m.ns, epoch=m.epoch, donor=m.donor, recipient=m.recipient, chunks=chunks)
+    )
     return Decision(events, {"id": m.id, "outcome": "committed", "chunks": [d.model_dump() for d in chunks]})
 
 
@@ -491,12 +571,17 @@ def abort_migration(catalog: Catalog, cmd: c.AbortMigration) -> Decision:
     if m is None:  # already decided: tell the caller which way
         return Decision([], {"id": cmd.id, "outcome": catalog.outcomes.get(cmd.id, "unknown")})
     if m.kind == "primary":
-        return Decision([c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)],
-                        {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
+        return Decision(
+            [c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)],
+            {"id": m.id, "outcome": f"aborted: {cmd.reason}"},
+        )
     events: list[Record] = [c.MigrationAborted(id=m.id, ns=m.ns, reason=cmd.reason)]
     coll = catalog.collections.get(m.ns)
     if cmd.jumbo and coll is not None and coll.epoch == m.epoch:
-        events.insert(0, c.ChunkMarkedJumbo(ns=m.ns, epoch=m.epoch, min=to_ejson(coll.chunks[_migration_chunk_index(coll, m)].min)))
+        events.insert(
+            0,
+            c.ChunkMarkedJumbo(ns=m.ns, epoch=m.epoch, min=to_ejson(coll.chunks[_migration_chunk_index(coll, m)].min)),
+        )
     return Decision(events, {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
 
 
@@ -505,8 +590,9 @@ def get_migration(catalog: Catalog, cmd: c.GetMigration) -> Decision:
         m = catalog.migrations.get(cmd.id)
         state = "active" if m else catalog.outcomes.get(cmd.id, "unknown")
         return Decision([], {"id": cmd.id, "state": state, **({"migration": m.record()} if m else {})})
-    return Decision([], {"active": [m.record() for m in catalog.migrations.values()
-                                    if cmd.ns is None or m.ns == cmd.ns]})
+    return Decision(
+        [], {"active": [m.record() for m in catalog.migrations.values() if cmd.ns is None or m.ns == cmd.ns]}
+    )
 
 
 def mark_jumbo(catalog: Catalog, cmd: c.MarkJumbo) -> Decision:
@@ -515,11 +601,14 @@ def mark_jumbo(catalog: Catalog, cmd: c.MarkJumbo) -> Decision:
     chunk = coll.chunks[coll.chunk_index(key)]
     if chunk.jumbo:
         return Decision([], {"ns": cmd.ns, "jumbo": True, "marked": False})
-    return Decision([c.ChunkMarkedJumbo(ns=cmd.ns, epoch=coll.epoch, min=to_ejson(chunk.min))],
-                    {"ns": cmd.ns, "jumbo": True, "marked": True})
+    return Decision(
+        [c.ChunkMarkedJumbo(ns=cmd.ns, epoch=coll.epoch, min=to_ejson(chunk.min))],
+        {"ns": cmd.ns, "jumbo": True, "marked": True},
+    )
 
 
 # ----------------------------------------------------------- movePrimary
+
 
 def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
     check_db_name(cmd.db)
@@ -536,13 +625,19 @@ def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
         if m is None:
             continue
         if (m.kind, m.ns, m.donor, m.recipient) == ("primary", cmd.db, db.primary, cmd.to):
-            return Decision([], {"db": cmd.db, "id": m.id, "moved": True, "joined": True,
-                                 "donor": m.donor, "recipient": m.recipient})
-        raise CommandError("ConflictingOperationInProgress", f"shard {shard} already takes part in migration {m.id}; "
-                                                             f"a shard runs one migration at a time")
+            return Decision(
+                [],
+                {"db": cmd.db, "id": m.id, "moved": True, "joined": True, "donor": m.donor, "recipient": m.recipient},
+            )
+        raise CommandError(
+            "ConflictingOperationInProgress",
+            f"shard {shard} already takes part in migration {m.id}; a shard runs one migration at a time",
+        )
     mid = new_uuid()
-    return Decision([c.PrimaryMoveRequested(id=mid, db=cmd.db, donor=db.primary, recipient=cmd.to)],
-                    {"db": cmd.db, "id": mid, "moved": True, "donor": db.primary, "recipient": cmd.to})
+    return Decision(
+        [c.PrimaryMoveRequested(id=mid, db=cmd.db, donor=db.primary, recipient=cmd.to)],
+        {"db": cmd.db, "id": mid, "moved": True, "donor": db.primary, "recipient": cmd.to},
+    )
 
 
 def commit_primary_move(catalog: Catalog, cmd: c.CommitPrimaryMove) -> Decision:
@@ -554,24 +649,40 @@ def commit_primary_move(catalog: Catalog, cmd: c.CommitPrimaryMove) -> Decision:
         raise CommandError("NoSuchMigration", f"primary move {cmd.id} is not active ({outcome or 'unknown'})")
     db = catalog.databases[m.ns]
     v = moved_primary(db.version)
-    return Decision([c.PrimaryMoved(id=m.id, db=m.ns, primary=m.recipient, lastMod=v.last_mod)],
-                    {"id": m.id, "outcome": "committed", "primary": m.recipient})
+    return Decision(
+        [c.PrimaryMoved(id=m.id, db=m.ns, primary=m.recipient, lastMod=v.last_mod)],
+        {"id": m.id, "outcome": "committed", "primary": m.recipient},
+    )
 
 
 def abort_primary_move(catalog: Catalog, cmd: c.AbortPrimaryMove) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is None:
         return Decision([], {"id": cmd.id, "outcome": catalog.outcomes.get(cmd.id, "unknown")})
-    return Decision([c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)],
-                    {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
+    return Decision(
+        [c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)], {"id": m.id, "outcome": f"aborted: {cmd.reason}"}
+    )
 
 
 _HANDLERS = {
-    c.AddShard: add_shard, c.RemoveShard: remove_shard, c.CreateDatabase: create_database,
-    c.CreateCollection: create_collection, c.ShardCollection: shard_collection, c.SplitChunk: split_chunk, c.MergeChunks: merge_chunks,
-    c.AddShardToZone: add_shard_to_zone, c.RemoveShardFromZone: remove_shard_from_zone,
-    c.AssignZoneRange: assign_zone_range, c.RemoveZoneRange: remove_zone_range, c.SetSetting: set_setting,
-    c.MoveRange: move_range, c.CommitMigration: commit_migration, c.AbortMigration: abort_migration,
-    c.GetMigration: get_migration, c.MovePrimary: move_primary, c.CommitPrimaryMove: commit_primary_move,
-    c.AbortPrimaryMove: abort_primary_move, c.MarkJumbo: mark_jumbo,
+    c.AddShard: add_shard,
+    c.RemoveShard: remove_shard,
+    c.CreateDatabase: create_database,
+    c.CreateCollection: create_collection,
+    c.ShardCollection: shard_collection,
+    c.SplitChunk: split_chunk,
+    c.MergeChunks: merge_chunks,
+    c.AddShardToZone: add_shard_to_zone,
+    c.RemoveShardFromZone: remove_shard_from_zone,
+    c.AssignZoneRange: assign_zone_range,
+    c.RemoveZoneRange: remove_zone_range,
+    c.SetSetting: set_setting,
+    c.MoveRange: move_range,
+    c.CommitMigration: commit_migration,
+    c.AbortMigration: abort_migration,
+    c.GetMigration: get_migration,
+    c.MovePrimary: move_primary,
+    c.CommitPrimaryMove: commit_primary_move,
+    c.AbortPrimaryMove: abort_primary_move,
+    c.MarkJumbo: mark_jumbo,
 }

@@ -3,6 +3,7 @@
 For readers that need no durable copy (the CLI's `status`, tests): "the
 catalog as of ConfigTime N" is the fold of events at offsets below N.
 """
+
 from __future__ import annotations
 
 from aiokafka import TopicPartition

@@ -1,5 +1,6 @@
 """The config server: a projection of config.events (the catalog) driving a
 command processor on config.commands."""
+
 from __future__ import annotations
 
 from libs import kafka
@@ -20,13 +21,22 @@ class ConfigServer:
         t = settings.topics
         self.catalog = Catalog()
         self.store = Store(settings.data_dir / f"config-{instance}" / "catalog")
-        self.projection = Projection(settings.bootstrap, t.config_events, schema.events, self.catalog, self.store,
-                                     name=NAME)
+        self.projection = Projection(
+            settings.bootstrap, t.config_events, schema.events, self.catalog, self.store, name=NAME
+        )
         self.processor = CommandProcessor(
-            bootstrap=settings.bootstrap, command_topic=t.config_commands, command_codec=schema.commands,
-            projection=self.projection, decide=lambda cmd: decide(self.catalog, cmd),
-            dead_letters=t.dead_letters, group_id=f"{settings.cluster}.config", name=NAME,
-            max_batch=max_batch, session_timeout_ms=settings.session_timeout_ms, on_role=self._report)
+            bootstrap=settings.bootstrap,
+            command_topic=t.config_commands,
+            command_codec=schema.commands,
+            projection=self.projection,
+            decide=lambda cmd: decide(self.catalog, cmd),
+            dead_letters=t.dead_letters,
+            group_id=f"{settings.cluster}.config",
+            name=NAME,
+            max_batch=max_batch,
+            session_timeout_ms=settings.session_timeout_ms,
+            on_role=self._report,
+        )
         self.instance = instance
 
     def _report(self, role: str) -> None:

@@ -4,6 +4,7 @@ Settings are catalog state: changed by `SetSetting` commands, recorded as
 `SettingChanged` events, so every service reads the same values at the same
 ConfigTime.  Names follow MongoDB's where it has one.
 """
+
 from __future__ import annotations
 
 import re
@@ -66,7 +67,6 @@ class ClusterSettings(BaseModel):
     chunkDefragmentationThrottlingMS: int = Field(0, ge=0)
     # seed 001: history kept for snapshot reads; chunks migrated within it are not auto-merged
     minSnapshotHistoryWindowInSeconds: int = Field(300, ge=0)
-
 
     @field_validator("shardWeights")
     @classmethod

@@ -4,11 +4,12 @@ A chunk version is (major, minor, epoch): the major moves when a chunk changes
 shards, the minor when chunks are split or merged, and the epoch names one
 incarnation of the collection.  Versions of different epochs are not ordered.
 """
+
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from libs.ids import new_object_id
 
@@ -27,10 +28,10 @@ class ChunkVersion:
     def pair(self) -> tuple[int, int]:
         return (self.major, self.minor)
 
-    def same_epoch(self, other: "ChunkVersion") -> bool:
+    def same_epoch(self, other: ChunkVersion) -> bool:
         return self.epoch == other.epoch
 
-    def older_than(self, other: "ChunkVersion") -> bool:
+    def older_than(self, other: ChunkVersion) -> bool:
         if not self.same_epoch(other):
             raise ValueError("versions of different epochs are not comparable")
         return self.pair < other.pair

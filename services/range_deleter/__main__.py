@@ -1,4 +1,5 @@
 """python -m services.range_deleter"""
+
 from libs.service import common_args, run_service, settings_from
 from services.range_deleter.server import RangeDeleter
 

@@ -5,11 +5,13 @@ what the service does.  A task is a dict as a shard's `ListMigrations` lists it
 (the `RangeDeletionRecorded` fields plus "shard", "left" and "waiting", the
 shard's own reason not to delete now).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 Key = tuple[str, str]  # (shard, task id): one migration's id can name a task on its donor and on its recipient
 
@@ -56,8 +58,11 @@ def plan(tasks: Sequence[dict], settings: Settings, now: float, held: Mapping[Ke
     waiting = {key(t): waiting_for(t, settings, now, held.get(key(t))) for t in tasks}
     # A task in progress first (after a restart the deleter finishes what it started rather than
     # leave two half-deleted ranges), then the oldest orphans.
-    nxt = min((t for t in tasks if waiting[key(t)] is None),
-              key=lambda t: (not t.get("deleted"), t.get("readyAt") or 0.0, *key(t)), default=None)
+    nxt = min(
+        (t for t in tasks if waiting[key(t)] is None),
+        key=lambda t: (not t.get("deleted"), t.get("readyAt") or 0.0, *key(t)),
+        default=None,
+    )
     if nxt is not None:  # one task at a time: the other ready ones queue behind it
         for k, why in waiting.items():
             if why is None and k != key(nxt):

@@ -9,6 +9,7 @@ shard says to wait.  It keeps no state of its own: a batch and the task's
 progress are one shard transaction, so after a restart the task in progress is
 simply listed again, and resumed first.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,6 +44,7 @@ PROGRESS_LOG_S = 5.0
 @dataclass
 class Status:
     """What the deleter is doing, for tests and logs."""
+
     rounds: int = 0  # polls of every shard so far
     tasks: list[dict] = field(default_factory=list)  # as last listed, each with "waitingFor": the policy's reason
     current: dict | None = None  # the task being deleted
@@ -63,8 +65,9 @@ class RangeDeleter:
 
     async def run(self) -> None:
         settings = self.settings
-        await kafka.ensure_topics(settings.bootstrap,
-                                  [*settings.topics.core(), TopicSpec(self.inbox, config=SHORT_LIVED)])
+        await kafka.ensure_topics(
+            settings.bootstrap, [*settings.topics.core(), TopicSpec(self.inbox, config=SHORT_LIVED)]
+        )
         at = await self.follower.start()
         await self.requester.start()
         report_ready(settings, self.name, configTime=at, inbox=self.inbox)
@@ -93,15 +96,17 @@ class RangeDeleter:
         shards = sorted(self.follower.catalog.shards)
         if new := [sid for sid in shards if sid not in self._topics]:
             # A shard added but never started has no request topic yet: a send would block on metadata.
-            await kafka.ensure_topics(self.settings.bootstrap,
-                                      [spec for sid in new for spec in self.settings.topics.for_shard(sid)])
+            await kafka.ensure_topics(
+                self.settings.bootstrap, [spec for sid in new for spec in self.settings.topics.for_shard(sid)]
+            )
             self._topics.update(new)
         return [t for tasks in await asyncio.gather(*map(self._list, shards)) for t in tasks]
 
     async def _list(self, sid: str) -> list[dict]:
         try:
-            reply = await self.requester.request(self.settings.topics.shard_requests(sid), s.ListMigrations(),
-                                                 timeout=LIST_TIMEOUT_S)
+            reply = await self.requester.request(
+                self.settings.topics.shard_requests(sid), s.ListMigrations(), timeout=LIST_TIMEOUT_S
+            )
             why = None if reply.ok else f"{reply.code}: {reply.error}"
         except (RequestTimeout, KafkaError) as e:
             why = str(e)
@@ -118,8 +123,16 @@ class RangeDeleter:
         """Delete one task batch by batch until done, or the shard says wait; True if anything was deleted."""
         sid, tid = task["shard"], task["id"]
         topic = self.settings.topics.shard_requests(sid)
-        log.info("deleting task %s on %s (%s): %s [%s, %s), %d documents", tid, sid, task.get("why"), task["ns"],
-                 json.dumps(task["min"]), json.dumps(task["max"]), task.get("left", 0))
+        log.info(
+            "deleting task %s on %s (%s): %s [%s, %s), %d documents",
+            tid,
+            sid,
+            task.get("why"),
+            task["ns"],
+            json.dumps(task["min"]),
+            json.dumps(task["max"]),
+            task.get("left", 0),
+        )
         self.status.current = dict(task)
         progressed, logged = False, time.monotonic()
         try:
@@ -127,7 +140,8 @@ class RangeDeleter:
                 cs = self.follower.catalog.settings  # re-read every batch: a changed setting applies at once
                 try:
                     reply = await self.requester.request(
-                        topic, s.DeleteRangeBatch(task=tid, limit=cs.rangeDeleterBatchSize), timeout=BATCH_TIMEOUT_S)
+                        topic, s.DeleteRangeBatch(task=tid, limit=cs.rangeDeleterBatchSize), timeout=BATCH_TIMEOUT_S
+                    )
                 except (RequestTimeout, KafkaError) as e:
                     return self._hold(task, str(e), progressed)
                 if not reply.ok:

@@ -1,4 +1,5 @@
 """python -m services.router [--instance NAME]"""
+
 from libs.service import common_args, run_service, settings_from
 from services.router.server import RouterServer
 

@@ -6,6 +6,7 @@ cache reaches the shard's ConfigTime, re-target, retry — at most
 MAX_STALE_RETRIES times (MongoDB's 10), then fail clearly.  A shard that
 fails or does not answer fails the whole operation: no silently short results.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from libs.commands import CommandError
+from libs.ids import new_object_id
 from libs.query import QueryError, apply_projection, compile_filter, merge_sorted
 from libs.requests import Requester, RequestTimeout
 from libs.shardkey import ShardKeyError
@@ -25,7 +27,6 @@ from schemas import shard as s
 from services.config.decide import split_ns
 from services.config.follower import CatalogFollower
 from services.router import targeting
-from libs.ids import new_object_id
 from services.shard.decide import MAX_BATCH_BYTES, MAX_DOCUMENT_BYTES, doc_bytes
 from services.shard.server import CONFIG_TIME
 
@@ -69,8 +70,14 @@ class OperationRouter:
         if isinstance(req, s.GetMore):
             return self.get_more(req)
         split_ns(req.ns)  # InvalidNamespace before anything is sent
-        handler = {s.Insert: self.insert, s.Find: self.find, s.Count: self.count, s.Update: self.update,
-                   s.Delete: self.delete, s.Explain: self.explain}[type(req)]
+        handler = {
+            s.Insert: self.insert,
+            s.Find: self.find,
+            s.Count: self.count,
+            s.Update: self.update,
+            s.Delete: self.delete,
+            s.Explain: self.explain,
+        }[type(req)]
         for attempt in range(MAX_STALE_RETRIES):
             try:
                 return await handler(req)
@@ -79,7 +86,7 @@ class OperationRouter:
                 # Behind the shard: wait to reach it.  Held by a critical section: wait for the
                 # next ConfigTime (the migration's commit or abort), then retarget — but not for
                 # long at first: after an abort the donor lets go with no new ConfigTime at all.
-                timeout = min(CRITICAL_WAIT_S, 0.05 * 2 ** attempt) if e.critical else SHARD_TIMEOUT_S
+                timeout = min(CRITICAL_WAIT_S, 0.05 * 2**attempt) if e.critical else SHARD_TIMEOUT_S
                 try:
                     await self.follower.wait_for(e.config_time, timeout)
                 except TimeoutError:
@@ -102,10 +109,13 @@ class OperationRouter:
         routed_at = self.follower.config_time
         headers = [(CONFIG_TIME, str(routed_at).encode())]
         try:
-            reply = await self.requester.request(self.topics.shard_requests(shard), req, timeout=SHARD_TIMEOUT_S,
-                                                 headers=headers)
+            reply = await self.requester.request(
+                self.topics.shard_requests(shard), req, timeout=SHARD_TIMEOUT_S, headers=headers
+            )
         except RequestTimeout:
-            raise CommandError("ShardUnavailable", f"shard {shard} did not answer within {SHARD_TIMEOUT_S:g}s") from None
+            raise CommandError(
+                "ShardUnavailable", f"shard {shard} did not answer within {SHARD_TIMEOUT_S:g}s"
+            ) from None
         if reply.ok:
             return reply.result or {}
         if reply.code == "StaleConfig":
@@ -142,8 +152,9 @@ class OperationRouter:
                 self._creating.pop(ns, None)
 
     async def _create_collection(self, ns: str) -> None:
-        reply = await self.requester.request(self.topics.config_commands, cfg.CreateCollection(ns=ns),
-                                             timeout=SHARD_TIMEOUT_S)
+        reply = await self.requester.request(
+            self.topics.config_commands, cfg.CreateCollection(ns=ns), timeout=SHARD_TIMEOUT_S
+        )
         if not reply.ok:
             raise CommandError(reply.code or "Error", reply.error or "")
         await self.follower.wait_for(reply.configTime or 0, SHARD_TIMEOUT_S)
@@ -175,10 +186,19 @@ class OperationRouter:
                 run[1].append(i)
             else:
                 runs.append((shard, [i]))
-        parts = [(shard, s.Insert(ns=req.ns, docs=[docs[i] for i in idx], ordered=req.ordered,
-                                  opId=f"{req.opId}/{n}/{shard}" if req.opId else None,
-                                  routing=self._routing(req.ns, shard)))
-                 for n, (shard, idx) in enumerate(runs)]
+        parts = [
+            (
+                shard,
+                s.Insert(
+                    ns=req.ns,
+                    docs=[docs[i] for i in idx],
+                    ordered=req.ordered,
+                    opId=f"{req.opId}/{n}/{shard}" if req.opId else None,
+                    routing=self._routing(req.ns, shard),
+                ),
+            )
+            for n, (shard, idx) in enumerate(runs)
+        ]
         if req.ordered:  # one run after another, stopping at the first error
             results = []
             for shard, part in parts:
@@ -201,28 +221,40 @@ class OperationRouter:
         if not t.shards and not req.upsert:
             return {"matched": 0, "modified": 0}
         if req.upsert and t.sharded and not t.full_key:
-            raise CommandError("ShardKeyNotFound", "an upsert on a sharded collection must pin the full shard key "
-                                                   "(or _id) by equality in its filter")
-        return await self._write_targets(req, t, lambda a, b: {"matched": a["matched"] + b["matched"],
-                                                                "modified": a["modified"] + b["modified"],
-                                                                **({"upsertedId": b["upsertedId"]} if "upsertedId" in b else {})},
-                                         done=lambda r: r["matched"] > 0)
+            raise CommandError(
+                "ShardKeyNotFound",
+                "an upsert on a sharded collection must pin the full shard key (or _id) by equality in its filter",
+            )
+        return await self._write_targets(
+            req,
+            t,
+            lambda a, b: {
+                "matched": a["matched"] + b["matched"],
+                "modified": a["modified"] + b["modified"],
+                **({"upsertedId": b["upsertedId"]} if "upsertedId" in b else {}),
+            },
+            done=lambda r: r["matched"] > 0,
+        )
 
     async def delete(self, req: s.Delete) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         if not t.shards:
             return {"deleted": 0}
-        return await self._write_targets(req, t, lambda a, b: {"deleted": a["deleted"] + b["deleted"]},
-                                         done=lambda r: r["deleted"] > 0)
+        return await self._write_targets(
+            req, t, lambda a, b: {"deleted": a["deleted"] + b["deleted"]}, done=lambda r: r["deleted"] > 0
+        )
 
     async def _write_targets(self, req, t: targeting.Targets, add, done) -> dict:
         """A multi write goes to every target at once; a single-document write without a
         single target tries the targets one after another and stops at the first that
         matched, so at most one document changes (our answer to updateOne without
         the shard key)."""
+
         def part(shard):
-            return req.model_copy(update={"routing": self._routing(req.ns, shard),
-                                          "opId": f"{req.opId}/{shard}" if req.opId else None})
+            return req.model_copy(
+                update={"routing": self._routing(req.ns, shard), "opId": f"{req.opId}/{shard}" if req.opId else None}
+            )
+
         if req.multi:
             results = await self._ask_all([(shard, part(shard)) for shard in t.shards])
         else:
@@ -245,9 +277,21 @@ class OperationRouter:
             # Shards apply the limit of skip+limit; the router skips after merging.  With a sort,
             # the projection waits for the merge (it might drop the sort fields).
             want = req.skip + req.limit if req.limit else 0
-            parts = [(shard, s.Find(ns=req.ns, filter=req.filter, sort=req.sort, limit=want,
-                                    projection=None if req.sort else req.projection, batchSize=10_000,
-                                    routing=self._routing(req.ns, shard))) for shard in t.shards]
+            parts = [
+                (
+                    shard,
+                    s.Find(
+                        ns=req.ns,
+                        filter=req.filter,
+                        sort=req.sort,
+                        limit=want,
+                        projection=None if req.sort else req.projection,
+                        batchSize=10_000,
+                        routing=self._routing(req.ns, shard),
+                    ),
+                )
+                for shard in t.shards
+            ]
             streams = [await self._drain(shard, first) for (shard, _), first in zip(parts, await self._ask_all(parts))]
             merged = merge_sorted(streams, req.sort) if req.sort else itertools.chain(*streams)
             docs = list(itertools.islice(merged, req.skip, want or None))
@@ -275,8 +319,9 @@ class OperationRouter:
     def get_more(self, req: s.GetMore) -> dict:
         cur = self.cursors.pop(req.cursorId, None)
         if cur is None:
-            raise CommandError("CursorNotFound", f"cursor {req.cursorId} not found (exhausted, expired, or the "
-                                                 f"router restarted)")
+            raise CommandError(
+                "CursorNotFound", f"cursor {req.cursorId} not found (exhausted, expired, or the router restarted)"
+            )
         n = _batch_length(cur.docs, req.batchSize)
         batch, rest = cur.docs[:n], cur.docs[n:]
         if rest:
@@ -290,15 +335,21 @@ class OperationRouter:
 
     async def count(self, req: s.Count) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
-        parts = [(shard, s.Count(ns=req.ns, filter=req.filter, routing=self._routing(req.ns, shard)))
-                 for shard in t.shards]
+        parts = [
+            (shard, s.Count(ns=req.ns, filter=req.filter, routing=self._routing(req.ns, shard))) for shard in t.shards
+        ]
         return {"n": sum(r["n"] for r in await self._ask_all(parts)), "shards": list(t.shards)}
 
     async def explain(self, req: s.Explain) -> dict:
         compile_filter(req.filter)  # refuse a bad filter here too
         t = targeting.for_query(self.catalog, req.ns, req.filter)
-        return {"ns": req.ns, "shards": list(t.shards), "reason": t.reason, "sharded": t.sharded,
-                "configTime": self.follower.config_time}
+        return {
+            "ns": req.ns,
+            "shards": list(t.shards),
+            "reason": t.reason,
+            "sharded": t.sharded,
+            "configTime": self.follower.config_time,
+        }
 
 
 def _batch_length(docs: list[dict], size: int) -> int:

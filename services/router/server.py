@@ -7,6 +7,7 @@ A router that dies leaves its in-flight operations uncommitted in
 `router.requests`: another router takes the partition and runs them again;
 writes carry the client's opId, so shards apply each once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,7 @@ from libs import kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, header
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
-from libs.topics import TopicSpec, SHORT_LIVED
+from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import Codec, RecordError
 from schemas import shard as schema
 from schemas.reply import Reply
@@ -49,8 +50,11 @@ class Progress(ConsumerRebalanceListener):
         task.add_done_callback(lambda _: running.discard(offset))
 
     def committable(self, assignment) -> dict[TopicPartition, int]:
-        safe = {tp: min(self.in_flight[tp]) if self.in_flight.get(tp) else nxt
-                for tp, nxt in self.next_offset.items() if tp in assignment}
+        safe = {
+            tp: min(self.in_flight[tp]) if self.in_flight.get(tp) else nxt
+            for tp, nxt in self.next_offset.items()
+            if tp in assignment
+        }
         return {tp: o for tp, o in safe.items() if self.committed.get(tp) != o}
 
     async def on_partitions_revoked(self, revoked) -> None:
@@ -78,14 +82,17 @@ class RouterServer:
 
     async def run(self) -> None:
         s, t = self.settings, self.settings.topics
-        await kafka.ensure_topics(s.bootstrap, [*t.core(), TopicSpec(self.inbox, config=SHORT_LIVED),
-                                                TopicSpec(self.cursor_topic, config=SHORT_LIVED)])
+        await kafka.ensure_topics(
+            s.bootstrap,
+            [*t.core(), TopicSpec(self.inbox, config=SHORT_LIVED), TopicSpec(self.cursor_topic, config=SHORT_LIVED)],
+        )
         at = await self.follower.start()
         await self.requester.start()
         self.producer = kafka.producer(s.bootstrap, client_id=self.name, linger_ms=0)
         await self.producer.start()
-        requests = kafka.consumer(s.bootstrap, group_id=f"{s.cluster}.router", client_id=self.name,
-                                  session_timeout_ms=s.session_timeout_ms)
+        requests = kafka.consumer(
+            s.bootstrap, group_id=f"{s.cluster}.router", client_id=self.name, session_timeout_ms=s.session_timeout_ms
+        )
         cursors = kafka.consumer(s.bootstrap, client_id=self.name)
         await asyncio.gather(requests.start(), cursors.start())
         progress = Progress()
@@ -100,12 +107,13 @@ class RouterServer:
         finally:
             cursor_task.cancel()
             clear_ready(s, self.name)
-            await asyncio.gather(requests.stop(), cursors.stop(), self.producer.stop(), self.requester.stop(),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                requests.stop(), cursors.stop(), self.producer.stop(), self.requester.stop(), return_exceptions=True
+            )
             await self.follower.stop()
             await kafka.delete_topics(s.bootstrap, [self.inbox, self.cursor_topic])
 
-    async def _serve(self, consumer, *, progress: "Progress | None") -> None:
+    async def _serve(self, consumer, *, progress: Progress | None) -> None:
         """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT); with `progress`,
         commit per partition up to the oldest operation still unanswered (at least once)."""
         tasks: set[asyncio.Task] = set()
@@ -141,9 +149,15 @@ class RouterServer:
                 span.update_name(f"router {req.type}")
                 reply = Reply(ok=True, result=await self.routing.handle(req), configTime=self.follower.config_time)
             except RecordError as e:
-                await self.producer.send(self.settings.topics.dead_letters, rec.value,
-                                         headers=[("dlq.reason", e.reason.encode()), ("dlq.topic", rec.topic.encode()),
-                                                  ("dlq.offset", str(rec.offset).encode())])
+                await self.producer.send(
+                    self.settings.topics.dead_letters,
+                    rec.value,
+                    headers=[
+                        ("dlq.reason", e.reason.encode()),
+                        ("dlq.topic", rec.topic.encode()),
+                        ("dlq.offset", str(rec.offset).encode()),
+                    ],
+                )
                 reply = Reply(ok=False, code="BadRecord", error=e.reason)
             except CommandError as e:
                 reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
@@ -153,7 +167,10 @@ class RouterServer:
             self.served += 1
             if reply_to:
                 try:
-                    await self.producer.send(reply_to.decode(), Codec.encode(reply),
-                                             headers=tracing.inject([(CORRELATION_ID, corr)] if corr else []))
+                    await self.producer.send(
+                        reply_to.decode(),
+                        Codec.encode(reply),
+                        headers=tracing.inject([(CORRELATION_ID, corr)] if corr else []),
+                    )
                 except KafkaError as e:  # the client is gone (its inbox deleted): nobody to tell
                     log.info("%s: reply to %s not sent: %s", self.name, reply_to.decode(), e)

@@ -6,6 +6,7 @@
 - an unsharded collection -> its database's primary
 Chunk lookups bisect the chunk list: O(log chunks).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ def _range(matcher, pattern: KeyPattern) -> tuple[dict, dict, tuple[str, ...]]:
             lo[f], hi[f] = bounds.lo, bounds.hi
             prefix.append(f)
         break
-    for f in pattern.fields[len(lo):]:
+    for f in pattern.fields[len(lo) :]:
         lo.setdefault(f, MIN_KEY)
         hi.setdefault(f, MAX_KEY)
     return lo, hi, tuple(prefix)
@@ -122,7 +123,7 @@ def owner_of(coll: Collection, key: dict) -> str:
 def owners_between(coll: Collection, lo: bytes, hi: bytes) -> set[str]:
     """Shards owning a chunk that intersects the inclusive key range [lo, hi]."""
     first, last = coll.chunk_index(lo), coll.chunk_index(hi)
-    return {c.shard for c in coll.chunks[first:last + 1]}
+    return {c.shard for c in coll.chunks[first : last + 1]}
 
 
 def for_document(catalog: Catalog, ns: str, doc: dict) -> tuple[str | None, Collection | None]:

@@ -1,4 +1,5 @@
 """python -m services.shard --shard-id s0"""
+
 from libs.service import common_args, run_service, settings_from
 from libs.topics import SHARD_ID
 from services.shard.server import ShardServer

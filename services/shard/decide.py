@@ -7,6 +7,7 @@ with the shard's version and ConfigTime so the router knows what to wait for),
 and only documents in chunks this shard owns are ever read or written
 (the ownership filter).
 """
+
 from __future__ import annotations
 
 import collections
@@ -14,13 +15,22 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from libs.commands import CommandError, Decision
 from libs.ids import new_object_id
-from libs.query import (MISSING, QueryError, apply_projection, apply_update, compile_filter, get_path, sort_key,
-                        upsert_document)
+from libs.query import (
+    MISSING,
+    QueryError,
+    apply_projection,
+    apply_update,
+    compile_filter,
+    get_path,
+    sort_key,
+    upsert_document,
+)
 from libs.shardkey import ShardKeyError, encode_value, from_ejson, to_ejson
 from schemas import Record
 from schemas import shard as s
@@ -52,15 +62,26 @@ class ShardDecider(MigrationDecisions):
         self._keyed: set[tuple[str, str]] = set()  # (ns, epoch) known to hold no unsharded-layout documents
         self.progress: dict[str, dict] = {}  # live progress of this shard's donations, by migration id
         self._handlers = {
-            s.Insert: self.insert, s.Find: self.find, s.GetMore: self.get_more, s.Count: self.count,
-            s.Update: self.update, s.Delete: self.delete,
-            s.StartDonation: self.start_donation, s.StartReceipt: self.start_receipt,
-            s.StartPrimaryMove: self.start_primary_move, s.StartPrimaryReceipt: self.start_primary_receipt,
-            s.TransferBatch: self.transfer_batch, s.CommitClone: self.commit_clone,
-            s.EnterCriticalSection: self.enter_critical_section, s.RecordDecision: self.record_decision,
-            s.FinishReceipt: self.finish_receipt, s.ForgetMigration: self.forget_migration,
-            s.ListMigrations: self.list_migrations, s.DeleteRangeBatch: self.delete_range_batch,
-            s.SplitVector: self.split_vector}
+            s.Insert: self.insert,
+            s.Find: self.find,
+            s.GetMore: self.get_more,
+            s.Count: self.count,
+            s.Update: self.update,
+            s.Delete: self.delete,
+            s.StartDonation: self.start_donation,
+            s.StartReceipt: self.start_receipt,
+            s.StartPrimaryMove: self.start_primary_move,
+            s.StartPrimaryReceipt: self.start_primary_receipt,
+            s.TransferBatch: self.transfer_batch,
+            s.CommitClone: self.commit_clone,
+            s.EnterCriticalSection: self.enter_critical_section,
+            s.RecordDecision: self.record_decision,
+            s.FinishReceipt: self.finish_receipt,
+            s.ForgetMigration: self.forget_migration,
+            s.ListMigrations: self.list_migrations,
+            s.DeleteRangeBatch: self.delete_range_batch,
+            s.SplitVector: self.split_vector,
+        }
 
     def decide(self, req: Record) -> Decision:
         handler = self._handlers.get(type(req))
@@ -87,8 +108,10 @@ class ShardDecider(MigrationDecisions):
         coll = self.catalog.collections.get(ns) if ns else None
         if coll is None or (ns, coll.epoch) in self._keyed:
             return []
-        events = [s.DocumentWritten(ns=ns, skey=coll.pattern.encode_doc(doc).hex(), doc=doc)
-                  for _, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_END)]
+        events = [
+            s.DocumentWritten(ns=ns, skey=coll.pattern.encode_doc(doc).hex(), doc=doc)
+            for _, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_END)
+        ]
         if not events:
             self._keyed.add((ns, coll.epoch))
         return events
@@ -126,10 +149,17 @@ class ShardDecider(MigrationDecisions):
 
     def _stale(self, ns: str, routing: s.Routing, coll: Collection | None):
         here = coll.shard_version(self.shard_id) if coll else None
-        raise CommandError("StaleConfig", f"{self.shard_id}: routing for {ns} is stale (router at ConfigTime "
-                                          f"{routing.configTime}, shard at {self.catalog.config_time})",
-                           {"shard": self.shard_id, "configTime": self.catalog.config_time,
-                            "epoch": coll.epoch if coll else None, "version": list(here.pair) if here else None})
+        raise CommandError(
+            "StaleConfig",
+            f"{self.shard_id}: routing for {ns} is stale (router at ConfigTime "
+            f"{routing.configTime}, shard at {self.catalog.config_time})",
+            {
+                "shard": self.shard_id,
+                "configTime": self.catalog.config_time,
+                "epoch": coll.epoch if coll else None,
+                "version": list(here.pair) if here else None,
+            },
+        )
 
     def _write_blocked(self, coll: Collection | None, ns: str) -> list[tuple[bytes, bytes]]:
         """Key ranges of `ns` where writes wait for a critical section (everything, for an
@@ -151,8 +181,9 @@ class ShardDecider(MigrationDecisions):
             return UNSHARDED_KEY
         missing = [f for f in coll.pattern.fields if get_path(doc, f) is MISSING]
         if missing:
-            raise CommandError("ShardKeyNotFound", f"document is missing shard key field(s) {missing} of "
-                                                   f"{coll.pattern.spec}")
+            raise CommandError(
+                "ShardKeyNotFound", f"document is missing shard key field(s) {missing} of {coll.pattern.spec}"
+            )
         try:
             key = coll.pattern.extract(doc)
             coll.pattern.check_size(key)
@@ -182,10 +213,15 @@ class ShardDecider(MigrationDecisions):
         if coll is not None and (wanted := targeting.key_ranges(coll, matcher)) is not None:
             # Scan only where the filter can match: the critical section of another range,
             # and the rest of the shard's data, stay out of it.
-            ranges = [(max(lo, w_lo), min(hi, w_hi)) for lo, hi in ranges for w_lo, w_hi in wanted
-                      if max(lo, w_lo) < min(hi, w_hi)]
-        if any(lo < b_hi and b_lo < (hi if hi is not None else b"\xff" * 8) for lo, hi in ranges
-               for b_lo, b_hi in blocked):
+            ranges = [
+                (max(lo, w_lo), min(hi, w_hi))
+                for lo, hi in ranges
+                for w_lo, w_hi in wanted
+                if max(lo, w_lo) < min(hi, w_hi)
+            ]
+        if any(
+            lo < b_hi and b_lo < (hi if hi is not None else b"\xff" * 8) for lo, hi in ranges for b_lo, b_hi in blocked
+        ):
             raise self._critical(ns, "a read")
         for lo, hi in ranges:
             for k, doc in self.documents.scan(ns, lo, hi):
@@ -224,8 +260,9 @@ class ShardDecider(MigrationDecisions):
             return {"docs": out, "cursorId": 0}
         self._expire_cursors()
         cursor_id = next(self._cursor_ids)
-        self.cursors[cursor_id] = Cursor(itertools.chain([rest], docs), ns,
-                                         self.catalog.config_time if config_time is None else config_time)
+        self.cursors[cursor_id] = Cursor(
+            itertools.chain([rest], docs), ns, self.catalog.config_time if config_time is None else config_time
+        )
         return {"docs": out, "cursorId": cursor_id}
 
     def _expire_cursors(self) -> None:
@@ -236,8 +273,10 @@ class ShardDecider(MigrationDecisions):
     def get_more(self, req: s.GetMore) -> Decision:
         cursor = self.cursors.pop(req.cursorId, None)
         if cursor is None:
-            raise CommandError("CursorNotFound", f"cursor {req.cursorId} not found on {self.shard_id} "
-                                                 f"(exhausted, expired, or the shard restarted)")
+            raise CommandError(
+                "CursorNotFound",
+                f"cursor {req.cursorId} not found on {self.shard_id} (exhausted, expired, or the shard restarted)",
+            )
         return Decision([], self._batch(cursor.docs, req.batchSize, cursor.ns, cursor.config_time))
 
     def count(self, req: s.Count) -> Decision:
@@ -247,35 +286,65 @@ class ShardDecider(MigrationDecisions):
     def split_vector(self, req: s.SplitVector) -> Decision:
         """Split points of the chunk holding `find` from this shard's documents (seed 001)."""
         from services.balancer import autosplit
+
         coll = self.catalog.collections.get(req.ns)
         if coll is None:
             raise CommandError("NamespaceNotFound", f"collection {req.ns!r} is not sharded")
         if (req.find is None) == (req.chunkMin is None):
             raise CommandError("BadValue", "SplitVector needs exactly one of find (a document) and chunkMin (a bound)")
         try:
-            key = coll.pattern.encode_doc(req.find) if req.find is not None else \
-                coll.pattern.encode_bound(from_ejson(req.chunkMin))
+            key = (
+                coll.pattern.encode_doc(req.find)
+                if req.find is not None
+                else coll.pattern.encode_bound(from_ejson(req.chunkMin))
+            )
         except (ShardKeyError, ValueError) as e:
             raise CommandError("BadValue", f"{'find' if req.find is not None else 'chunkMin'}: {e}") from None
         chunk = coll.chunks[coll.chunk_index(key)]
         if chunk.shard != self.shard_id:
-            raise CommandError("StaleConfig", f"{self.shard_id} does not own that chunk",
-                               {"shard": self.shard_id, "configTime": self.catalog.config_time})
-        docs = [(to_ejson(coll.pattern.extract(d)), doc_bytes(d))
-                for _, d in self.documents.scan(req.ns, chunk.min_key, chunk.max_key)]
+            raise CommandError(
+                "StaleConfig",
+                f"{self.shard_id} does not own that chunk",
+                {"shard": self.shard_id, "configTime": self.catalog.config_time},
+            )
+        docs = [
+            (to_ejson(coll.pattern.extract(d)), doc_bytes(d))
+            for _, d in self.documents.scan(req.ns, chunk.min_key, chunk.max_key)
+        ]
         bounds = {"min": to_ejson(chunk.min), "max": to_ejson(chunk.max)}
         if req.median:
             point = autosplit.median_point(docs)
-            return Decision([], {"chunk": bounds, "points": [point] if point is not None else [],
-                                 "jumbo": point is None and len(docs) > 0, "documents": len(docs)})
+            return Decision(
+                [],
+                {
+                    "chunk": bounds,
+                    "points": [point] if point is not None else [],
+                    "jumbo": point is None and len(docs) > 0,
+                    "documents": len(docs),
+                },
+            )
         vector = autosplit.split_points(docs, req.maxChunkSizeBytes)
         points = vector.points
         if req.edge is not None and not vector.jumbo:  # the extreme key gets a chunk of its own
-            points = autosplit.top_chunk(docs, points, chunk_min=bounds["min"], chunk_max=bounds["max"],
-                                         is_bottom=req.edge == "bottom", is_top=req.edge == "top",
-                                         hashed=coll.pattern.is_hashed).points
-        return Decision([], {"chunk": bounds, "points": points, "jumbo": vector.jumbo, "documents": len(docs),
-                             "bytes": sum(n for _, n in docs)})
+            points = autosplit.top_chunk(
+                docs,
+                points,
+                chunk_min=bounds["min"],
+                chunk_max=bounds["max"],
+                is_bottom=req.edge == "bottom",
+                is_top=req.edge == "top",
+                hashed=coll.pattern.is_hashed,
+            ).points
+        return Decision(
+            [],
+            {
+                "chunk": bounds,
+                "points": points,
+                "jumbo": vector.jumbo,
+                "documents": len(docs),
+                "bytes": sum(n for _, n in docs),
+            },
+        )
 
     # ----------------------------------------------------------------- writes
 
@@ -304,16 +373,25 @@ class ShardDecider(MigrationDecisions):
         _check_size(doc)
         skey = self._shard_key(coll, doc)
         if not self._owns(coll, skey):
-            raise CommandError("StaleConfig", f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
-                               {"shard": self.shard_id, "configTime": self.catalog.config_time})
-        if coll is not None and any(lo <= skey < hi for lo, hi in self.blocked_ranges(ns, reads=False)) \
-                or coll is None and self.primary_blocked(ns, reads=False):
+            raise CommandError(
+                "StaleConfig",
+                f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
+                {"shard": self.shard_id, "configTime": self.catalog.config_time},
+            )
+        if (
+            coll is not None
+            and any(lo <= skey < hi for lo, hi in self.blocked_ranges(ns, reads=False))
+            or coll is None
+            and self.primary_blocked(ns, reads=False)
+        ):
             raise self._critical(ns, "a write")
         id_enc = encode_value(doc["_id"])
         existing = self.documents.find_by_id(ns, doc["_id"])
         if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
-            raise CommandError("DuplicateKey", f"E11000 duplicate key error collection: {ns} "
-                                               f"dup key: {{ _id: {json.dumps(doc['_id'])} }}")
+            raise CommandError(
+                "DuplicateKey",
+                f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(doc['_id'])} }}",
+            )
         seen.add(id_enc)
         return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
 
@@ -348,8 +426,10 @@ class ShardDecider(MigrationDecisions):
         if coll is None:
             return
         if any(_enc(get_path(old, f)) != _enc(get_path(new, f)) for f in coll.pattern.fields):
-            raise CommandError("ImmutableField", f"an update may not change the shard key {coll.pattern.spec} "
-                                                 f"(document {json.dumps(old.get('_id'))})")
+            raise CommandError(
+                "ImmutableField",
+                f"an update may not change the shard key {coll.pattern.spec} (document {json.dumps(old.get('_id'))})",
+            )
 
     def delete(self, req: s.Delete) -> Decision:
         coll = self._placement(req.ns, req.routing)

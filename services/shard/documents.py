@@ -14,10 +14,12 @@ Shard keys and _ids are `libs.shardkey` order-preserving encodings, so a
 chunk [min, max) is one contiguous key range.  Writes decided in the current
 batch sit in an overlay until the batch commits; reads see them.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from libs.shardkey import encode_value
 from libs.store import Store
@@ -32,7 +34,7 @@ UNSHARDED_KEY, UNSHARDED_END = b"\x00", b"\x01"
 
 def shard_key_part(key: bytes, doc: dict) -> bytes:
     """The shard-key part of a document's key as `scan` yields it (shard key + _id)."""
-    return key[:len(key) - len(encode_value(doc["_id"]))]
+    return key[: len(key) - len(encode_value(doc["_id"]))]
 
 
 def ns_prefix(ns: str) -> bytes:
@@ -73,8 +75,12 @@ class ShardDocuments:
     def load(self, store: Store) -> None:
         self.store = store
         self._changes = {}
-        self.migrations = {k[2:].decode(): ev.MigrationRecorded.model_validate_json(v) for k, v in store.scan(MIGRATIONS)}
-        self.range_tasks = {k[2:].decode(): ev.RangeDeletionRecorded.model_validate_json(v) for k, v in store.scan(TASKS)}
+        self.migrations = {
+            k[2:].decode(): ev.MigrationRecorded.model_validate_json(v) for k, v in store.scan(MIGRATIONS)
+        }
+        self.range_tasks = {
+            k[2:].decode(): ev.RangeDeletionRecorded.model_validate_json(v) for k, v in store.scan(TASKS)
+        }
 
     def tentative(self):
         """The batch's pending state as it is, to `restore` if a tentative apply is abandoned."""
@@ -147,16 +153,16 @@ class ShardDocuments:
         for k, v in stored:
             while p < len(pending) and pending[p][0] < k:
                 if pending[p][1] is not None:
-                    yield pending[p][0][len(base):], json.loads(pending[p][1])
+                    yield pending[p][0][len(base) :], json.loads(pending[p][1])
                 p += 1
             if p < len(pending) and pending[p][0] == k:
                 v = pending[p][1]
                 p += 1
             if v is not None:
-                yield k[len(base):], json.loads(v)
+                yield k[len(base) :], json.loads(v)
         for k, v in pending[p:]:
             if v is not None:
-                yield k[len(base):], json.loads(v)
+                yield k[len(base) :], json.loads(v)
 
     def count_range(self, ns: str, lo: bytes, hi: bytes) -> int:
         """Documents with a shard key in [lo, hi), pending writes included, without decoding them."""
@@ -172,7 +178,7 @@ class ShardDocuments:
         for k, v in self._stored(base + after, base + hi):
             if not inclusive and k == base + after:
                 continue
-            yield k[len(base):], json.loads(v)
+            yield k[len(base) :], json.loads(v)
 
     def _stored(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self.store.db.iter()

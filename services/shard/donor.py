@@ -18,6 +18,7 @@ server to abort, and the answer ("aborted", or "committed" if the commit got in
 first) is the decision it finishes with.  The changelog is also the mod log:
 the writes made on the donor since the clone began are read back from it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,7 +52,7 @@ MAX_CATCH_UP_PASSES = 20
 REQUEST_TIMEOUT_S = 10.0
 STEP_DEADLINE_S = 120.0  # a peer that does not answer a step for this long aborts the migration
 RECEIPT_WAIT_S = 60.0  # the recipient's overlapping range deletions get this long to finish (then abort,
-                       # saying why: moving a range back within orphanCleanupDelaySecs has to wait for it)
+# saying why: moving a range back within orphanCleanupDelaySecs has to wait for it)
 
 
 class MigrationAborted(Exception):
@@ -78,8 +79,9 @@ class DonorCoordinator:
         self.server = server  # the ShardServer: its documents, store, projection, decider, processor
         self.topics = settings.topics
         self._current: Migration | None = None  # the donation under way, before its decision
-        self.requester = Requester(settings.bootstrap, self.topics.inbox(f"shard-{shard_id}-migrations"),
-                                   client_id=f"shard-{shard_id}-donor")
+        self.requester = Requester(
+            settings.bootstrap, self.topics.inbox(f"shard-{shard_id}-migrations"), client_id=f"shard-{shard_id}-donor"
+        )
 
     @property
     def catalog(self):
@@ -174,17 +176,22 @@ class DonorCoordinator:
         """A migration the config server asked of us: run it from the start."""
         t0 = time.monotonic()
         self._current = m  # set-allow-migrations false aborts it at its next step
-        self._progress(m.id, phase="preparing", cloned=0, mods=0, bytes=0, ns=m.ns, recipient=m.recipient,
-                       started=time.time())
+        self._progress(
+            m.id, phase="preparing", cloned=0, mods=0, bytes=0, ns=m.ns, recipient=m.recipient, started=time.time()
+        )
         try:
             rng = self._range(m)
             self._progress(m.id, min=rng.min, max=rng.max)
-            await self._ask_self(s.StartDonation(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max,
-                                                 recipient=m.recipient))
+            await self._ask_self(
+                s.StartDonation(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max, recipient=m.recipient)
+            )
             fault_point("migration.registered")
-            await self._ask_recipient(m, s.StartReceipt(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max,
-                                                        donor=self.shard_id),
-                                      deadline=time.monotonic() + RECEIPT_WAIT_S, retry=("RangeDeletionPending",))
+            await self._ask_recipient(
+                m,
+                s.StartReceipt(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max, donor=self.shard_id),
+                deadline=time.monotonic() + RECEIPT_WAIT_S,
+                retry=("RangeDeletionPending",),
+            )
             await self._transfer(m, rng)
             committed, at = await self._commit(m, rng)
         except (MigrationAborted, Exception) as e:
@@ -192,8 +199,13 @@ class DonorCoordinator:
                 raise  # the instance that took over resumes the migration
             self._current = None
             reason = e.reason if isinstance(e, MigrationAborted) else f"InternalError: {type(e).__name__}: {e}"
-            log.warning("shard %s: migration %s aborted: %s", self.shard_id, m.id, reason,
-                        exc_info=not isinstance(e, MigrationAborted))
+            log.warning(
+                "shard %s: migration %s aborted: %s",
+                self.shard_id,
+                m.id,
+                reason,
+                exc_info=not isinstance(e, MigrationAborted),
+            )
             self._progress(m.id, phase="aborting", reason=reason)
             # Safe whatever step failed: the config server answers "committed" if the commit got in.
             committed, at = await self._abort(m.id, reason, getattr(e, "jumbo", False))
@@ -205,8 +217,17 @@ class DonorCoordinator:
         """movePrimary: copy the database's unsharded collections to the new primary with
         their writes blocked throughout (there is no mods phase), then commit."""
         t0 = time.monotonic()
-        self._progress(m.id, phase="cloning", cloned=0, mods=0, bytes=0, ns=m.ns, recipient=m.recipient,
-                       started=time.time(), kind="primary")
+        self._progress(
+            m.id,
+            phase="cloning",
+            cloned=0,
+            mods=0,
+            bytes=0,
+            ns=m.ns,
+            recipient=m.recipient,
+            started=time.time(),
+            kind="primary",
+        )
         try:
             await self._ask_self(s.StartPrimaryMove(id=m.id, db=m.ns, recipient=m.recipient))
             self._progress(m.id, criticalSince=time.time())
@@ -220,8 +241,9 @@ class DonorCoordinator:
                     self._progress(m.id, cloned=cloned)
             await self._ask_recipient(m, s.CommitClone(id=m.id))
             await self._ask_self(s.EnterCriticalSection(id=m.id, reads=True))
-            reply = await self.requester.request(self.topics.config_commands, cfg.CommitPrimaryMove(id=m.id),
-                                                 timeout=STEP_DEADLINE_S)
+            reply = await self.requester.request(
+                self.topics.config_commands, cfg.CommitPrimaryMove(id=m.id), timeout=STEP_DEADLINE_S
+            )
             if not reply.ok:
                 raise MigrationAborted(f"commit refused: {reply.code}: {reply.error}")
             committed, at = True, reply.configTime or 0
@@ -242,8 +264,9 @@ class DonorCoordinator:
                 committed, at = await self._abort(doc.id, "the donor restarted during the migration")
             else:
                 committed, at = outcome == "committed", self.follower.config_time
-            log.info("shard %s: recovered migration %s: %s", self.shard_id, doc.id,
-                     "committed" if committed else "aborted")
+            log.info(
+                "shard %s: recovered migration %s: %s", self.shard_id, doc.id, "committed" if committed else "aborted"
+            )
         else:
             committed, at = doc.decision == "committed", 0
         await self._finish(doc.id, doc.peer, committed, at)
@@ -266,8 +289,10 @@ class DonorCoordinator:
             hi = coll.pattern.encode_bound(from_ejson(m.max))
             size = sum(self.server.documents.range_sizes(m.ns, lo, hi))
             if size > 2 * limit and not m.force_jumbo:
-                raise MigrationAborted(f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
-                                       f"chunk size ({limit}); move it with --force-jumbo")
+                raise MigrationAborted(
+                    f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
+                    f"chunk size ({limit}); move it with --force-jumbo"
+                )
             return Range(lo, hi, m.min, m.max)
         # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
         total, prev_key, cut = 0, None, None
@@ -281,10 +306,14 @@ class DonorCoordinator:
         if cut is None:
             if total > 2 * limit and not m.force_jumbo:
                 one_key = prev_key is not None and all(
-                    shard_key_part(k, d) == prev_key for k, d in self.server.documents.scan(m.ns, lo, chunk.max_key))
+                    shard_key_part(k, d) == prev_key for k, d in self.server.documents.scan(m.ns, lo, chunk.max_key)
+                )
                 if one_key:
-                    raise MigrationAborted(f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
-                                           f"value, so the chunk cannot be split; it is marked jumbo", jumbo=True)
+                    raise MigrationAborted(
+                        f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
+                        f"value, so the chunk cannot be split; it is marked jumbo",
+                        jumbo=True,
+                    )
                 raise MigrationAborted(f"ChunkTooBig: {total} bytes from {m.min}, over twice the max chunk size")
             return Range(lo, chunk.max_key, m.min, to_ejson(chunk.max))
         return Range(lo, cut[0], m.min, to_ejson(cut[1]))
@@ -298,8 +327,11 @@ class DonorCoordinator:
             self._check_active(m)
             await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", written=written))
             cloned += len(written)
-            self._progress(m.id, cloned=cloned, bytes=self.server.decider.progress[m.id]["bytes"] +
-                           sum(_size(w["doc"]) for w in written))
+            self._progress(
+                m.id,
+                cloned=cloned,
+                bytes=self.server.decider.progress[m.id]["bytes"] + sum(_size(w["doc"]) for w in written),
+            )
             fault_point("migration.cloning")
         self._progress(m.id, phase="catching up")
         mods = _ModReader(self, m, rng, start)
@@ -347,12 +379,13 @@ class DonorCoordinator:
     async def _commit(self, m: Migration, rng: Range) -> tuple[bool, int]:
         await self._ask_self(s.EnterCriticalSection(id=m.id, reads=True))
         self._check_active()
-        fut = await self.requester.send(self.topics.config_commands,
-                                        cfg.CommitMigration(id=m.id, min=rng.min, max=rng.max))
+        fut = await self.requester.send(
+            self.topics.config_commands, cfg.CommitMigration(id=m.id, min=rng.min, max=rng.max)
+        )
         fault_point("migration.commit_sent")
         try:
             reply = await asyncio.wait_for(fut, STEP_DEADLINE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return await self._abort(m.id, "the config server did not answer the commit")
         if not reply.ok:
             return await self._abort(m.id, f"commit refused: {reply.code}: {reply.error}")
@@ -361,8 +394,11 @@ class DonorCoordinator:
 
     async def _abort(self, mid: str, reason: str, jumbo: bool = False) -> tuple[bool, int]:
         """Ask the config server to abort; its answer is the decision (it may have committed)."""
-        result = await self._ask(self.topics.config_commands, cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo),
-                                 deadline=time.monotonic() + 3600)
+        result = await self._ask(
+            self.topics.config_commands,
+            cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo),
+            deadline=time.monotonic() + 3600,
+        )
         return result.get("outcome") == "committed", self.follower.config_time
 
     async def _finish(self, mid: str, recipient: str, committed: bool, at: int) -> None:
@@ -374,8 +410,11 @@ class DonorCoordinator:
         if since is not None:  # the critical section ends with the recorded decision
             self._progress(mid, criticalMs=round((time.time() - since) * 1000, 1))
         fault_point("migration.decision_recorded")
-        await self._ask(self.topics.shard_requests(recipient), s.FinishReceipt(id=mid, committed=committed),
-                        deadline=time.monotonic() + 3600)
+        await self._ask(
+            self.topics.shard_requests(recipient),
+            s.FinishReceipt(id=mid, committed=committed),
+            deadline=time.monotonic() + 3600,
+        )
         fault_point("migration.range_tasks_updated")
         await self._ask_self(s.ForgetMigration(id=mid))
 
@@ -407,8 +446,9 @@ class _ModReader:
         async def flush():
             nonlocal written, removed, size
             if written or removed:
-                await self.c._ask_recipient(self.m, s.TransferBatch(id=self.m.id, phase="mods", written=written,
-                                                                     removed=removed))
+                await self.c._ask_recipient(
+                    self.m, s.TransferBatch(id=self.m.id, phase="mods", written=written, removed=removed)
+                )
                 self.total += len(written) + len(removed)
                 self.c._progress(self.m.id, mods=self.total)
             written, removed, size = [], [], 0
@@ -423,8 +463,11 @@ class _ModReader:
                     e = s.changelog.decode(rec.value)
                 except RecordError:
                     continue
-                if isinstance(e, (s.DocumentWritten, s.DocumentRemoved)) and e.ns == self.m.ns \
-                        and self.rng.lo <= bytes.fromhex(e.skey) < self.rng.hi:
+                if (
+                    isinstance(e, (s.DocumentWritten, s.DocumentRemoved))
+                    and e.ns == self.m.ns
+                    and self.rng.lo <= bytes.fromhex(e.skey) < self.rng.hi
+                ):
                     if isinstance(e, s.DocumentWritten):
                         written.append({"skey": e.skey, "doc": e.doc})
                     else:

@@ -11,6 +11,7 @@ The critical section is a state of the donor's migration document: while it is
 router waits for the next ConfigTime, the commit or the abort, and retries), and
 while "committing" reads are refused too.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,34 +40,42 @@ class MigrationDecisions:
 
     # --------------------------------------------------------- critical section
 
-    def _range_keys(self: "ShardDecider", ns: str, lo: dict, hi: dict) -> tuple[bytes, bytes]:
+    def _range_keys(self: ShardDecider, ns: str, lo: dict, hi: dict) -> tuple[bytes, bytes]:
         coll = self.catalog.collections.get(ns)
         if coll is None:
             raise CommandError("NamespaceNotFound", f"{ns} is not sharded")
         return coll.pattern.encode_bound(from_ejson(lo)), coll.pattern.encode_bound(from_ejson(hi))
 
-    def blocked_ranges(self: "ShardDecider", ns: str, reads: bool) -> list[tuple[bytes, bytes]]:
+    def blocked_ranges(self: ShardDecider, ns: str, reads: bool) -> list[tuple[bytes, bytes]]:
         """Ranges of `ns` this shard may not serve now: its donations in their critical section."""
         states = BLOCKS_READS if reads else BLOCKS_WRITES
-        return [self._range_keys(m.ns, m.min, m.max) for m in self.documents.migrations.values()
-                if m.ns == ns and m.role == "donor" and m.state in states and m.decision is None]
+        return [
+            self._range_keys(m.ns, m.min, m.max)
+            for m in self.documents.migrations.values()
+            if m.ns == ns and m.role == "donor" and m.state in states and m.decision is None
+        ]
 
-    def primary_blocked(self: "ShardDecider", ns: str, reads: bool) -> bool:
+    def primary_blocked(self: ShardDecider, ns: str, reads: bool) -> bool:
         """An unsharded collection whose database's primary is moving away: writes wait from
         the start of the move (it has no mods phase), reads once it commits."""
         db = ns.partition(".")[0]
         states = BLOCKS_READS if reads else ("critical", "committing")
-        return any(m.role == "primary-donor" and m.ns == db and m.state in states and m.decision is None
-                   for m in self.documents.migrations.values())
+        return any(
+            m.role == "primary-donor" and m.ns == db and m.state in states and m.decision is None
+            for m in self.documents.migrations.values()
+        )
 
-    def _critical(self: "ShardDecider", ns: str, what: str) -> CommandError:
+    def _critical(self: ShardDecider, ns: str, what: str) -> CommandError:
         # Retriable: the router waits for the next ConfigTime (the commit or the abort) and retries.
-        return CommandError("StaleConfig", f"{self.shard_id}: {what} of {ns} waits for a migration's critical section",
-                            {"shard": self.shard_id, "configTime": self.catalog.config_time + 1, "critical": True})
+        return CommandError(
+            "StaleConfig",
+            f"{self.shard_id}: {what} of {ns} waits for a migration's critical section",
+            {"shard": self.shard_id, "configTime": self.catalog.config_time + 1, "critical": True},
+        )
 
     # ------------------------------------------------------------------ donor
 
-    def start_donation(self: "ShardDecider", req: s.StartDonation) -> Decision:
+    def start_donation(self: ShardDecider, req: s.StartDonation) -> Decision:
         if (mine := self._busy(req.id)) is not None:
             return Decision([], {"id": req.id, "state": mine.state, "joined": True})
         coll = self.catalog.collections.get(req.ns)
@@ -75,47 +84,83 @@ class MigrationDecisions:
         lo, hi = self._range_keys(req.ns, req.min, req.max)
         chunk = coll.chunks[coll.chunk_index(lo)]
         if chunk.shard != self.shard_id or not (chunk.min_key <= lo < hi <= chunk.max_key):
-            raise CommandError("StaleConfig", f"{self.shard_id} does not own all of the range of migration {req.id}",
-                               {"shard": self.shard_id, "configTime": self.catalog.config_time})
+            raise CommandError(
+                "StaleConfig",
+                f"{self.shard_id} does not own all of the range of migration {req.id}",
+                {"shard": self.shard_id, "configTime": self.catalog.config_time},
+            )
         common = dict(id=req.id, ns=req.ns, epoch=req.epoch, min=req.min, max=req.max)
-        return Decision([s.MigrationRecorded(**common, role="donor", peer=req.recipient, state="cloning"),
-                         s.RangeDeletionRecorded(**common, why=f"donated to {req.recipient}")],
-                        {"id": req.id, "state": "cloning"})
+        return Decision(
+            [
+                s.MigrationRecorded(**common, role="donor", peer=req.recipient, state="cloning"),
+                s.RangeDeletionRecorded(**common, why=f"donated to {req.recipient}"),
+            ],
+            {"id": req.id, "state": "cloning"},
+        )
 
-    def start_primary_move(self: "ShardDecider", req: s.StartPrimaryMove) -> Decision:
+    def start_primary_move(self: ShardDecider, req: s.StartPrimaryMove) -> Decision:
         if (mine := self._busy(req.id)) is not None:
             return Decision([], {"id": req.id, "state": mine.state, "joined": True})
         db = self.catalog.databases.get(req.db)
         if db is None or db.primary != self.shard_id:
-            raise CommandError("StaleConfig", f"{self.shard_id} is not the primary of {req.db}",
-                               {"shard": self.shard_id, "configTime": self.catalog.config_time})
-        return Decision([s.MigrationRecorded(id=req.id, role="primary-donor", ns=req.db, epoch="", min={}, max={},
-                                             peer=req.recipient, state="critical")], {"id": req.id, "state": "critical"})
+            raise CommandError(
+                "StaleConfig",
+                f"{self.shard_id} is not the primary of {req.db}",
+                {"shard": self.shard_id, "configTime": self.catalog.config_time},
+            )
+        return Decision(
+            [
+                s.MigrationRecorded(
+                    id=req.id,
+                    role="primary-donor",
+                    ns=req.db,
+                    epoch="",
+                    min={},
+                    max={},
+                    peer=req.recipient,
+                    state="critical",
+                )
+            ],
+            {"id": req.id, "state": "critical"},
+        )
 
-    def start_primary_receipt(self: "ShardDecider", req: s.StartPrimaryReceipt) -> Decision:
+    def start_primary_receipt(self: ShardDecider, req: s.StartPrimaryReceipt) -> Decision:
         if (mine := self._busy(req.id)) is not None:
             return Decision([], {"id": req.id, "state": mine.state, "joined": True})
         if req.id not in self.catalog.migrations:
             raise CommandError("NoSuchMigration", f"primary move {req.id} is not active")
         fault_point("migration.registered")
-        return Decision([s.MigrationRecorded(id=req.id, role="primary-recipient", ns=req.db, epoch="", min={}, max={},
-                                             peer=req.donor, state="cloning")], {"id": req.id, "state": "cloning"})
+        return Decision(
+            [
+                s.MigrationRecorded(
+                    id=req.id,
+                    role="primary-recipient",
+                    ns=req.db,
+                    epoch="",
+                    min={},
+                    max={},
+                    peer=req.donor,
+                    state="cloning",
+                )
+            ],
+            {"id": req.id, "state": "cloning"},
+        )
 
-    def _unsharded_removals(self: "ShardDecider", db: str) -> list[Record]:
+    def _unsharded_removals(self: ShardDecider, db: str) -> list[Record]:
         """Removals of every document of `db`'s unsharded collections held here."""
         d = self.catalog.databases.get(db)
         out: list[Record] = []
         for ns in sorted(d.collections if d else ()):
-            for k, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_END):
+            for _k, doc in self.documents.scan(ns, UNSHARDED_KEY, UNSHARDED_END):
                 out.append(s.DocumentRemoved(ns=ns, skey=UNSHARDED_KEY.hex(), id=doc["_id"]))
         return out
 
-    def enter_critical_section(self: "ShardDecider", req: s.EnterCriticalSection) -> Decision:
+    def enter_critical_section(self: ShardDecider, req: s.EnterCriticalSection) -> Decision:
         m = self._migration(req.id, "donor")
         state = "committing" if req.reads else "critical"
         return Decision([m.model_copy(update={"state": state})], {"id": req.id, "state": state})
 
-    def record_decision(self: "ShardDecider", req: s.RecordDecision) -> Decision:
+    def record_decision(self: ShardDecider, req: s.RecordDecision) -> Decision:
         m = self.documents.migrations.get(req.id)
         if m is None or m.role not in ("donor", "primary-donor"):
             return Decision([], {"id": req.id, "state": "forgotten"})  # decided and forgotten already
@@ -132,34 +177,43 @@ class MigrationDecisions:
         task = self.documents.range_tasks.get(req.id)
         if task is not None:
             if req.committed:  # the donor's copy is orphaned now
-                events.append(task.model_copy(update={"pending": False, "readyAt": time.time(),
-                                                      "configTime": req.configTime}))
+                events.append(
+                    task.model_copy(update={"pending": False, "readyAt": time.time(), "configTime": req.configTime})
+                )
             else:
                 events.append(s.RangeDeletionRemoved(id=req.id))
         return Decision(events, {"id": req.id, "state": "decided", "decision": decision})
 
     # -------------------------------------------------------------- recipient
 
-    def start_receipt(self: "ShardDecider", req: s.StartReceipt) -> Decision:
+    def start_receipt(self: ShardDecider, req: s.StartReceipt) -> Decision:
         if (mine := self._busy(req.id)) is not None:
             return Decision([], {"id": req.id, "state": mine.state, "joined": True})
         if req.id not in self.catalog.migrations:
-            raise CommandError("NoSuchMigration", f"migration {req.id} is not active "
-                                                  f"({self.catalog.outcomes.get(req.id, 'unknown')})")
+            raise CommandError(
+                "NoSuchMigration", f"migration {req.id} is not active ({self.catalog.outcomes.get(req.id, 'unknown')})"
+            )
         lo, hi = self._range_keys(req.ns, req.min, req.max)
         for task in self.documents.range_tasks.values():
             if task.ns == req.ns and overlaps(lo, hi, *self._range_keys(task.ns, task.min, task.max)):
                 # seed 004: the recipient first waits for its own overlapping range deletion
-                raise CommandError("RangeDeletionPending", f"{self.shard_id} still has orphans to delete in an "
-                                                           f"overlapping range (task {task.id}); retry later",
-                                   {"task": task.id, "pending": task.pending})
+                raise CommandError(
+                    "RangeDeletionPending",
+                    f"{self.shard_id} still has orphans to delete in an "
+                    f"overlapping range (task {task.id}); retry later",
+                    {"task": task.id, "pending": task.pending},
+                )
         fault_point("migration.registered")  # (a kill here: the step is decided again after restart)
         common = dict(id=req.id, ns=req.ns, epoch=req.epoch, min=req.min, max=req.max)
-        return Decision([s.MigrationRecorded(**common, role="recipient", peer=req.donor, state="cloning"),
-                         s.RangeDeletionRecorded(**common, why=f"received from {req.donor}, not committed")],
-                        {"id": req.id, "state": "cloning"})
+        return Decision(
+            [
+                s.MigrationRecorded(**common, role="recipient", peer=req.donor, state="cloning"),
+                s.RangeDeletionRecorded(**common, why=f"received from {req.donor}, not committed"),
+            ],
+            {"id": req.id, "state": "cloning"},
+        )
 
-    def transfer_batch(self: "ShardDecider", req: s.TransferBatch) -> Decision:
+    def transfer_batch(self: ShardDecider, req: s.TransferBatch) -> Decision:
         m = self._migration(req.id, "recipient")
         if m.state != "cloning":
             raise CommandError("IllegalOperation", f"migration {req.id} is {m.state}; no more documents accepted")
@@ -179,19 +233,22 @@ class MigrationDecisions:
         for r in req.removed:
             if lo <= bytes.fromhex(r["skey"]) < hi and self.documents.find_by_id(m.ns, r["id"]) is not None:
                 events.append(s.DocumentRemoved(ns=m.ns, skey=r["skey"], id=r["id"]))
-        counted = {"cloned": m.cloned + len(req.written)} if req.phase == "clone" else \
-            {"mods": m.mods + len(req.written) + len(req.removed)}
+        counted = (
+            {"cloned": m.cloned + len(req.written)}
+            if req.phase == "clone"
+            else {"mods": m.mods + len(req.written) + len(req.removed)}
+        )
         events.append(m.model_copy(update=counted))
         return Decision(events, {"id": req.id, "applied": len(events) - 1, **counted})
 
-    def commit_clone(self: "ShardDecider", req: s.CommitClone) -> Decision:
+    def commit_clone(self: ShardDecider, req: s.CommitClone) -> Decision:
         m = self._migration(req.id, "recipient")
         if m.state == "clone-committed":
             return Decision([], {"id": req.id, "state": m.state})
         fault_point("migration.clone_committed")
         return Decision([m.model_copy(update={"state": "clone-committed"})], {"id": req.id, "state": "clone-committed"})
 
-    def finish_receipt(self: "ShardDecider", req: s.FinishReceipt) -> Decision:
+    def finish_receipt(self: ShardDecider, req: s.FinishReceipt) -> Decision:
         m = self.documents.migrations.get(req.id)
         if m is None or m.role not in ("recipient", "primary-recipient"):
             return Decision([], {"id": req.id, "state": "forgotten"})
@@ -204,14 +261,21 @@ class MigrationDecisions:
             if req.committed:  # the documents are ours now
                 events.append(s.RangeDeletionRemoved(id=req.id))
             else:  # an aborted migration's copies are orphans
-                events.append(task.model_copy(update={"pending": False, "readyAt": time.time(),
-                                                      "configTime": self.catalog.config_time,
-                                                      "why": f"migration from {m.peer} aborted"}))
+                events.append(
+                    task.model_copy(
+                        update={
+                            "pending": False,
+                            "readyAt": time.time(),
+                            "configTime": self.catalog.config_time,
+                            "why": f"migration from {m.peer} aborted",
+                        }
+                    )
+                )
         return Decision(events, {"id": req.id, "state": "forgotten"})
 
     # ------------------------------------------------------------------ both
 
-    def forget_migration(self: "ShardDecider", req: s.ForgetMigration) -> Decision:
+    def forget_migration(self: ShardDecider, req: s.ForgetMigration) -> Decision:
         m = self.documents.migrations.get(req.id)
         if m is None:
             return Decision([], {"id": req.id, "state": "forgotten"})
@@ -219,27 +283,41 @@ class MigrationDecisions:
             raise CommandError("IllegalOperation", f"migration {req.id} is not decided yet")
         return Decision([s.MigrationForgotten(id=req.id)], {"id": req.id, "state": "forgotten"})
 
-    def list_migrations(self: "ShardDecider", req: s.ListMigrations) -> Decision:
+    def list_migrations(self: ShardDecider, req: s.ListMigrations) -> Decision:
         tasks = []
         for t in self.documents.range_tasks.values():
             left = self._docs_in_range(t) if t.ns in self.catalog.collections else None
-            tasks.append({**t.model_dump(exclude={"type", "v"}), "shard": self.shard_id, "left": left,
-                          "waiting": self._waiting_for(t)})
-        return Decision([], {"shard": self.shard_id,
-                             "migrations": [m.model_dump(exclude={"type", "v"}) for m in self.documents.migrations.values()],
-                             "rangeDeletions": tasks, "progress": dict(self.progress)})
+            tasks.append(
+                {
+                    **t.model_dump(exclude={"type", "v"}),
+                    "shard": self.shard_id,
+                    "left": left,
+                    "waiting": self._waiting_for(t),
+                }
+            )
+        return Decision(
+            [],
+            {
+                "shard": self.shard_id,
+                "migrations": [m.model_dump(exclude={"type", "v"}) for m in self.documents.migrations.values()],
+                "rangeDeletions": tasks,
+                "progress": dict(self.progress),
+            },
+        )
 
-    def _busy(self: "ShardDecider", mid: str) -> s.MigrationRecorded | None:
+    def _busy(self: ShardDecider, mid: str) -> s.MigrationRecorded | None:
         """This migration's document if it is already registered; refuses if another one is."""
         for m in self.documents.migrations.values():
             if m.id == mid:
                 return m
-            raise CommandError("ConflictingOperationInProgress",
-                               f"{self.shard_id} already takes part in migration {m.id} ({m.role}, {m.state}); "
-                               f"a shard runs one migration at a time")
+            raise CommandError(
+                "ConflictingOperationInProgress",
+                f"{self.shard_id} already takes part in migration {m.id} ({m.role}, {m.state}); "
+                f"a shard runs one migration at a time",
+            )
         return None
 
-    def _migration(self: "ShardDecider", mid: str, role: str) -> s.MigrationRecorded:
+    def _migration(self: ShardDecider, mid: str, role: str) -> s.MigrationRecorded:
         m = self.documents.migrations.get(mid)
         if m is None or m.role not in (role, f"primary-{role}"):
             raise CommandError("NoSuchMigration", f"{self.shard_id} has no {role} document for migration {mid}")
@@ -249,11 +327,11 @@ class MigrationDecisions:
 
     # -------------------------------------------------------------- deletion
 
-    def _docs_in_range(self: "ShardDecider", task: s.RangeDeletionRecorded) -> int:
+    def _docs_in_range(self: ShardDecider, task: s.RangeDeletionRecorded) -> int:
         lo, hi = self._range_keys(task.ns, task.min, task.max)
         return self.documents.count_range(task.ns, lo, hi)
 
-    def _waiting_for(self: "ShardDecider", task: s.RangeDeletionRecorded) -> str | None:
+    def _waiting_for(self: ShardDecider, task: s.RangeDeletionRecorded) -> str | None:
         """Why the task may not delete now (None: it may), apart from the cleanup delay,
         which the range deleter keeps."""
         if task.pending:
@@ -261,11 +339,13 @@ class MigrationDecisions:
         self._expire_cursors()  # an abandoned cursor stops holding the range after the cursor timeout
         open_before = [c for c in self.cursors.values() if c.ns == task.ns and c.config_time < task.configTime]
         if open_before:
-            return f"{len(open_before)} quer{'y' if len(open_before) == 1 else 'ies'} started before the migration " \
-                   f"committed still read{'s' if len(open_before) == 1 else ''} the range"
+            return (
+                f"{len(open_before)} quer{'y' if len(open_before) == 1 else 'ies'} started before the migration "
+                f"committed still read{'s' if len(open_before) == 1 else ''} the range"
+            )
         return None
 
-    def delete_range_batch(self: "ShardDecider", req: s.DeleteRangeBatch) -> Decision:
+    def delete_range_batch(self: ShardDecider, req: s.DeleteRangeBatch) -> Decision:
         task = self.documents.range_tasks.get(req.task)
         if task is None:
             return Decision([], {"task": req.task, "deleted": 0, "done": True})

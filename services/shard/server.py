@@ -1,6 +1,7 @@
 """A shard: a command processor on `shard.<id>.requests` whose events are the
 shard's changelog, folded into its RocksDB documents; plus a follower of the
 catalog for versions and ownership."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,8 @@ from libs.store import Store
 from schemas import shard as schema
 from services.config.follower import CatalogFollower
 from services.shard.decide import ShardDecider
-from services.shard.donor import DonorCoordinator
 from services.shard.documents import changelog_key
+from services.shard.donor import DonorCoordinator
 from services.shard.statistics import CountingDocuments, StatisticsPublisher
 
 log = logging.getLogger(__name__)
@@ -32,18 +33,34 @@ class ShardServer:
         self.follower = CatalogFollower(settings, self.name)
         self.documents = CountingDocuments()  # ShardDocuments that also counts bytes written, for statistics
         self.store = Store(settings.data_dir / self.name / "documents")
-        self.projection = Projection(settings.bootstrap, t.shard_changelog(shard_id), schema.changelog,
-                                     self.documents, self.store, name=self.name)
+        self.projection = Projection(
+            settings.bootstrap,
+            t.shard_changelog(shard_id),
+            schema.changelog,
+            self.documents,
+            self.store,
+            name=self.name,
+        )
         self.decider = ShardDecider(shard_id, self.follower.catalog, self.documents)
         self.processor = CommandProcessor(
-            bootstrap=settings.bootstrap, command_topic=t.shard_requests(shard_id), command_codec=schema.requests,
-            projection=self.projection, decide=self.decider.decide, dead_letters=t.dead_letters,
-            group_id=f"{settings.cluster}.{self.name}", name=self.name, max_batch=max_batch,
-            session_timeout_ms=settings.session_timeout_ms, event_key=changelog_key, prepare=self._catch_up_config,
-            on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time))
+            bootstrap=settings.bootstrap,
+            command_topic=t.shard_requests(shard_id),
+            command_codec=schema.requests,
+            projection=self.projection,
+            decide=self.decider.decide,
+            dead_letters=t.dead_letters,
+            group_id=f"{settings.cluster}.{self.name}",
+            name=self.name,
+            max_batch=max_batch,
+            session_timeout_ms=settings.session_timeout_ms,
+            event_key=changelog_key,
+            prepare=self._catch_up_config,
+            on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
+        )
         self.donor = DonorCoordinator(settings, shard_id, self.follower, self)
-        self.statistics = StatisticsPublisher(settings, shard_id, self.follower.catalog, self.documents,
-                                              active=self.processor.active)
+        self.statistics = StatisticsPublisher(
+            settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active
+        )
 
     async def _catch_up_config(self, records) -> None:
         """A shard behind the router's ConfigTime first catches up on config.events, then serves."""

@@ -17,6 +17,7 @@ The bytes are attributed to chunks when a report is made, by locating each
 shard key in the chunk list the report describes; writes into chunks the shard
 no longer owns, and into unsharded collections, are not reported.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +25,7 @@ import bisect
 import logging
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from aiokafka.errors import KafkaError
 
@@ -125,8 +126,16 @@ class CountingDocuments(ShardDocuments):
 
 
 class StatisticsPublisher:
-    def __init__(self, settings: ServiceSettings, shard_id: str, catalog: Catalog, documents: CountingDocuments,
-                 interval_s: float | None = None, *, active: asyncio.Event | None = None):
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        shard_id: str,
+        catalog: Catalog,
+        documents: CountingDocuments,
+        interval_s: float | None = None,
+        *,
+        active: asyncio.Event | None = None,
+    ):
         """`active`: publish only while it is set (the shard instance that serves its
         partition); None: always."""
         self.settings, self.shard_id, self.catalog, self.documents = settings, shard_id, catalog, documents
@@ -157,9 +166,10 @@ class StatisticsPublisher:
                 await self.active.wait()
             try:
                 await self.publish_once()
-            except (KafkaError, asyncio.TimeoutError, OSError) as e:
-                log.warning("shard %s: statistics not published (%s); retrying in %.1fs",
-                            self.shard_id, e, self.interval_s)
+            except (TimeoutError, KafkaError, OSError) as e:
+                log.warning(
+                    "shard %s: statistics not published (%s); retrying in %.1fs", self.shard_id, e, self.interval_s
+                )
             except Exception:  # a bug: say so, but keep the shard serving and reporting
                 log.exception("shard %s: computing statistics failed", self.shard_id)
             await asyncio.sleep(self.interval_s)
@@ -168,8 +178,11 @@ class StatisticsPublisher:
         written = self.documents.take_written()
         try:
             report = await self.compute(written)
-            await (await self._producer.send(self.settings.topics.shard_stats, Codec.encode(report),
-                                             key=self.shard_id.encode()))
+            await (
+                await self._producer.send(
+                    self.settings.topics.shard_stats, Codec.encode(report), key=self.shard_id.encode()
+                )
+            )
         except BaseException:
             self.documents.give_back_written(written)  # reported next time
             raise
@@ -210,16 +223,37 @@ class StatisticsPublisher:
                 if work >= YIELD_EVERY:
                     work = 0
                     await asyncio.sleep(0)
-                chunks.append(schema.ChunkStatistics(ns=ns, min=to_ejson(ch.min), max=to_ejson(ch.max), documents=docs,
-                                                     dataSizeBytes=size, bytesWrittenSinceLastReport=written_here[i]))
+                chunks.append(
+                    schema.ChunkStatistics(
+                        ns=ns,
+                        min=to_ejson(ch.min),
+                        max=to_ejson(ch.max),
+                        documents=docs,
+                        dataSizeBytes=size,
+                        bytesWrittenSinceLastReport=written_here[i],
+                    )
+                )
                 totals[0] += docs
                 totals[1] += size
                 totals[2] += written_here[i]
-            collections.append(schema.CollectionStatistics(
-                ns=ns, epoch=epoch, chunks=len(mine), documents=totals[0], dataSizeBytes=totals[1],
-                bytesWrittenSinceLastReport=totals[2]))
-        return schema.ShardStatistics(shard=self.shard_id, configTime=config_time, timestamp=time.time(),
-                                      windowSeconds=round(window, 3), chunks=chunks, collections=collections)
+            collections.append(
+                schema.CollectionStatistics(
+                    ns=ns,
+                    epoch=epoch,
+                    chunks=len(mine),
+                    documents=totals[0],
+                    dataSizeBytes=totals[1],
+                    bytesWrittenSinceLastReport=totals[2],
+                )
+            )
+        return schema.ShardStatistics(
+            shard=self.shard_id,
+            configTime=config_time,
+            timestamp=time.time(),
+            windowSeconds=round(window, 3),
+            chunks=chunks,
+            collections=collections,
+        )
 
 
 def _attribute(written: list[tuple[bytes, int]], mine: list[Chunk]) -> list[int]:

@@ -15,6 +15,7 @@ Latency is measured from when an operation starts, not from its scheduled
 time, so a paced run that falls behind does not report the queueing delay
 (YCSB's default, "coordinated omission" included).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,26 +24,39 @@ import json
 import math
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable
 
 from opentelemetry import metrics
 
 from libs.client import AsyncCollection, ShardlogError
 from services.workload.ycsb import WORKLOADS, CoreWorkload, Operation, Workload
 
-__all__ = ["LatencyHistogram", "Progress", "KindReport", "Report", "Pacer", "RecordNotFound", "resolve_workload",
-           "load", "run"]
+__all__ = [
+    "LatencyHistogram",
+    "Progress",
+    "KindReport",
+    "Report",
+    "Pacer",
+    "RecordNotFound",
+    "resolve_workload",
+    "load",
+    "run",
+]
 
 PROGRESS_INTERVAL = 0.5  # seconds between progress callbacks
 LOAD_KIND = "insert_many"  # the load phase measures batches
 
 _meter = metrics.get_meter("shardlog.workload")
-_operations = _meter.create_counter("shardlog.workload.operations", unit="{operation}",
-                                    description="workload operations by kind and outcome")
-_latency = _meter.create_histogram("shardlog.workload.latency", unit="ms", description="workload operation latency",
-                                   explicit_bucket_boundaries_advisory=[0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500,
-                                                                        1000, 2000, 5000, 10000, 30000])
+_operations = _meter.create_counter(
+    "shardlog.workload.operations", unit="{operation}", description="workload operations by kind and outcome"
+)
+_latency = _meter.create_histogram(
+    "shardlog.workload.latency",
+    unit="ms",
+    description="workload operation latency",
+    explicit_bucket_boundaries_advisory=[0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000],
+)
 
 
 def resolve_workload(name: str) -> Workload:
@@ -54,6 +68,7 @@ def resolve_workload(name: str) -> Workload:
 
 
 # ---------------------------------------------------------------- measuring
+
 
 class LatencyHistogram:
     """Microsecond counts in log-linear buckets, like HdrHistogram with two
@@ -108,8 +123,14 @@ class LatencyHistogram:
 
     def summary_ms(self) -> dict[str, float]:
         mean = self.total_us / self.count / 1000 if self.count else 0.0
-        return {"min": self.min_us / 1000, "mean": round(mean, 3), "p50": self.percentile_ms(50),
-                "p95": self.percentile_ms(95), "p99": self.percentile_ms(99), "max": self.max_us / 1000}
+        return {
+            "min": self.min_us / 1000,
+            "mean": round(mean, 3),
+            "p50": self.percentile_ms(50),
+            "p95": self.percentile_ms(95),
+            "p99": self.percentile_ms(99),
+            "max": self.max_us / 1000,
+        }
 
 
 @dataclass(frozen=True)
@@ -188,25 +209,49 @@ class _Measurements:
 
     def snapshot(self, ops_per_s: float, final: bool = False) -> Progress:
         elapsed = self.elapsed if final else time.perf_counter() - self.started
-        return Progress(self.phase, self.done, self.total, elapsed, ops_per_s, self.overall.percentile_ms(50),
-                        self.overall.percentile_ms(95), self.overall.percentile_ms(99),
-                        sum(sum(c.values()) for c in self.errors.values()), final)
+        return Progress(
+            self.phase,
+            self.done,
+            self.total,
+            elapsed,
+            ops_per_s,
+            self.overall.percentile_ms(50),
+            self.overall.percentile_ms(95),
+            self.overall.percentile_ms(99),
+            sum(sum(c.values()) for c in self.errors.values()),
+            final,
+        )
 
     def report(self, workload: str, ns: str, concurrency: int, target_rate: float | None) -> Report:
         elapsed = self.elapsed or 1e-9
-        kinds = {kind: KindReport(h.count, sum(self.errors.get(kind, Counter()).values()),
-                                  round(h.count / elapsed, 1), h.summary_ms())
-                 for kind, h in sorted(self.kinds.items())}
+        kinds = {
+            kind: KindReport(
+                h.count, sum(self.errors.get(kind, Counter()).values()), round(h.count / elapsed, 1), h.summary_ms()
+            )
+            for kind, h in sorted(self.kinds.items())
+        }
         errors = {kind: dict(c) for kind, c in sorted(self.errors.items())}
-        return Report(self.phase, workload, ns, self.done, round(self.elapsed, 3), round(self.done / elapsed, 1),
-                      concurrency, target_rate, self.inserted, kinds, errors)
+        return Report(
+            self.phase,
+            workload,
+            ns,
+            self.done,
+            round(self.elapsed, 3),
+            round(self.done / elapsed, 1),
+            concurrency,
+            target_rate,
+            self.inserted,
+            kinds,
+            errors,
+        )
 
 
 ProgressCallback = Callable[[Progress], None]
 
 
-async def _drive(m: _Measurements, workers: list[Awaitable[None]], progress: ProgressCallback | None,
-                 interval: float) -> None:
+async def _drive(
+    m: _Measurements, workers: list[Awaitable[None]], progress: ProgressCallback | None, interval: float
+) -> None:
     async def report_progress() -> None:
         last_done, last_t = 0, m.started
         while True:
@@ -234,9 +279,18 @@ def _check_concurrency(concurrency: int) -> None:
 
 # -------------------------------------------------------------------- load
 
-async def load(collection: AsyncCollection, workload: Workload | str, record_count: int, *, concurrency: int,
-               batch_size: int = 100, progress: ProgressCallback | None = None, seed: int | None = None,
-               progress_interval: float = PROGRESS_INTERVAL) -> Report:
+
+async def load(
+    collection: AsyncCollection,
+    workload: Workload | str,
+    record_count: int,
+    *,
+    concurrency: int,
+    batch_size: int = 100,
+    progress: ProgressCallback | None = None,
+    seed: int | None = None,
+    progress_interval: float = PROGRESS_INTERVAL,
+) -> Report:
     """Insert YCSB records 0 .. record_count-1, `concurrency` insert_many batches in flight.
 
     Batches are unordered, so a reload inserts what is missing and counts the
@@ -271,6 +325,7 @@ async def load(collection: AsyncCollection, workload: Workload | str, record_cou
 
 
 # --------------------------------------------------------------------- run
+
 
 class RecordNotFound(ShardlogError):
     """A read or update found no record: the run's --records is more than what was loaded."""
@@ -321,17 +376,31 @@ async def _execute(coll: AsyncCollection, op: Operation) -> None:
     elif op.kind == "insert":
         await coll.insert_one({"_id": op.key, **op.values})
     elif op.kind == "scan":
-        await coll.find({"_id": {"$gte": op.key}}, sort={"_id": 1}, limit=op.scan_length,
-                        projection=_projection(op.fields), batch_size=max(1, op.scan_length or 1)).to_list()
+        await coll.find(
+            {"_id": {"$gte": op.key}},
+            sort={"_id": 1},
+            limit=op.scan_length,
+            projection=_projection(op.fields),
+            batch_size=max(1, op.scan_length or 1),
+        ).to_list()
     else:  # readmodifywrite: measured as one operation, like YCSB's READ-MODIFY-WRITE
         await _read(coll, op)
         await _update(coll, op)
 
 
-async def run(collection: AsyncCollection, workload: Workload | str, operation_count: int, *, concurrency: int,
-              rate: float | None = None, record_count: int, progress: ProgressCallback | None = None,
-              request_distribution: str | None = None, seed: int | None = None,
-              progress_interval: float = PROGRESS_INTERVAL) -> Report:
+async def run(
+    collection: AsyncCollection,
+    workload: Workload | str,
+    operation_count: int,
+    *,
+    concurrency: int,
+    rate: float | None = None,
+    record_count: int,
+    progress: ProgressCallback | None = None,
+    request_distribution: str | None = None,
+    seed: int | None = None,
+    progress_interval: float = PROGRESS_INTERVAL,
+) -> Report:
     """Execute `operation_count` operations of the workload over `record_count`
     loaded records: `concurrency` workers share one operation stream, paced
     to `rate` ops/s when given (else as fast as they go)."""
@@ -339,8 +408,9 @@ async def run(collection: AsyncCollection, workload: Workload | str, operation_c
     if operation_count < 1:
         raise ValueError("operation_count must be >= 1")
     w = resolve_workload(workload) if isinstance(workload, str) else workload
-    core = CoreWorkload(w, record_count, seed, operation_count=operation_count,
-                        request_distribution=request_distribution)
+    core = CoreWorkload(
+        w, record_count, seed, operation_count=operation_count, request_distribution=request_distribution
+    )
     pacer = Pacer(rate, burst=concurrency) if rate is not None else None
     m = _Measurements("run", operation_count)
     issued = 0

@@ -54,13 +54,15 @@ YCSB quirks that ARE kept, on purpose:
   counter, so it returns keynums in ``1 .. last`` (keynum 0 only when
   ``last`` is 0); its zipfian starts over ``recordcount - 1`` items.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Union
+from typing import Literal
 
 __all__ = [
     "FNV_OFFSET_BASIS_64",
@@ -91,7 +93,7 @@ __all__ = [
     "LoadComplete",
 ]
 
-RngLike = Union[random.Random, int, None]
+RngLike = random.Random | int | None
 
 
 def _rng(rng: RngLike) -> random.Random:
@@ -185,6 +187,7 @@ def build_key_name(keynum: int, ordered_inserts: bool = False, zeropadding: int 
 
 # --------------------------------------------------------------------------
 # Number generators
+
 
 class NumberGenerator:
     """Base: ``next_value()`` draws, ``last_value()`` is the previous draw."""
@@ -281,7 +284,7 @@ class ZipfianGenerator(NumberGenerator):
         self.eta = self._eta()
 
     @classmethod
-    def for_items(cls, items: int, constant: float = ZIPFIAN_CONSTANT, *, rng: RngLike = None) -> "ZipfianGenerator":
+    def for_items(cls, items: int, constant: float = ZIPFIAN_CONSTANT, *, rng: RngLike = None) -> ZipfianGenerator:
         """YCSB's ``ZipfianGenerator(long items)``: items 0 .. items-1."""
         return cls(0, items - 1, constant, rng=rng)
 
@@ -575,10 +578,10 @@ class Workload:
             "readmodifywrite": self.readmodifywrite,
         }
 
-    def replace(self, **changes) -> "Workload":
+    def replace(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)
 
-    def with_request_distribution(self, dist: str) -> "Workload":
+    def with_request_distribution(self, dist: str) -> Workload:
         return self.replace(request_distribution=dist)
 
 
@@ -593,8 +596,14 @@ WORKLOADS: dict[str, Workload] = {
     "d": Workload(name="d", read=0.95, update=0.0, insert=0.05, request_distribution="latest"),
     # E: short ranges (threaded conversations)
     "e": Workload(
-        name="e", read=0.0, update=0.0, scan=0.95, insert=0.05, request_distribution="zipfian",
-        maxscanlength=100, scanlengthdistribution="uniform",
+        name="e",
+        read=0.0,
+        update=0.0,
+        scan=0.95,
+        insert=0.05,
+        request_distribution="zipfian",
+        maxscanlength=100,
+        scanlengthdistribution="uniform",
     ),
     # F: read-modify-write (user database)
     "f": Workload(name="f", read=0.5, update=0.0, readmodifywrite=0.5, request_distribution="zipfian"),
@@ -713,9 +722,7 @@ class CoreWorkload:
 
     def build_values(self) -> dict[str, str]:
         """All fields (``CoreWorkload.buildValues``)."""
-        return {
-            name: random_field_value(self.rng, self.fieldlengthgenerator.next_value()) for name in self.fieldnames
-        }
+        return {name: random_field_value(self.rng, self.fieldlengthgenerator.next_value()) for name in self.fieldnames}
 
     def build_single_value(self) -> dict[str, str]:
         """One random field (``CoreWorkload.buildSingleValue``)."""
