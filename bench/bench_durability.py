@@ -55,15 +55,12 @@ class Deployment:
             "SHARDLOG_SESSION_TIMEOUT_MS": "6000",
         }
 
+    def _python(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *argv], cwd=ROOT, env=self.env, capture_output=True, text=True)
+
     def run(self, action: str, *args: str) -> float:
         t0 = time.perf_counter()
-        r = subprocess.run(
-            [sys.executable, "-m", "infra.cluster", action, "--data", str(self.data), "--cluster", CLUSTER, *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-        )
+        r = self._python("-m", "infra.cluster", action, "--data", str(self.data), "--cluster", CLUSTER, *args)
         if r.returncode != 0:
             raise SystemExit(f"infra.cluster {action} failed:\n{r.stdout}\n{r.stderr}")
         return time.perf_counter() - t0
@@ -75,25 +72,14 @@ class Deployment:
         return self.run("down")
 
     def reset(self) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "infra.cluster", "reset", "--data", str(self.data)],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-        )
+        self._python("-m", "infra.cluster", "reset", "--data", str(self.data))
 
     @property
     def bootstrap(self) -> str:
         return (self.data / "kafka" / "bootstrap").read_text().strip()
 
     def cli(self, *args: str) -> str:
-        r = subprocess.run(
-            [sys.executable, "-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster", CLUSTER, *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-        )
+        r = self._python("-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster", CLUSTER, *args)
         if r.returncode != 0:
             raise SystemExit(f"shardlog {' '.join(args)}: {r.stdout}{r.stderr}")
         return r.stdout
