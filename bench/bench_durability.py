@@ -31,7 +31,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,59 +39,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from infra.deployment import LocalDeployment, partition_leaders  # noqa: E402
 from libs.client import AsyncCluster  # noqa: E402
 
 CLUSTER = "bench"
 
 
-class Deployment:
+class Deployment(LocalDeployment):
+    """The shared local deployment; a failed step ends the benchmark with what it printed."""
+
     def __init__(self, data: Path, brokers: int = 1):
-        self.data, self.brokers = data, brokers
-        self.env = {
-            **{k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"},
-            "KAFKA_PORT": "0",
-            "PYTHONPATH": str(ROOT),
-            "SHARDLOG_SESSION_TIMEOUT_MS": "6000",
-        }
+        super().__init__(data, CLUSTER, brokers, env={"SHARDLOG_SESSION_TIMEOUT_MS": "6000"})
 
-    def _python(self, *argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *argv], cwd=ROOT, env=self.env, capture_output=True, text=True)
-
-    def run(self, action: str, *args: str) -> float:
+    def run(self, action: str) -> float:
         t0 = time.perf_counter()
-        r = self._python("-m", "infra.cluster", action, "--data", str(self.data), "--cluster", CLUSTER, *args)
+        r = self.cluster_action(action)
         if r.returncode != 0:
             raise SystemExit(f"infra.cluster {action} failed:\n{r.stdout}\n{r.stderr}")
         return time.perf_counter() - t0
 
     def up(self) -> float:
-        return self.run("up", "--brokers", str(self.brokers))
+        return self.run("up")
 
     def down(self) -> float:
         return self.run("down")
 
     def reset(self) -> None:
-        self._python("-m", "infra.cluster", "reset", "--data", str(self.data))
-
-    @property
-    def bootstrap(self) -> str:
-        return (self.data / "kafka" / "bootstrap").read_text().strip()
+        self.cluster_action("reset")
 
     def cli(self, *args: str) -> str:
-        r = self._python("-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster", CLUSTER, *args)
+        r = self.shardlog(*args)
         if r.returncode != 0:
             raise SystemExit(f"shardlog {' '.join(args)}: {r.stdout}{r.stderr}")
         return r.stdout
 
     def kafka(self, *args: str) -> None:
-        subprocess.run(
-            [sys.executable, str(ROOT / "infra" / "kafka" / "local.py"), *args, "--dir", str(self.data / "kafka")],
-            check=True,
-            capture_output=True,
-        )
-
-    def broker_pid(self, node: int) -> int:
-        return int((self.data / "kafka" / f"node-{node}" / "kafka.pid").read_text())
+        r = self.local_kafka(*args)
+        if r.returncode != 0:
+            raise SystemExit(f"local.py {' '.join(args)}: {r.stdout}{r.stderr}")
 
     def client(self, **kw) -> AsyncCluster:
         return AsyncCluster(self.bootstrap, CLUSTER, **kw)
@@ -291,26 +275,14 @@ class Steady:
         }
 
 
-def _partition_leader(bootstrap: str, topic: str) -> int:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    async def go():
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            return (await admin.describe_topics([topic]))[0]["partitions"][0]["leader"]
-        finally:
-            await admin.close()
-
-    return asyncio.run(go())
-
-
-def _controller_leader(d: Deployment) -> int:
-    for f in sorted((d.data / "kafka").glob("node-*/data/__cluster_metadata-0/quorum-state")):
-        leader = json.loads(f.read_text()).get("leaderId", -1)
-        if leader > 0:
-            return leader
-    raise SystemExit("no controller leader found")
+def _victim(d: Deployment, what: str) -> int:
+    if what == "partition leader":
+        changelog = f"{CLUSTER}.shard.s0.changelog"
+        return partition_leaders(d.bootstrap, [changelog])[changelog]["leader"]
+    leader = d.controller_leader()
+    if leader is None:
+        raise SystemExit("no controller leader found")
+    return leader
 
 
 def bench_takeover(base: Path, seconds: float) -> dict:
@@ -336,15 +308,8 @@ def bench_takeover(base: Path, seconds: float) -> dict:
                 "ops": len(lats),
             }
             for what in ("partition leader", "controller leader"):
-                victim = await loop.run_in_executor(
-                    None,
-                    lambda what=what: (
-                        _partition_leader(d.bootstrap, f"{CLUSTER}.shard.s0.changelog")
-                        if what == "partition leader"
-                        else _controller_leader(d)
-                    ),
-                )
-                os.kill(d.broker_pid(victim), signal.SIGKILL)
+                victim = await loop.run_in_executor(None, _victim, d, what)
+                os.kill(d.broker_pids()[victim], signal.SIGKILL)
                 killed = time.monotonic()
                 await asyncio.sleep(seconds)  # observe clients through the take-over
                 fig = steady.after(killed, time.monotonic())
@@ -383,7 +348,7 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=20000, help="fsync: documents per bulk load")
     p.add_argument("--serial", type=int, default=400, help="fsync: serial insert_one per round")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=20, help="takeover: observation window after each kill")
+    p.add_argument("--seconds", type=float, default=20, help="takeover: observation window after each kill (longer than the pause, ~10 s)")
     a = p.parse_args()
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-durability-") as tmp:

@@ -228,6 +228,7 @@ def reset(data: Path) -> None:
         (data / "pids", "pid files"),
     ]
     if _external() is None:
+        _local_kafka("stop", data)
         doomed.insert(0, (data / "kafka", "the local brokers' data: every topic, consumer offset and transaction"))
     else:
         print(
@@ -237,8 +238,6 @@ def reset(data: Path) -> None:
     for path, what in doomed:
         if path.exists():
             size = _size(path)
-            if path.name == "kafka":
-                _local_kafka("stop", data)
             shutil.rmtree(path)
             print(f"  deleted {path} ({size}): {what}")
     print("reset: the next `make up` starts an empty cluster")

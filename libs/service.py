@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs import tracing
+from libs.projection import CheckpointMismatch
 from libs.topics import Topics
 
 
@@ -113,8 +114,6 @@ def run_service(name: str, main) -> None:
             pass
         finally:
             tracing.shutdown()
-
-    from libs.projection import CheckpointMismatch
 
     try:
         asyncio.run(guarded())

@@ -12,46 +12,37 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, wait_until
+from infra.deployment import LocalDeployment, partition_leaders, topic_config
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.kafka
 
 SERVICES = ("config", "shard-s0", "shard-s1", "shard-s2", "router", "balancer", "range-deleter")
 
 
-class Deployment:
+class Deployment(LocalDeployment):
     """`python -m infra.cluster` (what `make up/down/reset` run) on a private data directory,
-    with its own local Kafka on free ports."""
+    with its own local Kafka on free ports; every step asserts it worked."""
 
     def __init__(self, tmp_path: Path, brokers: int | None = None):
-        self.data, self.cluster, self.brokers = tmp_path / "deploy", "dur", brokers
-        self.env = {
-            **{k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP"},
-            "KAFKA_PORT": "0",
-            "PYTHONPATH": str(ROOT),
-            "SHARDLOG_SESSION_TIMEOUT_MS": "6000",
-            "SHARDLOG_STATS_INTERVAL_S": "1",
-        }
-
-    def run(self, action: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "infra.cluster", action, "--data", str(self.data), "--cluster", self.cluster, *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+        super().__init__(
+            tmp_path / "deploy",
+            "dur",
+            brokers,
+            env={"SHARDLOG_SESSION_TIMEOUT_MS": "6000", "SHARDLOG_STATS_INTERVAL_S": "1"},
         )
 
+    def run(self, action: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return self.cluster_action(action, *args, timeout=timeout)
+
     def up(self) -> str:
-        r = self.run("up", *(["--brokers", str(self.brokers)] if self.brokers else []))
+        r = self.run("up")
         assert r.returncode == 0, f"up failed:\n{r.stdout}\n{r.stderr}\n{self.logs_tail()}"
         return r.stdout
 
@@ -63,28 +54,8 @@ class Deployment:
     def reset(self) -> None:
         self.run("reset", timeout=120)
 
-    @property
-    def bootstrap(self) -> str:
-        return (self.data / "kafka" / "bootstrap").read_text().strip()
-
-    def broker_pids(self) -> dict[int, int]:
-        out = {}
-        for f in (self.data / "kafka").glob("node-*/kafka.pid"):
-            out[int(f.parent.name.split("-")[1])] = int(f.read_text())
-        return out
-
-    def service_pids(self) -> dict[str, int]:
-        return {f.stem: int(f.read_text()) for f in (self.data / "pids").glob("*.pid")}
-
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        r = subprocess.run(
-            [sys.executable, "-m", "cli.main", "--bootstrap", self.bootstrap, "--cluster", self.cluster, *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-        )
+        r = self.shardlog(*args, timeout=timeout)
         assert r.returncode == 0, f"shardlog {' '.join(args)}: {r.stdout}{r.stderr}"
         return r
 
@@ -365,50 +336,9 @@ def test_broker_kill9_restarts_within_seconds_while_services_run(deployment):
 
 def _quorum_leader(d: Deployment) -> int:
     """The KRaft controller leader, from a live node's quorum-state file."""
-    for f in sorted((d.data / "kafka").glob("node-*/data/__cluster_metadata-0/quorum-state")):
-        try:
-            leader = json.loads(f.read_text()).get("leaderId", -1)
-        except (OSError, ValueError):
-            continue
-        if leader in d.broker_pids() and _alive(d.broker_pids()[leader]):
-            return leader
-    raise AssertionError("no live node names a controller leader")
-
-
-def _partition_leaders(bootstrap: str, topics: list[str]) -> dict[str, dict]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    async def go():
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            out = {}
-            for t in await admin.describe_topics(topics):
-                p = t["partitions"][0]
-                out[t["topic"]] = {"leader": p["leader"], "replicas": p["replicas"], "isr": p["isr"]}
-            return out
-        finally:
-            await admin.close()
-
-    return asyncio.run(go())
-
-
-def _topic_min_isr(bootstrap: str, topic: str) -> str:
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
-    async def go():
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            (res,) = await admin.describe_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, topic, {"min.insync.replicas": None})]
-            )
-            return res.to_object()["resources"][0]["config_entries"][0]["config_value"]
-        finally:
-            await admin.close()
-
-    return asyncio.run(go())
+    leader = d.controller_leader()
+    assert leader is not None, "no live node names a controller leader"
+    return leader
 
 
 class Migration:
@@ -476,9 +406,9 @@ def test_one_of_three_brokers_then_the_controller_leader_killed_under_load(deplo
     load(d, ns, [{"_id": i, "n": 0, "pad": "p" * 2000} for i in range(600)])
     changelog = f"{d.cluster}.shard.s0.changelog"
     events = f"{d.cluster}.config.events"
-    layout = _partition_leaders(boot, [changelog, events])
+    layout = partition_leaders(boot, [changelog, events])
     assert all(len(p["replicas"]) == 3 for p in layout.values()), layout
-    assert _topic_min_isr(boot, changelog) == "2"
+    assert topic_config(boot, changelog, "min.insync.replicas") == "2"
 
     for n, phase in enumerate(("partition leader", "controller leader")):
         # kill -9 a broker while a YCSB-A mix runs and a migration moves a range off s0.
@@ -493,7 +423,7 @@ def test_one_of_three_brokers_then_the_controller_leader_killed_under_load(deplo
         wait_until(
             lambda m=m: m.progress().get("phase") not in (None, "preparing"), 60, "the migration to start cloning"
         )
-        victim = _partition_leaders(boot, [changelog])[changelog]["leader"] if n == 0 else _quorum_leader(d)
+        victim = partition_leaders(boot, [changelog])[changelog]["leader"] if n == 0 else _quorum_leader(d)
         kill9([d.broker_pids()[victim]])
         killed_at = time.monotonic()
         w.wait()
@@ -511,10 +441,10 @@ def test_one_of_three_brokers_then_the_controller_leader_killed_under_load(deplo
         out = d.up()
         assert f"broker {victim} ready" in out, out
         wait_until(
-            lambda: all(len(p["isr"]) == 3 for p in _partition_leaders(boot, [changelog, events]).values()),
+            lambda: all(len(p["isr"]) == 3 for p in partition_leaders(boot, [changelog, events]).values()),
             60,
             f"broker {victim} to rejoin every ISR",
-            detail=lambda: str(_partition_leaders(boot, [changelog, events])),
+            detail=lambda: str(partition_leaders(boot, [changelog, events])),
         )
         print(f"\n{phase} (broker {victim}) killed mid-migration: {outcome}; clients paused at most {pause:.2f}s")
 
@@ -526,12 +456,7 @@ def test_a_lost_broker_log_is_refused_by_name_and_reset_is_explicit(deployment):
     load(d, "app.kv", [{"_id": i, "k": i} for i in range(100)])
     d.down()
     # The broker's data is lost under the services' stores (deleted by hand, a new disk, ...).
-    lost = subprocess.run(
-        [sys.executable, "infra/kafka/local.py", "reset", "--dir", str(d.data / "kafka")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    lost = d.local_kafka("reset")
     assert lost.returncode == 0, lost.stderr
     refused = d.run("up")
     assert refused.returncode != 0, "a store ahead of its log must not be rebuilt from the shorter log"

@@ -345,7 +345,7 @@ def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None 
     elif fsync is not None and fsync != layout.fsync:
         layout = Layout(layout.cluster_id, layout.nodes, fsync)
         layout.save(d)
-    launched: dict[int, tuple[subprocess.Popen, int]] = {}
+    launched: dict[Node, tuple[subprocess.Popen, int]] = {}  # node -> (process, server.log size at launch)
     for node in layout.nodes:
         nd = node_dir(d, node)
         if (pid := node_pid(d, node)) is not None:
@@ -372,28 +372,27 @@ def start(d: Path, brokers: int | None = None, port: int = 0, fsync: str | None 
                 start_new_session=True,
             )
         (nd / "kafka.pid").write_text(str(proc.pid))
-        launched[node.id] = (proc, offset)
+        launched[node] = (proc, offset)
     (d / "bootstrap").write_text(layout.bootstrap + "\n")
     deadline = time.monotonic() + timeout
     waiting = dict(launched)
     t0 = time.monotonic()
     while waiting:
-        for nid, (proc, offset) in list(waiting.items()):
-            node = next(n for n in layout.nodes if n.id == nid)
+        for node, (proc, offset) in list(waiting.items()):
             log = node_dir(d, node) / "server.log"
             if _accepts(node.port) and _started_since(log, offset):
                 print(
-                    f"local kafka: broker {nid} ready at 127.0.0.1:{node.port} (pid {proc.pid}, "
+                    f"local kafka: broker {node.id} ready at 127.0.0.1:{node.port} (pid {proc.pid}, "
                     f"{time.monotonic() - t0:.1f}s)"
                 )
-                del waiting[nid]
+                del waiting[node]
             elif proc.poll() is not None:
-                sys.exit(f"local kafka: broker {nid} exited with {proc.returncode}; see {log}")
+                sys.exit(f"local kafka: broker {node.id} exited with {proc.returncode}; see {log}")
         if waiting and time.monotonic() > deadline:
             for proc, _ in waiting.values():
                 proc.kill()
             sys.exit(
-                f"local kafka: broker(s) {sorted(waiting)} not ready after {timeout:.0f}s; see {d}/node-*/server.log"
+                f"local kafka: broker(s) {sorted(n.id for n in waiting)} not ready after {timeout:.0f}s; see {d}/node-*/server.log"
             )
         time.sleep(0.2)
     print(
@@ -415,9 +414,7 @@ def stop(d: Path, timeout: float = 60.0, node_ids: list[int] | None = None) -> N
         print("local kafka: not running")
         return
     pids = {
-        n.id: pid
-        for n in layout.nodes
-        if (node_ids is None or n.id in node_ids) and (pid := node_pid(d, n)) is not None
+        n: pid for n in layout.nodes if (node_ids is None or n.id in node_ids) and (pid := node_pid(d, n)) is not None
     }
     if not pids:
         print("local kafka: not running")
@@ -427,19 +424,36 @@ def stop(d: Path, timeout: float = 60.0, node_ids: list[int] | None = None) -> N
     deadline = time.monotonic() + timeout
     while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for nid, pid in pids.items():
+    for node, pid in pids.items():
         how = "stopped"
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
             how = f"killed (no clean stop within {timeout:.0f}s)"
-        (node_dir(d, next(n for n in layout.nodes if n.id == nid)) / "kafka.pid").unlink(missing_ok=True)
-        print(f"local kafka: broker {nid} {how} (pid {pid})")
+        (node_dir(d, node) / "kafka.pid").unlink(missing_ok=True)
+        print(f"local kafka: broker {node.id} {how} (pid {pid})")
+
+
+def controller_leader(d: Path) -> int | None:
+    """The KRaft controller leader as a running node's quorum-state file records it, if alive."""
+    layout = Layout.load(d)
+    for node in layout.nodes if layout else ():
+        if node_pid(d, node) is None:
+            continue
+        try:
+            leader = json.loads((node_dir(d, node) / "data" / "__cluster_metadata-0" / "quorum-state").read_text())
+        except (OSError, ValueError):
+            continue
+        lid = leader.get("leaderId", -1)
+        if any(n.id == lid and node_pid(d, n) is not None for n in layout.nodes):
+            return lid
+    return None
 
 
 def status(d: Path) -> dict:
     layout = Layout.load(d)
     if layout is None:
         return {"formatted": False, "dir": str(d), "brokers": []}
+    pids = {n: node_pid(d, n) for n in layout.nodes}
     return {
         "formatted": True,
         "dir": str(d),
@@ -451,10 +465,10 @@ def status(d: Path) -> dict:
                 "id": n.id,
                 "port": n.port,
                 "controllerPort": n.controller_port,
-                "pid": node_pid(d, n),
-                "running": node_pid(d, n) is not None,
+                "pid": pid,
+                "running": pid is not None,
             }
-            for n in layout.nodes
+            for n, pid in pids.items()
         ],
     }
 
