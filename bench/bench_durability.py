@@ -348,7 +348,12 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=20000, help="fsync: documents per bulk load")
     p.add_argument("--serial", type=int, default=400, help="fsync: serial insert_one per round")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=20, help="takeover: observation window after each kill (longer than the pause, ~10 s)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=20,
+        help="takeover: observation window after each kill (longer than the pause, ~10 s)",
+    )
     a = p.parse_args()
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench-durability-") as tmp:
