@@ -38,10 +38,12 @@ clean-data: reset
 status:
 	@$(PY) -m infra.cluster status --data $(DATA)
 
-# ruff: lint and format check (configured in pyproject.toml); `make format` rewrites.
+# ruff (lint and format check) and import-linter (which package may import which), all
+# configured in pyproject.toml; `make format` rewrites.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: venv
 	$(VENV)/bin/ruff check --fix .
@@ -51,8 +53,9 @@ format: venv
 test: venv jars
 	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
+# Pure logic, no broker: tests/unit (under a minute).
 unit: venv
-	$(PY) -m pytest -q -m "not kafka" $(ARGS)
+	$(PY) -m pytest -q tests/unit $(ARGS)
 
 # Re-export JSON Schemas of every record (a test fails when they are stale).
 schemas: venv

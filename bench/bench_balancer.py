@@ -65,10 +65,10 @@ from aiokafka import TopicPartition
 from bench_e2e import Proc, broker_pid, cpu_seconds, delete_cluster_topics, wait_group, wait_ready
 from bench_migration import pct
 
+from domain.shardkey import KeyPattern, from_ejson
 from libs import kafka
 from libs.client import AsyncCluster
 from libs.requests import Requester
-from libs.shardkey import KeyPattern, from_ejson
 from libs.topics import Topics
 from schemas import balancer as b
 from schemas import config as cfg

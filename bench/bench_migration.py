@@ -86,11 +86,11 @@ from bench_e2e import (
 )
 from rocksdict import Options, Rdict, WriteBatch
 
+from domain.shardkey import encode_value
 from libs import kafka
 from libs.client import AsyncCluster
 from libs.commands import CORRELATION_ID
 from libs.requests import Requester
-from libs.shardkey import encode_value
 from libs.topics import LARGE_RECORDS, SHORT_LIVED, Topics, TopicSpec
 from schemas import config as cfg
 from schemas import shard as s

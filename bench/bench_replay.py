@@ -28,10 +28,10 @@ from pathlib import Path
 import _events as E
 from rocksdict import Options, Rdict, WriteBatch
 
+from domain.catalog import Catalog
 from libs.projection import Projection
 from libs.store import Store
 from schemas import config as schema
-from services.config.catalog import Catalog
 
 
 async def project(bootstrap: str, topic: str, path: Path, profile: bool) -> dict:

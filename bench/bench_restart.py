@@ -23,10 +23,10 @@ from pathlib import Path
 
 import _events as E
 
+from domain.catalog import Catalog
 from libs.projection import Projection
 from libs.store import Store
 from schemas import config as schema
-from services.config.catalog import Catalog
 
 
 async def first_replay(bootstrap: str, topic: str, path: Path) -> dict:

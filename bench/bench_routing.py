@@ -5,14 +5,14 @@ applying events: 3 `ShardAdded`, a `DatabaseCreated`, and one `CollectionSharded
 on `{x: 1}` with N chunks over int keys (contiguous runs on shard0..shard2).
 Then, for random int keys (the same keys for every measurement at one N):
 
-- `owner_of`      `services.router.targeting.owner_of(coll, {"x": k})`: encode the key
+- `owner_of`      `domain.targeting.owner_of(coll, {"x": k})`: encode the key
                   (`KeyPattern.encode_bound`) + `Collection.chunk_index` (bisect over the
                   encoded chunk minimums) + `chunks[i].shard`
 - `encode`        `coll.pattern.encode_bound({"x": k})` alone
 - `chunk_index`   `coll.chunk_index(encoded)` alone, keys encoded beforehand
 - `for_query`     `targeting.for_query(catalog, ns, {"x": k})`: what the router does for
                   a find/update/delete by equality (compiles the filter, then owner_of)
-- `compile_filter` `libs.query.compile_filter({"x": k})` alone (for_query's first step)
+- `compile_filter` `domain.query.compile_filter({"x": k})` alone (for_query's first step)
 - `shard_version` `coll.shard_version(shard)`: the version stamp every routed request carries.
                   The router computes it per shard request (`Routing._routing`, route.py) and the shard
                   again per request to check it (`ShardDecider._placement`): a scan of every chunk of
@@ -38,10 +38,10 @@ import time
 
 import _events as E  # noqa: F401  (puts the repository on sys.path)
 
-from libs.query import compile_filter
+from domain import targeting
+from domain.catalog import Catalog
+from domain.query import compile_filter
 from schemas import config as ev
-from services.config.catalog import Catalog
-from services.router import targeting
 
 NS = "bench.routing"
 SHARDS = ("shard0", "shard1", "shard2")

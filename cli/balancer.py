@@ -15,6 +15,7 @@ from typing import NoReturn
 import typer
 from pydantic import ValidationError
 
+from domain.protocol import ErrorCode
 from services.balancer import policy
 
 balancer_app = typer.Typer(help="The balancer: its decisions, from a cluster snapshot.", no_args_is_help=True)
@@ -163,7 +164,12 @@ def register(app: typer.Typer, m) -> None:
         if clear:
             return setting("balancerWindow", None, None, json_out, "no balancing window: any time")
         if not (start and stop and time_zone):
-            m.fail("give --start, --stop and --time-zone (or --clear)", code="BadValue", as_json=json_out, exit_code=2)
+            m.fail(
+                "give --start, --stop and --time-zone (or --clear)",
+                code=ErrorCode.BadValue,
+                as_json=json_out,
+                exit_code=2,
+            )
         setting(
             "balancerWindow",
             {"start": start, "stop": stop, "timeZone": time_zone},
@@ -194,7 +200,7 @@ def register(app: typer.Typer, m) -> None:
         """A shard's capacity weight: weight 2 aims for twice the data of weight 1."""
         cat = m._catalog(None, json_out)
         if shard not in cat.shards:
-            m.fail(f"shard {shard!r} does not exist", code="ShardNotFound", as_json=json_out)
+            m.fail(f"shard {shard!r} does not exist", code=ErrorCode.ShardNotFound, as_json=json_out)
         weights = {**cat.settings.shardWeights, shard: value}
         setting("shardWeights", weights, None, json_out, f"{shard}: weight {value:g}")
 

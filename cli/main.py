@@ -8,6 +8,7 @@ cluster name (topic prefix) from --cluster / $SHARDLOG_CLUSTER.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import sys
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from domain.protocol import ErrorCode
+from domain.shardkey import to_ejson
 from libs import kafka, tracing
 from libs.requests import Requester, RequestTimeout
-from libs.shardkey import to_ejson
 from libs.topics import Topics
 from schemas import Record
 from schemas import config as c
@@ -73,7 +75,7 @@ def main(
     try:
         Topics(cluster)
     except ValueError as e:
-        fail(str(e), code="BadValue", as_json=False, exit_code=2)
+        fail(str(e), code=ErrorCode.BadValue, as_json=False, exit_code=2)
 
 
 # ----------------------------------------------------------------- helpers
@@ -91,16 +93,25 @@ def parse_json(text: str, what: str, as_json: bool) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        fail(f"invalid JSON for {what}: {e.msg} at column {e.colno}", code="BadValue", as_json=as_json, exit_code=2)
+        fail(
+            f"invalid JSON for {what}: {e.msg} at column {e.colno}",
+            code=ErrorCode.BadValue,
+            as_json=as_json,
+            exit_code=2,
+        )
 
 
 def run(coro):
     try:
         return asyncio.run(coro)
     except RequestTimeout as e:
-        fail(str(e), code="Timeout", as_json="--json" in sys.argv)
+        fail(str(e), code=ErrorCode.Timeout, as_json="--json" in sys.argv)
     except (OSError, kafka_errors()) as e:
-        fail(f"cannot reach Kafka at {_ctx.bootstrap}: {e}", code="KafkaUnavailable", as_json="--json" in sys.argv)
+        fail(
+            f"cannot reach Kafka at {_ctx.bootstrap}: {e}",
+            code=ErrorCode.KafkaUnavailable,
+            as_json="--json" in sys.argv,
+        )
 
 
 def kafka_errors():
@@ -127,7 +138,7 @@ async def _check_cluster() -> None:
         fail(
             f"cluster {_ctx.cluster!r} has no topics at {_ctx.bootstrap} ({', '.join(missing)} missing): is it "
             f"started? (`make up`, or `shardlog topics create`)",
-            code="ClusterNotFound",
+            code=ErrorCode.ClusterNotFound,
             as_json="--json" in sys.argv,
         )
 
@@ -164,25 +175,18 @@ def topics_create(json_out: bool = JsonOpt) -> None:
 @app.command("dead-letters")
 def dead_letters(limit: int = typer.Option(20, help="show the last N"), json_out: bool = JsonOpt) -> None:
     """Records that did not parse, with the reason and where they came from."""
-    from aiokafka import TopicPartition
 
     async def read():
-        cons = kafka.consumer(_ctx.bootstrap, client_id="shardlog-cli")
-        await cons.start()
-        try:
-            tp = TopicPartition(_ctx.topics.dead_letters, 0)
-            cons.assign([tp])
-            end = await kafka.log_end(cons, tp)
-            cons.seek(tp, max(0, end - limit * 2))  # commit markers take offsets too
-            got = []
+        got = []
 
-            async def take(records):
-                got.extend(records)
+        async def take(records):
+            got.extend(records)
 
-            await kafka.catch_up(cons, tp, take)
-            return got[-limit:]
-        finally:
-            await cons.stop()
+        # commit markers take offsets too: start twice as far back
+        await kafka.read_to_end(
+            _ctx.bootstrap, _ctx.topics.dead_letters, take, start=-limit * 2, client_id="shardlog-cli"
+        )
+        return got[-limit:]
 
     rows = []
     for r in run(read()):
@@ -240,14 +244,14 @@ def remove_shard(
 
 
 def _removal_status(shard: str, json_out: bool) -> None:
+    from domain.settings import in_window
     from services.balancer.draining import removal_status
-    from services.balancer.server import _now, in_window
 
     cat, commits = run(_drain_history(shard))
     if shard not in cat.shards:
-        fail(f"shard {shard!r} does not exist (removed already?)", code="ShardNotFound", as_json=json_out)
+        fail(f"shard {shard!r} does not exist (removed already?)", code=ErrorCode.ShardNotFound, as_json=json_out)
     doc = removal_status(cat, shard)
-    if not in_window(cat.settings.balancerWindow, _now()):
+    if not in_window(cat.settings.balancerWindow, dt.datetime.now(dt.UTC)):
         w = cat.settings.balancerWindow
         doc["blockers"].append(
             {"reason": "outsideWindow", "detail": f"outside the balancing window {w.start}-{w.stop} {w.timeZone}"}
@@ -277,34 +281,24 @@ def _removal_status(shard: str, json_out: bool) -> None:
 
 async def _drain_history(shard: str):
     """The catalog, and when draining began and how many chunks have left since (Kafka timestamps)."""
-    from aiokafka import TopicPartition
-
+    from domain.catalog import Catalog
     from schemas import config as cfg_schema
-    from services.config.catalog import Catalog
 
     cat = Catalog(track_changes=False)
-    tp = TopicPartition(_ctx.topics.config_events, 0)
-    consumer = kafka.consumer(_ctx.bootstrap, client_id="shardlog-cli")
-    await consumer.start()
     since, moved, last = None, 0, None
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
 
-        async def take(records):
-            nonlocal since, moved, last
-            for rec in records:
-                e = cfg_schema.events.decode(rec.value)
-                cat.apply(e, rec.offset)
-                if e.type == "ShardDraining" and e.shard == shard:
-                    since, moved = rec.timestamp / 1000, 0
-                elif e.type == "MigrationCommitted" and e.donor == shard and since is not None:
-                    moved += 1
-                    last = rec.timestamp / 1000
+    async def take(records):
+        nonlocal since, moved, last
+        for rec in records:
+            e = cfg_schema.events.decode(rec.value)
+            cat.apply(e, rec.offset)
+            if e.type == "ShardDraining" and e.shard == shard:
+                since, moved = rec.timestamp / 1000, 0
+            elif e.type == "MigrationCommitted" and e.donor == shard and since is not None:
+                moved += 1
+                last = rec.timestamp / 1000
 
-        await kafka.catch_up(consumer, tp, take)
-    finally:
-        await consumer.stop()
+    await kafka.read_to_end(_ctx.bootstrap, _ctx.topics.config_events, take, client_id="shardlog-cli")
     import time as _time
 
     return cat, {"since": since, "moved": moved, "now": _time.time(), "last": last}
@@ -335,7 +329,7 @@ def shard_collection(
     """Shard a collection by a range, compound or hashed key."""
     pattern = parse_json(key, "--key", json_out)
     if not isinstance(pattern, dict):
-        fail('--key must be a JSON object such as {"x": 1}', code="BadValue", as_json=json_out, exit_code=2)
+        fail('--key must be a JSON object such as {"x": 1}', code=ErrorCode.BadValue, as_json=json_out, exit_code=2)
     send(
         c.ShardCollection(ns=ns, key=pattern, unique=unique, numInitialChunks=num_initial_chunks),
         json_out,
@@ -358,7 +352,7 @@ def split(
     elif find is not None:
         points = _median_point(ns, parse_json(find, "--find", json_out), json_out)
     else:
-        fail("give --at POINT (repeatable) or --find DOC", code="BadValue", as_json=json_out, exit_code=2)
+        fail("give --at POINT (repeatable) or --find DOC", code=ErrorCode.BadValue, as_json=json_out, exit_code=2)
     send(
         c.SplitChunk(ns=ns, at=points),
         json_out,
@@ -376,11 +370,11 @@ def _median_point(ns: str, doc: Any, as_json: bool) -> list:
     cat = _catalog(None, as_json)
     coll = cat.collections.get(ns)
     if coll is None:
-        fail(f"collection {ns!r} is not sharded", code="NamespaceNotFound", as_json=as_json)
+        fail(f"collection {ns!r} is not sharded", code=ErrorCode.NamespaceNotFound, as_json=as_json)
     try:
         owner = coll.chunks[coll.chunk_index(coll.pattern.encode_doc(doc))].shard
     except Exception as e:
-        fail(f"--find: {e}", code="BadValue", as_json=as_json, exit_code=2)
+        fail(f"--find: {e}", code=ErrorCode.BadValue, as_json=as_json, exit_code=2)
 
     async def ask():
         async with Requester(_ctx.bootstrap, _ctx.topics.cli_replies, client_id="shardlog-cli") as r:
@@ -397,7 +391,7 @@ def _median_point(ns: str, doc: Any, as_json: bool) -> list:
             if reply.result["jumbo"]
             else "the chunk holds no document"
         )
-        fail(f"cannot split the chunk: {why}", code="CannotSplit", as_json=as_json)
+        fail(f"cannot split the chunk: {why}", code=ErrorCode.CannotSplit, as_json=as_json)
     return reply.result["points"]
 
 
@@ -438,7 +432,7 @@ def _with_client(fn, as_json: bool):
 def _filter(text: str, as_json: bool) -> dict:
     flt = parse_json(text, "the filter", as_json)
     if not isinstance(flt, dict):
-        fail('a filter must be a JSON object such as {"x": 1}', code="BadValue", as_json=as_json, exit_code=2)
+        fail('a filter must be a JSON object such as {"x": 1}', code=ErrorCode.BadValue, as_json=as_json, exit_code=2)
     return flt
 
 
@@ -603,7 +597,7 @@ def settings_get(
     cat = _catalog(None, json_out)
     if ns is not None:
         if ns not in cat.collections:
-            fail(f"collection {ns!r} is not sharded", code="NamespaceNotFound", as_json=json_out)
+            fail(f"collection {ns!r} is not sharded", code=ErrorCode.NamespaceNotFound, as_json=json_out)
         values = cat.collections[ns].settings.model_dump()
     else:
         values = cat.settings.model_dump()
@@ -620,7 +614,7 @@ def settings_get(
 
 
 def _catalog(at: int | None, as_json: bool):
-    from services.config.replay import replay_catalog
+    from domain.follower import replay_catalog
 
     return run(replay_catalog(_ctx.bootstrap, _ctx.topics.config_events, until=at))
 

@@ -15,8 +15,9 @@ import sys
 import typer
 from rich.live import Live
 
+from domain.protocol import ErrorCode
+from domain.shardkey import from_ejson, to_ejson
 from libs.requests import Requester, RequestTimeout
-from libs.shardkey import from_ejson, to_ejson
 from schemas import config as c
 from schemas import shard as s
 
@@ -65,11 +66,11 @@ def register(app: typer.Typer, ctx, helpers) -> None:
         cat = m._catalog(None, json_out)
         coll = cat.collections.get(ns)
         if coll is None:
-            m.fail(f"collection {ns!r} is not sharded", code="NamespaceNotFound", as_json=json_out)
+            m.fail(f"collection {ns!r} is not sharded", code=ErrorCode.NamespaceNotFound, as_json=json_out)
         try:
             key = coll.pattern.encode_doc(doc)
         except Exception as e:
-            m.fail(f"--find: {e}", code="BadValue", as_json=json_out, exit_code=2)
+            m.fail(f"--find: {e}", code=ErrorCode.BadValue, as_json=json_out, exit_code=2)
         chunk = coll.chunks[coll.chunk_index(key)]
         _move(
             c.MoveRange(
@@ -100,7 +101,7 @@ def register(app: typer.Typer, ctx, helpers) -> None:
             return
         summary = m.run(_follow(r["id"], r["donor"], False, None, json_out))
         if summary["outcome"] != "committed":
-            m.fail(f"primary move {r['id']} {summary['outcome']}", code="MigrationAborted", as_json=json_out)
+            m.fail(f"primary move {r['id']} {summary['outcome']}", code=ErrorCode.MigrationAborted, as_json=json_out)
         if json_out:
             print(json.dumps({"ok": True, "db": db, "primary": to, **summary}))
         else:

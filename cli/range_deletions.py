@@ -16,6 +16,7 @@ from types import ModuleType
 import typer
 from rich.table import Column, Table
 
+from domain.protocol import ErrorCode
 from libs.requests import Requester
 from schemas import shard as s
 from services.range_deleter import deleter
@@ -63,14 +64,14 @@ def range_deletions(
     m = _cli()
     cat = m._catalog(None, json_out)
     if shard is not None and shard not in cat.shards:
-        m.fail(f"shard {shard!r} does not exist", code="ShardNotFound", as_json=json_out)
+        m.fail(f"shard {shard!r} does not exist", code=ErrorCode.ShardNotFound, as_json=json_out)
     shards = [shard] if shard is not None else sorted(cat.shards)
     answers = m.run(_list(shards))
     unanswered = {sid: a for sid, a in answers.items() if isinstance(a, str)}
     if shards and len(unanswered) == len(shards):
         m.fail(
             "; ".join(f"shard {sid}: {why}" for sid, why in unanswered.items()),
-            code="ShardUnavailable",
+            code=ErrorCode.ShardUnavailable,
             as_json=json_out,
         )
     tasks = [t for a in answers.values() if isinstance(a, dict) for t in a["rangeDeletions"]]

@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from domain.protocol import ErrorCode
 from libs.client import AsyncCluster
 from services.workload import runner
 from services.workload.ycsb import REQUEST_DISTRIBUTIONS, Workload
@@ -62,12 +63,12 @@ def _workload(name: str, as_json: bool) -> Workload:
     try:
         return runner.resolve_workload(name)
     except ValueError as e:
-        fail(str(e), code="BadValue", as_json=as_json, exit_code=2)
+        fail(str(e), code=ErrorCode.BadValue, as_json=as_json, exit_code=2)
 
 
 def _require(ok: bool, message: str, as_json: bool) -> None:
     if not ok:
-        fail(message, code="BadValue", as_json=as_json, exit_code=2)
+        fail(message, code=ErrorCode.BadValue, as_json=as_json, exit_code=2)
 
 
 def _split_ns(ns: str, as_json: bool) -> tuple[str, str]:

@@ -20,13 +20,13 @@ MongoDB: each shard enforces it for its own documents.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
 from libs import kafka, tracing
 from libs.ids import new_object_id
 from libs.requests import Requester, RequestTimeout
@@ -152,13 +152,10 @@ class AsyncDatabase:
         return AsyncCollection(self.cluster, f"{self.name}.{coll}")
 
 
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
-
-
 def _prepared(doc: dict) -> dict:
     """The document with an _id (so a retry inserts it once), refused here if over 16 MB."""
     doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
-    size = len(json.dumps(doc, separators=(",", ":")).encode())
+    size = doc_bytes(doc)
     if size > MAX_DOCUMENT_BYTES:
         raise DocumentTooLarge(
             "DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)"

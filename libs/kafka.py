@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.structs import ConsumerRecord
 
 from libs.topics import TopicSpec
 
@@ -196,3 +199,46 @@ async def catch_up(c: AIOKafkaConsumer, tp: TopicPartition, on_batch, *, max_rec
                 target = await log_end(c, tp)
                 empty = 0
     return await c.position(tp)
+
+
+OnBatch = Callable[[list[ConsumerRecord]], Awaitable[None]]
+
+
+@asynccontextmanager
+async def partition_reader(
+    bootstrap: str, topic: str, *, partition: int = 0, start: int | str = 0, client_id: str = "shardlog-reader"
+) -> AsyncIterator[tuple[AIOKafkaConsumer, TopicPartition]]:
+    """A started consumer assigned to one partition, positioned at `start`: an offset, a
+    negative number for that many offsets before the end, or "end"; stopped on exit.
+
+    The one way shardlog opens a partition to read it (a command topic, read by a consumer
+    group, is the command processor's and the router's business)."""
+    c = consumer(bootstrap, client_id=client_id)
+    await c.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        c.assign([tp])
+        if start == "end":
+            c.seek(tp, await log_end(c, tp))
+        elif isinstance(start, int) and start < 0:
+            c.seek(tp, max(0, await log_end(c, tp) + start))
+        else:
+            c.seek(tp, int(start))
+        yield c, tp
+    finally:
+        await c.stop()
+
+
+async def read_to_end(
+    bootstrap: str,
+    topic: str,
+    on_batch: OnBatch,
+    *,
+    partition: int = 0,
+    start: int | str = 0,
+    client_id: str = "shardlog-reader",
+) -> int:
+    """Feed every record of a partition from `start` up to its end as of now to
+    `on_batch`; returns the position reached (the log's end)."""
+    async with partition_reader(bootstrap, topic, partition=partition, start=start, client_id=client_id) as (c, tp):
+        return await catch_up(c, tp, on_batch)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-SHARD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+SHARD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z, not $: "$" also matches before a final newline
 
 
 @dataclass(frozen=True)

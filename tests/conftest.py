@@ -20,6 +20,22 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items):
+    """The layout is the rule: tests/unit never needs a broker, tests/integration always does
+    (`make unit` runs the first alone, in under a minute)."""
+    misplaced = []
+    for item in items:
+        part = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        kafka = item.get_closest_marker("kafka") is not None
+        if (part == "unit" and kafka) or (part == "integration" and not kafka):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "tests/unit is for tests without a broker and tests/integration for tests marked "
+            "`kafka`; misplaced: " + ", ".join(misplaced)
+        )
+
+
 @pytest.fixture(scope="session")
 def bootstrap() -> str:
     b = os.environ.get("KAFKA_BOOTSTRAP")

@@ -4,7 +4,7 @@ in, actions out (the round loop records and sends them)."""
 
 from __future__ import annotations
 
-from services.config.catalog import Catalog
+from domain.catalog import Catalog
 
 
 def drain_actions(catalog: Catalog, busy: set[str]) -> list[dict]:

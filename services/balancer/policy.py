@@ -58,7 +58,7 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from typing_extensions import TypedDict
 
-from libs.shardkey import KeyPattern, from_ejson
+from domain.shardkey import KeyPattern, from_ejson
 
 MB = 1024 * 1024
 IMBALANCE_CHUNKS = 3  # MongoDB: a zone is balanced once donor and recipient differ by less than 3 max chunk sizes

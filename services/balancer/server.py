@@ -28,17 +28,17 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from zoneinfo import ZoneInfo
 
-from aiokafka import TopicPartition
-
+from domain.follower import CatalogFollower
+from domain.protocol import ErrorCode
+from domain.settings import in_window
+from domain.shardkey import from_ejson, to_ejson
 from libs import kafka
 from libs.commands import CommandError, CommandProcessor, Decision
 from libs.faults import fault_point
 from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
-from libs.shardkey import from_ejson, to_ejson
 from libs.store import Store
 from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import RecordError, stats
@@ -46,8 +46,6 @@ from schemas import balancer as b
 from schemas import config as cfg
 from services.balancer import automerge, defragment, draining, policy, snapshot
 from services.balancer.state import BalancerState, event_key
-from services.config.follower import CatalogFollower
-from services.config.settings import Window
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +66,6 @@ class Outcome:
     size: int | None = None
 
 
-def in_window(window: Window | None, now: dt.datetime) -> bool:
-    """Inside the balancing window (seed 000): [start, stop) in its time zone, which may wrap midnight."""
-    if window is None:
-        return True
-    local = now.astimezone(ZoneInfo(window.timeZone)).strftime("%H:%M")
-    if window.start <= window.stop:
-        return window.start <= local < window.stop
-    return local >= window.start or local < window.stop
-
-
 class StatisticsReader:
     """The latest report of every shard, from the compacted `shard.stats` topic."""
 
@@ -87,12 +75,8 @@ class StatisticsReader:
         self._changed = asyncio.Event()
 
     async def run(self) -> None:
-        tp = TopicPartition(self.settings.topics.shard_stats, 0)
-        c = kafka.consumer(self.settings.bootstrap, client_id="balancer-stats")
-        await c.start()
-        try:
-            c.assign([tp])
-            c.seek(tp, 0)
+        s = self.settings
+        async with kafka.partition_reader(s.bootstrap, s.topics.shard_stats, client_id="balancer-stats") as (c, tp):
             while True:
                 batch = await c.getmany(tp, timeout_ms=500)
                 for rec in batch.get(tp, []):
@@ -103,8 +87,6 @@ class StatisticsReader:
                         continue
                     self.latest[report.shard] = report
                     self._changed.set()
-        finally:
-            await c.stop()
 
     def sizes(self, catalog, fresh_from: int) -> tuple[dict[tuple[str, bytes], int], list[str]]:
         """(ns, chunk min key) -> data size, from reports taken at ConfigTime >= fresh_from;
@@ -145,11 +127,8 @@ class MigrationHistory:
         self.caught_up = asyncio.Event()  # until then, recent migrations may be missing
 
     async def run(self) -> None:
-        tp = TopicPartition(self.settings.topics.config_events, 0)
-        c = kafka.consumer(self.settings.bootstrap, client_id="balancer-history")
-        await c.start()
-        try:
-            c.assign([tp])
+        s = self.settings
+        async with kafka.partition_reader(s.bootstrap, s.topics.config_events, client_id="balancer-history") as (c, tp):
             while True:
                 since = self.horizon()
                 found = (await c.offsets_for_times({tp: int((time.time() - since) * 1000)}))[tp]
@@ -162,8 +141,6 @@ class MigrationHistory:
                 while self.horizon() <= since:
                     batch = await c.getmany(tp, timeout_ms=500)
                     await self._take(batch.get(tp, []))
-        finally:
-            await c.stop()
 
     async def _take(self, records) -> None:
         for rec in records:
@@ -254,14 +231,14 @@ class Balancer:
         if isinstance(cmd, b.GetBalancerState):
             return Decision([], {**self.state.document(), **self.live(cmd.ns, cmd.snapshot)})
         if isinstance(cmd, b.StartDefragmentation) and cmd.ns not in self.follower.catalog.collections:
-            raise CommandError("NamespaceNotFound", f"collection {cmd.ns!r} is not sharded")
+            raise CommandError(ErrorCode.NamespaceNotFound, f"collection {cmd.ns!r} is not sharded")
         return self.state.decide(cmd)
 
     def live(self, ns: str | None = None, with_snapshot: bool = False) -> dict:
         settings = self.follower.catalog.settings
         out = {
             "enabled": settings.balancerEnabled,
-            "inWindow": in_window(settings.balancerWindow, _now()),
+            "inWindow": in_window(settings.balancerWindow, now()),
             "window": settings.balancerWindow.model_dump() if settings.balancerWindow else None,
             "round": self.round,
             "activity": self.activity,
@@ -291,7 +268,7 @@ class Balancer:
         catalog = self.follower.catalog
         coll = catalog.collections.get(ns)
         if coll is None:
-            raise CommandError("NamespaceNotFound", f"collection {ns!r} is not sharded")
+            raise CommandError(ErrorCode.NamespaceNotFound, f"collection {ns!r} is not sharded")
         found = [v.to_json() for v in policy.violations(snap, ns)]
         if self.state.blocks_balancing(ns):
             found.append({"reason": "defragmenting", "detail": f"phase {self.state.defrag_status(ns)['currentPhase']}"})
@@ -349,7 +326,7 @@ class Balancer:
                 settings = self.follower.catalog.settings
                 if not settings.balancerEnabled:
                     self.activity = "stopped (balancerEnabled is false)"
-                elif not in_window(settings.balancerWindow, _now()):
+                elif not in_window(settings.balancerWindow, now()):
                     self.activity = "outside the balancing window"
                 else:
                     summary = await self.balance_round()
@@ -567,7 +544,7 @@ class Balancer:
 
     def _allowed(self) -> bool:
         settings = self.follower.catalog.settings
-        return settings.balancerEnabled and in_window(settings.balancerWindow, _now())
+        return settings.balancerEnabled and in_window(settings.balancerWindow, now())
 
     def _throttle(self, key, ms: int) -> float:
         """Seconds to wait before sending the next action under `key`; reserves its slot."""
@@ -811,5 +788,5 @@ def throttle_left(last_migration_end: float | None, now: float, throttle_ms: int
     return max(0.0, throttle_ms / 1000 - (now - last_migration_end))
 
 
-def _now() -> dt.datetime:
+def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from libs.shardkey import to_ejson
-from services.config.catalog import Catalog
+from domain.catalog import Catalog
+from domain.shardkey import to_ejson
 
 
 def build(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from domain.protocol import ErrorCode
 from libs.commands import CommandError, Decision
 from libs.store import Store
 from schemas import Record
@@ -141,7 +142,7 @@ class BalancerState:
             return Decision([b.AutoMergeRan(at=cmd.at)], {"at": cmd.at})
         if isinstance(cmd, b.GetBalancerState):
             return Decision([], self.document())
-        raise CommandError("CommandNotFound", f"unknown balancer command {cmd.type!r}")
+        raise CommandError(ErrorCode.CommandNotFound, f"unknown balancer command {cmd.type!r}")
 
     def document(self) -> dict:
         return {

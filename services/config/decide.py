@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
-from libs.commands import CommandError, Decision
-from libs.shardkey import MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
-from schemas import Record
-from schemas import config as c
-from services.config.catalog import Catalog, Collection
-from services.config.settings import ClusterSettings, CollectionSettings, validated
-from services.config.versions import (
+from domain.catalog import Catalog, Collection
+from domain.protocol import ErrorCode, check_db_name, check_shard_name, check_zone_name, split_ns
+from domain.settings import ClusterSettings, CollectionSettings, validated
+from domain.shardkey import MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
+from domain.versions import (
     ChunkVersion,
     hashed_split_points,
     initial_versions,
@@ -29,21 +26,21 @@ from services.config.versions import (
     new_uuid,
     split_versions,
 )
+from libs.commands import CommandError, Decision
+from schemas import Record
+from schemas import config as c
 
-SHARD_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # \Z, not $: "$" also matches before a final newline
-DB_FORBIDDEN = set('/\\. "$*<>:|?\x00')
-RESERVED_DBS = {"admin", "config", "local"}
 MAX_INITIAL_CHUNKS_PER_SHARD = 8192
 
 
 def decide(catalog: Catalog, cmd: Record) -> Decision:
     handler = _HANDLERS.get(type(cmd))
     if handler is None:
-        raise CommandError("CommandNotFound", f"unknown command {cmd.type!r}")
+        raise CommandError(ErrorCode.CommandNotFound, f"unknown command {cmd.type!r}")
     # json.loads lets lone surrogates ("\ud800") through.  Events holding one either fail to
     # encode after the config server applied them, or (as dict keys) are written lossily.
     if not _utf8_ok(cmd.model_dump()):
-        raise CommandError("BadValue", "the command holds text that is not valid Unicode")
+        raise CommandError(ErrorCode.BadValue, "the command holds text that is not valid Unicode")
     return handler(catalog, cmd)
 
 
@@ -67,42 +64,10 @@ def _utf8_ok(value: Any) -> bool:
 # ------------------------------------------------------------------ names
 
 
-def check_shard_name(name: str) -> None:
-    if not SHARD_NAME.match(name):
-        raise CommandError("BadValue", f"invalid shard name {name!r}: use 1-64 of A-Z a-z 0-9 _ -")
-
-
-def check_db_name(db: str) -> None:
-    if not db or len(db) >= 64 or any(ch in DB_FORBIDDEN for ch in db):
-        raise CommandError(
-            "InvalidNamespace", f'invalid database name {db!r}: 1-63 characters, none of / \\ . space " $ * < > : | ?'
-        )
-    if db in RESERVED_DBS:
-        raise CommandError("InvalidNamespace", f"database {db!r} is reserved")
-
-
-def split_ns(ns: str) -> tuple[str, str]:
-    db, dot, coll = ns.partition(".")
-    if not dot or not coll:
-        raise CommandError("InvalidNamespace", f"invalid namespace {ns!r}: expected 'database.collection'")
-    check_db_name(db)
-    if len(ns.encode()) > 255 or "\x00" in coll or "$" in coll or coll.startswith("system."):
-        raise CommandError(
-            "InvalidNamespace",
-            f"invalid collection name in {ns!r}: no '$' or NUL, not 'system.*', namespace <= 255 bytes",
-        )
-    return db, coll
-
-
-def check_zone_name(zone: str) -> None:
-    if not zone or len(zone) > 64 or "\x00" in zone:
-        raise CommandError("BadValue", f"invalid zone name {zone!r}: 1-64 characters")
-
-
 def _shard(catalog: Catalog, shard: str):
     s = catalog.shards.get(shard)
     if s is None:
-        raise CommandError("ShardNotFound", f"shard {shard!r} does not exist")
+        raise CommandError(ErrorCode.ShardNotFound, f"shard {shard!r} does not exist")
     return s
 
 
@@ -110,7 +75,7 @@ def _collection(catalog: Catalog, ns: str) -> Collection:
     split_ns(ns)
     coll = catalog.collections.get(ns)
     if coll is None:
-        raise CommandError("NamespaceNotFound", f"collection {ns!r} is not sharded")
+        raise CommandError(ErrorCode.NamespaceNotFound, f"collection {ns!r} is not sharded")
     return coll
 
 
@@ -127,17 +92,17 @@ def _finite(v: Any) -> bool:
 def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict, bytes]:
     if not isinstance(raw, dict):
         raise CommandError(
-            "BadValue", f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}"
+            ErrorCode.BadValue, f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}"
         )
     try:
         b = coll.pattern.validate_bound(raw)
         key = coll.pattern.encode_bound(b)
     except ShardKeyError as e:
-        raise CommandError("BadValue", f"{what}: {e}") from None
+        raise CommandError(ErrorCode.BadValue, f"{what}: {e}") from None
     # The events are JSON, which writes Infinity and NaN as null: the config server would keep
     # the bound it decided while every reader of config.events got a different one.
     if not _finite(b):
-        raise CommandError("BadValue", f"{what}: Infinity and NaN cannot be chunk or zone bounds")
+        raise CommandError(ErrorCode.BadValue, f"{what}: Infinity and NaN cannot be chunk or zone bounds")
     return b, key
 
 
@@ -149,7 +114,7 @@ def least_loaded_shard(catalog: Catalog) -> str:
     sizes, "data" is counted in chunks, then databases the shard is primary of."""
     active = catalog.active_shards()
     if not active:
-        raise CommandError("ShardNotFound", "the cluster has no shard to place data on: add one with add-shard")
+        raise CommandError(ErrorCode.ShardNotFound, "the cluster has no shard to place data on: add one with add-shard")
     chunks = {s: 0 for s in active}
     for coll in catalog.collections.values():
         for ch in coll.chunks:
@@ -162,7 +127,7 @@ def least_loaded_shard(catalog: Catalog) -> str:
 def add_shard(catalog: Catalog, cmd: c.AddShard) -> Decision:
     check_shard_name(cmd.shard)
     if cmd.shard in catalog.shards:
-        raise CommandError("ShardAlreadyExists", f"a shard named {cmd.shard!r} already exists")
+        raise CommandError(ErrorCode.ShardAlreadyExists, f"a shard named {cmd.shard!r} already exists")
     return Decision([c.ShardAdded(shard=cmd.shard)], {"shardAdded": cmd.shard})
 
 
@@ -170,14 +135,14 @@ def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
     s = _shard(catalog, cmd.shard)
     chunks, dbs = catalog.chunk_count(s.id), catalog.primary_of(s.id)
     if not s.draining and len(catalog.active_shards()) == 1 and len(catalog.shards) == 1:
-        raise CommandError("IllegalOperation", f"cannot remove {s.id!r}: it is the last shard of the cluster")
+        raise CommandError(ErrorCode.IllegalOperation, f"cannot remove {s.id!r}: it is the last shard of the cluster")
     if chunks == 0 and not dbs:
         return Decision([c.ShardRemoved(shard=s.id)], {"state": "completed", "shard": s.id})
     remaining = {"chunks": chunks, "dbs": dbs}
     if s.draining:
         return Decision([], {"state": "ongoing", "shard": s.id, "remaining": remaining})
     if not [x for x in catalog.active_shards() if x != s.id]:
-        raise CommandError("IllegalOperation", f"cannot drain {s.id!r}: no other shard could take its data")
+        raise CommandError(ErrorCode.IllegalOperation, f"cannot drain {s.id!r}: no other shard could take its data")
     return Decision([c.ShardDraining(shard=s.id)], {"state": "started", "shard": s.id, "remaining": remaining})
 
 
@@ -188,7 +153,7 @@ def _create_database_events(catalog: Catalog, db: str, primary: str | None) -> l
     if primary is None:
         primary = least_loaded_shard(catalog)
     elif _shard(catalog, primary).draining:
-        raise CommandError("ShardNotFound", f"shard {primary!r} is draining and cannot be a primary")
+        raise CommandError(ErrorCode.ShardNotFound, f"shard {primary!r} is draining and cannot be a primary")
     v = new_database_version()
     return [c.DatabaseCreated(db=db, primary=primary, uuid=v.uuid, lastMod=v.last_mod)]
 
@@ -199,7 +164,7 @@ def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
     if existing is not None:
         if cmd.primary not in (None, existing.primary):
             raise CommandError(
-                "NamespaceExists", f"database {cmd.db!r} already exists with primary {existing.primary!r}"
+                ErrorCode.NamespaceExists, f"database {cmd.db!r} already exists with primary {existing.primary!r}"
             )
         return Decision([], {"db": cmd.db, "primary": existing.primary, "created": False})
     events = _create_database_events(catalog, cmd.db, cmd.primary)
@@ -223,16 +188,16 @@ def create_collection(catalog: Catalog, cmd: c.CreateCollection) -> Decision:
 def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
     if cmd.ns in catalog.collections:
-        raise CommandError("AlreadyInitialized", f"collection {cmd.ns!r} is already sharded")
+        raise CommandError(ErrorCode.AlreadyInitialized, f"collection {cmd.ns!r} is already sharded")
     try:
         pattern = KeyPattern.parse(cmd.key)
     except InvalidKeyPattern as e:
-        raise CommandError("InvalidOptions", f"invalid shard key: {e}") from None
+        raise CommandError(ErrorCode.InvalidOptions, f"invalid shard key: {e}") from None
     if cmd.unique and pattern.is_hashed:
-        raise CommandError("InvalidOptions", "a hashed shard key cannot be unique")
+        raise CommandError(ErrorCode.InvalidOptions, "a hashed shard key cannot be unique")
     hashed_prefix = pattern.hashed_field == pattern.fields[0]
     if cmd.numInitialChunks is not None and not hashed_prefix:
-        raise CommandError("InvalidOptions", "numInitialChunks is only for a shard key with a hashed prefix")
+        raise CommandError(ErrorCode.InvalidOptions, "numInitialChunks is only for a shard key with a hashed prefix")
     events: list[Record] = []
     if db not in catalog.databases:  # sharding a collection creates its database, as in MongoDB
         events += _create_database_events(catalog, db, None)
@@ -244,14 +209,15 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     tracked = not events and cmd.ns in catalog.databases[db].collections
     if tracked and cmd.numInitialChunks is not None:
         raise CommandError(
-            "InvalidOptions", f"numInitialChunks is only for an empty collection; {cmd.ns} already exists unsharded"
+            ErrorCode.InvalidOptions,
+            f"numInitialChunks is only for an empty collection; {cmd.ns} already exists unsharded",
         )
     if hashed_prefix and not tracked:
         shards = catalog.active_shards()
         n = cmd.numInitialChunks or 2 * len(shards)
         if not 1 <= n <= MAX_INITIAL_CHUNKS_PER_SHARD * len(shards):
             raise CommandError(
-                "InvalidOptions",
+                ErrorCode.InvalidOptions,
                 f"numInitialChunks must be between 1 and {MAX_INITIAL_CHUNKS_PER_SHARD * len(shards)}, got {n}",
             )
         chunks = hashed_initial_chunks(pattern, shards, n, epoch)
@@ -288,17 +254,17 @@ def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch:
 def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
     coll = _collection(catalog, cmd.ns)
     if not cmd.at:
-        raise CommandError("BadValue", "give at least one split point")
+        raise CommandError(ErrorCode.BadValue, "give at least one split point")
     points = [_bound(coll, p, f"split point {i + 1}") for i, p in enumerate(cmd.at)]
     keys = [k for _, k in points]
     if any(a >= b for a, b in zip(keys, keys[1:])):
-        raise CommandError("BadValue", "split points must be sorted ascending and distinct")
+        raise CommandError(ErrorCode.BadValue, "split points must be sorted ascending and distinct")
     chunk = coll.chunks[coll.chunk_index(keys[0])]
     _not_migrating(catalog, coll, chunk.min_key, chunk.max_key)
     for p, k in points:
         if not chunk.min_key < k < chunk.max_key:
             raise CommandError(
-                "BadValue",
+                ErrorCode.BadValue,
                 f"split point {to_ejson(p)} is not strictly inside the chunk "
                 f"[{to_ejson(chunk.min)}, {to_ejson(chunk.max)})",
             )
@@ -322,15 +288,15 @@ def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
     lo, lo_key = _bound(coll, cmd.min, "min")
     hi, hi_key = _bound(coll, cmd.max, "max")
     if lo_key >= hi_key:
-        raise CommandError("BadValue", "min must be below max")
+        raise CommandError(ErrorCode.BadValue, "min must be below max")
     first = coll.chunk_index(lo_key)
     if coll.chunks[first].min_key != lo_key:
-        raise CommandError("BadValue", f"min {to_ejson(lo)} is not the lower bound of a chunk")
+        raise CommandError(ErrorCode.BadValue, f"min {to_ejson(lo)} is not the lower bound of a chunk")
     last = coll.chunk_index(hi_key) if hi_key < coll.chunks[-1].max_key else len(coll.chunks) - 1
     if coll.chunks[last].min_key == hi_key:
         last -= 1
     if coll.chunks[last].max_key != hi_key:
-        raise CommandError("BadValue", f"max {to_ejson(hi)} is not the upper bound of a chunk")
+        raise CommandError(ErrorCode.BadValue, f"max {to_ejson(hi)} is not the upper bound of a chunk")
     run = coll.chunks[first : last + 1]
     _not_migrating(catalog, coll, lo_key, hi_key)
     if len(run) == 1:
@@ -338,7 +304,7 @@ def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
     owners = sorted({ch.shard for ch in run})
     if len(owners) > 1:
         raise CommandError(
-            "IllegalOperation",
+            ErrorCode.IllegalOperation,
             f"chunks in [{to_ejson(lo)}, {to_ejson(hi)}) are on several "
             f"shards ({', '.join(owners)}); merge needs them on one",
         )
@@ -369,7 +335,7 @@ def remove_shard_from_zone(catalog: Catalog, cmd: c.RemoveShardFromZone) -> Deci
     others = [x for x in catalog.shards.values() if x.id != s.id and cmd.zone in x.zones]
     if not others and catalog.zone_in_use(cmd.zone):
         raise CommandError(
-            "ZoneStillInUse",
+            ErrorCode.ZoneStillInUse,
             f"{s.id!r} is the last shard of zone {cmd.zone!r}, which still has key ranges: remove those first",
         )
     return Decision(
@@ -381,17 +347,17 @@ def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
     coll = _collection(catalog, cmd.ns)
     check_zone_name(cmd.zone)
     if not any(cmd.zone in s.zones for s in catalog.shards.values()):
-        raise CommandError("ZoneNotFound", f"zone {cmd.zone!r} has no shard: add a shard to it first")
+        raise CommandError(ErrorCode.ZoneNotFound, f"zone {cmd.zone!r} has no shard: add a shard to it first")
     lo, lo_key = _bound(coll, cmd.min, "min")
     hi, hi_key = _bound(coll, cmd.max, "max")
     if lo_key >= hi_key:
-        raise CommandError("BadValue", "min must be below max")
+        raise CommandError(ErrorCode.BadValue, "min must be below max")
     for z in coll.zones:
         if z.min_key == lo_key and z.max_key == hi_key and z.zone == cmd.zone:
             return Decision([], {"ns": coll.ns, "zone": cmd.zone})
         if z.min_key < hi_key and lo_key < z.max_key:
             raise CommandError(
-                "RangeOverlapConflict",
+                ErrorCode.RangeOverlapConflict,
                 f"[{to_ejson(lo)}, {to_ejson(hi)}) overlaps the range "
                 f"[{to_ejson(z.min)}, {to_ejson(z.max)}) of zone {z.zone!r}",
             )
@@ -410,7 +376,9 @@ def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
             return Decision(
                 [c.ZoneRangeRemoved(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi))], {"ns": coll.ns, "zone": z.zone}
             )
-    raise CommandError("ZoneRangeNotFound", f"{coll.ns} has no zone range exactly [{to_ejson(lo)}, {to_ejson(hi)})")
+    raise CommandError(
+        ErrorCode.ZoneRangeNotFound, f"{coll.ns} has no zone range exactly [{to_ejson(lo)}, {to_ejson(hi)})"
+    )
 
 
 # --------------------------------------------------------------- settings
@@ -424,7 +392,7 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
     try:
         new = validated(model, current, cmd.key, cmd.value)
     except ValueError as e:
-        raise CommandError("BadValue", str(e)) from None
+        raise CommandError(ErrorCode.BadValue, str(e)) from None
     value = new.model_dump()[cmd.key]
     if value == current.model_dump()[cmd.key]:
         return Decision([], {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
@@ -450,7 +418,7 @@ def _not_migrating(catalog: Catalog, coll: Collection, lo: bytes, hi: bytes) -> 
         ch = coll.chunks[_migration_chunk_index(coll, m)]
         if ch.min_key < hi and lo < ch.max_key:
             raise CommandError(
-                "ConflictingOperationInProgress",
+                ErrorCode.ConflictingOperationInProgress,
                 f"migration {m.id} of [{_ej(ch.min)}, {_ej(ch.max)}) is in progress; try again when it is done",
             )
 
@@ -466,10 +434,10 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
     if cmd.max is not None:
         hi, hi_key = _bound(coll, cmd.max, "max")
         if hi_key <= lo_key:
-            raise CommandError("BadValue", "min must be below max")
+            raise CommandError(ErrorCode.BadValue, "min must be below max")
         if hi_key > chunk.max_key:
             raise CommandError(
-                "BadValue",
+                ErrorCode.BadValue,
                 f"[{_ej(lo)}, {_ej(hi)}) spans several chunks; a range must lie within "
                 f"one chunk, here [{_ej(chunk.min)}, {_ej(chunk.max)})",
             )
@@ -477,15 +445,15 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
     if chunk.shard == cmd.to:
         return Decision([], {"ns": cmd.ns, "moved": False, "reason": f"the range is already on {cmd.to}"})
     if target.draining:
-        raise CommandError("ShardNotFound", f"shard {cmd.to!r} is draining and cannot receive data")
+        raise CommandError(ErrorCode.ShardNotFound, f"shard {cmd.to!r} is draining and cannot receive data")
     if not coll.settings.allowMigrations:
         raise CommandError(
-            "ConflictingOperationInProgress",
+            ErrorCode.ConflictingOperationInProgress,
             f"migrations of {cmd.ns} are not allowed (set-allow-migrations {cmd.ns} true)",
         )
     if chunk.jumbo and not cmd.forceJumbo:
         raise CommandError(
-            "ChunkTooBig", f"chunk [{_ej(chunk.min)}, {_ej(chunk.max)}) is jumbo; move it with --force-jumbo"
+            ErrorCode.ChunkTooBig, f"chunk [{_ej(chunk.min)}, {_ej(chunk.max)}) is jumbo; move it with --force-jumbo"
         )
     want = (cmd.ns, to_ejson(lo), to_ejson(hi) if cmd.max is not None else None, chunk.shard, cmd.to)
     for shard in (chunk.shard, cmd.to):
@@ -498,7 +466,7 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
                 {"ns": cmd.ns, "id": m.id, "donor": m.donor, "recipient": m.recipient, "joined": True, "moved": True},
             )
         raise CommandError(
-            "ConflictingOperationInProgress",
+            ErrorCode.ConflictingOperationInProgress,
             f"shard {shard} already takes part in migration {m.id} ({m.ns} {m.donor} -> {m.recipient});"
             f" a shard runs one migration at a time",
         )
@@ -519,23 +487,27 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
 def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is not None and m.kind != "range":
-        raise CommandError("BadValue", f"{cmd.id} is a primary move: commit it with CommitPrimaryMove")
+        raise CommandError(ErrorCode.BadValue, f"{cmd.id} is a primary move: commit it with CommitPrimaryMove")
     if m is None:
         outcome = catalog.outcomes.get(cmd.id)
         if outcome == "committed":  # a retried commit
             return Decision([], {"id": cmd.id, "outcome": outcome})
-        raise CommandError("NoSuchMigration", f"migration {cmd.id} is not active ({outcome or 'unknown'})")
+        raise CommandError(ErrorCode.NoSuchMigration, f"migration {cmd.id} is not active ({outcome or 'unknown'})")
     coll = catalog.collections.get(m.ns)
     if coll is None or coll.epoch != m.epoch:
-        raise CommandError("StaleEpoch", f"{m.ns} was dropped or resharded during migration {m.id}")
+        raise CommandError(ErrorCode.StaleEpoch, f"{m.ns} was dropped or resharded during migration {m.id}")
     if not coll.settings.allowMigrations:
-        raise CommandError("ConflictingOperationInProgress", f"migrations of {m.ns} were disallowed during {m.id}")
+        raise CommandError(
+            ErrorCode.ConflictingOperationInProgress, f"migrations of {m.ns} were disallowed during {m.id}"
+        )
     lo, lo_key = _bound(coll, cmd.min, "min")
     hi, hi_key = _bound(coll, cmd.max, "max")
     i = coll.chunk_index(lo_key)
     chunk = coll.chunks[i]
     if chunk.shard != m.donor or not lo_key < hi_key <= chunk.max_key or to_ejson(lo) != m.min:
-        raise CommandError("BadValue", f"[{_ej(lo)}, {_ej(hi)}) is not a range of {m.donor} requested by {m.id}")
+        raise CommandError(
+            ErrorCode.BadValue, f"[{_ej(lo)}, {_ej(hi)}) is not a range of {m.donor} requested by {m.id}"
+        )
     events: list[Record] = []
     version = coll.version()
     points = [p for p, k in ((lo, lo_key), (hi, hi_key)) if chunk.min_key < k < chunk.max_key]
@@ -614,12 +586,12 @@ def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
     check_db_name(cmd.db)
     db = catalog.databases.get(cmd.db)
     if db is None:
-        raise CommandError("NamespaceNotFound", f"database {cmd.db!r} does not exist")
+        raise CommandError(ErrorCode.NamespaceNotFound, f"database {cmd.db!r} does not exist")
     target = _shard(catalog, cmd.to)
     if db.primary == cmd.to:
         return Decision([], {"db": cmd.db, "moved": False, "reason": f"{cmd.to} is already the primary"})
     if target.draining:
-        raise CommandError("ShardNotFound", f"shard {cmd.to!r} is draining and cannot be a primary")
+        raise CommandError(ErrorCode.ShardNotFound, f"shard {cmd.to!r} is draining and cannot be a primary")
     for shard in (db.primary, cmd.to):
         m = catalog.migration_of(shard)
         if m is None:
@@ -630,7 +602,7 @@ def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
                 {"db": cmd.db, "id": m.id, "moved": True, "joined": True, "donor": m.donor, "recipient": m.recipient},
             )
         raise CommandError(
-            "ConflictingOperationInProgress",
+            ErrorCode.ConflictingOperationInProgress,
             f"shard {shard} already takes part in migration {m.id}; a shard runs one migration at a time",
         )
     mid = new_uuid()
@@ -646,7 +618,7 @@ def commit_primary_move(catalog: Catalog, cmd: c.CommitPrimaryMove) -> Decision:
         outcome = catalog.outcomes.get(cmd.id)
         if outcome == "committed":
             return Decision([], {"id": cmd.id, "outcome": outcome})
-        raise CommandError("NoSuchMigration", f"primary move {cmd.id} is not active ({outcome or 'unknown'})")
+        raise CommandError(ErrorCode.NoSuchMigration, f"primary move {cmd.id} is not active ({outcome or 'unknown'})")
     db = catalog.databases[m.ns]
     v = moved_primary(db.version)
     return Decision(

@@ -3,13 +3,13 @@ command processor on config.commands."""
 
 from __future__ import annotations
 
+from domain.catalog import Catalog
 from libs import kafka
 from libs.commands import CommandProcessor
 from libs.projection import Projection
 from libs.service import ServiceSettings, clear_ready, report_ready
 from libs.store import Store
 from schemas import config as schema
-from services.config.catalog import Catalog
 from services.config.decide import decide
 
 NAME = "config"

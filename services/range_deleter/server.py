@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
 
+from domain.follower import CatalogFollower
 from libs import kafka
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import ServiceSettings, clear_ready, report_ready
 from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import shard as s
-from services.config.follower import CatalogFollower
 from services.range_deleter import deleter
 
 log = logging.getLogger(__name__)

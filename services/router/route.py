@@ -16,24 +16,29 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from domain import targeting
+from domain.follower import CatalogFollower
+from domain.protocol import (
+    CONFIG_TIME,
+    CURSOR_TIMEOUT_S,
+    MAX_BATCH_BYTES,
+    ErrorCode,
+    check_document_size,
+    doc_bytes,
+    split_ns,
+)
+from domain.query import QueryError, apply_projection, compile_filter, merge_sorted
+from domain.shardkey import ShardKeyError, ShardKeyTooLarge
 from libs.commands import CommandError
 from libs.ids import new_object_id
-from libs.query import QueryError, apply_projection, compile_filter, merge_sorted
 from libs.requests import Requester, RequestTimeout
-from libs.shardkey import ShardKeyError
 from libs.topics import Topics
 from schemas import config as cfg
 from schemas import shard as s
-from services.config.decide import split_ns
-from services.config.follower import CatalogFollower
-from services.router import targeting
-from services.shard.decide import MAX_BATCH_BYTES, MAX_DOCUMENT_BYTES, doc_bytes
-from services.shard.server import CONFIG_TIME
 
 MAX_STALE_RETRIES = 10
 SHARD_TIMEOUT_S = 30.0
 CRITICAL_WAIT_S = 10.0  # how long one retry waits for a critical section to end
-CURSOR_TIMEOUT_S = 600
 
 
 class Stale(Exception):
@@ -64,9 +69,9 @@ class OperationRouter:
     async def handle(self, req) -> dict:
         """The result of one client operation; raises CommandError."""
         if getattr(req, "routing", None) is not None:
-            raise CommandError("BadValue", "clients do not send routing; routers add it")
+            raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
         if not isinstance(req, s.CLIENT_REQUESTS):
-            raise CommandError("CommandNotFound", f"{req.type} is not a client operation")
+            raise CommandError(ErrorCode.CommandNotFound, f"{req.type} is not a client operation")
         if isinstance(req, s.GetMore):
             return self.get_more(req)
         split_ns(req.ns)  # InvalidNamespace before anything is sent
@@ -92,8 +97,10 @@ class OperationRouter:
                 except TimeoutError:
                     pass
             except QueryError as e:
-                raise CommandError("BadValue", str(e)) from None
-        raise CommandError("StaleConfig", f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries")
+                raise CommandError(ErrorCode.BadValue, str(e)) from None
+        raise CommandError(
+            ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
+        )
 
     # ------------------------------------------------------------ plumbing
 
@@ -114,11 +121,11 @@ class OperationRouter:
             )
         except RequestTimeout:
             raise CommandError(
-                "ShardUnavailable", f"shard {shard} did not answer within {SHARD_TIMEOUT_S:g}s"
+                ErrorCode.ShardUnavailable, f"shard {shard} did not answer within {SHARD_TIMEOUT_S:g}s"
             ) from None
         if reply.ok:
             return reply.result or {}
-        if reply.code == "StaleConfig":
+        if reply.code == ErrorCode.StaleConfig:
             info = reply.result or {}
             if info.get("critical"):
                 # Held by a critical section: what ends it is the first ConfigTime after the one
@@ -169,10 +176,10 @@ class OperationRouter:
         for i, doc in enumerate(req.docs):
             try:
                 doc = _with_id(doc)
-                _check_size(doc)
+                check_document_size(doc)
                 shard, _ = targeting.for_document(self.catalog, req.ns, doc)
                 if shard is None:
-                    raise CommandError("NamespaceNotFound", f"database of {req.ns} does not exist")
+                    raise CommandError(ErrorCode.NamespaceNotFound, f"database of {req.ns} does not exist")
             except (CommandError, ShardKeyError) as e:
                 errors.append(_write_error(i, e))
                 if req.ordered:
@@ -222,7 +229,7 @@ class OperationRouter:
             return {"matched": 0, "modified": 0}
         if req.upsert and t.sharded and not t.full_key:
             raise CommandError(
-                "ShardKeyNotFound",
+                ErrorCode.ShardKeyNotFound,
                 "an upsert on a sharded collection must pin the full shard key (or _id) by equality in its filter",
             )
         return await self._write_targets(
@@ -320,7 +327,8 @@ class OperationRouter:
         cur = self.cursors.pop(req.cursorId, None)
         if cur is None:
             raise CommandError(
-                "CursorNotFound", f"cursor {req.cursorId} not found (exhausted, expired, or the router restarted)"
+                ErrorCode.CursorNotFound,
+                f"cursor {req.cursorId} not found (exhausted, expired, or the router restarted)",
             )
         n = _batch_length(cur.docs, req.batchSize)
         batch, rest = cur.docs[:n], cur.docs[n:]
@@ -364,19 +372,13 @@ def _batch_length(docs: list[dict], size: int) -> int:
 
 def _with_id(doc: Any) -> dict:
     if not isinstance(doc, dict):
-        raise CommandError("BadValue", "a document must be a JSON object")
+        raise CommandError(ErrorCode.BadValue, "a document must be a JSON object")
     # A client library supplies _id so retries are idempotent; a bare client gets one here.
     return doc if "_id" in doc else {"_id": new_object_id(), **doc}
-
-
-def _check_size(doc: dict) -> None:
-    size = doc_bytes(doc)
-    if size > MAX_DOCUMENT_BYTES:
-        raise CommandError("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")
 
 
 def _write_error(i: int, e: Exception) -> dict:
     if isinstance(e, CommandError):
         return {"index": i, "code": e.code, "errmsg": e.message}
-    code = "ShardKeyTooLarge" if "512" in str(e) else "ShardKeyNotFound"
+    code = ErrorCode.ShardKeyTooLarge if isinstance(e, ShardKeyTooLarge) else ErrorCode.ShardKeyNotFound
     return {"index": i, "code": code, "errmsg": str(e)}

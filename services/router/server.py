@@ -17,6 +17,8 @@ import uuid
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from domain.follower import CatalogFollower
+from domain.protocol import ErrorCode
 from libs import kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, header
 from libs.requests import Requester
@@ -25,7 +27,6 @@ from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import Codec, RecordError
 from schemas import shard as schema
 from schemas.reply import Reply
-from services.config.follower import CatalogFollower
 from services.router.route import OperationRouter
 
 log = logging.getLogger(__name__)
@@ -93,23 +94,26 @@ class RouterServer:
         requests = kafka.consumer(
             s.bootstrap, group_id=f"{s.cluster}.router", client_id=self.name, session_timeout_ms=s.session_timeout_ms
         )
-        cursors = kafka.consumer(s.bootstrap, client_id=self.name)
-        await asyncio.gather(requests.start(), cursors.start())
+        await requests.start()
         progress = Progress()
         requests.subscribe([t.router_requests], listener=progress)
-        ctp = TopicPartition(self.cursor_topic, 0)
-        cursors.assign([ctp])
-        cursors.seek(ctp, await kafka.log_end(cursors, ctp))
-        report_ready(s, self.name, configTime=at, inbox=self.inbox)
-        cursor_task = supervised(asyncio.create_task(self._serve(cursors, progress=None)), f"{self.name} cursors")
         try:
-            await self._serve(requests, progress=progress)
+            # Cursor continuations come back to this router only: its own topic, read from now on.
+            async with kafka.partition_reader(s.bootstrap, self.cursor_topic, start="end", client_id=self.name) as (
+                cursors,
+                _,
+            ):
+                report_ready(s, self.name, configTime=at, inbox=self.inbox)
+                cursor_task = supervised(
+                    asyncio.create_task(self._serve(cursors, progress=None)), f"{self.name} cursors"
+                )
+                try:
+                    await self._serve(requests, progress=progress)
+                finally:
+                    cursor_task.cancel()
         finally:
-            cursor_task.cancel()
             clear_ready(s, self.name)
-            await asyncio.gather(
-                requests.stop(), cursors.stop(), self.producer.stop(), self.requester.stop(), return_exceptions=True
-            )
+            await asyncio.gather(requests.stop(), self.producer.stop(), self.requester.stop(), return_exceptions=True)
             await self.follower.stop()
             await kafka.delete_topics(s.bootstrap, [self.inbox, self.cursor_topic])
 
@@ -158,12 +162,12 @@ class RouterServer:
                         ("dlq.offset", str(rec.offset).encode()),
                     ],
                 )
-                reply = Reply(ok=False, code="BadRecord", error=e.reason)
+                reply = Reply(ok=False, code=ErrorCode.BadRecord, error=e.reason)
             except CommandError as e:
                 reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
             except Exception as e:  # a bug: answer clearly rather than leave the client waiting
                 log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
-                reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+                reply = Reply(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}")
             self.served += 1
             if reply_to:
                 try:

@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.commands import CommandError, Decision
-from libs.ids import new_object_id
-from libs.query import (
+from domain import targeting
+from domain.catalog import Catalog, Collection
+from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, doc_bytes
+from domain.query import (
     MISSING,
     QueryError,
     apply_projection,
@@ -31,18 +32,15 @@ from libs.query import (
     sort_key,
     upsert_document,
 )
-from libs.shardkey import ShardKeyError, encode_value, from_ejson, to_ejson
+from domain.shardkey import ShardKeyError, ShardKeyTooLarge, encode_value, from_ejson, to_ejson
+from libs.commands import CommandError, Decision
+from libs.ids import new_object_id
 from schemas import Record
 from schemas import shard as s
-from services.config.catalog import Catalog, Collection
-from services.router import targeting
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, shard_key_part
 from services.shard.migrations import MigrationDecisions
 
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
-MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
 MATCHING_WRITES = (s.Update, s.Delete)
-CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes
 
 
 @dataclass
@@ -86,7 +84,7 @@ class ShardDecider(MigrationDecisions):
     def decide(self, req: Record) -> Decision:
         handler = self._handlers.get(type(req))
         if handler is None:
-            raise CommandError("CommandNotFound", f"unknown shard request {req.type!r}")
+            raise CommandError(ErrorCode.CommandNotFound, f"unknown shard request {req.type!r}")
         self.served[(req.type, getattr(req, "ns", None))] += 1
         op_id = getattr(req, "opId", None)
         if op_id is not None and (done := self.documents.recorded(op_id)) is not None:
@@ -135,7 +133,7 @@ class ShardDecider(MigrationDecisions):
     def _placement(self, ns: str, routing: s.Routing | None) -> Collection | None:
         """The sharded collection (None: unsharded, on this primary) if the router's view is current."""
         if routing is None:
-            raise CommandError("BadValue", "a shard serves only routed requests (send this to a router)")
+            raise CommandError(ErrorCode.BadValue, "a shard serves only routed requests (send this to a router)")
         coll = self.catalog.collections.get(ns)
         if coll is None:
             db = self.catalog.databases.get(ns.partition(".")[0])
@@ -150,7 +148,7 @@ class ShardDecider(MigrationDecisions):
     def _stale(self, ns: str, routing: s.Routing, coll: Collection | None):
         here = coll.shard_version(self.shard_id) if coll else None
         raise CommandError(
-            "StaleConfig",
+            ErrorCode.StaleConfig,
             f"{self.shard_id}: routing for {ns} is stale (router at ConfigTime "
             f"{routing.configTime}, shard at {self.catalog.config_time})",
             {
@@ -182,14 +180,15 @@ class ShardDecider(MigrationDecisions):
         missing = [f for f in coll.pattern.fields if get_path(doc, f) is MISSING]
         if missing:
             raise CommandError(
-                "ShardKeyNotFound", f"document is missing shard key field(s) {missing} of {coll.pattern.spec}"
+                ErrorCode.ShardKeyNotFound, f"document is missing shard key field(s) {missing} of {coll.pattern.spec}"
             )
         try:
             key = coll.pattern.extract(doc)
             coll.pattern.check_size(key)
             return coll.pattern.encode_bound(key)
         except ShardKeyError as e:
-            raise CommandError("ShardKeyTooLarge" if "512" in str(e) else "BadValue", str(e)) from None
+            code = ErrorCode.ShardKeyTooLarge if isinstance(e, ShardKeyTooLarge) else ErrorCode.BadValue
+            raise CommandError(code, str(e)) from None
 
     # ------------------------------------------------------------------ reads
 
@@ -198,7 +197,7 @@ class ShardDecider(MigrationDecisions):
         try:
             matcher = compile_filter(flt)
         except QueryError as e:
-            raise CommandError("BadValue", f"invalid filter: {e}") from None
+            raise CommandError(ErrorCode.BadValue, f"invalid filter: {e}") from None
         if coll is None and self.primary_blocked(ns, reads=True):
             raise self._critical(ns, "a read")
         blocked = self.blocked_ranges(ns, reads=True) if coll is not None else []
@@ -242,7 +241,7 @@ class ShardDecider(MigrationDecisions):
                 docs = (apply_projection(d, req.projection) for d in docs)
             return Decision([], self._batch(docs, req.batchSize, req.ns))
         except QueryError as e:
-            raise CommandError("BadValue", str(e)) from None
+            raise CommandError(ErrorCode.BadValue, str(e)) from None
 
     def _batch(self, docs: Iterator[dict], size: int, ns: str = "", config_time: int | None = None) -> dict:
         """Up to `size` documents and MAX_BATCH_BYTES (at least one document); the rest stays
@@ -274,7 +273,7 @@ class ShardDecider(MigrationDecisions):
         cursor = self.cursors.pop(req.cursorId, None)
         if cursor is None:
             raise CommandError(
-                "CursorNotFound",
+                ErrorCode.CursorNotFound,
                 f"cursor {req.cursorId} not found on {self.shard_id} (exhausted, expired, or the shard restarted)",
             )
         return Decision([], self._batch(cursor.docs, req.batchSize, cursor.ns, cursor.config_time))
@@ -285,13 +284,15 @@ class ShardDecider(MigrationDecisions):
 
     def split_vector(self, req: s.SplitVector) -> Decision:
         """Split points of the chunk holding `find` from this shard's documents (seed 001)."""
-        from services.balancer import autosplit
+        from domain import splitvector as autosplit
 
         coll = self.catalog.collections.get(req.ns)
         if coll is None:
-            raise CommandError("NamespaceNotFound", f"collection {req.ns!r} is not sharded")
+            raise CommandError(ErrorCode.NamespaceNotFound, f"collection {req.ns!r} is not sharded")
         if (req.find is None) == (req.chunkMin is None):
-            raise CommandError("BadValue", "SplitVector needs exactly one of find (a document) and chunkMin (a bound)")
+            raise CommandError(
+                ErrorCode.BadValue, "SplitVector needs exactly one of find (a document) and chunkMin (a bound)"
+            )
         try:
             key = (
                 coll.pattern.encode_doc(req.find)
@@ -299,11 +300,11 @@ class ShardDecider(MigrationDecisions):
                 else coll.pattern.encode_bound(from_ejson(req.chunkMin))
             )
         except (ShardKeyError, ValueError) as e:
-            raise CommandError("BadValue", f"{'find' if req.find is not None else 'chunkMin'}: {e}") from None
+            raise CommandError(ErrorCode.BadValue, f"{'find' if req.find is not None else 'chunkMin'}: {e}") from None
         chunk = coll.chunks[coll.chunk_index(key)]
         if chunk.shard != self.shard_id:
             raise CommandError(
-                "StaleConfig",
+                ErrorCode.StaleConfig,
                 f"{self.shard_id} does not own that chunk",
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
@@ -357,7 +358,7 @@ class ShardDecider(MigrationDecisions):
             try:
                 events.append(self._insert_one(coll, req.ns, doc, seen))
             except CommandError as e:
-                if e.code == "StaleConfig":
+                if e.code == ErrorCode.StaleConfig:
                     raise  # the router re-targets the whole request
                 errors.append({"index": i, "code": e.code, "errmsg": e.message})
                 if req.ordered:
@@ -368,13 +369,13 @@ class ShardDecider(MigrationDecisions):
 
     def _insert_one(self, coll, ns: str, doc: Any, seen: set[bytes]) -> s.DocumentWritten:
         if not isinstance(doc, dict):
-            raise CommandError("BadValue", "a document must be a JSON object")
+            raise CommandError(ErrorCode.BadValue, "a document must be a JSON object")
         doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
-        _check_size(doc)
+        check_document_size(doc)
         skey = self._shard_key(coll, doc)
         if not self._owns(coll, skey):
             raise CommandError(
-                "StaleConfig",
+                ErrorCode.StaleConfig,
                 f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
@@ -389,7 +390,7 @@ class ShardDecider(MigrationDecisions):
         existing = self.documents.find_by_id(ns, doc["_id"])
         if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
             raise CommandError(
-                "DuplicateKey",
+                ErrorCode.DuplicateKey,
                 f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(doc['_id'])} }}",
             )
         seen.add(id_enc)
@@ -408,7 +409,7 @@ class ShardDecider(MigrationDecisions):
                 new = apply_update(doc, req.update)
                 if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
                     self._check_key_unchanged(coll, skey, doc, new)
-                    _check_size(new)
+                    check_document_size(new)
                     events.append(s.DocumentWritten(ns=req.ns, skey=skey.hex(), doc=new))
                     modified += 1
                 if not req.multi:
@@ -419,7 +420,7 @@ class ShardDecider(MigrationDecisions):
                 event = self._insert_one(coll, req.ns, new, set())
                 return Decision([event], {"matched": 0, "modified": 0, "upsertedId": new["_id"]})
         except QueryError as e:
-            raise CommandError("BadValue", str(e)) from None
+            raise CommandError(ErrorCode.BadValue, str(e)) from None
         return Decision(events, {"matched": matched, "modified": modified})
 
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
@@ -427,7 +428,7 @@ class ShardDecider(MigrationDecisions):
             return
         if any(_enc(get_path(old, f)) != _enc(get_path(new, f)) for f in coll.pattern.fields):
             raise CommandError(
-                "ImmutableField",
+                ErrorCode.ImmutableField,
                 f"an update may not change the shard key {coll.pattern.spec} (document {json.dumps(old.get('_id'))})",
             )
 
@@ -446,13 +447,3 @@ class ShardDecider(MigrationDecisions):
 
 def _enc(v: Any) -> bytes:
     return b"" if v is MISSING else encode_value(v)
-
-
-def doc_bytes(doc: dict) -> int:
-    return len(json.dumps(doc, separators=(",", ":")).encode())
-
-
-def _check_size(doc: dict) -> None:
-    size = doc_bytes(doc)
-    if size > MAX_DOCUMENT_BYTES:
-        raise CommandError("DocumentTooLarge", f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)")

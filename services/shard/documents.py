@@ -10,7 +10,7 @@ find a document by _id.
 
 Migration documents and range-deletion tasks are few: they are also kept in memory.
 
-Shard keys and _ids are `libs.shardkey` order-preserving encodings, so a
+Shard keys and _ids are `domain.shardkey` order-preserving encodings, so a
 chunk [min, max) is one contiguous key range.  Writes decided in the current
 batch sit in an overlay until the batch commits; reads see them.
 """
@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from libs.shardkey import encode_value
+from domain.shardkey import encode_value
 from libs.store import Store
 from schemas import Record
 from schemas import shard as ev

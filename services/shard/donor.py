@@ -29,18 +29,18 @@ from dataclasses import dataclass
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
+from domain.catalog import Migration
+from domain.follower import CatalogFollower
+from domain.protocol import doc_bytes as _size
+from domain.shardkey import from_ejson, to_ejson
 from libs import kafka
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import ServiceSettings
-from libs.shardkey import from_ejson, to_ejson
 from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import RecordError
 from schemas import config as cfg
 from schemas import shard as s
-from services.config.catalog import Migration
-from services.config.follower import CatalogFollower
-from services.shard.decide import doc_bytes as _size
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, shard_key_part
 
 log = logging.getLogger(__name__)
@@ -429,14 +429,14 @@ class _ModReader:
         self.total = 0
 
     async def __aenter__(self):
-        self.consumer = kafka.consumer(self.c.settings.bootstrap, client_id=f"shard-{self.c.shard_id}-mods")
-        await self.consumer.start()
-        self.consumer.assign([self.tp])
-        self.consumer.seek(self.tp, self.start)
+        self._reader = kafka.partition_reader(
+            self.c.settings.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
+        )
+        self.consumer, _ = await self._reader.__aenter__()
         return self
 
     async def __aexit__(self, *exc):
-        await self.consumer.stop()
+        await self._reader.__aexit__(*exc)
 
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""

@@ -17,9 +17,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from domain.protocol import ErrorCode
+from domain.shardkey import from_ejson
 from libs.commands import CommandError, Decision
 from libs.faults import fault_point
-from libs.shardkey import from_ejson
 from schemas import Record
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, shard_key_part
@@ -43,7 +44,7 @@ class MigrationDecisions:
     def _range_keys(self: ShardDecider, ns: str, lo: dict, hi: dict) -> tuple[bytes, bytes]:
         coll = self.catalog.collections.get(ns)
         if coll is None:
-            raise CommandError("NamespaceNotFound", f"{ns} is not sharded")
+            raise CommandError(ErrorCode.NamespaceNotFound, f"{ns} is not sharded")
         return coll.pattern.encode_bound(from_ejson(lo)), coll.pattern.encode_bound(from_ejson(hi))
 
     def blocked_ranges(self: ShardDecider, ns: str, reads: bool) -> list[tuple[bytes, bytes]]:
@@ -68,7 +69,7 @@ class MigrationDecisions:
     def _critical(self: ShardDecider, ns: str, what: str) -> CommandError:
         # Retriable: the router waits for the next ConfigTime (the commit or the abort) and retries.
         return CommandError(
-            "StaleConfig",
+            ErrorCode.StaleConfig,
             f"{self.shard_id}: {what} of {ns} waits for a migration's critical section",
             {"shard": self.shard_id, "configTime": self.catalog.config_time + 1, "critical": True},
         )
@@ -80,12 +81,12 @@ class MigrationDecisions:
             return Decision([], {"id": req.id, "state": mine.state, "joined": True})
         coll = self.catalog.collections.get(req.ns)
         if coll is None or coll.epoch != req.epoch:
-            raise CommandError("StaleEpoch", f"{req.ns} is not at epoch {req.epoch} on {self.shard_id}")
+            raise CommandError(ErrorCode.StaleEpoch, f"{req.ns} is not at epoch {req.epoch} on {self.shard_id}")
         lo, hi = self._range_keys(req.ns, req.min, req.max)
         chunk = coll.chunks[coll.chunk_index(lo)]
         if chunk.shard != self.shard_id or not (chunk.min_key <= lo < hi <= chunk.max_key):
             raise CommandError(
-                "StaleConfig",
+                ErrorCode.StaleConfig,
                 f"{self.shard_id} does not own all of the range of migration {req.id}",
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
@@ -104,7 +105,7 @@ class MigrationDecisions:
         db = self.catalog.databases.get(req.db)
         if db is None or db.primary != self.shard_id:
             raise CommandError(
-                "StaleConfig",
+                ErrorCode.StaleConfig,
                 f"{self.shard_id} is not the primary of {req.db}",
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
@@ -128,7 +129,7 @@ class MigrationDecisions:
         if (mine := self._busy(req.id)) is not None:
             return Decision([], {"id": req.id, "state": mine.state, "joined": True})
         if req.id not in self.catalog.migrations:
-            raise CommandError("NoSuchMigration", f"primary move {req.id} is not active")
+            raise CommandError(ErrorCode.NoSuchMigration, f"primary move {req.id} is not active")
         fault_point("migration.registered")
         return Decision(
             [
@@ -167,7 +168,7 @@ class MigrationDecisions:
         decision = "committed" if req.committed else "aborted"
         if m.decision is not None:
             if m.decision != decision:
-                raise CommandError("IllegalOperation", f"migration {req.id} was already {m.decision}")
+                raise CommandError(ErrorCode.IllegalOperation, f"migration {req.id} was already {m.decision}")
             return Decision([], {"id": req.id, "state": m.state})
         events: list[Record] = [m.model_copy(update={"state": "decided", "decision": decision})]
         if m.role == "primary-donor" and req.committed:
@@ -191,14 +192,15 @@ class MigrationDecisions:
             return Decision([], {"id": req.id, "state": mine.state, "joined": True})
         if req.id not in self.catalog.migrations:
             raise CommandError(
-                "NoSuchMigration", f"migration {req.id} is not active ({self.catalog.outcomes.get(req.id, 'unknown')})"
+                ErrorCode.NoSuchMigration,
+                f"migration {req.id} is not active ({self.catalog.outcomes.get(req.id, 'unknown')})",
             )
         lo, hi = self._range_keys(req.ns, req.min, req.max)
         for task in self.documents.range_tasks.values():
             if task.ns == req.ns and overlaps(lo, hi, *self._range_keys(task.ns, task.min, task.max)):
                 # seed 004: the recipient first waits for its own overlapping range deletion
                 raise CommandError(
-                    "RangeDeletionPending",
+                    ErrorCode.RangeDeletionPending,
                     f"{self.shard_id} still has orphans to delete in an "
                     f"overlapping range (task {task.id}); retry later",
                     {"task": task.id, "pending": task.pending},
@@ -216,12 +218,16 @@ class MigrationDecisions:
     def transfer_batch(self: ShardDecider, req: s.TransferBatch) -> Decision:
         m = self._migration(req.id, "recipient")
         if m.state != "cloning":
-            raise CommandError("IllegalOperation", f"migration {req.id} is {m.state}; no more documents accepted")
+            raise CommandError(
+                ErrorCode.IllegalOperation, f"migration {req.id} is {m.state}; no more documents accepted"
+            )
         fault_point("migration.cloning" if req.phase == "clone" else "migration.catching_up")
         events: list[Record] = []
         if m.role == "primary-recipient":  # whole unsharded collections of the database
             if not req.ns or req.ns.partition(".")[0] != m.ns:
-                raise CommandError("BadValue", f"a batch of primary move {req.id} must name a collection of {m.ns}")
+                raise CommandError(
+                    ErrorCode.BadValue, f"a batch of primary move {req.id} must name a collection of {m.ns}"
+                )
             events += [s.DocumentWritten(ns=req.ns, skey=UNSHARDED_KEY.hex(), doc=w["doc"]) for w in req.written]
             events.append(m.model_copy(update={"cloned": m.cloned + len(req.written)}))
             return Decision(events, {"id": req.id, "applied": len(events) - 1})
@@ -280,7 +286,7 @@ class MigrationDecisions:
         if m is None:
             return Decision([], {"id": req.id, "state": "forgotten"})
         if m.role in ("donor", "primary-donor") and m.decision is None:
-            raise CommandError("IllegalOperation", f"migration {req.id} is not decided yet")
+            raise CommandError(ErrorCode.IllegalOperation, f"migration {req.id} is not decided yet")
         return Decision([s.MigrationForgotten(id=req.id)], {"id": req.id, "state": "forgotten"})
 
     def list_migrations(self: ShardDecider, req: s.ListMigrations) -> Decision:
@@ -311,7 +317,7 @@ class MigrationDecisions:
             if m.id == mid:
                 return m
             raise CommandError(
-                "ConflictingOperationInProgress",
+                ErrorCode.ConflictingOperationInProgress,
                 f"{self.shard_id} already takes part in migration {m.id} ({m.role}, {m.state}); "
                 f"a shard runs one migration at a time",
             )
@@ -320,9 +326,9 @@ class MigrationDecisions:
     def _migration(self: ShardDecider, mid: str, role: str) -> s.MigrationRecorded:
         m = self.documents.migrations.get(mid)
         if m is None or m.role not in (role, f"primary-{role}"):
-            raise CommandError("NoSuchMigration", f"{self.shard_id} has no {role} document for migration {mid}")
+            raise CommandError(ErrorCode.NoSuchMigration, f"{self.shard_id} has no {role} document for migration {mid}")
         if m.decision is not None:
-            raise CommandError("IllegalOperation", f"migration {mid} was already {m.decision}")
+            raise CommandError(ErrorCode.IllegalOperation, f"migration {mid} was already {m.decision}")
         return m
 
     # -------------------------------------------------------------- deletion

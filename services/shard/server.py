@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from domain.follower import CatalogFollower
+from domain.protocol import CONFIG_TIME
 from libs import kafka
 from libs.commands import CommandProcessor, header
 from libs.projection import Projection
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
 from schemas import shard as schema
-from services.config.follower import CatalogFollower
 from services.shard.decide import ShardDecider
 from services.shard.documents import changelog_key
 from services.shard.donor import DonorCoordinator
@@ -21,7 +22,6 @@ from services.shard.statistics import CountingDocuments, StatisticsPublisher
 
 log = logging.getLogger(__name__)
 
-CONFIG_TIME = "config-time"  # header: the ConfigTime a router routed at
 CONFIG_WAIT_S = 10.0
 
 

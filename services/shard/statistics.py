@@ -29,14 +29,14 @@ from collections.abc import Iterator
 
 from aiokafka.errors import KafkaError
 
+from domain.catalog import Catalog, Chunk
+from domain.shardkey import encode_value, to_ejson
 from libs import kafka
 from libs.service import ServiceSettings
-from libs.shardkey import encode_value, to_ejson
 from libs.store import Store
 from schemas import Codec, Record
 from schemas import shard as ev
 from schemas import stats as schema
-from services.config.catalog import Catalog, Chunk
 from services.shard.documents import DOCS, ShardDocuments, doc_key, ns_prefix
 
 log = logging.getLogger(__name__)

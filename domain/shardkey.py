@@ -61,6 +61,10 @@ class ShardKeyError(ValueError):
     """A value or bound that cannot be (part of) a shard key."""
 
 
+class ShardKeyTooLarge(ShardKeyError):
+    """A shard key over MAX_SHARD_KEY_BYTES encoded."""
+
+
 class InvalidKeyPattern(ValueError):
     """A malformed shard key pattern such as ``{"x": -1}``."""
 
@@ -281,7 +285,7 @@ def check_size(key: dict[str, Any]) -> None:
     """Raise :class:`ShardKeyError` if the encoded key exceeds MAX_SHARD_KEY_BYTES."""
     size = sum(len(encode_value(v)) for v in key.values())
     if size > MAX_SHARD_KEY_BYTES:
-        raise ShardKeyError(f"shard key is {size} bytes encoded, more than the {MAX_SHARD_KEY_BYTES}-byte limit")
+        raise ShardKeyTooLarge(f"shard key is {size} bytes encoded, more than the {MAX_SHARD_KEY_BYTES}-byte limit")
 
 
 def to_ejson_bound(bound: dict[str, Any]) -> dict[str, Any]:

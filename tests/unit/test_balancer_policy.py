@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from cli.balancer import balancer_app
+from domain.catalog import Catalog
 from schemas import config as ev
 from schemas.export import OUT
 from services.balancer import policy, snapshot
-from services.config.catalog import Catalog
 
 MAXC = 10  # max chunk size in bytes: small numbers keep the arithmetic readable
 MIN, MAX = {"$minKey": 1}, {"$maxKey": 1}

@@ -17,15 +17,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cli.main import status_document
+from domain.catalog import Catalog
+from domain.settings import MB, ClusterSettings, CollectionSettings
+from domain.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, to_ejson
+from domain.versions import hashed_split_points, moved_primary, new_epoch, new_uuid
 from libs.commands import CommandError
-from libs.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, to_ejson
 from libs.store import Checkpoint, Store
 from schemas import Codec
 from schemas import config as c
-from services.config.catalog import Catalog
 from services.config.decide import MAX_INITIAL_CHUNKS_PER_SHARD, decide
-from services.config.settings import MB, ClusterSettings, CollectionSettings
-from services.config.versions import hashed_split_points, moved_primary, new_epoch, new_uuid
 
 MINK, MAXK = {"$minKey": 1}, {"$maxKey": 1}
 

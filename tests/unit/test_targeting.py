@@ -1,4 +1,4 @@
-"""services.router.targeting on hand-made catalogs: which shards a query or a new
+"""domain.targeting on hand-made catalogs: which shards a query or a new
 document goes to.  Concrete cases for every kind of filter, and a property:
 whatever the chunk layout and the filter, every document the filter matches
 lives in a chunk whose owner is targeted (soundness).  Pure: no Kafka."""
@@ -10,11 +10,11 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.query import compile_filter
-from libs.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, KeyPattern, encode_value, hash_value, to_ejson
+from domain.catalog import Catalog
+from domain.query import compile_filter
+from domain.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, KeyPattern, encode_value, hash_value, to_ejson
+from domain.targeting import for_document, for_query
 from schemas import config as c
-from services.config.catalog import Catalog
-from services.router.targeting import for_document, for_query
 
 SHARDS = ("s0", "s1", "s2", "s3", "s4")  # s4 never owns a chunk
 NS = "db.c"
@@ -357,7 +357,7 @@ def test_for_document_and_full_key_equality_pick_the_owner(data):
 @PROPERTY
 @given(data=st.data())
 def test_every_matching_document_lies_in_the_key_ranges_a_shard_scans(data):
-    from services.router.targeting import key_ranges
+    from domain.targeting import key_ranges
 
     spec, bounds, owners = data.draw(layouts())
     coll = make_catalog(spec, bounds, owners).collections[NS]

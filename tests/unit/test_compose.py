@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "infra" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from libs.shardkey import KeyPattern, from_ejson, to_ejson
+from domain.settings import ClusterSettings, CollectionSettings
+from domain.shardkey import KeyPattern, from_ejson, to_ejson
+from domain.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
 from libs.store import Store
 from schemas import config as ev
-from services.config.settings import ClusterSettings, CollectionSettings
-from services.config.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""libs.shardkey: the byte encoding is checked against an independent reference
+"""domain.shardkey: the byte encoding is checked against an independent reference
 comparator written straight from MongoDB's ordering rules (not from the encoding)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.shardkey import (
+from domain.shardkey import (
     INT64_MAX,
     INT64_MIN,
     MAX_KEY,

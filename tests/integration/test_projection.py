@@ -9,12 +9,12 @@ import shutil
 
 import pytest
 
+from domain.catalog import Catalog
 from libs import kafka
 from libs.projection import CheckpointMismatch, Projection
 from libs.store import Store
 from schemas import Codec
 from schemas import config as c
-from services.config.catalog import Catalog
 
 pytestmark = pytest.mark.kafka
 

@@ -1,4 +1,4 @@
-"""libs.query: filters, targeting helpers, sort, projection and updates.
+"""domain.query: filters, targeting helpers, sort, projection and updates.
 
 Concrete cases come from MongoDB's documentation ("Query an Array", "Query an Array
 of Embedded Documents", "Query for Null or Missing Fields") and from its
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.query import (
+from domain.query import (
     MISSING,
     NOT_CONSTRAINED,
     Bounds,
@@ -31,7 +31,7 @@ from libs.query import (
     sort_key,
     upsert_document,
 )
-from libs.shardkey import INT64_MAX, MAX_KEY, MIN_KEY, compare_values
+from domain.shardkey import INT64_MAX, MAX_KEY, MIN_KEY, compare_values
 
 PROPERTY = settings(max_examples=150, deadline=None)
 INF = math.inf

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.shardkey import MAX_KEY, MIN_KEY, KeyPattern
+from domain import splitvector as asp
+from domain.shardkey import MAX_KEY, MIN_KEY, KeyPattern
 from services.balancer import automerge as am
-from services.balancer import autosplit as asp
 from services.balancer import defragment as df
 from services.balancer.automerge import ChunkInfo
 

@@ -20,13 +20,13 @@ import time
 
 import pytest
 
+from domain.follower import replay_catalog
+from domain.shardkey import encode_value
 from libs.client import AsyncCluster
 from libs.requests import Requester, RequestTimeout
 from libs.service import ServiceSettings
-from libs.shardkey import encode_value
 from schemas import config as c
 from schemas import shard as s
-from services.config.replay import replay_catalog
 from tests.conftest import ServiceProcess, read_records, wait_until
 
 pytestmark = pytest.mark.kafka

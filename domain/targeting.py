@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from libs.query import NOT_CONSTRAINED, compile_filter
-from libs.shardkey import MAX_KEY, MIN_KEY, KeyPattern, hash_value
-from services.config.catalog import Catalog, Collection
+from domain.catalog import Catalog, Collection
+from domain.query import NOT_CONSTRAINED, compile_filter
+from domain.shardkey import MAX_KEY, MIN_KEY, KeyPattern, hash_value
 
 MAX_IN_POINTS = 1000  # beyond this many $in values, scanning overlapping chunks is cheaper
 

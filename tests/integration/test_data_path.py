@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from domain.shardkey import hash_value
 from libs.client import (
     AsyncCluster,
     DocumentTooLarge,
@@ -18,7 +19,6 @@ from libs.client import (
     ShardKeyError,
     ShardlogError,
 )
-from libs.shardkey import hash_value
 from schemas import config as c
 from tests.conftest import async_wait_until, read_records
 

@@ -14,7 +14,7 @@ from schemas import config as c
 from schemas import shard as s
 from services.range_deleter.server import RangeDeleter
 from tests.conftest import async_wait_until, cli, read_records, wait_until
-from tests.test_migration import MAXK, client_run, move, shard_state, stored_ids
+from tests.integration.test_migration import MAXK, client_run, move, shard_state, stored_ids
 
 pytestmark = pytest.mark.kafka
 

@@ -1,4 +1,4 @@
-"""services.config.versions: chunk, shard, collection and database version arithmetic.
+"""domain.versions: chunk, shard, collection and database version arithmetic.
 
 Unit tests pin the rules taken from MongoDB's sharding internals; property tests
 replay random splits, merges and migrations on a model collection (a list of
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.config.versions import (
+from domain.versions import (
     ChunkVersion,
     DatabaseVersion,
     collection_version,

@@ -7,6 +7,7 @@ ConfigTime.  Names follow MongoDB's where it has one.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -105,3 +106,13 @@ def validated(model: type[BaseModel], current: BaseModel, key: str, value: Any) 
         # The full location, e.g. "balancerWindow.timeZone: Field required", not just the key.
         where = ".".join(str(p) for p in err["loc"]) or key
         raise ValueError(f"{where}: {err['msg']}") from None
+
+
+def in_window(window: Window | None, now: dt.datetime) -> bool:
+    """Inside the balancing window (seed 000): [start, stop) in its time zone, which may wrap midnight."""
+    if window is None:
+        return True
+    local = now.astimezone(ZoneInfo(window.timeZone)).strftime("%H:%M")
+    if window.start <= window.stop:
+        return window.start <= local < window.stop
+    return local >= window.start or local < window.stop

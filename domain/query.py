@@ -1,5 +1,5 @@
 """Document operations of a shard, with MongoDB semantics: filters, sort, projection
-and updates.  Pure: no I/O.  Every comparison goes through ``libs.shardkey``'s
+and updates.  Pure: no I/O.  Every comparison goes through ``domain.shardkey``'s
 ordering (``encode_value`` bytes / ``compare_values``).
 
 Supported
@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from libs.shardkey import (
+from domain.shardkey import (
     INT64_MAX,
     INT64_MIN,
     MAX_KEY,

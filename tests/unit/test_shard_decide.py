@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from domain.catalog import Catalog
+from domain.protocol import MAX_BATCH_BYTES, doc_bytes
 from libs.commands import CommandError
 from libs.store import Store
 from schemas import config as c
 from schemas import shard as s
-from services.config.catalog import Catalog
 from services.config.decide import decide as config_decide
 from services.router.route import _batch_length
-from services.shard.decide import MAX_BATCH_BYTES, ShardDecider, doc_bytes
+from services.shard.decide import ShardDecider
 from services.shard.documents import ShardDocuments
 
 

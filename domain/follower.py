@@ -1,16 +1,23 @@
-"""A read-only, durable copy of the catalog for services other than the config
-server: a projection of config.events into the service's own RocksDB, kept
-current by tailing the log.  Its position is the ConfigTime the service has seen."""
+"""The catalog as services other than the config server read it.
+
+- `CatalogFollower`: a read-only, durable copy: a projection of config.events into the
+  service's own RocksDB, kept current by tailing the log.  Its position is the ConfigTime
+  the service has seen.
+- `replay_catalog`: the catalog as of a ConfigTime, replayed in memory, for readers that
+  need no durable copy (the CLI's `status`, tests): "the catalog as of ConfigTime N" is the
+  fold of the events at offsets below N.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
+from domain.catalog import Catalog
+from libs import kafka
 from libs.projection import Projection
 from libs.service import ServiceSettings, supervised
 from libs.store import Store
 from schemas import config as schema
-from services.config.catalog import Catalog
 
 
 class CatalogFollower:
@@ -44,3 +51,17 @@ class CatalogFollower:
             await asyncio.gather(self._tail, return_exceptions=True)
         await self.projection.stop()
         self.store.close()
+
+
+async def replay_catalog(bootstrap: str, topic: str, *, until: int | None = None) -> Catalog:
+    catalog = Catalog(track_changes=False)
+
+    async def apply(records):
+        for rec in records:
+            if until is not None and rec.offset >= until:
+                return
+            catalog.apply(schema.events.decode(rec.value), rec.offset)
+
+    end = await kafka.read_to_end(bootstrap, topic, apply, client_id="shardlog-catalog-reader")
+    catalog.config_time = min(end, until) if until is not None else end
+    return catalog

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.config.settings import ClusterSettings
+from domain.settings import ClusterSettings
 from services.range_deleter import deleter
 
 NOW = 1_000_000.0

@@ -1,0 +1,140 @@
+"""What every service and client agrees on when they talk: headers, size limits, how a
+document is measured, namespace and name rules, and the error codes of replies.
+
+Topic and inbox names are `libs.topics`'s; record shapes are `schemas`'.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+
+from libs.commands import CommandError
+from libs.topics import SHARD_ID
+
+# ------------------------------------------------------------------ headers
+
+CONFIG_TIME = "config-time"  # on a shard request: the ConfigTime the router routed at
+
+# ------------------------------------------------------------------ limits
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # MongoDB's BSON document limit
+MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
+CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes, on routers and shards alike
+
+
+def doc_bytes(doc: dict) -> int:
+    """A document's size as stored (compact JSON), the measure every limit above uses."""
+    return len(json.dumps(doc, separators=(",", ":")).encode())
+
+
+def check_document_size(doc: dict) -> None:
+    size = doc_bytes(doc)
+    if size > MAX_DOCUMENT_BYTES:
+        raise CommandError(
+            ErrorCode.DocumentTooLarge, f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)"
+        )
+
+
+# ------------------------------------------------------------------ error codes
+
+
+class ErrorCode(StrEnum):
+    """The `code` of an error reply: MongoDB's name, and its number where MongoDB has the code.
+
+    The value is the name (what a reply carries); `number` is what the wire protocol will
+    send as `code`.  Codes with no number are shardlog's own (transport and tooling)."""
+
+    number: int | None
+
+    def __new__(cls, name: str, number: int | None = None) -> ErrorCode:
+        member = str.__new__(cls, name)
+        member._value_ = name
+        member.number = number
+        return member
+
+    InternalError = ("InternalError", 1)
+    BadValue = ("BadValue", 2)
+    FailedToParse = ("FailedToParse", 9)
+    TypeMismatch = ("TypeMismatch", 14)
+    IllegalOperation = ("IllegalOperation", 20)
+    AlreadyInitialized = ("AlreadyInitialized", 23)
+    NamespaceNotFound = ("NamespaceNotFound", 26)
+    CursorNotFound = ("CursorNotFound", 43)
+    LockBusy = ("LockBusy", 46)
+    NamespaceExists = ("NamespaceExists", 48)
+    CommandNotFound = ("CommandNotFound", 59)
+    ShardKeyNotFound = ("ShardKeyNotFound", 61)
+    ImmutableField = ("ImmutableField", 66)
+    ShardNotFound = ("ShardNotFound", 70)
+    InvalidOptions = ("InvalidOptions", 72)
+    InvalidNamespace = ("InvalidNamespace", 73)
+    CannotSplit = ("CannotSplit", 87)
+    NetworkTimeout = ("NetworkTimeout", 89)
+    ConflictingOperationInProgress = ("ConflictingOperationInProgress", 117)
+    NamespaceNotSharded = ("NamespaceNotSharded", 118)
+    StaleEpoch = ("StaleEpoch", 150)
+    ChunkTooBig = ("ChunkTooBig", 153)
+    ZoneStillInUse = ("ZoneStillInUse", 163)
+    ZoneNotFound = ("ZoneNotFound", 177)
+    RangeOverlapConflict = ("RangeOverlapConflict", 178)
+    ChunkRangeCleanupPending = ("ChunkRangeCleanupPending", 200)
+    ExceededTimeLimit = ("ExceededTimeLimit", 262)
+    DuplicateKey = ("DuplicateKey", 11000)
+    StaleConfig = ("StaleConfig", 13388)
+    # MongoDB's names for these are BSONObjectTooLarge (10334) and ShardKeyTooBig; the
+    # wire protocol maps them.
+    DocumentTooLarge = ("DocumentTooLarge", 10334)
+    ShardKeyTooLarge = ("ShardKeyTooLarge", None)
+    # shardlog's own
+    ShardAlreadyExists = ("ShardAlreadyExists", None)
+    ZoneRangeNotFound = ("ZoneRangeNotFound", None)
+    NoSuchMigration = ("NoSuchMigration", None)
+    MigrationAborted = ("MigrationAborted", None)
+    RangeDeletionPending = ("RangeDeletionPending", None)
+    BadRecord = ("BadRecord", None)  # a record that does not parse (it also goes to the dead letters)
+    BadReply = ("BadReply", None)
+    Timeout = ("Timeout", None)
+    KafkaUnavailable = ("KafkaUnavailable", None)
+    ClusterNotFound = ("ClusterNotFound", None)
+    ShardUnavailable = ("ShardUnavailable", None)
+
+
+# ------------------------------------------------------------------ names
+
+DB_FORBIDDEN = set('/\\. "$*<>:|?\x00')
+RESERVED_DBS = {"admin", "config", "local"}
+
+
+def check_shard_name(name: str) -> None:
+    if not SHARD_ID.match(name):
+        raise CommandError(ErrorCode.BadValue, f"invalid shard name {name!r}: use 1-64 of A-Z a-z 0-9 _ -")
+
+
+def check_db_name(db: str) -> None:
+    if not db or len(db) >= 64 or any(ch in DB_FORBIDDEN for ch in db):
+        raise CommandError(
+            ErrorCode.InvalidNamespace,
+            f'invalid database name {db!r}: 1-63 characters, none of / \\ . space " $ * < > : | ?',
+        )
+    if db in RESERVED_DBS:
+        raise CommandError(ErrorCode.InvalidNamespace, f"database {db!r} is reserved")
+
+
+def split_ns(ns: str) -> tuple[str, str]:
+    """'db.coll' -> (db, coll), or InvalidNamespace with what is wrong."""
+    db, dot, coll = ns.partition(".")
+    if not dot or not coll:
+        raise CommandError(ErrorCode.InvalidNamespace, f"invalid namespace {ns!r}: expected 'database.collection'")
+    check_db_name(db)
+    if len(ns.encode()) > 255 or "\x00" in coll or "$" in coll or coll.startswith("system."):
+        raise CommandError(
+            ErrorCode.InvalidNamespace,
+            f"invalid collection name in {ns!r}: no '$' or NUL, not 'system.*', namespace <= 255 bytes",
+        )
+    return db, coll
+
+
+def check_zone_name(zone: str) -> None:
+    if not zone or len(zone) > 64 or "\x00" in zone:
+        raise CommandError(ErrorCode.BadValue, f"invalid zone name {zone!r}: 1-64 characters")
