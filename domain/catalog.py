@@ -18,6 +18,7 @@ from typing import Any
 from domain.settings import ClusterSettings, CollectionSettings
 from domain.shardkey import KeyPattern, from_ejson, to_ejson
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
+from libs.dispatch import Dispatch
 from libs.store import Store
 from schemas import config as ev
 
@@ -140,6 +141,9 @@ class Database:
     primary: str
     version: DatabaseVersion
     collections: set[str] = field(default_factory=set)  # tracked unsharded collections (full ns)
+
+
+on_event: Dispatch[Catalog, None] = Dispatch("catalog event")
 
 
 class Catalog:
@@ -285,23 +289,27 @@ class Catalog:
         return ZoneRange(lo, hi, coll.pattern.encode_bound(lo), coll.pattern.encode_bound(hi), zone)
 
     def apply(self, e: ev.Record, offset: int) -> None:
-        getattr(self, f"_on_{e.type}")(e)
+        on_event(self, e)
         if offset >= 0:
             self.config_time = offset + 1
 
+    @on_event.register(ev.ShardAdded)
     def _on_ShardAdded(self, e: ev.ShardAdded) -> None:
         self.shards[e.shard] = s = Shard(e.shard)
         self._put_shard(s)
 
+    @on_event.register(ev.ShardDraining)
     def _on_ShardDraining(self, e: ev.ShardDraining) -> None:
         s = self.shards[e.shard]
         s.draining = True
         self._put_shard(s)
 
+    @on_event.register(ev.ShardRemoved)
     def _on_ShardRemoved(self, e: ev.ShardRemoved) -> None:
         del self.shards[e.shard]
         self._put(b"shard/" + e.shard.encode(), None)
 
+    @on_event.register(ev.DatabaseCreated)
     def _on_DatabaseCreated(self, e: ev.DatabaseCreated) -> None:
         self.databases[e.db] = db = Database(e.db, e.primary, DatabaseVersion(e.uuid, e.lastMod))
         self._put_database(db)
@@ -318,11 +326,13 @@ class Catalog:
             },
         )
 
+    @on_event.register(ev.CollectionCreated)
     def _on_CollectionCreated(self, e: ev.CollectionCreated) -> None:
         db = self.databases[e.ns.partition(".")[0]]
         db.collections.add(e.ns)
         self._put_database(db)
 
+    @on_event.register(ev.CollectionSharded)
     def _on_CollectionSharded(self, e: ev.CollectionSharded) -> None:
         if (old := self.collections.get(e.ns)) is not None:  # a new incarnation replaces the old one
             for ch in old.chunks:
@@ -339,6 +349,7 @@ class Catalog:
         for ch, doc in zip(coll.chunks, e.chunks):
             self._put_chunk(e.ns, ch, doc)
 
+    @on_event.register(ev.ChunkSplit)
     def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
         coll = self.collections[e.ns]
         new = [self._chunk(coll, d) for d in e.chunks]
@@ -347,6 +358,7 @@ class Catalog:
         for ch, doc in zip(new, e.chunks):
             self._put_chunk(e.ns, ch, doc)
 
+    @on_event.register(ev.ChunksMerged)
     def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
         coll = self.collections[e.ns]
         merged = self._chunk(coll, e.chunk)
@@ -359,43 +371,51 @@ class Catalog:
         coll.replace_chunks(lo, hi, [merged])
         self._put_chunk(e.ns, merged, e.chunk)
 
+    @on_event.register(ev.ShardZoneAdded)
     def _on_ShardZoneAdded(self, e: ev.ShardZoneAdded) -> None:
         s = self.shards[e.shard]
         s.zones.add(e.zone)
         self._put_shard(s)
 
+    @on_event.register(ev.ShardZoneRemoved)
     def _on_ShardZoneRemoved(self, e: ev.ShardZoneRemoved) -> None:
         s = self.shards[e.shard]
         s.zones.discard(e.zone)
         self._put_shard(s)
 
+    @on_event.register(ev.ZoneRangeAssigned)
     def _on_ZoneRangeAssigned(self, e: ev.ZoneRangeAssigned) -> None:
         coll = self.collections[e.ns]
         z = self._zone(coll, e.min, e.max, e.zone)
         bisect.insort(coll.zones, z, key=lambda r: r.min_key)
         self._put(self._zone_key(e.ns, z.min_key), {"min": e.min, "max": e.max, "zone": e.zone})
 
+    @on_event.register(ev.ZoneRangeRemoved)
     def _on_ZoneRangeRemoved(self, e: ev.ZoneRangeRemoved) -> None:
         coll = self.collections[e.ns]
         key = coll.pattern.encode_bound(from_ejson(e.min))
         coll.zones = [z for z in coll.zones if z.min_key != key]
         self._put(self._zone_key(e.ns, key), None)
 
+    @on_event.register(ev.PrimaryMoveRequested)
     def _on_PrimaryMoveRequested(self, e: ev.PrimaryMoveRequested) -> None:
         # A primary move is a migration of the database's unsharded collections: `ns` is the db.
         m = Migration(e.id, e.db, "", {}, None, e.donor, e.recipient, kind="primary")
         self.migrations[e.id] = m
         self._put(b"mig/" + e.id.encode(), m.record())
 
+    @on_event.register(ev.PrimaryMoved)
     def _on_PrimaryMoved(self, e: ev.PrimaryMoved) -> None:
         db = self.databases[e.db]
         db.primary, db.version = e.primary, DatabaseVersion(db.version.uuid, e.lastMod)
         self._put_database(db)
         self._finish_migration(e.id, "committed")
 
+    @on_event.register(ev.PrimaryMoveAborted)
     def _on_PrimaryMoveAborted(self, e: ev.PrimaryMoveAborted) -> None:
         self._finish_migration(e.id, f"aborted: {e.reason}")
 
+    @on_event.register(ev.MigrationRequested)
     def _on_MigrationRequested(self, e: ev.MigrationRequested) -> None:
         m = Migration(e.id, e.ns, e.epoch, e.min, e.max, e.donor, e.recipient, e.forceJumbo)
         self.migrations[e.id] = m
@@ -407,6 +427,7 @@ class Catalog:
         self.outcomes[mid] = outcome
         self._put(b"outcome/" + mid.encode(), outcome)
 
+    @on_event.register(ev.MigrationCommitted)
     def _on_MigrationCommitted(self, e: ev.MigrationCommitted) -> None:
         coll = self.collections[e.ns]
         for doc in e.chunks:  # the moved chunk and the donor's control chunk: same bounds, new owner/version
@@ -416,15 +437,18 @@ class Catalog:
             self._put_chunk(e.ns, ch, doc)
         self._finish_migration(e.id, "committed")
 
+    @on_event.register(ev.MigrationAborted)
     def _on_MigrationAborted(self, e: ev.MigrationAborted) -> None:
         self._finish_migration(e.id, f"aborted: {e.reason}")
 
+    @on_event.register(ev.ChunkMarkedJumbo)
     def _on_ChunkMarkedJumbo(self, e: ev.ChunkMarkedJumbo) -> None:
         coll = self.collections[e.ns]
         ch = coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(e.min)))]
         ch.jumbo = True
         self._put_chunk(e.ns, ch, ch.doc())
 
+    @on_event.register(ev.SettingChanged)
     def _on_SettingChanged(self, e: ev.SettingChanged) -> None:
         if e.ns is None:
             data = self.settings.model_dump()

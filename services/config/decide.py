@@ -27,21 +27,23 @@ from domain.versions import (
     split_versions,
 )
 from libs.commands import CommandError, Decision
+from libs.dispatch import Dispatch
 from schemas import Record
 from schemas import config as c
 
 MAX_INITIAL_CHUNKS_PER_SHARD = 8192
 
+on_command: Dispatch[Catalog, Decision] = Dispatch("config command")
+
 
 def decide(catalog: Catalog, cmd: Record) -> Decision:
-    handler = _HANDLERS.get(type(cmd))
-    if handler is None:
+    if not on_command.handles(cmd):
         raise CommandError(ErrorCode.CommandNotFound, f"unknown command {cmd.type!r}")
     # json.loads lets lone surrogates ("\ud800") through.  Events holding one either fail to
     # encode after the config server applied them, or (as dict keys) are written lossily.
     if not _utf8_ok(cmd.model_dump()):
         raise CommandError(ErrorCode.BadValue, "the command holds text that is not valid Unicode")
-    return handler(catalog, cmd)
+    return on_command(catalog, cmd)
 
 
 def _utf8_ok(value: Any) -> bool:
@@ -124,6 +126,7 @@ def least_loaded_shard(catalog: Catalog) -> str:
     return min(active, key=lambda s: (chunks[s], primaries[s], s))
 
 
+@on_command.register(c.AddShard)
 def add_shard(catalog: Catalog, cmd: c.AddShard) -> Decision:
     check_shard_name(cmd.shard)
     if cmd.shard in catalog.shards:
@@ -131,6 +134,7 @@ def add_shard(catalog: Catalog, cmd: c.AddShard) -> Decision:
     return Decision([c.ShardAdded(shard=cmd.shard)], {"shardAdded": cmd.shard})
 
 
+@on_command.register(c.RemoveShard)
 def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
     s = _shard(catalog, cmd.shard)
     chunks, dbs = catalog.chunk_count(s.id), catalog.primary_of(s.id)
@@ -158,6 +162,7 @@ def _create_database_events(catalog: Catalog, db: str, primary: str | None) -> l
     return [c.DatabaseCreated(db=db, primary=primary, uuid=v.uuid, lastMod=v.last_mod)]
 
 
+@on_command.register(c.CreateDatabase)
 def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
     check_db_name(cmd.db)
     existing = catalog.databases.get(cmd.db)
@@ -174,6 +179,7 @@ def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
 # ------------------------------------------------------------ collections
 
 
+@on_command.register(c.CreateCollection)
 def create_collection(catalog: Catalog, cmd: c.CreateCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
     if cmd.ns in catalog.collections or (db in catalog.databases and cmd.ns in catalog.databases[db].collections):
@@ -185,6 +191,7 @@ def create_collection(catalog: Catalog, cmd: c.CreateCollection) -> Decision:
     return Decision(events, {"ns": cmd.ns, "created": True})
 
 
+@on_command.register(c.ShardCollection)
 def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
     if cmd.ns in catalog.collections:
@@ -251,6 +258,7 @@ def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch:
     ]
 
 
+@on_command.register(c.SplitChunk)
 def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
     coll = _collection(catalog, cmd.ns)
     if not cmd.at:
@@ -283,6 +291,7 @@ def _split_event(coll: Collection, chunk, points: list[dict], version=None) -> c
     return c.ChunkSplit(ns=coll.ns, epoch=coll.epoch, min=to_ejson(chunk.min), max=to_ejson(chunk.max), chunks=new)
 
 
+@on_command.register(c.MergeChunks)
 def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
     coll = _collection(catalog, cmd.ns)
     lo, lo_key = _bound(coll, cmd.min, "min")
@@ -318,6 +327,7 @@ def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
 # ------------------------------------------------------------------ zones
 
 
+@on_command.register(c.AddShardToZone)
 def add_shard_to_zone(catalog: Catalog, cmd: c.AddShardToZone) -> Decision:
     s = _shard(catalog, cmd.shard)
     check_zone_name(cmd.zone)
@@ -328,6 +338,7 @@ def add_shard_to_zone(catalog: Catalog, cmd: c.AddShardToZone) -> Decision:
     )
 
 
+@on_command.register(c.RemoveShardFromZone)
 def remove_shard_from_zone(catalog: Catalog, cmd: c.RemoveShardFromZone) -> Decision:
     s = _shard(catalog, cmd.shard)
     if cmd.zone not in s.zones:
@@ -343,6 +354,7 @@ def remove_shard_from_zone(catalog: Catalog, cmd: c.RemoveShardFromZone) -> Deci
     )
 
 
+@on_command.register(c.AssignZoneRange)
 def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
     coll = _collection(catalog, cmd.ns)
     check_zone_name(cmd.zone)
@@ -367,6 +379,7 @@ def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
     )
 
 
+@on_command.register(c.RemoveZoneRange)
 def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
     coll = _collection(catalog, cmd.ns)
     lo, lo_key = _bound(coll, cmd.min, "min")
@@ -384,6 +397,7 @@ def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
 # --------------------------------------------------------------- settings
 
 
+@on_command.register(c.SetSetting)
 def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
     if cmd.ns is None:
         model, current = ClusterSettings, catalog.settings
@@ -427,6 +441,7 @@ def _ej(bound: dict) -> str:
     return json.dumps(to_ejson(bound), separators=(",", ":"))
 
 
+@on_command.register(c.MoveRange)
 def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
     coll = _collection(catalog, cmd.ns)
     lo, lo_key = _bound(coll, cmd.min, "min")
@@ -484,6 +499,7 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
     return Decision([event], {"ns": cmd.ns, "id": mid, "donor": chunk.shard, "recipient": cmd.to, "moved": True})
 
 
+@on_command.register(c.CommitMigration)
 def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is not None and m.kind != "range":
@@ -538,6 +554,7 @@ def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
     return Decision(events, {"id": m.id, "outcome": "committed", "chunks": [d.model_dump() for d in chunks]})
 
 
+@on_command.register(c.AbortMigration)
 def abort_migration(catalog: Catalog, cmd: c.AbortMigration) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is None:  # already decided: tell the caller which way
@@ -557,6 +574,7 @@ def abort_migration(catalog: Catalog, cmd: c.AbortMigration) -> Decision:
     return Decision(events, {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
 
 
+@on_command.register(c.GetMigration)
 def get_migration(catalog: Catalog, cmd: c.GetMigration) -> Decision:
     if cmd.id is not None:
         m = catalog.migrations.get(cmd.id)
@@ -567,6 +585,7 @@ def get_migration(catalog: Catalog, cmd: c.GetMigration) -> Decision:
     )
 
 
+@on_command.register(c.MarkJumbo)
 def mark_jumbo(catalog: Catalog, cmd: c.MarkJumbo) -> Decision:
     coll = _collection(catalog, cmd.ns)
     _, key = _bound(coll, cmd.min, "min")
@@ -582,6 +601,7 @@ def mark_jumbo(catalog: Catalog, cmd: c.MarkJumbo) -> Decision:
 # ----------------------------------------------------------- movePrimary
 
 
+@on_command.register(c.MovePrimary)
 def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
     check_db_name(cmd.db)
     db = catalog.databases.get(cmd.db)
@@ -612,6 +632,7 @@ def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
     )
 
 
+@on_command.register(c.CommitPrimaryMove)
 def commit_primary_move(catalog: Catalog, cmd: c.CommitPrimaryMove) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is None or m.kind != "primary":
@@ -627,6 +648,7 @@ def commit_primary_move(catalog: Catalog, cmd: c.CommitPrimaryMove) -> Decision:
     )
 
 
+@on_command.register(c.AbortPrimaryMove)
 def abort_primary_move(catalog: Catalog, cmd: c.AbortPrimaryMove) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is None:
@@ -634,27 +656,3 @@ def abort_primary_move(catalog: Catalog, cmd: c.AbortPrimaryMove) -> Decision:
     return Decision(
         [c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)], {"id": m.id, "outcome": f"aborted: {cmd.reason}"}
     )
-
-
-_HANDLERS = {
-    c.AddShard: add_shard,
-    c.RemoveShard: remove_shard,
-    c.CreateDatabase: create_database,
-    c.CreateCollection: create_collection,
-    c.ShardCollection: shard_collection,
-    c.SplitChunk: split_chunk,
-    c.MergeChunks: merge_chunks,
-    c.AddShardToZone: add_shard_to_zone,
-    c.RemoveShardFromZone: remove_shard_from_zone,
-    c.AssignZoneRange: assign_zone_range,
-    c.RemoveZoneRange: remove_zone_range,
-    c.SetSetting: set_setting,
-    c.MoveRange: move_range,
-    c.CommitMigration: commit_migration,
-    c.AbortMigration: abort_migration,
-    c.GetMigration: get_migration,
-    c.MovePrimary: move_primary,
-    c.CommitPrimaryMove: commit_primary_move,
-    c.AbortPrimaryMove: abort_primary_move,
-    c.MarkJumbo: mark_jumbo,
-}
