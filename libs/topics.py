@@ -84,8 +84,37 @@ class Topics:
         ]
 
     def inbox(self, owner: str) -> str:
-        """A per-instance inbox (replies to a router or a client, a router's cursor requests)."""
+        """A per-instance inbox (replies to a router or a client, a router's cursor requests).
+        Use the named inboxes below; this is their one spelling."""
         return f"{self.cluster}.inbox.{owner}"
+
+    def router_inbox(self, instance: str) -> str:
+        """Shard and config server replies to one router."""
+        return self.inbox(f"router-{instance}")
+
+    def router_cursors(self, instance: str) -> str:
+        """getMore for the cursors one router holds (only that router can serve them)."""
+        return self.inbox(f"router-{instance}-cursors")
+
+    def donor_inbox(self, shard: str) -> str:
+        """Replies to a shard's migration coordinator (from itself and from recipients)."""
+        return self.inbox(f"shard-{shard}-migrations")
+
+    @property
+    def balancer_inbox(self) -> str:
+        return self.inbox("balancer")
+
+    @property
+    def range_deleter_inbox(self) -> str:
+        return self.inbox("range-deleter")
+
+    def client_inbox(self, client: str) -> str:
+        return self.inbox(f"client-{client}")
+
+    def group(self, member: str) -> str:
+        """The consumer group of a service's command partition (its transactional ids derive
+        from it): `config`, `router`, `shard-<id>`, `balancer`."""
+        return f"{self.cluster}.{member}"
 
     def shard_requests(self, shard: str) -> str:
         return f"{self.cluster}.shard.{shard}.requests"

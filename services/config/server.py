@@ -31,7 +31,7 @@ class ConfigServer:
             projection=self.projection,
             decide=lambda cmd: decide(self.catalog, cmd),
             dead_letters=t.dead_letters,
-            group_id=f"{settings.cluster}.config",
+            group_id=settings.topics.group("config"),
             name=NAME,
             max_batch=max_batch,
             session_timeout_ms=settings.session_timeout_ms,

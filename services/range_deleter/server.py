@@ -55,7 +55,7 @@ class Status:
 class RangeDeleter:
     def __init__(self, settings: ServiceSettings, name: str = "range-deleter"):
         self.settings, self.name = settings, name
-        self.inbox = settings.topics.inbox(name)
+        self.inbox = settings.topics.range_deleter_inbox
         self.follower = CatalogFollower(settings, name)
         self.requester = Requester(settings.bootstrap, self.inbox, client_id=name, stop_owner_on_failure=True)
         self.status = Status()

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import os
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from domain.protocol import (
 from domain.query import QueryError, apply_projection, compile_filter, merge_sorted
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge
 from libs.commands import CommandError
+from libs.dispatch import Dispatch
 from libs.ids import new_object_id
 from libs.requests import Requester, RequestTimeout
 from libs.topics import Topics
@@ -53,6 +55,10 @@ class RouterCursor:
     created: float
 
 
+# Client operations that are routed by shard key (and retried on StaleConfig).
+on_operation: Dispatch[OperationRouter, Awaitable[dict]] = Dispatch("client operation")
+
+
 class OperationRouter:
     def __init__(self, topics: Topics, follower: CatalogFollower, requester: Requester, cursor_topic: str):
         self.topics, self.follower, self.requester = topics, follower, requester
@@ -70,22 +76,14 @@ class OperationRouter:
         """The result of one client operation; raises CommandError."""
         if getattr(req, "routing", None) is not None:
             raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
-        if not isinstance(req, s.CLIENT_REQUESTS):
-            raise CommandError(ErrorCode.CommandNotFound, f"{req.type} is not a client operation")
-        if isinstance(req, s.GetMore):
+        if isinstance(req, s.GetMore):  # a cursor this router holds: no routing, nothing stale
             return self.get_more(req)
+        if not on_operation.handles(req):
+            raise CommandError(ErrorCode.CommandNotFound, f"{req.type} is not a client operation")
         split_ns(req.ns)  # InvalidNamespace before anything is sent
-        handler = {
-            s.Insert: self.insert,
-            s.Find: self.find,
-            s.Count: self.count,
-            s.Update: self.update,
-            s.Delete: self.delete,
-            s.Explain: self.explain,
-        }[type(req)]
         for attempt in range(MAX_STALE_RETRIES):
             try:
-                return await handler(req)
+                return await on_operation(self, req)
             except Stale as e:
                 self.stale_retries += 1
                 # Behind the shard: wait to reach it.  Held by a critical section: wait for the
@@ -168,6 +166,7 @@ class OperationRouter:
 
     # -------------------------------------------------------------- writes
 
+    @on_operation.register(s.Insert)
     async def insert(self, req: s.Insert) -> dict:
         await self._ensure_collection(req.ns)
         errors: list[dict] = []
@@ -221,6 +220,7 @@ class OperationRouter:
         errors.sort(key=lambda e: e["index"])
         return {"inserted": inserted, "writeErrors": errors}
 
+    @on_operation.register(s.Update)
     async def update(self, req: s.Update) -> dict:
         if req.upsert:
             await self._ensure_collection(req.ns)
@@ -243,6 +243,7 @@ class OperationRouter:
             done=lambda r: r["matched"] > 0,
         )
 
+    @on_operation.register(s.Delete)
     async def delete(self, req: s.Delete) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         if not t.shards:
@@ -277,6 +278,7 @@ class OperationRouter:
 
     # --------------------------------------------------------------- reads
 
+    @on_operation.register(s.Find)
     async def find(self, req: s.Find) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         docs: list[dict] = []
@@ -341,6 +343,7 @@ class OperationRouter:
         for cid in [c for c, cur in self.cursors.items() if now - cur.created > CURSOR_TIMEOUT_S]:
             del self.cursors[cid]
 
+    @on_operation.register(s.Count)
     async def count(self, req: s.Count) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         parts = [
@@ -348,6 +351,7 @@ class OperationRouter:
         ]
         return {"n": sum(r["n"] for r in await self._ask_all(parts)), "shards": list(t.shards)}
 
+    @on_operation.register(s.Explain)
     async def explain(self, req: s.Explain) -> dict:
         compile_filter(req.filter)  # refuse a bad filter here too
         t = targeting.for_query(self.catalog, req.ns, req.filter)

@@ -74,8 +74,8 @@ class RouterServer:
         self.instance = instance or uuid.uuid4().hex[:8]
         self.name = "router" if instance is None else f"router-{self.instance}"
         t = settings.topics
-        self.inbox = t.inbox(f"router-{self.instance}")
-        self.cursor_topic = t.inbox(f"router-{self.instance}-cursors")
+        self.inbox = t.router_inbox(self.instance)
+        self.cursor_topic = t.router_cursors(self.instance)
         self.follower = CatalogFollower(settings, f"router-{self.instance}")
         self.requester = Requester(settings.bootstrap, self.inbox, client_id=self.name, stop_owner_on_failure=True)
         self.routing = OperationRouter(t, self.follower, self.requester, self.cursor_topic)
@@ -92,7 +92,7 @@ class RouterServer:
         self.producer = kafka.producer(s.bootstrap, client_id=self.name, linger_ms=0)
         await self.producer.start()
         requests = kafka.consumer(
-            s.bootstrap, group_id=f"{s.cluster}.router", client_id=self.name, session_timeout_ms=s.session_timeout_ms
+            s.bootstrap, group_id=t.group("router"), client_id=self.name, session_timeout_ms=s.session_timeout_ms
         )
         await requests.start()
         progress = Progress()
