@@ -6,9 +6,7 @@ Writes:  <cluster>.config.events     (single writer; its offset is the ConfigTim
          replies to each command's `reply-to` topic
          <cluster>.deadletter        (commands that do not parse)
 
-- `versions.py`  version arithmetic (pure)
-- `settings.py`  cluster / collection settings and their defaults
-- `catalog.py`   the catalog as the fold of config.events
-- `decide.py`    commands -> events (pure)
+- `decide.py`    commands -> events (pure); the catalog it decides against, its versions
+                 and settings are the shared `domain` package's (`domain/catalog.py`, ...)
 - `server.py`    the wiring: projection + command processor
 """

@@ -8,7 +8,6 @@ Reads:   <cluster>.router.requests  (client operations; one consumer group for a
 Writes:  <cluster>.shard.<id>.requests, <cluster>.config.commands (implicit database creation),
          replies to each operation's `reply-to`
 
-- `targeting.py`  which shards a query or document goes to (pure)
-- `route.py`      one operation: target, send, merge, StaleConfig retries
+- `route.py`      one operation: target (`domain/targeting.py`), send, merge, StaleConfig retries
 - `server.py`     the wiring
 """
