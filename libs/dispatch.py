@@ -12,8 +12,7 @@ dispatches through one of these, so a reader finds each handler by the record it
         @on_event.register(ev.ShardAdded)
         def _shard_added(self, e: ev.ShardAdded) -> None: ...
 
-A record with no handler raises `Unhandled` (or returns the table's `default`), never
-passes silently.  Subclasses are matched exactly: records are flat, one class per type.
+A record with no handler raises `Unhandled`, never passes silently (`handles` asks first).  Subclasses are matched exactly: records are flat, one class per type.
 """
 
 from __future__ import annotations
