@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,7 +34,6 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from domain.catalog import Catalog, Migration
 from domain.follower import CatalogFollower
 from domain.protocol import doc_bytes as _size
-from domain.shardkey import from_ejson, to_ejson
 from libs import kafka
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
@@ -43,7 +42,9 @@ from schemas import RecordError
 from schemas import config as cfg
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, shard_key_part
-from services.shard.protocol.common import DONORS, RECIPIENTS
+from services.shard.protocol.common import DONORS, RECIPIENTS, Documents, Shard
+from services.shard.protocol.donor import CannotDonate, donation_range
+from services.shard.protocol.donor import DonatedRange as Range
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +68,8 @@ class NotActive(RuntimeError):
     pass
 
 
-@dataclass
-class Range:
-    lo: bytes
-    hi: bytes
-    min: dict  # Extended JSON
-    max: dict
-
-
-class DonorDocuments(Protocol):
+class DonorDocuments(Documents, Protocol):
     """What the coordinator reads of its own shard's documents (`CountingDocuments`)."""
-
-    @property
-    def migrations(self) -> Mapping[str, s.MigrationRecorded]: ...
-
-    def scan(self, ns: str, lo: bytes = b"", hi: bytes | None = None) -> Iterator[tuple[bytes, dict]]: ...
 
     def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]: ...
 
@@ -301,49 +289,14 @@ class DonorCoordinator:
     # ------------------------------------------------------------- phases
 
     def _range(self, m: Migration) -> Range:
-        """[min, max) of the migration, choosing max when the request left it open, and the
-        size checks: a range over twice the max chunk size is refused unless forced."""
-        coll = self.catalog.collections.get(m.ns)
-        if coll is None or coll.epoch != m.epoch:
-            raise MigrationAborted(f"StaleEpoch: {m.ns} changed since the migration was requested")
-        lo_bound = from_ejson(m.min)
-        lo = coll.pattern.encode_bound(lo_bound)
-        chunk = coll.chunks[coll.chunk_index(lo)]
-        if chunk.shard != self.shard_id:
-            raise MigrationAborted(f"StaleConfig: {self.shard_id} does not own {m.min} any more")
-        limit = coll.settings.maxChunkSizeBytes or self.catalog.settings.maxChunkSizeBytes
-        if m.max is not None:
-            hi = coll.pattern.encode_bound(from_ejson(m.max))
-            size = sum(self.documents.range_sizes(m.ns, lo, hi))
-            if size > 2 * limit and not m.force_jumbo:
-                raise MigrationAborted(
-                    f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
-                    f"chunk size ({limit}); move it with --force-jumbo"
-                )
-            return Range(lo, hi, m.min, m.max)
-        # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
-        total, prev_key, cut = 0, None, None
-        for k, doc in self.documents.scan(m.ns, lo, chunk.max_key):
-            skey = shard_key_part(k, doc)
-            if total >= limit and skey != prev_key:
-                cut = (skey, coll.pattern.extract(doc))
-                break
-            total += _size(doc)
-            prev_key = skey
-        if cut is None:
-            if total > 2 * limit and not m.force_jumbo:
-                one_key = prev_key is not None and all(
-                    shard_key_part(k, d) == prev_key for k, d in self.documents.scan(m.ns, lo, chunk.max_key)
-                )
-                if one_key:
-                    raise MigrationAborted(
-                        f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
-                        f"value, so the chunk cannot be split; it is marked jumbo",
-                        jumbo=True,
-                    )
-                raise MigrationAborted(f"ChunkTooBig: {total} bytes from {m.min}, over twice the max chunk size")
-            return Range(lo, chunk.max_key, m.min, to_ejson(chunk.max))
-        return Range(lo, cut[0], m.min, to_ejson(cut[1]))
+        try:
+            return donation_range(
+                Shard(self.shard_id, self.catalog, self.documents),
+                m,
+                lambda ns, lo, hi: sum(self.documents.range_sizes(ns, lo, hi)),
+            )
+        except CannotDonate as e:
+            raise MigrationAborted(e.reason, e.jumbo) from None
 
     async def _transfer(self, m: Migration, rng: Range) -> None:
         """Clone, then mods until nearly caught up, then the critical section and the last mods."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from domain.catalog import Catalog
+from domain.catalog import Catalog, Migration
 from domain.protocol import ErrorCode
 from domain.shardkey import KeyPattern
 from libs.commands import CommandError
@@ -23,7 +23,7 @@ from services.config.decide import decide as config_decide
 from services.shard.decide import ShardDecider
 from services.shard.documents import UNSHARDED_KEY, ShardDocuments
 from services.shard.migrations import MigrationDecider
-from services.shard.protocol.donor import DonorState
+from services.shard.protocol.donor import CannotDonate, DonorState, donation_range
 from services.shard.protocol.range_deletion import TaskState, state_of
 from services.shard.protocol.recipient import RecipientState
 
@@ -842,3 +842,75 @@ def test_a_migration_walks_both_roles_from_start_to_forgotten(tmp_path):
         "migration.range_tasks_updated",
     ]
     assert donor_shard.faults == []
+
+
+# ------------------------------------------------------- the range a donation takes
+
+MB = 1024 * 1024
+PAD = "x" * (300 * 1024)
+
+
+def big(k: int, _id: int | None = None, pad: str = PAD) -> s.DocumentWritten:
+    d = {"_id": k if _id is None else _id, "k": k, "pad": pad}
+    return s.DocumentWritten(ns=NS, skey=PATTERN.encode_doc(d).hex(), doc=d)
+
+
+@dataclass
+class Donation:
+    name: str
+    shard: str
+    given: list[Record]
+    max: dict | None  # the requested max (None: the donor cuts one max chunk size)
+    expect: dict | str  # the range's max bound, or the reason's start
+    stored: int = 0  # bytes the store reports for a requested [min, max)
+    epoch: str = CURRENT
+    force: bool = False
+    jumbo: bool = False
+
+
+DONATIONS = (
+    Donation("the requested range", "a", [], HI, HI),
+    Donation("a requested range over twice the max chunk size", "a", [], HI, "ChunkTooBig", stored=3 * MB),
+    Donation("a requested range over twice the max chunk size, forced", "a", [], HI, HI, stored=3 * MB, force=True),
+    Donation("one max chunk size from min, cut at a key", "a", [big(k) for k in range(10)], None, {"k": 4}),
+    Donation("the rest of the chunk when it is small", "a", [doc(1), doc(2)], None, {"k": 100}),
+    Donation(
+        "one key too big to split: jumbo",
+        "a",
+        [big(5, i) for i in range(8)],
+        None,
+        "ChunkTooBig: every document",
+        jumbo=True,
+    ),
+    Donation(
+        "too big after its first key",
+        "a",
+        [doc(1), *(big(5, 10 + i) for i in range(8))],
+        None,
+        "ChunkTooBig: ",
+    ),
+    Donation("a collection sharded again since", "a", [], HI, "StaleEpoch", epoch="old"),
+    Donation("a range we do not own", "b", [], HI, "StaleConfig"),
+)
+
+
+@pytest.mark.parametrize("case", DONATIONS, ids=[d.name for d in DONATIONS])
+def test_the_range_a_donation_takes(tmp_path, case: Donation):
+    sh = Shard(tmp_path, case.shard)
+    sh.catalog_apply(config_decide(sh.catalog, c.SetSetting(key="maxChunkSizeBytes", value=MB, ns=NS)).events)
+    sh.given(case.given)
+    epoch = sh.epoch if case.epoch == CURRENT else case.epoch
+    m = Migration(MID, NS, epoch, LO, case.max, "a", "b", force_jumbo=case.force)
+
+    def sizes(ns: str, lo: bytes, hi: bytes) -> int:
+        return case.stored
+
+    if isinstance(case.expect, str):
+        with pytest.raises(CannotDonate) as err:
+            donation_range(sh.decider.shard, m, sizes)
+        assert err.value.reason.startswith(case.expect)
+        assert err.value.jumbo is case.jumbo
+        return
+    rng = donation_range(sh.decider.shard, m, sizes)
+    assert (rng.min, rng.max) == (LO, case.expect)
+    assert (rng.lo, rng.hi) == (PATTERN.encode_bound(LO), PATTERN.encode_bound(case.expect))

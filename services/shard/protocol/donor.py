@@ -34,15 +34,21 @@ retries); while it is `committing`, reads are refused too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
-from domain.protocol import ErrorCode
+from domain.catalog import Migration
+from domain.protocol import ErrorCode, doc_bytes
+from domain.shardkey import from_ejson, to_ejson
 from libs.commands import CommandError
 from schemas import Record
 from schemas import shard as s
+from services.shard.documents import shard_key_part
 from services.shard.protocol import range_deletion
 from services.shard.protocol.common import (
     DONORS,
+    Doc,
     Role,
     Shard,
     Step,
@@ -64,6 +70,78 @@ class DonorState(StrEnum):
 BLOCKS_WRITES = frozenset({DonorState.CRITICAL, DonorState.COMMITTING})
 BLOCKS_READS = frozenset({DonorState.COMMITTING})
 UNDECIDED = frozenset({DonorState.CLONING, DonorState.CRITICAL, DonorState.COMMITTING})
+
+
+# ------------------------------------------------------------ before the start
+
+
+@dataclass(frozen=True)
+class DonatedRange:
+    """[min, max) of a donation: as encoded shard keys, and as the Extended JSON bounds."""
+
+    lo: bytes
+    hi: bytes
+    min: Doc
+    max: Doc
+
+
+class CannotDonate(Exception):
+    """The requested range may not be donated: the migration aborts, saying why (and, when
+    the range is one shard-key value too big to move, its chunk is marked jumbo)."""
+
+    def __init__(self, reason: str, jumbo: bool = False):
+        super().__init__(reason)
+        self.reason, self.jumbo = reason, jumbo
+
+
+# The stored bytes of a collection's documents with shard keys in [lo, hi).
+StoredSize = Callable[[str, bytes, bytes], int]
+
+
+def donation_range(shard: Shard, m: Migration, stored_size: StoredSize) -> DonatedRange:
+    """The range the coordinator asks StartDonation for: the requested [min, max), or, when
+    the request left max open, up to one max chunk size of data from min, cut at a shard-key
+    boundary.  A range over twice the max chunk size is refused unless forced."""
+    coll = shard.catalog.collections.get(m.ns)
+    if coll is None or coll.epoch != m.epoch:
+        raise CannotDonate(f"StaleEpoch: {m.ns} changed since the migration was requested")
+    lo = coll.pattern.encode_bound(from_ejson(m.min))
+    chunk = coll.chunks[coll.chunk_index(lo)]
+    if chunk.shard != shard.id:
+        raise CannotDonate(f"StaleConfig: {shard.id} does not own {m.min} any more")
+    limit = coll.settings.maxChunkSizeBytes or shard.catalog.settings.maxChunkSizeBytes
+    if m.max is not None:
+        hi = coll.pattern.encode_bound(from_ejson(m.max))
+        size = stored_size(m.ns, lo, hi)
+        if size > 2 * limit and not m.force_jumbo:
+            raise CannotDonate(
+                f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
+                f"chunk size ({limit}); move it with --force-jumbo"
+            )
+        return DonatedRange(lo, hi, m.min, m.max)
+    # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
+    total, prev_key = 0, None
+    for k, doc in shard.documents.scan(m.ns, lo, chunk.max_key):
+        skey = shard_key_part(k, doc)
+        if total >= limit and skey != prev_key:
+            return DonatedRange(lo, skey, m.min, to_ejson(coll.pattern.extract(doc)))
+        total += doc_bytes(doc)
+        prev_key = skey
+    if total > 2 * limit and not m.force_jumbo:
+        one_key = prev_key is not None and all(
+            shard_key_part(k, d) == prev_key for k, d in shard.documents.scan(m.ns, lo, chunk.max_key)
+        )
+        if one_key:
+            raise CannotDonate(
+                f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
+                f"value, so the chunk cannot be split; it is marked jumbo",
+                jumbo=True,
+            )
+        raise CannotDonate(f"ChunkTooBig: {total} bytes from {m.min}, over twice the max chunk size")
+    return DonatedRange(lo, chunk.max_key, m.min, to_ejson(chunk.max))
+
+
+# ------------------------------------------------------------------- requests
 
 
 def start_donation(shard: Shard, req: s.StartDonation) -> Step:
