@@ -65,6 +65,11 @@ class ShardDecider:
         # The migration and range-deletion requests (range deletion waits for our older queries).
         self.migrations = MigrationDecider(shard_id, catalog, documents, open_queries=self._queries_open_before)
 
+    @property
+    def progress(self) -> dict[str, dict[str, Any]]:
+        """Live progress of this shard's donations, by migration id (the donor's coordinator reports it)."""
+        return self.migrations.progress
+
     def decide(self, req: Record) -> Decision:
         if not on_request.handles(req):
             raise CommandError(ErrorCode.CommandNotFound, f"unknown shard request {req.type!r}")
