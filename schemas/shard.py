@@ -321,7 +321,9 @@ class MigrationRecorded(Record):
     min: Doc
     max: Doc
     peer: str  # the other shard
-    state: str  # registered, cloning, critical, committing, clone-committed, decided
+    # A donor's: cloning, critical, committing, decided; a recipient's: cloning, clone-committed
+    # (services/shard/protocol: DonorState, RecipientState).
+    state: str
     decision: Literal["committed", "aborted"] | None = None
     cloned: int = 0
     mods: int = 0

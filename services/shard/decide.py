@@ -34,13 +34,17 @@ from domain.query import (
 )
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge, encode_value, from_ejson, to_ejson
 from libs.commands import CommandError, Decision
+from libs.dispatch import Dispatch
 from libs.ids import new_object_id
 from schemas import Record
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, shard_key_part
-from services.shard.migrations import MigrationDecisions
+from services.shard.migrations import REQUESTS as MIGRATION_REQUESTS
+from services.shard.migrations import MigrationDecider
 
 MATCHING_WRITES = (s.Update, s.Delete)
+
+on_request: Dispatch[ShardDecider, Decision] = Dispatch("shard request")
 
 
 @dataclass
@@ -51,39 +55,23 @@ class Cursor:
     created: float = field(default_factory=time.monotonic)
 
 
-class ShardDecider(MigrationDecisions):
+class ShardDecider:
     def __init__(self, shard_id: str, catalog: Catalog, documents: ShardDocuments):
         self.shard_id, self.catalog, self.documents = shard_id, catalog, documents
         self.cursors: dict[int, Cursor] = {}
         self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         self._keyed: set[tuple[str, str]] = set()  # (ns, epoch) known to hold no unsharded-layout documents
-        self.progress: dict[str, dict] = {}  # live progress of this shard's donations, by migration id
-        self._handlers = {
-            s.Insert: self.insert,
-            s.Find: self.find,
-            s.GetMore: self.get_more,
-            s.Count: self.count,
-            s.Update: self.update,
-            s.Delete: self.delete,
-            s.StartDonation: self.start_donation,
-            s.StartReceipt: self.start_receipt,
-            s.StartPrimaryMove: self.start_primary_move,
-            s.StartPrimaryReceipt: self.start_primary_receipt,
-            s.TransferBatch: self.transfer_batch,
-            s.CommitClone: self.commit_clone,
-            s.EnterCriticalSection: self.enter_critical_section,
-            s.RecordDecision: self.record_decision,
-            s.FinishReceipt: self.finish_receipt,
-            s.ForgetMigration: self.forget_migration,
-            s.ListMigrations: self.list_migrations,
-            s.DeleteRangeBatch: self.delete_range_batch,
-            s.SplitVector: self.split_vector,
-        }
+        # The migration and range-deletion requests (range deletion waits for our older queries).
+        self.migrations = MigrationDecider(shard_id, catalog, documents, open_queries=self._queries_open_before)
+
+    @property
+    def progress(self) -> dict[str, dict[str, Any]]:
+        """Live progress of this shard's donations, by migration id (the donor's coordinator reports it)."""
+        return self.migrations.progress
 
     def decide(self, req: Record) -> Decision:
-        handler = self._handlers.get(type(req))
-        if handler is None:
+        if not on_request.handles(req):
             raise CommandError(ErrorCode.CommandNotFound, f"unknown shard request {req.type!r}")
         self.served[(req.type, getattr(req, "ns", None))] += 1
         op_id = getattr(req, "opId", None)
@@ -91,9 +79,9 @@ class ShardDecider(MigrationDecisions):
             return Decision([], {**done, "retried": True})  # a retry of a write already applied
         rekey = self._rekey_events(getattr(req, "ns", None))
         if rekey:
-            decision = self._after(rekey, handler, req)
+            decision = self._after(rekey, req)
         else:
-            decision = handler(req)
+            decision = on_request(self, req)
         if op_id is not None and (decision.events or isinstance(req, MATCHING_WRITES)):
             # An update or delete is recorded even when it matched nothing: one without the shard
             # key tries shards in turn, and a retry must not find a match the first attempt did not.
@@ -114,19 +102,23 @@ class ShardDecider(MigrationDecisions):
             self._keyed.add((ns, coll.epoch))
         return events
 
-    def _after(self, events: list[Record], handler, req) -> Decision:
+    def _after(self, events: list[Record], req: Record) -> Decision:
         """Decide `req` on the state after `events`, which become part of its decision.
         (Applying twice is harmless: the processor applies them again, to the same effect.)"""
         saved = self.documents.tentative()
         for e in events:
             self.documents.apply(e, -1)
         try:
-            decision = handler(req)
+            decision = on_request(self, req)
         except BaseException:
             self.documents.restore(saved)
             raise
         decision.events[:0] = events
         return decision
+
+    @on_request.register(*MIGRATION_REQUESTS)
+    def _migration_request(self, req: Record) -> Decision:
+        return self.migrations.decide(req)
 
     # ---------------------------------------------------------------- routing
 
@@ -163,8 +155,8 @@ class ShardDecider(MigrationDecisions):
         """Key ranges of `ns` where writes wait for a critical section (everything, for an
         unsharded collection whose primary is moving)."""
         if coll is None:
-            return [(b"", b"\xff" * 16)] if self.primary_blocked(ns, reads=False) else []
-        return self.blocked_ranges(ns, reads=False)
+            return [(b"", b"\xff" * 16)] if self.migrations.primary_blocked(ns, reads=False) else []
+        return self.migrations.blocked_ranges(ns, reads=False)
 
     def _owned_ranges(self, coll: Collection | None) -> list[tuple[bytes, bytes | None]]:
         if coll is None:
@@ -198,14 +190,14 @@ class ShardDecider(MigrationDecisions):
             matcher = compile_filter(flt)
         except QueryError as e:
             raise CommandError(ErrorCode.BadValue, f"invalid filter: {e}") from None
-        if coll is None and self.primary_blocked(ns, reads=True):
-            raise self._critical(ns, "a read")
-        blocked = self.blocked_ranges(ns, reads=True) if coll is not None else []
+        if coll is None and self.migrations.primary_blocked(ns, reads=True):
+            raise self.migrations.critical_section_wait(ns, "a read")
+        blocked = self.migrations.blocked_ranges(ns, reads=True) if coll is not None else []
         if "_id" in flt and not isinstance(flt["_id"], dict):  # fast path by _id
             hit = self.documents.find_by_id(ns, flt["_id"])
             if hit is not None and self._owns(coll, hit[0]) and matcher.matches(hit[1]):
                 if any(lo <= hit[0] < hi for lo, hi in blocked):
-                    raise self._critical(ns, "a read")
+                    raise self.migrations.critical_section_wait(ns, "a read")
                 yield hit
             return
         ranges = self._owned_ranges(coll)
@@ -221,12 +213,13 @@ class ShardDecider(MigrationDecisions):
         if any(
             lo < b_hi and b_lo < (hi if hi is not None else b"\xff" * 8) for lo, hi in ranges for b_lo, b_hi in blocked
         ):
-            raise self._critical(ns, "a read")
+            raise self.migrations.critical_section_wait(ns, "a read")
         for lo, hi in ranges:
             for k, doc in self.documents.scan(ns, lo, hi):
                 if matcher.matches(doc):
                     yield shard_key_part(k, doc), doc
 
+    @on_request.register(s.Find)
     def find(self, req: s.Find) -> Decision:
         coll = self._placement(req.ns, req.routing)
         matching = self._matching(coll, req.ns, req.filter)
@@ -269,6 +262,13 @@ class ShardDecider(MigrationDecisions):
         for cid in [cid for cid, c in self.cursors.items() if now - c.created > CURSOR_TIMEOUT_S]:
             del self.cursors[cid]
 
+    def _queries_open_before(self, ns: str, config_time: int) -> int:
+        """Queries of `ns` routed before `config_time` still open here (an abandoned cursor
+        stops counting after the cursor timeout)."""
+        self._expire_cursors()
+        return sum(1 for c in self.cursors.values() if c.ns == ns and c.config_time < config_time)
+
+    @on_request.register(s.GetMore)
     def get_more(self, req: s.GetMore) -> Decision:
         cursor = self.cursors.pop(req.cursorId, None)
         if cursor is None:
@@ -278,10 +278,12 @@ class ShardDecider(MigrationDecisions):
             )
         return Decision([], self._batch(cursor.docs, req.batchSize, cursor.ns, cursor.config_time))
 
+    @on_request.register(s.Count)
     def count(self, req: s.Count) -> Decision:
         coll = self._placement(req.ns, req.routing)
         return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
 
+    @on_request.register(s.SplitVector)
     def split_vector(self, req: s.SplitVector) -> Decision:
         """Split points of the chunk holding `find` from this shard's documents (seed 001)."""
         from domain import splitvector as autosplit
@@ -349,6 +351,7 @@ class ShardDecider(MigrationDecisions):
 
     # ----------------------------------------------------------------- writes
 
+    @on_request.register(s.Insert)
     def insert(self, req: s.Insert) -> Decision:
         coll = self._placement(req.ns, req.routing)
         events: list[Record] = []
@@ -381,11 +384,11 @@ class ShardDecider(MigrationDecisions):
             )
         if (
             coll is not None
-            and any(lo <= skey < hi for lo, hi in self.blocked_ranges(ns, reads=False))
+            and any(lo <= skey < hi for lo, hi in self.migrations.blocked_ranges(ns, reads=False))
             or coll is None
-            and self.primary_blocked(ns, reads=False)
+            and self.migrations.primary_blocked(ns, reads=False)
         ):
-            raise self._critical(ns, "a write")
+            raise self.migrations.critical_section_wait(ns, "a write")
         id_enc = encode_value(doc["_id"])
         existing = self.documents.find_by_id(ns, doc["_id"])
         if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
@@ -396,6 +399,7 @@ class ShardDecider(MigrationDecisions):
         seen.add(id_enc)
         return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
 
+    @on_request.register(s.Update)
     def update(self, req: s.Update) -> Decision:
         coll = self._placement(req.ns, req.routing)
         events: list[Record] = []
@@ -404,7 +408,7 @@ class ShardDecider(MigrationDecisions):
             blocked = self._write_blocked(coll, req.ns)
             for skey, doc in self._matching(coll, req.ns, req.filter):
                 if any(lo <= skey < hi for lo, hi in blocked):
-                    raise self._critical(req.ns, "an update")
+                    raise self.migrations.critical_section_wait(req.ns, "an update")
                 matched += 1
                 new = apply_update(doc, req.update)
                 if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
@@ -432,13 +436,14 @@ class ShardDecider(MigrationDecisions):
                 f"an update may not change the shard key {coll.pattern.spec} (document {json.dumps(old.get('_id'))})",
             )
 
+    @on_request.register(s.Delete)
     def delete(self, req: s.Delete) -> Decision:
         coll = self._placement(req.ns, req.routing)
         events: list[Record] = []
         blocked = self._write_blocked(coll, req.ns)
         for skey, doc in self._matching(coll, req.ns, req.filter):
             if any(lo <= skey < hi for lo, hi in blocked):
-                raise self._critical(req.ns, "a delete")
+                raise self.migrations.critical_section_wait(req.ns, "a delete")
             events.append(s.DocumentRemoved(ns=req.ns, skey=skey.hex(), id=doc["_id"]))
             if not req.multi:
                 break

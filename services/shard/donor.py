@@ -24,24 +24,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from domain.catalog import Migration
+from domain.catalog import Catalog, Migration
 from domain.follower import CatalogFollower
 from domain.protocol import doc_bytes as _size
-from domain.shardkey import from_ejson, to_ejson
 from libs import kafka
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
-from libs.service import ServiceSettings
-from libs.topics import SHORT_LIVED, TopicSpec
+from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import RecordError
 from schemas import config as cfg
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, shard_key_part
+from services.shard.protocol.common import DONORS, RECIPIENTS, Documents, Shard
+from services.shard.protocol.donor import CannotDonate, donation_range
+from services.shard.protocol.donor import DonatedRange as Range
 
 log = logging.getLogger(__name__)
 
@@ -65,36 +68,48 @@ class NotActive(RuntimeError):
     pass
 
 
-@dataclass
-class Range:
-    lo: bytes
-    hi: bytes
-    min: dict  # Extended JSON
-    max: dict
+class DonorDocuments(Documents, Protocol):
+    """What the coordinator reads of its own shard's documents (`CountingDocuments`)."""
+
+    def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]: ...
+
+    def range_sizes(self, ns: str, lo: bytes, hi: bytes) -> Iterator[int]: ...
+
+
+@dataclass(frozen=True)
+class DonorDeps:
+    """Exactly what the coordinator needs of its shard."""
+
+    shard_id: str
+    topics: Topics  # the shards' requests (ourselves, the recipient), the config server's, our changelog
+    bootstrap: str  # to read our changelog back: the mods
+    requester: Requester  # asks, with replies to the coordinator's own inbox
+    follower: CatalogFollower  # the catalog view: ownership, requested migrations, outcomes, ConfigTime
+    active: asyncio.Event  # set while this instance is the shard's active one (its processor's)
+    documents: DonorDocuments
+    changelog_position: Callable[[], int]  # the changelog offset our documents show
+    progress: dict[str, dict[str, Any]]  # live progress of our donations, shown by ListMigrations
 
 
 class DonorCoordinator:
-    def __init__(self, settings: ServiceSettings, shard_id: str, follower: CatalogFollower, server):
-        self.settings, self.shard_id, self.follower = settings, shard_id, follower
-        self.server = server  # the ShardServer: its documents, store, projection, decider, processor
-        self.topics = settings.topics
+    def __init__(self, deps: DonorDeps):
+        self.shard_id, self.follower, self.topics = deps.shard_id, deps.follower, deps.topics
+        self.requester, self.documents, self.active = deps.requester, deps.documents, deps.active
+        self.bootstrap, self.changelog_position, self.progress = deps.bootstrap, deps.changelog_position, deps.progress
         self._current: Migration | None = None  # the donation under way, before its decision
-        self.requester = Requester(
-            settings.bootstrap, self.topics.inbox(f"shard-{shard_id}-migrations"), client_id=f"shard-{shard_id}-donor"
-        )
 
     @property
-    def catalog(self):
+    def catalog(self) -> Catalog:
         return self.follower.catalog
 
     # ---------------------------------------------------------------- loop
 
     async def run(self) -> None:
-        await kafka.ensure_topics(self.settings.bootstrap, [TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
+        await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
         await self.requester.start()
         try:
             while True:
-                await self.server.processor.active.wait()
+                await self.active.wait()
                 work = self._next_work()
                 if work is None:
                     try:
@@ -113,11 +128,11 @@ class DonorCoordinator:
             await self.requester.stop()
 
     def _next_work(self):
-        docs = self.server.documents.migrations
+        docs = self.documents.migrations
         for m in list(docs.values()):
-            if m.role in ("donor", "primary-donor"):
+            if m.role in DONORS:
                 return self.resume(m)
-            if m.role in ("recipient", "primary-recipient") and m.id in self.catalog.outcomes:
+            if m.role in RECIPIENTS and m.id in self.catalog.outcomes:
                 # The donor is gone or its FinishReceipt was lost: the config server's outcome decides.
                 return self._ask_self(s.FinishReceipt(id=m.id, committed=self.catalog.outcomes[m.id] == "committed"))
         for m in self.catalog.migrations.values():
@@ -161,14 +176,14 @@ class DonorCoordinator:
         return await self._ask(self.topics.shard_requests(m.recipient), req, **kw)
 
     def _check_active(self, m: Migration | None = None) -> None:
-        if not self.server.processor.active.is_set():
+        if not self.active.is_set():
             raise NotActive(f"shard {self.shard_id} is no longer the active instance")
         coll = self.catalog.collections.get(m.ns) if m is not None else None
         if m is not None and (coll is None or not coll.settings.allowMigrations):
             raise MigrationAborted(f"migrations of {m.ns} were disallowed (set-allow-migrations)")
 
     def _progress(self, mid: str, **kw) -> None:
-        self.server.decider.progress.setdefault(mid, {}).update(kw)
+        self.progress.setdefault(mid, {}).update(kw)
 
     # ------------------------------------------------------------- donate
 
@@ -274,53 +289,18 @@ class DonorCoordinator:
     # ------------------------------------------------------------- phases
 
     def _range(self, m: Migration) -> Range:
-        """[min, max) of the migration, choosing max when the request left it open, and the
-        size checks: a range over twice the max chunk size is refused unless forced."""
-        coll = self.catalog.collections.get(m.ns)
-        if coll is None or coll.epoch != m.epoch:
-            raise MigrationAborted(f"StaleEpoch: {m.ns} changed since the migration was requested")
-        lo_bound = from_ejson(m.min)
-        lo = coll.pattern.encode_bound(lo_bound)
-        chunk = coll.chunks[coll.chunk_index(lo)]
-        if chunk.shard != self.shard_id:
-            raise MigrationAborted(f"StaleConfig: {self.shard_id} does not own {m.min} any more")
-        limit = coll.settings.maxChunkSizeBytes or self.catalog.settings.maxChunkSizeBytes
-        if m.max is not None:
-            hi = coll.pattern.encode_bound(from_ejson(m.max))
-            size = sum(self.server.documents.range_sizes(m.ns, lo, hi))
-            if size > 2 * limit and not m.force_jumbo:
-                raise MigrationAborted(
-                    f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
-                    f"chunk size ({limit}); move it with --force-jumbo"
-                )
-            return Range(lo, hi, m.min, m.max)
-        # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
-        total, prev_key, cut = 0, None, None
-        for k, doc in self.server.documents.scan(m.ns, lo, chunk.max_key):
-            skey = shard_key_part(k, doc)
-            if total >= limit and skey != prev_key:
-                cut = (skey, coll.pattern.extract(doc))
-                break
-            total += _size(doc)
-            prev_key = skey
-        if cut is None:
-            if total > 2 * limit and not m.force_jumbo:
-                one_key = prev_key is not None and all(
-                    shard_key_part(k, d) == prev_key for k, d in self.server.documents.scan(m.ns, lo, chunk.max_key)
-                )
-                if one_key:
-                    raise MigrationAborted(
-                        f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
-                        f"value, so the chunk cannot be split; it is marked jumbo",
-                        jumbo=True,
-                    )
-                raise MigrationAborted(f"ChunkTooBig: {total} bytes from {m.min}, over twice the max chunk size")
-            return Range(lo, chunk.max_key, m.min, to_ejson(chunk.max))
-        return Range(lo, cut[0], m.min, to_ejson(cut[1]))
+        try:
+            return donation_range(
+                Shard(self.shard_id, self.catalog, self.documents),
+                m,
+                lambda ns, lo, hi: sum(self.documents.range_sizes(ns, lo, hi)),
+            )
+        except CannotDonate as e:
+            raise MigrationAborted(e.reason, e.jumbo) from None
 
     async def _transfer(self, m: Migration, rng: Range) -> None:
         """Clone, then mods until nearly caught up, then the critical section and the last mods."""
-        start = self.server.projection.position  # the changelog offset the clone is at least as new as
+        start = self.changelog_position()  # the changelog offset the clone is at least as new as
         self._progress(m.id, phase="cloning")
         cloned = 0
         async for written in self._clone_batches(m.ns, rng):
@@ -330,7 +310,7 @@ class DonorCoordinator:
             self._progress(
                 m.id,
                 cloned=cloned,
-                bytes=self.server.decider.progress[m.id]["bytes"] + sum(_size(w["doc"]) for w in written),
+                bytes=self.progress[m.id]["bytes"] + sum(_size(w["doc"]) for w in written),
             )
             fault_point("migration.cloning")
         self._progress(m.id, phase="catching up")
@@ -363,7 +343,7 @@ class DonorCoordinator:
         while True:
             self._check_active()
             batch, size, last = [], 0, None
-            for k, doc in self.server.documents.scan_stored(ns, after, rng.hi, inclusive=first):
+            for k, doc in self.documents.scan_stored(ns, after, rng.hi, inclusive=first):
                 skey = shard_key_part(k, doc)
                 batch.append({"skey": skey.hex(), "doc": doc})
                 size += _size(doc)
@@ -406,7 +386,7 @@ class DonorCoordinator:
         # the requests it held are decided against the new ownership.
         await self.follower.wait_for(at, STEP_DEADLINE_S)
         await self._ask_self(s.RecordDecision(id=mid, committed=committed, configTime=self.follower.config_time))
-        since = self.server.decider.progress.get(mid, {}).get("criticalSince")
+        since = self.progress.get(mid, {}).get("criticalSince")
         if since is not None:  # the critical section ends with the recorded decision
             self._progress(mid, criticalMs=round((time.time() - since) * 1000, 1))
         fault_point("migration.decision_recorded")
@@ -430,7 +410,7 @@ class _ModReader:
 
     async def __aenter__(self):
         self._reader = kafka.partition_reader(
-            self.c.settings.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
+            self.c.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
         )
         self.consumer, _ = await self._reader.__aenter__()
         return self

@@ -12,12 +12,13 @@ from domain.protocol import CONFIG_TIME
 from libs import kafka
 from libs.commands import CommandProcessor, header
 from libs.projection import Projection
+from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
 from schemas import shard as schema
 from services.shard.decide import ShardDecider
 from services.shard.documents import changelog_key
-from services.shard.donor import DonorCoordinator
+from services.shard.donor import DonorCoordinator, DonorDeps
 from services.shard.statistics import CountingDocuments, StatisticsPublisher
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,21 @@ class ShardServer:
             prepare=self._catch_up_config,
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
         )
-        self.donor = DonorCoordinator(settings, shard_id, self.follower, self)
+        self.donor = DonorCoordinator(
+            DonorDeps(
+                shard_id=shard_id,
+                topics=t,
+                bootstrap=settings.bootstrap,
+                requester=Requester(
+                    settings.bootstrap, t.inbox(f"shard-{shard_id}-migrations"), client_id=f"shard-{shard_id}-donor"
+                ),
+                follower=self.follower,
+                active=self.processor.active,
+                documents=self.documents,
+                changelog_position=lambda: self.projection.position,
+                progress=self.decider.migrations.progress,
+            )
+        )
         self.statistics = StatisticsPublisher(
             settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active
         )
