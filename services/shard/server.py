@@ -50,7 +50,7 @@ class ShardServer:
             projection=self.projection,
             decide=self.decider.decide,
             dead_letters=t.dead_letters,
-            group_id=f"{settings.cluster}.{self.name}",
+            group_id=settings.topics.group(self.name),
             name=self.name,
             max_batch=max_batch,
             session_timeout_ms=settings.session_timeout_ms,
@@ -63,9 +63,7 @@ class ShardServer:
                 shard_id=shard_id,
                 topics=t,
                 bootstrap=settings.bootstrap,
-                requester=Requester(
-                    settings.bootstrap, t.inbox(f"shard-{shard_id}-migrations"), client_id=f"shard-{shard_id}-donor"
-                ),
+                requester=Requester(settings.bootstrap, t.donor_inbox(shard_id), client_id=f"shard-{shard_id}-donor"),
                 follower=self.follower,
                 active=self.processor.active,
                 documents=self.documents,
