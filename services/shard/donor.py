@@ -31,6 +31,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from domain.catalog import Migration
 from domain.follower import CatalogFollower
+from domain.protocol import ErrorCode
 from domain.protocol import doc_bytes as _size
 from domain.shardkey import from_ejson, to_ejson
 from libs import kafka
@@ -56,9 +57,18 @@ RECEIPT_WAIT_S = 60.0  # the recipient's overlapping range deletions get this lo
 
 
 class MigrationAborted(Exception):
-    def __init__(self, reason: str, jumbo: bool = False):
-        super().__init__(reason)
-        self.reason, self.jumbo = reason, jumbo
+    """The migration cannot commit: `code` (an ErrorCode, when one applies) and `reason`."""
+
+    def __init__(self, reason: str, jumbo: bool = False, code: ErrorCode | None = None):
+        super().__init__(f"{code}: {reason}" if code else reason)
+        self.reason, self.jumbo, self.code = reason, jumbo, code
+
+
+def _why(e: Exception) -> tuple[ErrorCode | None, str]:
+    """(code, reason) of what stopped a migration."""
+    if isinstance(e, MigrationAborted):
+        return e.code, e.reason
+    return ErrorCode.InternalError, f"{type(e).__name__}: {e}"
 
 
 class NotActive(RuntimeError):
@@ -198,17 +208,18 @@ class DonorCoordinator:
             if isinstance(e, NotActive):
                 raise  # the instance that took over resumes the migration
             self._current = None
-            reason = e.reason if isinstance(e, MigrationAborted) else f"InternalError: {type(e).__name__}: {e}"
+            code, reason = _why(e)
+            text = f"{code}: {reason}" if code else reason
             log.warning(
                 "shard %s: migration %s aborted: %s",
                 self.shard_id,
                 m.id,
-                reason,
+                text,
                 exc_info=not isinstance(e, MigrationAborted),
             )
-            self._progress(m.id, phase="aborting", reason=reason)
+            self._progress(m.id, phase="aborting", reason=text)
             # Safe whatever step failed: the config server answers "committed" if the commit got in.
-            committed, at = await self._abort(m.id, reason, getattr(e, "jumbo", False))
+            committed, at = await self._abort(m.id, reason, getattr(e, "jumbo", False), code)
         self._current = None
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
@@ -250,9 +261,15 @@ class DonorCoordinator:
         except (MigrationAborted, Exception) as e:
             if isinstance(e, NotActive):
                 raise
-            reason = e.reason if isinstance(e, MigrationAborted) else f"InternalError: {type(e).__name__}: {e}"
-            log.warning("shard %s: primary move %s of %s aborted: %s", self.shard_id, m.id, m.ns, reason)
-            committed, at = await self._abort(m.id, reason)
+            code, reason = _why(e)
+            log.warning(
+                "shard %s: primary move %s of %s aborted: %s",
+                self.shard_id,
+                m.id,
+                m.ns,
+                f"{code}: {reason}" if code else reason,
+            )
+            committed, at = await self._abort(m.id, reason, code=code)
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
 
@@ -278,20 +295,21 @@ class DonorCoordinator:
         size checks: a range over twice the max chunk size is refused unless forced."""
         coll = self.catalog.collections.get(m.ns)
         if coll is None or coll.epoch != m.epoch:
-            raise MigrationAborted(f"StaleEpoch: {m.ns} changed since the migration was requested")
+            raise MigrationAborted(f"{m.ns} changed since the migration was requested", code=ErrorCode.StaleEpoch)
         lo_bound = from_ejson(m.min)
         lo = coll.pattern.encode_bound(lo_bound)
         chunk = coll.chunks[coll.chunk_index(lo)]
         if chunk.shard != self.shard_id:
-            raise MigrationAborted(f"StaleConfig: {self.shard_id} does not own {m.min} any more")
+            raise MigrationAborted(f"{self.shard_id} does not own {m.min} any more", code=ErrorCode.StaleConfig)
         limit = coll.settings.maxChunkSizeBytes or self.catalog.settings.maxChunkSizeBytes
         if m.max is not None:
             hi = coll.pattern.encode_bound(from_ejson(m.max))
             size = sum(self.server.documents.range_sizes(m.ns, lo, hi))
             if size > 2 * limit and not m.force_jumbo:
                 raise MigrationAborted(
-                    f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
-                    f"chunk size ({limit}); move it with --force-jumbo"
+                    f"[{m.min}, {m.max}) holds {size} bytes, over twice the max "
+                    f"chunk size ({limit}); move it with --force-jumbo",
+                    code=ErrorCode.ChunkTooBig,
                 )
             return Range(lo, hi, m.min, m.max)
         # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
@@ -310,11 +328,14 @@ class DonorCoordinator:
                 )
                 if one_key:
                     raise MigrationAborted(
-                        f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
+                        f"every document of [{m.min}, ...) has the same shard key "
                         f"value, so the chunk cannot be split; it is marked jumbo",
                         jumbo=True,
+                        code=ErrorCode.ChunkTooBig,
                     )
-                raise MigrationAborted(f"ChunkTooBig: {total} bytes from {m.min}, over twice the max chunk size")
+                raise MigrationAborted(
+                    f"{total} bytes from {m.min}, over twice the max chunk size", code=ErrorCode.ChunkTooBig
+                )
             return Range(lo, chunk.max_key, m.min, to_ejson(chunk.max))
         return Range(lo, cut[0], m.min, to_ejson(cut[1]))
 
@@ -392,11 +413,13 @@ class DonorCoordinator:
         fault_point("migration.commit_applied")
         return True, reply.configTime or 0
 
-    async def _abort(self, mid: str, reason: str, jumbo: bool = False) -> tuple[bool, int]:
+    async def _abort(
+        self, mid: str, reason: str, jumbo: bool = False, code: ErrorCode | None = None
+    ) -> tuple[bool, int]:
         """Ask the config server to abort; its answer is the decision (it may have committed)."""
         result = await self._ask(
             self.topics.config_commands,
-            cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo),
+            cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo, code=code),
             deadline=time.monotonic() + 3600,
         )
         return result.get("outcome") == "committed", self.follower.config_time

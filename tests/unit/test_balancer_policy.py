@@ -669,9 +669,9 @@ def test_violations_report_an_imbalance_exactly_when_plan_moves_for_one(s):
     assert all(m.reason == "chunksImbalance" for m in plan)
 
 
-# ---------------------------------------------------------------- round pacing (server.py)
+# ---------------------------------------------------------------- round pacing (rounds.py)
 
-from services.balancer.server import round_pause, throttle_left  # noqa: E402
+from services.balancer.rounds import round_pause, throttle_left  # noqa: E402
 
 
 def test_after_a_round_that_moved_data_the_next_starts_at_once_as_in_mongodb():
