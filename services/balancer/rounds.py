@@ -21,7 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from domain.catalog import Catalog
 from domain.follower import CatalogFollower
@@ -147,7 +147,9 @@ def auto_splits(catalog: Catalog, sizes: dict[tuple[str, bytes], int]) -> list[b
         limit = coll.settings.maxChunkSizeBytes or catalog.settings.maxChunkSizeBytes
         for i, ch in enumerate(coll.chunks):
             if not ch.jumbo and sizes.get((ns, ch.min_key), 0) >= limit:
-                edge = "top" if i == len(coll.chunks) - 1 else "bottom" if i == 0 else None
+                edge: Literal["top", "bottom"] | None = (
+                    "top" if i == len(coll.chunks) - 1 else "bottom" if i == 0 else None
+                )
                 out.append(
                     b.AutoSplitAction(
                         id=new_id(),

@@ -18,7 +18,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from domain.catalog import Collection
 from domain.follower import CatalogFollower
@@ -138,7 +138,7 @@ class Secondary:
             while True:
                 if self.state.defragmenting[ns]["state"]["stopped"] or ns not in self.follower.catalog.collections:
                     st = defragment.stop(st)  # `defragment NS stop`, or dropped: issue nothing more
-                issued = []
+                issued: list[dict[str, Any]] = []
                 if self._allowed() and not st.stopped:
                     st, issued = defragment.next_actions(st, self._defrag_snapshot(ns))
                 sends: list[tuple[dict[str, Any], b.Action]] = []
@@ -202,7 +202,7 @@ class Secondary:
         lo, hi = (boundary(coll, a[k]) if coll else None for k in ("min", "max"))
         if lo is None or hi is None:
             return None
-        by = "defragmentation"
+        by: Literal["defragmentation"] = "defragmentation"
         if a["type"] == "move":
             return b.MigrationAction(
                 id=new_id(), by=by, ns=ns, min=lo, max=hi, donor=a["shard"], recipient=a["to"], reason=by
@@ -223,7 +223,7 @@ class Secondary:
             while self._allowed():
                 await self.history.wait_for(lambda: self.follower.config_time)  # a chunk just moved must look so
                 catalog, t = self.follower.catalog, time.time()
-                settings, batch = catalog.settings, []
+                settings, batch = catalog.settings, list[b.MergeAction]()
                 for ns, coll in sorted(catalog.collections.items()):
                     if not automerge.enabled(
                         settings.autoMergerEnabled,
@@ -238,8 +238,8 @@ class Secondary:
                             by="autoMerge",
                             ns=ns,
                             shard=a["shard"],
-                            min=boundary(coll, a["min"]),
-                            max=boundary(coll, a["max"]),
+                            min=chunk_bound(coll, a["min"]),
+                            max=chunk_bound(coll, a["max"]),
                         )
                         for a in automerge.merge_actions(
                             ns,
@@ -273,7 +273,17 @@ def boundary(coll: Collection, key: bytes) -> dict[str, Any] | None:
     """The catalog's bound (Extended JSON) that encodes to `key`, if it is a chunk boundary."""
     i = bisect.bisect_left(coll.mins, key)
     if i < len(coll.chunks) and coll.mins[i] == key:
-        return to_ejson(coll.chunks[i].min)
+        bound: dict[str, Any] = to_ejson(coll.chunks[i].min)
+        return bound
     if i and coll.chunks[i - 1].max_key == key:
-        return to_ejson(coll.chunks[i - 1].max)
+        bound = to_ejson(coll.chunks[i - 1].max)
+        return bound
     return None
+
+
+def chunk_bound(coll: Collection, key: bytes) -> dict[str, Any]:
+    """The bound of a key the auto-merger took from the catalog's chunks: a chunk boundary."""
+    bound = boundary(coll, key)
+    if bound is None:
+        raise ValueError(f"{coll.ns}: {key.hex()} is not a chunk boundary")
+    return bound
