@@ -146,14 +146,10 @@ def register(app: typer.Typer, ctx, helpers) -> None:
         finally:
             if live:
                 live.stop()
-        state = summary["outcome"]
-        if state != "committed":
-            code, _, why = state.removeprefix("aborted: ").partition(": ")
-            if not why:
-                code, why = "MigrationAborted", state
+        if summary["outcome"] != "committed":
             m.fail(
-                f"migration {r['id']} aborted: {why}",
-                code=code if code.isalnum() else "MigrationAborted",
+                f"migration {r['id']} aborted: {summary.get('reason') or summary['outcome']}",
+                code=summary.get("code") or ErrorCode.MigrationAborted,
                 as_json=json_out,
             )
         if json_out:
@@ -194,6 +190,8 @@ def register(app: typer.Typer, ctx, helpers) -> None:
                 "min": progress.get("min", mig.get("min")),
                 "max": progress.get("max", mig.get("max")),
             }
+            if "reason" in state:  # aborted: why, as fields
+                summary.update(code=state["code"], reason=state["reason"])
             if wait_for_delete and state["state"] == "committed":
                 while True:
                     shard = await _ask(r, t.shard_requests(donor), s.ListMigrations())

@@ -23,6 +23,23 @@ from libs.store import Store
 from schemas import config as ev
 
 
+@dataclass(frozen=True)
+class MigrationOutcome:
+    """How a migration (or primary move) ended: committed, or aborted with the error's
+    `code` (an ErrorCode name; None when no code applies, and in logs older than the
+    field) and `reason`."""
+
+    committed: bool
+    code: str | None = None
+    reason: str | None = None
+
+    def text(self) -> str:
+        """The one-line form of `Catalog.outcomes`: "committed" or "aborted: [<code>: ]<reason>"."""
+        if self.committed:
+            return "committed"
+        return f"aborted: {self.code}: {self.reason}" if self.code else f"aborted: {self.reason}"
+
+
 @dataclass
 class Chunk:
     min: dict[str, Any]  # bounds with MinKey/MaxKey sentinels
@@ -157,6 +174,7 @@ class Catalog:
         self.settings = ClusterSettings()
         self.migrations: dict[str, Migration] = {}  # active, by id
         self.outcomes: dict[str, str] = {}  # finished migrations: "committed" or "aborted: <reason>"
+        self.aborts: dict[str, MigrationOutcome] = {}  # aborted ones, with their code and reason
         self.config_time = 0  # offset after the last applied event, when known
         self._changes: dict[bytes, bytes | None] = {}
 
@@ -263,6 +281,9 @@ class Catalog:
             )
         for k, v in store.scan(b"outcome/"):
             self.outcomes[k[8:].decode()] = json.loads(v)
+        for k, v in store.scan(b"abort/"):
+            d = json.loads(v)
+            self.aborts[k[6:].decode()] = MigrationOutcome(False, d["code"], d["reason"])
         if (raw := store.get(b"settings")) is not None:
             self.settings = ClusterSettings.model_validate_json(raw)
         ckpt = store.checkpoint_any()
@@ -409,11 +430,11 @@ class Catalog:
         db = self.databases[e.db]
         db.primary, db.version = e.primary, DatabaseVersion(db.version.uuid, e.lastMod)
         self._put_database(db)
-        self._finish_migration(e.id, "committed")
+        self._finish_migration(e.id, MigrationOutcome(True))
 
     @on_event.register(ev.PrimaryMoveAborted)
     def _on_PrimaryMoveAborted(self, e: ev.PrimaryMoveAborted) -> None:
-        self._finish_migration(e.id, f"aborted: {e.reason}")
+        self._finish_migration(e.id, MigrationOutcome(False, e.code, e.reason))
 
     @on_event.register(ev.MigrationRequested)
     def _on_MigrationRequested(self, e: ev.MigrationRequested) -> None:
@@ -421,11 +442,24 @@ class Catalog:
         self.migrations[e.id] = m
         self._put(b"mig/" + e.id.encode(), m.record())
 
-    def _finish_migration(self, mid: str, outcome: str) -> None:
+    def _finish_migration(self, mid: str, outcome: MigrationOutcome) -> None:
         self.migrations.pop(mid, None)
         self._put(b"mig/" + mid.encode(), None)
-        self.outcomes[mid] = outcome
-        self._put(b"outcome/" + mid.encode(), outcome)
+        self.outcomes[mid] = outcome.text()
+        self._put(b"outcome/" + mid.encode(), outcome.text())
+        if not outcome.committed:
+            self.aborts[mid] = outcome
+            self._put(b"abort/" + mid.encode(), {"code": outcome.code, "reason": outcome.reason})
+
+    def outcome(self, mid: str) -> MigrationOutcome | None:
+        """How migration `mid` ended; None while it runs (or if unknown)."""
+        text = self.outcomes.get(mid)
+        if text is None:
+            return None
+        if text == "committed":
+            return MigrationOutcome(True)
+        # No abort record: decided before the catalog kept them (the reason is the whole text).
+        return self.aborts.get(mid) or MigrationOutcome(False, None, text.removeprefix("aborted: "))
 
     @on_event.register(ev.MigrationCommitted)
     def _on_MigrationCommitted(self, e: ev.MigrationCommitted) -> None:
@@ -435,11 +469,11 @@ class Catalog:
             i = coll.chunk_index(ch.min_key)
             coll.replace_chunks(i, i + 1, [ch])
             self._put_chunk(e.ns, ch, doc)
-        self._finish_migration(e.id, "committed")
+        self._finish_migration(e.id, MigrationOutcome(True))
 
     @on_event.register(ev.MigrationAborted)
     def _on_MigrationAborted(self, e: ev.MigrationAborted) -> None:
-        self._finish_migration(e.id, f"aborted: {e.reason}")
+        self._finish_migration(e.id, MigrationOutcome(False, e.code, e.reason))
 
     @on_event.register(ev.ChunkMarkedJumbo)
     def _on_ChunkMarkedJumbo(self, e: ev.ChunkMarkedJumbo) -> None:

@@ -92,6 +92,7 @@ class ErrorCode(StrEnum):
     NoSuchMigration = ("NoSuchMigration", None)
     MigrationAborted = ("MigrationAborted", None)
     RangeDeletionPending = ("RangeDeletionPending", None)
+    ChunkChanged = ("ChunkChanged", None)  # the balancer: an action's range is no longer a chunk of its owner
     BadRecord = ("BadRecord", None)  # a record that does not parse (it also goes to the dead letters)
     BadReply = ("BadReply", None)
     Timeout = ("Timeout", None)

@@ -8,11 +8,133 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
 from schemas import Codec, Record
 
 Doc = dict[str, Any]
+Bound = dict[str, Any]  # Extended JSON
+
+# ----------------------------------------------------------------- actions
+#
+# What the balancer sends, recorded before it is sent (IssueActions / ActionIssued) so
+# that a new leader finishes it.  `kind` tells the records apart; `by` names the secondary
+# loop that issued (and finishes) the action, absent for the round loop's.  The JSON is
+# the one earlier versions wrote as plain dicts: "from"/"to" for donor and recipient, no
+# "by" key for a round's action.
+
+Loop = Literal["defragmentation", "autoMerge"]
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    id: str
+    ns: str
+
+    @model_serializer(mode="wrap")
+    def _json(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("by", 0) is None:
+            del out["by"]  # a round's action: no key, as written before actions were typed
+        return out
+
+    @property
+    def secondary(self) -> bool:
+        """Issued by the secondary loop (defragmentation, auto-merger), which finishes it itself."""
+        return getattr(self, "by", None) is not None
+
+    def to_json(self) -> Doc:
+        return self.model_dump(by_alias=True)
+
+
+class ChunkRangeDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min: Bound
+    max: Bound
+
+
+class SplitAction(_Action):
+    """Split a chunk at zone boundaries (the policy's split)."""
+
+    kind: Literal["split"] = "split"
+    chunk: ChunkRangeDoc
+    at: list[Bound]
+
+
+class AutoSplitAction(_Action):
+    """Split a chunk grown to the max chunk size at its owner's split points; `edge`: the
+    top or bottom chunk of an ascending key, whose new edge chunk then moves off the shard."""
+
+    kind: Literal["autoSplit"] = "autoSplit"
+    min: Bound
+    max: Bound
+    shard: str
+    limit: int
+    edge: Literal["top", "bottom"] | None = None
+
+
+class MigrationAction(_Action):
+    """Move [min, max) to the recipient (max None: up to one max chunk size of data from min)."""
+
+    kind: Literal["migration"] = "migration"
+    donor: str = Field(alias="from")
+    recipient: str = Field(alias="to")
+    min: Bound
+    max: Bound | None
+    reason: Literal["drain", "zoneViolation", "chunksImbalance", "defragmentation"]
+    by: Literal["defragmentation"] | None = None
+
+
+class MergeAction(_Action):
+    """Merge the chunks of [min, max), all on `shard`."""
+
+    kind: Literal["merge"] = "merge"
+    shard: str
+    min: Bound
+    max: Bound
+    by: Loop | None = None
+
+
+class DataSizeAction(_Action):
+    """Measure the chunk [min, max) from its owner's first statistics report taken at
+    ConfigTime `after` or later (the balancer's ConfigTime when it issued the action)."""
+
+    kind: Literal["dataSize"] = "dataSize"
+    shard: str
+    min: Bound
+    max: Bound
+    after: int
+    by: Literal["defragmentation"] | None = None
+
+
+class MovePrimaryAction(_Action):
+    """Move the primary of database `ns` off a draining shard."""
+
+    kind: Literal["movePrimary"] = "movePrimary"
+    donor: str = Field(alias="from")
+    recipient: str = Field(alias="to")
+
+
+class RemoveShardAction(_Action):
+    """Finish removing a drained shard (`ns` is empty)."""
+
+    kind: Literal["removeShard"] = "removeShard"
+    shard: str
+
+
+Action = Annotated[
+    SplitAction
+    | AutoSplitAction
+    | MigrationAction
+    | MergeAction
+    | DataSizeAction
+    | MovePrimaryAction
+    | RemoveShardAction,
+    Field(discriminator="kind"),
+]
 
 # ---------------------------------------------------------------- commands
 
@@ -24,11 +146,12 @@ class IssueActions(Record):
     type: Literal["IssueActions"] = "IssueActions"
     v: Literal[1] = 1
     round: int
-    actions: list[Doc]  # {"id", "kind": "split"|"migration"|"merge"|"dataSize", "ns", ...}
-    # ("by": "defragmentation"|"autoMerge" for the secondary loop's actions, which it finishes itself)
+    actions: list[Action]
 
 
 class FinishAction(Record):
+    """An action's outcome: ok, or the error's `code` (an ErrorCode name) and `error`, the reason."""
+
     type: Literal["FinishAction"] = "FinishAction"
     v: Literal[1] = 1
     id: str
@@ -113,7 +236,7 @@ class ActionIssued(Record):
     type: Literal["ActionIssued"] = "ActionIssued"
     v: Literal[1] = 1
     round: int
-    action: Doc
+    action: Action
 
 
 class ActionFinished(Record):

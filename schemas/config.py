@@ -155,6 +155,7 @@ class AbortMigration(Record):
     id: str
     reason: str
     jumbo: bool = False  # the range could not be split: mark its chunk jumbo
+    code: str | None = None  # why, as an error code name (ErrorCode) when one applies
 
 
 class GetMigration(Record):
@@ -186,6 +187,7 @@ class AbortPrimaryMove(Record):
     v: Literal[1] = 1
     id: str
     reason: str
+    code: str | None = None
 
 
 class MarkJumbo(Record):
@@ -388,6 +390,7 @@ class MigrationAborted(Record):
     id: str
     ns: str
     reason: str
+    code: str | None = None  # an error code name (ErrorCode) when one applies; absent in older logs
 
 
 class ChunkMarkedJumbo(Record):
@@ -424,6 +427,7 @@ class PrimaryMoveAborted(Record):
     id: str
     db: str
     reason: str
+    code: str | None = None
 
 
 class SettingChanged(Record):

@@ -1,6 +1,6 @@
 """Export the JSON Schema of every record to schemas/json/ (`make schemas`).
 
-`tests/test_schemas.py` fails when the committed files differ from what the
+`tests/unit/test_schemas.py` fails when the committed files differ from what the
 models produce, so a changed record cannot ship with a stale schema.
 """
 
@@ -12,8 +12,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from schemas import config, reply, shard, stats
-from services.balancer import policy
+from schemas import balancer_policy, config, reply, shard, stats
 
 OUT = Path(__file__).resolve().parent / "json"
 
@@ -25,8 +24,8 @@ FAMILIES = {
     "shard.changelog": shard.ShardEvent,
     "shard.stats": stats.ShardStatistics,
     # Not Kafka records: the balancer policy's input and output (`shardlog balancer plan`).
-    "balancer.snapshot": policy.Snapshot,
-    "balancer.plan": policy.Plan,
+    "balancer.snapshot": balancer_policy.Snapshot,
+    "balancer.plan": balancer_policy.Plan,
 }
 
 

@@ -4,25 +4,30 @@ in, actions out (the round loop records and sends them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from domain.catalog import Catalog
+from schemas import balancer as b
 
 
-def drain_actions(catalog: Catalog, busy: set[str]) -> list[dict]:
+def drain_actions(
+    catalog: Catalog, busy: set[str], new_id: Callable[[], str]
+) -> list[b.MovePrimaryAction | b.RemoveShardAction]:
     """For each draining shard: move one database's primary off it at a time once it
     has no chunk left (a shard runs one migration at a time), then complete the removal."""
-    actions = []
+    actions: list[b.MovePrimaryAction | b.RemoveShardAction] = []
     for shard in sorted(s.id for s in catalog.shards.values() if s.draining):
         if catalog.chunk_count(shard):
             continue  # the policy is still moving its chunks
         dbs = catalog.primary_of(shard)
         if not dbs:
-            actions.append({"kind": "removeShard", "ns": "", "shard": shard})
+            actions.append(b.RemoveShardAction(id=new_id(), ns="", shard=shard))
             continue
         if shard in busy or catalog.migration_of(shard) is not None:
             continue
         to = new_primary(catalog, exclude=busy | {shard})
         if to is not None:
-            actions.append({"kind": "movePrimary", "ns": dbs[0], "from": shard, "to": to})
+            actions.append(b.MovePrimaryAction(id=new_id(), ns=dbs[0], donor=shard, recipient=to))
             busy |= {shard, to}
     return actions
 

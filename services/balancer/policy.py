@@ -19,13 +19,14 @@ The rules, per collection and in this order (seed 002, "Migrations"):
    recipient less than its ideal rounded down to a whole byte.  Shards are compared by
    their data of the *whole* collection, wherever it lies (this zone, other zones, no
    zone), as MongoDB's ``_getMostOverloadedShard`` / ``_getLeastLoadedReceiverShard``
-   read a shard's data size of the collection: the donor is the available shard of the
-   zone holding the most, the recipient the available non-draining shard of the zone
-   holding the least.  A donor with no chunk it may give in the zone (only jumbo ones,
-   or none there) is passed over for the next most loaded shard (MongoDB gives up on
-   the zone instead).  What moves is a range from the min of the donor's first
-   non-jumbo chunk in the zone, with ``max: null``: the donor cuts up to one max chunk
-   size of data from there (moveRange without max).
+   read a shard's data size of the collection.  The donor is the available shard holding
+   the most, whatever zones it is in; the recipient the available shard holding the
+   least among those that may hold the zone's data (in the zone, not draining).  What
+   moves is a range of the zone being balanced: from the min of the donor's first
+   non-jumbo chunk in the zone, with ``max: null`` (the donor cuts up to one max chunk
+   size of data from there: moveRange without max).  A donor with no chunk it may give
+   in the zone (only jumbo ones, or none there) is passed over for the next most loaded
+   shard (MongoDB gives up on the zone instead).
 
 Splits (seed 002, "Splits"): a chunk that crosses a zone boundary is split at the
 boundary; it is not moved in the same round (its zone is only known once it is split).
@@ -53,88 +54,55 @@ import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
-from typing_extensions import TypedDict
+from pydantic import ValidationError, model_validator
 
 from domain.shardkey import KeyPattern, from_ejson
+from schemas import balancer_policy as _schema
+from schemas.balancer_policy import (
+    MB,
+    Bound,
+    ChunkDoc,
+    ChunkRange,
+    CollectionDoc,
+    Migration,
+    Plan,
+    Settings,
+    ShardInfo,
+    Split,
+    ZoneRangeDoc,
+)
 
-MB = 1024 * 1024
+__all__ = [
+    "MB",
+    "Bound",
+    "ChunkDoc",
+    "ChunkRange",
+    "CollectionDoc",
+    "Migration",
+    "Plan",
+    "Settings",
+    "ShardInfo",
+    "Snapshot",
+    "SnapshotError",
+    "Split",
+    "Violation",
+    "ZoneRangeDoc",
+    "describe",
+    "plan",
+    "violations",
+]
+
 IMBALANCE_CHUNKS = 3  # MongoDB: a zone is balanced once donor and recipient differ by less than 3 max chunk sizes
-
-Bound = dict[str, Any]  # Extended JSON, e.g. {"x": {"$minKey": 1}}
-
 
 # ------------------------------------------------------------------------ the snapshot
 
 
-class Settings(BaseModel):
-    """Cluster settings the policy reads."""
-
-    maxChunkSizeBytes: int = Field(128 * MB, ge=1, description="the cluster's max chunk size (default 128 MiB)")
-
-
-class ShardInfo(BaseModel):
-    """A shard: its zones, whether it drains, is free this round, and its capacity weight."""
-
-    id: str = Field(min_length=1)
-    draining: bool = Field(False, description="being removed: its chunks move off, it receives none")
-    zones: list[str] = []
-    available: bool = Field(True, description="false: already busy this round (e.g. in a migration)")
-    weight: float = Field(
-        1.0,
-        gt=0,
-        allow_inf_nan=False,
-        description="capacity weight: a weight-2 shard aims for twice the data of a weight-1 one",
-    )
-
-
-class ChunkDoc(TypedDict):  # not a model: 100k of them validate about three times faster
-    """A chunk [min, max) of the routing table, its owner, its data size and jumbo flag."""
-
-    min: Bound
-    max: Bound
-    shard: str
-    sizeBytes: Annotated[int, Field(ge=0, description="data size of the chunk")]
-    jumbo: NotRequired[bool]
-
-
-class ZoneRangeDoc(BaseModel):
-    """A key range [min, max) pinned to the shards of `zone`."""
-
-    zone: str = Field(min_length=1)
-    min: Bound
-    max: Bound
-
-
-class CollectionDoc(BaseModel):
-    """A sharded collection: shard key, chunks, zone ranges, optional max chunk size."""
-
-    ns: str = Field(min_length=1)
-    key: dict[str, Any] = Field(description='shard key pattern, e.g. {"x": 1}')
-    maxChunkSizeBytes: int | None = Field(None, ge=1, description="overrides the cluster's when set")
-    balancerEnabled: bool = Field(True, description="false: no splits nor migrations for the collection")
-    allowMigrations: bool = Field(True, description="false: no splits nor migrations for the collection")
-    chunks: list[ChunkDoc] = Field(
-        description="the routing table: contiguous from MinKey to MaxKey (any order is accepted, key order is fastest)"
-    )
-    zones: list[ZoneRangeDoc] = []
-
-    _pattern: KeyPattern = PrivateAttr()
-    _zones: list[tuple[bytes, bytes, ZoneRangeDoc]] = PrivateAttr()  # sorted, with encoded bounds
-
-    def max_chunk_size(self, settings: Settings) -> int:
-        return self.maxChunkSizeBytes or settings.maxChunkSizeBytes
-
-
-class Snapshot(BaseModel):
-    """What one balancing round looks at.  Bounds are Extended JSON (``{"$minKey": 1}``);
-    extra fields are ignored."""
-
-    settings: Settings = Settings()
-    shards: list[ShardInfo]
-    collections: list[CollectionDoc] = []
+class Snapshot(_schema.Snapshot):
+    """The snapshot's shape (schemas/balancer_policy.py) and what makes it a routing table:
+    known and unique shards and collections, a valid shard key, chunk bounds naming its
+    fields, zone ranges that parse and do not overlap."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Snapshot:
@@ -198,42 +166,6 @@ class SnapshotError(ValueError):
 
 
 # ---------------------------------------------------------------------------- the plan
-
-
-class ChunkRange(BaseModel):
-    min: Bound
-    max: Bound
-
-
-class Split(BaseModel):
-    """Split `chunk` at zone boundaries (seed 002, "Splits")."""
-
-    ns: str
-    chunk: ChunkRange
-    at: list[Bound] = Field(description="the zone boundaries strictly inside the chunk, ascending")
-
-
-class Migration(BaseModel):
-    """Move [min, max) from the donor ("from") to the recipient ("to"); a drain may force a jumbo chunk."""
-
-    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True)
-
-    ns: str
-    donor: str = Field(alias="from")
-    recipient: str = Field(alias="to")
-    min: Bound
-    max: Bound | None = Field(description="null: the donor cuts up to one max chunk size of data from min")
-    reason: Literal["drain", "zoneViolation", "chunksImbalance"]
-
-
-class Plan(BaseModel):
-    """One round's actions: the splits first, then the migrations (each shard at most once)."""
-
-    splits: list[Split]
-    migrations: list[Migration]
-
-    def to_json(self) -> dict:
-        return self.model_dump(by_alias=True)
 
 
 @dataclass(frozen=True)
@@ -345,7 +277,7 @@ class _Layout:
 
         # The one pass: data per zone and shard, and the first chunk each rule may pick.
         self.sizes: dict[str | None, dict[str, int]] = {}
-        self.movable: dict[str | None, dict[str, int]] = {}  # imbalance: first non-jumbo chunk
+        self.movable: dict[str | None, dict[str, int]] = {}  # imbalance: per shard, first non-jumbo chunk
         self.drain: dict[str, dict[str | None, int]] = {}  # per draining shard, first chunk per zone
         self.misplaced: dict[str, dict[str, int]] = {}  # per shard, first non-jumbo chunk per violated zone
         crossing, chunks = self.crossing, self.chunks
@@ -357,14 +289,14 @@ class _Layout:
                 c = chunks[i]
                 s = c["shard"]
                 size[s] = size.get(s, 0) + c["sizeBytes"]
+                if i in crossing:
+                    continue  # split first: its zone is only known then
                 if s in draining:
-                    if i not in crossing:
-                        self.drain.setdefault(s, {}).setdefault(zone, i)
-                elif allowed is not None and s not in allowed:
-                    if i not in crossing and not c.get("jumbo"):
-                        self.misplaced.setdefault(s, {}).setdefault(zone, i)
-                elif s not in first and i not in crossing and not c.get("jumbo"):
-                    first[s] = i
+                    self.drain.setdefault(s, {}).setdefault(zone, i)
+                elif allowed is not None and s not in allowed and not c.get("jumbo"):
+                    self.misplaced.setdefault(s, {}).setdefault(zone, i)
+                if s not in first and not c.get("jumbo"):
+                    first[s] = i  # whatever zones s is in: rule 3 gives a range of this zone
         # Rule 3 reads each shard's data of the whole collection, whatever zones it lies in.
         self.totals: dict[str, int] = {}
         for size in self.sizes.values():
@@ -409,15 +341,18 @@ class _Layout:
     def ideal(self, zone: str | None, s: ShardInfo) -> float:
         return self.ideal_per_weight(zone) * s.weight
 
-    def imbalance(self, zone: str | None, candidates: list[ShardInfo]) -> tuple[ShardInfo, ShardInfo] | None:
-        """(donor, recipient) among `candidates` (available shards of the zone) if rule 3
-        asks for a move: the one with the most data of the collection (per unit of weight)
-        and the one with the least, at least 3 max chunk sizes apart, the donor above its
-        ideal and the recipient below it (rounded down, as MongoDB divides integers)."""
-        if len(candidates) < 2:
+    def imbalance(
+        self, zone: str | None, donors: list[ShardInfo], recipients: list[ShardInfo]
+    ) -> tuple[ShardInfo, ShardInfo] | None:
+        """(donor, recipient) if rule 3 asks for a move in `zone`: the shard of `donors`
+        (available, whatever zones) with the most data of the collection per unit of weight
+        and the shard of `recipients` (available, eligible for the zone) with the least, at
+        least 3 max chunk sizes apart, the donor above its ideal and the recipient below it
+        (rounded down, as MongoDB divides integers)."""
+        if not donors or not recipients:
             return None
-        donor = max(candidates, key=self.total_load)
-        recipient = min(candidates, key=self.total_load)
+        donor = max(donors, key=self.total_load)
+        recipient = min(recipients, key=self.total_load)
         if donor is recipient:
             return None
         if self.total_load(donor) - self.total_load(recipient) < IMBALANCE_CHUNKS * self.max_chunk:
@@ -520,7 +455,11 @@ def _zone_imbalance(lay: _Layout, zone: str | None, available: set[str]) -> Iter
     if not eligible or not lay.ideal_per_weight(zone):
         return  # no shard may hold the zone's data, or its shards hold nothing
     stuck: set[str] = set()  # donors with nothing they may give in the zone (jumbo chunks only, or none)
-    while pair := lay.imbalance(zone, [s for s in eligible if s.id in available and s.id not in stuck]):
+    while True:
+        donors = [s for s in lay.shards if s.id in available and s.id not in stuck]
+        recipients = [s for s in eligible if s.id in available and s.id not in stuck]
+        if (pair := lay.imbalance(zone, donors, recipients)) is None:
+            return
         donor, recipient = pair
         i = lay.movable.get(zone, {}).get(donor.id)
         if i is None:

@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from domain.catalog import Catalog, Collection
+from domain.catalog import Catalog, Collection, MigrationOutcome
 from domain.protocol import ErrorCode, check_db_name, check_shard_name, check_zone_name, split_ns
 from domain.settings import ClusterSettings, CollectionSettings, validated
 from domain.shardkey import MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
@@ -559,19 +559,20 @@ def abort_migration(catalog: Catalog, cmd: c.AbortMigration) -> Decision:
     m = catalog.migrations.get(cmd.id)
     if m is None:  # already decided: tell the caller which way
         return Decision([], {"id": cmd.id, "outcome": catalog.outcomes.get(cmd.id, "unknown")})
+    outcome = MigrationOutcome(False, cmd.code, cmd.reason).text()
     if m.kind == "primary":
         return Decision(
-            [c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)],
-            {"id": m.id, "outcome": f"aborted: {cmd.reason}"},
+            [c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason, code=cmd.code)],
+            {"id": m.id, "outcome": outcome},
         )
-    events: list[Record] = [c.MigrationAborted(id=m.id, ns=m.ns, reason=cmd.reason)]
+    events: list[Record] = [c.MigrationAborted(id=m.id, ns=m.ns, reason=cmd.reason, code=cmd.code)]
     coll = catalog.collections.get(m.ns)
     if cmd.jumbo and coll is not None and coll.epoch == m.epoch:
         events.insert(
             0,
             c.ChunkMarkedJumbo(ns=m.ns, epoch=m.epoch, min=to_ejson(coll.chunks[_migration_chunk_index(coll, m)].min)),
         )
-    return Decision(events, {"id": m.id, "outcome": f"aborted: {cmd.reason}"})
+    return Decision(events, {"id": m.id, "outcome": outcome})
 
 
 @on_command.register(c.GetMigration)
@@ -579,7 +580,10 @@ def get_migration(catalog: Catalog, cmd: c.GetMigration) -> Decision:
     if cmd.id is not None:
         m = catalog.migrations.get(cmd.id)
         state = "active" if m else catalog.outcomes.get(cmd.id, "unknown")
-        return Decision([], {"id": cmd.id, "state": state, **({"migration": m.record()} if m else {})})
+        extra: dict[str, Any] = {"migration": m.record()} if m else {}
+        if (outcome := catalog.outcome(cmd.id)) is not None and not outcome.committed:
+            extra.update(code=outcome.code, reason=outcome.reason)  # why, as fields (state says it in one line)
+        return Decision([], {"id": cmd.id, "state": state, **extra})
     return Decision(
         [], {"active": [m.record() for m in catalog.migrations.values() if cmd.ns is None or m.ns == cmd.ns]}
     )
@@ -654,5 +658,6 @@ def abort_primary_move(catalog: Catalog, cmd: c.AbortPrimaryMove) -> Decision:
     if m is None:
         return Decision([], {"id": cmd.id, "outcome": catalog.outcomes.get(cmd.id, "unknown")})
     return Decision(
-        [c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason)], {"id": m.id, "outcome": f"aborted: {cmd.reason}"}
+        [c.PrimaryMoveAborted(id=m.id, db=m.ns, reason=cmd.reason, code=cmd.code)],
+        {"id": m.id, "outcome": MigrationOutcome(False, cmd.code, cmd.reason).text()},
     )

@@ -33,6 +33,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from domain.catalog import Catalog, Migration
 from domain.follower import CatalogFollower
+from domain.protocol import ErrorCode
 from domain.protocol import doc_bytes as _size
 from libs import kafka
 from libs.faults import fault_point
@@ -59,9 +60,18 @@ RECEIPT_WAIT_S = 60.0  # the recipient's overlapping range deletions get this lo
 
 
 class MigrationAborted(Exception):
-    def __init__(self, reason: str, jumbo: bool = False):
-        super().__init__(reason)
-        self.reason, self.jumbo = reason, jumbo
+    """The migration cannot commit: `code` (an ErrorCode, when one applies) and `reason`."""
+
+    def __init__(self, reason: str, jumbo: bool = False, code: ErrorCode | None = None):
+        super().__init__(f"{code}: {reason}" if code else reason)
+        self.reason, self.jumbo, self.code = reason, jumbo, code
+
+
+def _why(e: Exception) -> tuple[ErrorCode | None, str]:
+    """(code, reason) of what stopped a migration."""
+    if isinstance(e, MigrationAborted):
+        return e.code, e.reason
+    return ErrorCode.InternalError, f"{type(e).__name__}: {e}"
 
 
 class NotActive(RuntimeError):
@@ -213,17 +223,18 @@ class DonorCoordinator:
             if isinstance(e, NotActive):
                 raise  # the instance that took over resumes the migration
             self._current = None
-            reason = e.reason if isinstance(e, MigrationAborted) else f"InternalError: {type(e).__name__}: {e}"
+            code, reason = _why(e)
+            text = f"{code}: {reason}" if code else reason
             log.warning(
                 "shard %s: migration %s aborted: %s",
                 self.shard_id,
                 m.id,
-                reason,
+                text,
                 exc_info=not isinstance(e, MigrationAborted),
             )
-            self._progress(m.id, phase="aborting", reason=reason)
+            self._progress(m.id, phase="aborting", reason=text)
             # Safe whatever step failed: the config server answers "committed" if the commit got in.
-            committed, at = await self._abort(m.id, reason, getattr(e, "jumbo", False))
+            committed, at = await self._abort(m.id, reason, getattr(e, "jumbo", False), code)
         self._current = None
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
@@ -265,9 +276,15 @@ class DonorCoordinator:
         except (MigrationAborted, Exception) as e:
             if isinstance(e, NotActive):
                 raise
-            reason = e.reason if isinstance(e, MigrationAborted) else f"InternalError: {type(e).__name__}: {e}"
-            log.warning("shard %s: primary move %s of %s aborted: %s", self.shard_id, m.id, m.ns, reason)
-            committed, at = await self._abort(m.id, reason)
+            code, reason = _why(e)
+            log.warning(
+                "shard %s: primary move %s of %s aborted: %s",
+                self.shard_id,
+                m.id,
+                m.ns,
+                f"{code}: {reason}" if code else reason,
+            )
+            committed, at = await self._abort(m.id, reason, code=code)
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
 
@@ -296,7 +313,7 @@ class DonorCoordinator:
                 lambda ns, lo, hi: sum(self.documents.range_sizes(ns, lo, hi)),
             )
         except CannotDonate as e:
-            raise MigrationAborted(e.reason, e.jumbo) from None
+            raise MigrationAborted(e.reason, e.jumbo, code=e.code) from None
 
     async def _transfer(self, m: Migration, rng: Range) -> None:
         """Clone, then mods until nearly caught up, then the critical section and the last mods."""
@@ -372,11 +389,13 @@ class DonorCoordinator:
         fault_point("migration.commit_applied")
         return True, reply.configTime or 0
 
-    async def _abort(self, mid: str, reason: str, jumbo: bool = False) -> tuple[bool, int]:
+    async def _abort(
+        self, mid: str, reason: str, jumbo: bool = False, code: ErrorCode | None = None
+    ) -> tuple[bool, int]:
         """Ask the config server to abort; its answer is the decision (it may have committed)."""
         result = await self._ask(
             self.topics.config_commands,
-            cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo),
+            cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo, code=code),
             deadline=time.monotonic() + 3600,
         )
         return result.get("outcome") == "committed", self.follower.config_time

@@ -150,7 +150,7 @@ def test_defragmentation_runs_its_three_phases_and_leaves_fewer_chunks(cl):
         assert "phase finished" in human.stdout, human.stdout + human.stderr
         seen = phases_in_order([st for _, st in defrag_states(cl.settings, "d.c")])
         assert seen[:2] == PHASES[:2] and seen[-1] == "finished" and seen == [p for p in PHASES if p in seen], seen
-        assert not [a for a in balancer.state.in_flight.values() if a.get("by")], "actions left in flight"
+        assert not [a for a in balancer.state.in_flight.values() if a.secondary], "actions left in flight"
         cl.call(cl.router.follower.wait_for(balancer.follower.config_time, 30))
     finally:
         task.cancel()

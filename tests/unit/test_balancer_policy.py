@@ -339,6 +339,34 @@ def test_rule_3_a_shard_outside_the_zone_does_not_stop_it_being_balanced():
     assert imbalanced(s) == [("S1", "a"), ("S2", None)]  # violations ignore that S2 is busy
 
 
+def test_rule_3_the_donor_is_ranked_over_every_shard_and_the_recipient_over_the_zones():
+    # Zone a ([MinKey, 20)) is on S0 and S1.  S3, in no zone, holds the most data of the collection
+    # (MongoDB's donor) but nothing in zone a: it is passed over and S0 gives zone a's range to S1,
+    # the least loaded shard of the zone; S2 holds less still but may not take zone a's data.
+    shards = [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]}, "S2", "S3"]
+    s = snap(shards, coll([("S0", 50), ("S1", 0), ("S3", 1000), ("S2", 0)], zones=[("a", None, 20)]))
+    assert [(m["from"], m["to"], m["min"], m["max"]) for m in policy.plan(s).to_json()["migrations"]] == [
+        ("S0", "S1", {"x": MIN}, None),  # zone a: ideal 50 / 2 = 25, S0 above it, S1 below, 50 apart
+        ("S3", "S2", {"x": 20}, None),  # outside every zone: S3 gives its chunk there to S2
+    ]
+    assert imbalanced(s) == [("S0", "a"), ("S3", None)]
+
+
+def test_rule_3_a_donor_outside_the_zone_gives_a_range_of_the_zone_into_it():
+    # S2, in no zone, holds the most data, some of it in zone a ([MinKey, 10), on S0 and S1).  In a
+    # round, rule 2 moves that chunk (a zone violation) and takes S2 and S1 (MongoDB's order); were
+    # every shard free, rule 3 for zone a picks S2 as the donor and moves its range of zone a to S1.
+    shards = [{"id": "S0", "zones": ["a"]}, {"id": "S1", "zones": ["a"]}, "S2"]
+    s = snap(shards, coll([("S2", 10), ("S0", 40), ("S2", 500), ("S1", 0)], zones=[("a", None, 20)]))
+    assert moves(s) == [("S2", "S1", "zoneViolation")]
+    assert imbalanced(s) == [("S2", "a"), ("S2", None)]
+    zone_a = next(v for v in policy.violations(s, "db.c") if v.reason == "chunksImbalance")
+    assert "S2 holds 510 bytes of the collection (ideal 20)" in zone_a.detail, zone_a.detail
+    s["shards"][0]["available"] = False  # S0 busy: rule 2 has no recipient for S2's chunk, nor has rule 3
+    s["shards"][1]["available"] = False
+    assert moves(s) == []
+
+
 @pytest.mark.parametrize(
     "s1_bytes, s2_bytes, moved",
     [
@@ -641,9 +669,9 @@ def test_violations_report_an_imbalance_exactly_when_plan_moves_for_one(s):
     assert all(m.reason == "chunksImbalance" for m in plan)
 
 
-# ---------------------------------------------------------------- round pacing (server.py)
+# ---------------------------------------------------------------- round pacing (rounds.py)
 
-from services.balancer.server import round_pause, throttle_left  # noqa: E402
+from services.balancer.rounds import round_pause, throttle_left  # noqa: E402
 
 
 def test_after_a_round_that_moved_data_the_next_starts_at_once_as_in_mongodb():

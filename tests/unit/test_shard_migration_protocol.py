@@ -908,7 +908,8 @@ def test_the_range_a_donation_takes(tmp_path, case: Donation):
     if isinstance(case.expect, str):
         with pytest.raises(CannotDonate) as err:
             donation_range(sh.decider.shard, m, sizes)
-        assert err.value.reason.startswith(case.expect)
+        assert str(err.value).startswith(case.expect)
+        assert err.value.code == case.expect.split(":")[0]
         assert err.value.jumbo is case.jumbo
         return
     rng = donation_range(sh.decider.shard, m, sizes)

@@ -89,9 +89,9 @@ class CannotDonate(Exception):
     """The requested range may not be donated: the migration aborts, saying why (and, when
     the range is one shard-key value too big to move, its chunk is marked jumbo)."""
 
-    def __init__(self, reason: str, jumbo: bool = False):
-        super().__init__(reason)
-        self.reason, self.jumbo = reason, jumbo
+    def __init__(self, code: ErrorCode, reason: str, jumbo: bool = False):
+        super().__init__(f"{code}: {reason}")
+        self.code, self.reason, self.jumbo = code, reason, jumbo
 
 
 # The stored bytes of a collection's documents with shard keys in [lo, hi).
@@ -104,19 +104,20 @@ def donation_range(shard: Shard, m: Migration, stored_size: StoredSize) -> Donat
     boundary.  A range over twice the max chunk size is refused unless forced."""
     coll = shard.catalog.collections.get(m.ns)
     if coll is None or coll.epoch != m.epoch:
-        raise CannotDonate(f"StaleEpoch: {m.ns} changed since the migration was requested")
+        raise CannotDonate(ErrorCode.StaleEpoch, f"{m.ns} changed since the migration was requested")
     lo = coll.pattern.encode_bound(from_ejson(m.min))
     chunk = coll.chunks[coll.chunk_index(lo)]
     if chunk.shard != shard.id:
-        raise CannotDonate(f"StaleConfig: {shard.id} does not own {m.min} any more")
+        raise CannotDonate(ErrorCode.StaleConfig, f"{shard.id} does not own {m.min} any more")
     limit = coll.settings.maxChunkSizeBytes or shard.catalog.settings.maxChunkSizeBytes
     if m.max is not None:
         hi = coll.pattern.encode_bound(from_ejson(m.max))
         size = stored_size(m.ns, lo, hi)
         if size > 2 * limit and not m.force_jumbo:
             raise CannotDonate(
-                f"ChunkTooBig: [{m.min}, {m.max}) holds {size} bytes, over twice the max "
-                f"chunk size ({limit}); move it with --force-jumbo"
+                ErrorCode.ChunkTooBig,
+                f"[{m.min}, {m.max}) holds {size} bytes, over twice the max "
+                f"chunk size ({limit}); move it with --force-jumbo",
             )
         return DonatedRange(lo, hi, m.min, m.max)
     # Only min: cut up to one max chunk size of data from it, at a shard-key boundary.
@@ -133,11 +134,12 @@ def donation_range(shard: Shard, m: Migration, stored_size: StoredSize) -> Donat
         )
         if one_key:
             raise CannotDonate(
-                f"ChunkTooBig: every document of [{m.min}, ...) has the same shard key "
+                ErrorCode.ChunkTooBig,
+                f"every document of [{m.min}, ...) has the same shard key "
                 f"value, so the chunk cannot be split; it is marked jumbo",
                 jumbo=True,
             )
-        raise CannotDonate(f"ChunkTooBig: {total} bytes from {m.min}, over twice the max chunk size")
+        raise CannotDonate(ErrorCode.ChunkTooBig, f"{total} bytes from {m.min}, over twice the max chunk size")
     return DonatedRange(lo, chunk.max_key, m.min, to_ejson(chunk.max))
 
 

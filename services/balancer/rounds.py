@@ -1,0 +1,190 @@
+"""The balancer's round loop.
+
+A round (when enabled and inside the window; the next one starts at once after a round
+in which an action succeeded, `balancerRoundIntervalSecs` after any other, as MongoDB's):
+build a snapshot from the catalog and the shards' latest statistics, ask the policy (a
+pure function) for splits and migrations, record them as issued, send the splits and
+wait for them, then the migrations (in parallel: the policy uses each shard at most once)
+and wait for their outcomes, recording each result.  Failures are logged and recorded;
+the next round starts from the new state.
+
+Reads: the catalog, the statistics, the balancer's state (actions in flight, last round).
+Writes to `balancer.commands`: IssueActions before sending, CompleteRound after; the
+executor sends each action and records its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from domain.catalog import Catalog
+from domain.follower import CatalogFollower
+from domain.settings import in_window
+from domain.shardkey import to_ejson
+from schemas import balancer as b
+from services.balancer import draining, policy
+from services.balancer.executor import Executor
+from services.balancer.state import BalancerState
+from services.balancer.statistics import StatisticsReader
+
+log = logging.getLogger(__name__)
+
+
+class Rounds:
+    def __init__(
+        self,
+        follower: CatalogFollower,
+        state: BalancerState,
+        statistics: StatisticsReader,
+        executor: Executor,
+        active: asyncio.Event,
+        snapshot: Callable[[], dict[str, Any]],
+    ):
+        self.follower, self.state, self.statistics, self.executor = follower, state, statistics, executor
+        self.active, self.snapshot = active, snapshot
+        self.round = 0
+        self.activity = "starting"  # what the round loop is doing, for `balancer status`
+        self._fresh_from = 0  # statistics must be at least this recent (after our last actions)
+        self._last_migration_end: float | None = None  # monotonic; for balancerMigrationsThrottlingMs
+
+    async def run(self) -> None:
+        while True:
+            await self.active.wait()
+            self.round = self.state.last_round.get("round", 0)
+            summary: dict[str, Any] | None = {}
+            try:
+                if any(not a.secondary for a in self.state.in_flight.values()):
+                    self.activity = "finishing actions issued before a restart"
+                    await self._finish_in_flight()
+                settings = self.follower.catalog.settings
+                if not settings.balancerEnabled:
+                    self.activity = "stopped (balancerEnabled is false)"
+                elif not in_window(settings.balancerWindow, now()):
+                    self.activity = "outside the balancing window"
+                else:
+                    summary = await self.balance_round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("balancer: round %d failed; the next round starts from the new state", self.round + 1)
+                summary = None
+            interval = self.follower.catalog.settings.balancerRoundIntervalSecs
+            if summary is not None and "skipped" in summary:
+                await self.statistics.changed(interval)  # the reports it waits for, or the interval
+            else:
+                await asyncio.sleep(round_pause(summary, interval))
+
+    async def balance_round(self) -> dict[str, Any]:
+        """One round; its summary."""
+        catalog = self.follower.catalog
+        sizes, stale = self.statistics.sizes(catalog, self._fresh_from)
+        if stale:
+            self.activity = f"waiting for statistics newer than ConfigTime {self._fresh_from} from {', '.join(stale)}"
+            return {"skipped": self.activity}
+        plan = policy.plan(self.snapshot())
+        splits: list[b.SplitAction | b.AutoSplitAction] = [
+            b.SplitAction(id=new_id(), ns=s.ns, chunk=b.ChunkRangeDoc(**s.chunk.model_dump()), at=s.at)
+            for s in plan.splits
+        ]
+        splits += auto_splits(catalog, sizes)
+        moves: list[b.MigrationAction | b.MovePrimaryAction | b.RemoveShardAction] = [
+            b.MigrationAction(
+                id=new_id(), ns=m.ns, donor=m.donor, recipient=m.recipient, min=m.min, max=m.max, reason=m.reason
+            )
+            for m in plan.migrations
+        ]
+        busy = {s for m in plan.migrations for s in (m.donor, m.recipient)}
+        # A draining shard without chunks: its databases move (one at a time), then it goes.
+        moves += draining.drain_actions(catalog, busy, new_id)
+        if not splits and not moves:
+            self.activity = "balanced: nothing to do"
+            return {"splits": 0, "migrations": 0}
+        self.round += 1
+        round_no = self.round
+        await self.executor.record(b.IssueActions(round=round_no, actions=[*splits, *moves]))
+        self.activity = f"round {round_no}: {len(splits)} split(s), {len(moves)} migration(s)"
+        split_results = [await self.executor.run(action) for action in splits]
+        if moves and (
+            pause := throttle_left(
+                self._last_migration_end,
+                time.monotonic(),
+                self.follower.catalog.settings.balancerMigrationsThrottlingMs,
+            )
+        ):
+            self.activity += f" (throttled {pause:.1f}s: balancerMigrationsThrottlingMs)"
+            await asyncio.sleep(pause)
+        results = await asyncio.gather(*(self.executor.run(a) for a in moves))
+        if moves:
+            self._last_migration_end = time.monotonic()
+        summary = {
+            "splits": len(splits),
+            "migrations": len(moves),
+            "failed": sum(1 for r in (*split_results, *results) if not r.ok),
+            "reasons": sorted({m.reason if isinstance(m, b.MigrationAction) else m.kind for m in moves}),
+        }
+        await self.executor.record(b.CompleteRound(round=round_no, summary=summary))
+        self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
+        return summary
+
+    async def _finish_in_flight(self) -> None:
+        """The round loop's own actions (the secondary loop finishes those it issued)."""
+        await asyncio.gather(*(self.executor.run(a) for a in list(self.state.in_flight.values()) if not a.secondary))
+        self._fresh_from = self.follower.config_time
+
+
+def auto_splits(catalog: Catalog, sizes: dict[tuple[str, bytes], int]) -> list[b.SplitAction | b.AutoSplitAction]:
+    """Chunks of collections with autoSplit grown to the max chunk size."""
+    out: list[b.SplitAction | b.AutoSplitAction] = []
+    for ns, coll in catalog.collections.items():
+        if not coll.settings.autoSplit:
+            continue
+        limit = coll.settings.maxChunkSizeBytes or catalog.settings.maxChunkSizeBytes
+        for i, ch in enumerate(coll.chunks):
+            if not ch.jumbo and sizes.get((ns, ch.min_key), 0) >= limit:
+                edge: Literal["top", "bottom"] | None = (
+                    "top" if i == len(coll.chunks) - 1 else "bottom" if i == 0 else None
+                )
+                out.append(
+                    b.AutoSplitAction(
+                        id=new_id(),
+                        ns=ns,
+                        min=to_ejson(ch.min),
+                        max=to_ejson(ch.max),
+                        shard=ch.shard,
+                        limit=limit,
+                        edge=None if coll.pattern.is_hashed else edge,
+                    )
+                )
+    return out
+
+
+def round_pause(summary: dict[str, Any] | None, interval_secs: float) -> float:
+    """Seconds before the next round, as MongoDB's main balancer thread: at once after a
+    round in which some action succeeded (balancerMigrationsThrottlingMs then spaces the
+    migrations), the full round interval after a quiet one, one whose actions all failed
+    (no busy loop on a persistent error) or one that raised (summary None)."""
+    summary = summary or {}
+    issued = summary.get("splits", 0) + summary.get("migrations", 0)
+    return 0.0 if summary.get("failed", 0) < issued else interval_secs
+
+
+def throttle_left(last_migration_end: float | None, now: float, throttle_ms: int) -> float:
+    """Seconds to wait before issuing migrations so that at least `throttle_ms` separates
+    them from the end of the previous round's migrations (MongoDB's balancerMigrationsThrottlingMs)."""
+    if last_migration_end is None:
+        return 0.0
+    return max(0.0, throttle_ms / 1000 - (now - last_migration_end))
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
