@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter
 
@@ -17,7 +18,8 @@ from services.balancer import policy
 
 OUT = Path(__file__).resolve().parent / "json"
 
-FAMILIES = {
+# Values are type forms (models and Annotated unions), which only `Any` can hold.
+FAMILIES: dict[str, Any] = {
     "config.commands": config.ConfigCommand,
     "config.events": config.ConfigEvent,
     "reply": reply.Reply,
