@@ -213,6 +213,9 @@ class Split(BaseModel):
     at: list[Bound] = Field(description="the zone boundaries strictly inside the chunk, ascending")
 
 
+MigrationReason = Literal["drain", "zoneViolation", "chunksImbalance"]
+
+
 class Migration(BaseModel):
     """Move [min, max) from the donor ("from") to the recipient ("to"); a drain may force a jumbo chunk."""
 
@@ -223,7 +226,7 @@ class Migration(BaseModel):
     recipient: str = Field(alias="to")
     min: Bound
     max: Bound | None = Field(description="null: the donor cuts up to one max chunk size of data from min")
-    reason: Literal["drain", "zoneViolation", "chunksImbalance"]
+    reason: MigrationReason
 
 
 class Plan(BaseModel):
@@ -232,7 +235,7 @@ class Plan(BaseModel):
     splits: list[Split]
     migrations: list[Migration]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True)
 
 
@@ -247,7 +250,7 @@ class Violation:
     max: Bound | None
     detail: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -262,13 +265,15 @@ class _LazyMins(Sequence[bytes]):
     """Encoded chunk minimums, computed when read: a bisect reads O(log n) of them, and
     encoding all 100k bounds would cost more than the rest of the round."""
 
-    def __init__(self, chunks: list[ChunkDoc], encode: Callable[[Bound], bytes]):
+    _memo: dict[int, bytes]
+
+    def __init__(self, chunks: list[ChunkDoc], encode: Callable[[Bound], bytes]) -> None:
         self._chunks, self._encode, self._memo = chunks, encode, {}
 
     def __len__(self) -> int:
         return len(self._chunks)
 
-    def __getitem__(self, i):  # only ints: bisect's use
+    def __getitem__(self, i: int) -> bytes:  # type: ignore[override]  # only ints (bisect's use), no slices
         if (k := self._memo.get(i)) is None:
             k = self._memo[i] = self._encode(self._chunks[i]["min"])
         return k
@@ -347,7 +352,7 @@ class _Layout:
         self.sizes: dict[str | None, dict[str, int]] = {}
         self.movable: dict[str | None, dict[str, int]] = {}  # imbalance: first non-jumbo chunk
         self.drain: dict[str, dict[str | None, int]] = {}  # per draining shard, first chunk per zone
-        self.misplaced: dict[str, dict[str, int]] = {}  # per shard, first non-jumbo chunk per violated zone
+        self.misplaced: dict[str, dict[str | None, int]] = {}  # per shard, first non-jumbo chunk per violated zone
         crossing, chunks = self.crossing, self.chunks
         for lo, hi, zone in self.segments:
             size = self.sizes.setdefault(zone, {})
@@ -434,7 +439,7 @@ class _Layout:
 
     # -- actions
 
-    def migration(self, i: int, to: str, reason: str, whole: bool = True) -> Migration:
+    def migration(self, i: int, to: str, reason: MigrationReason, whole: bool = True) -> Migration:
         c = self.chunks[i]
         return Migration(
             ns=self.coll.ns,
@@ -459,11 +464,11 @@ class _Layout:
 # ------------------------------------------------------------------------ the policy
 
 
-def parse(snapshot: Snapshot | dict) -> Snapshot:
+def parse(snapshot: Snapshot | dict[str, Any]) -> Snapshot:
     return snapshot if isinstance(snapshot, Snapshot) else Snapshot.model_validate(snapshot)
 
 
-def plan(snapshot: Snapshot | dict) -> Plan:
+def plan(snapshot: Snapshot | dict[str, Any]) -> Plan:
     """One balancing round (seed 002, ChunkSelectionPolicy): splits, then migrations.
     Raises pydantic's ValidationError or SnapshotError on a bad snapshot."""
     snap = parse(snapshot)
@@ -495,7 +500,9 @@ def _zone_violations(lay: _Layout, available: set[str]) -> list[Migration]:
     return _first_movable(lay, available, lay.misplaced, "zoneViolation")
 
 
-def _first_movable(lay: _Layout, available: set[str], candidates: dict, reason: str) -> list[Migration]:
+def _first_movable(
+    lay: _Layout, available: set[str], candidates: dict[str, dict[str | None, int]], reason: MigrationReason
+) -> list[Migration]:
     """Per available shard, its first candidate chunk (zone -> chunk index) with an available recipient."""
     out = []
     for s in lay.shards:
@@ -531,7 +538,7 @@ def _zone_imbalance(lay: _Layout, zone: str | None, available: set[str]) -> Iter
         yield lay.migration(i, recipient.id, "chunksImbalance", whole=False)
 
 
-def violations(snapshot: Snapshot | dict, ns: str) -> list[Violation]:
+def violations(snapshot: Snapshot | dict[str, Any], ns: str) -> list[Violation]:
     """Everything that keeps `ns` from being balanced, not just the first: chunks on
     draining shards, zone violations, chunks crossing a zone boundary, per-zone imbalance
     (a zone is imbalanced exactly when rule 3 of `plan` would move in it with every shard
