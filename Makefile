@@ -38,12 +38,13 @@ clean-data: reset
 status:
 	@$(PY) -m infra.cluster status --data $(DATA)
 
-# ruff (lint and format check) and import-linter (which package may import which), all
-# configured in pyproject.toml; `make format` rewrites.
+# ruff (lint and format check), import-linter (which package may import which) and mypy
+# (strict, on the files [tool.mypy] lists), all configured in pyproject.toml; `make format` rewrites.
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 format: venv
 	$(VENV)/bin/ruff check --fix .

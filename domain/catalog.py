@@ -20,6 +20,7 @@ from domain.shardkey import KeyPattern, from_ejson, to_ejson
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
 from libs.dispatch import Dispatch
 from libs.store import Store
+from schemas import Record
 from schemas import config as ev
 
 
@@ -138,7 +139,7 @@ class Migration:
     force_jumbo: bool = False
     kind: str = "range"  # or "primary": a database's unsharded collections (ns is the database)
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "ns": self.ns,
@@ -166,7 +167,7 @@ on_event: Dispatch[Catalog, None] = Dispatch("catalog event")
 class Catalog:
     """In-memory catalog; with `track_changes`, also the entity writes to persist."""
 
-    def __init__(self, track_changes: bool = True):
+    def __init__(self, track_changes: bool = True) -> None:
         self.track_changes = track_changes
         self.shards: dict[str, Shard] = {}
         self.databases: dict[str, Database] = {}
@@ -198,7 +199,7 @@ class Catalog:
 
     # ---------------------------------------------------------- persistence
 
-    def _put(self, key: bytes, value: dict | None) -> None:
+    def _put(self, key: bytes, value: object) -> None:  # a JSON value; None deletes the key
         if self.track_changes:
             self._changes[key] = None if value is None else json.dumps(value, separators=(",", ":")).encode()
 
@@ -236,7 +237,8 @@ class Catalog:
 
     def load(self, store: Store) -> None:
         """Rebuild the in-memory catalog from the store's entities (no replay needed)."""
-        self.__init__(self.track_changes)
+        # Through the instance, so that a subclass resets its own state too (bench_replay's TimedCatalog).
+        self.__init__(self.track_changes)  # type: ignore[misc]
         for k, v in store.scan(b"shard/"):
             d = json.loads(v)
             self.shards[k[6:].decode()] = Shard(k[6:].decode(), d["draining"], set(d["zones"]))
@@ -305,11 +307,11 @@ class Catalog:
         )
 
     @staticmethod
-    def _zone(coll: Collection, lo: dict, hi: dict, zone: str) -> ZoneRange:
+    def _zone(coll: Collection, lo: dict[str, Any], hi: dict[str, Any], zone: str) -> ZoneRange:
         lo, hi = from_ejson(lo), from_ejson(hi)
         return ZoneRange(lo, hi, coll.pattern.encode_bound(lo), coll.pattern.encode_bound(hi), zone)
 
-    def apply(self, e: ev.Record, offset: int) -> None:
+    def apply(self, e: Record, offset: int) -> None:
         on_event(self, e)
         if offset >= 0:
             self.config_time = offset + 1

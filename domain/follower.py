@@ -21,13 +21,13 @@ from schemas import config as schema
 
 
 class CatalogFollower:
-    def __init__(self, settings: ServiceSettings, store_name: str):
+    def __init__(self, settings: ServiceSettings, store_name: str) -> None:
         self.catalog = Catalog()
         self.store = Store(settings.data_dir / store_name / "catalog")
         self.projection = Projection(
             settings.bootstrap, settings.topics.config_events, schema.events, self.catalog, self.store, name=store_name
         )
-        self._tail: asyncio.Task | None = None
+        self._tail: asyncio.Task[None] | None = None
 
     @property
     def config_time(self) -> int:
@@ -56,7 +56,7 @@ class CatalogFollower:
 async def replay_catalog(bootstrap: str, topic: str, *, until: int | None = None) -> Catalog:
     catalog = Catalog(track_changes=False)
 
-    async def apply(records):
+    async def apply(records: list[kafka.KafkaRecord]) -> None:
         for rec in records:
             if until is not None and rec.offset >= until:
                 return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
+from typing import Any
 
 from libs.commands import CommandError
 from libs.topics import SHARD_ID
@@ -23,12 +24,12 @@ MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's reco
 CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes, on routers and shards alike
 
 
-def doc_bytes(doc: dict) -> int:
+def doc_bytes(doc: dict[str, Any]) -> int:
     """A document's size as stored (compact JSON), the measure every limit above uses."""
     return len(json.dumps(doc, separators=(",", ":")).encode())
 
 
-def check_document_size(doc: dict) -> None:
+def check_document_size(doc: dict[str, Any]) -> None:
     size = doc_bytes(doc)
     if size > MAX_DOCUMENT_BYTES:
         raise CommandError(

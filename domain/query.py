@@ -53,7 +53,7 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from domain.shardkey import (
     INT64_MAX,
@@ -65,6 +65,9 @@ from domain.shardkey import (
     compare_values,
     encode_value,
 )
+
+# A document, filter, update, sort or projection: a JSON object (Extended JSON values).
+Document = dict[str, Any]
 
 __all__ = [
     "MISSING",
@@ -171,7 +174,7 @@ def _collect(value: Any, parts: tuple[str, ...], i: int, out: list[Any]) -> None
         out.append(MISSING)  # a path through a scalar is missing
 
 
-def _candidates(doc: dict, parts: tuple[str, ...]) -> list[tuple[Any, bytes | None]]:
+def _candidates(doc: Document, parts: tuple[str, ...]) -> list[tuple[Any, bytes | None]]:
     """The values a leaf predicate tests, each with its encoding (None: missing)."""
     out: list[Any] = []
     _collect(doc, parts, 0, out)
@@ -261,7 +264,7 @@ class _Field:
     parts: tuple[str, ...]
     tests: tuple[Any, ...]
 
-    def matches(self, doc: dict) -> bool:
+    def matches(self, doc: Document) -> bool:
         cands = _candidates(doc, self.parts)
         return all(t.test(cands) for t in self.tests)
 
@@ -271,7 +274,7 @@ class _Logic:
     op: str  # "$and" | "$or" | "$nor"
     children: tuple[Any, ...]
 
-    def matches(self, doc: dict) -> bool:
+    def matches(self, doc: Document) -> bool:
         if self.op == "$and":
             return all(c.matches(doc) for c in self.children)
         hit = any(c.matches(doc) for c in self.children)
@@ -325,7 +328,7 @@ def _parse_in(path: str, op: str, arg: Any) -> _In:
     return _In(tuple(arg), frozenset(_encode(v, f"{op} on {path!r}") for v in arg))
 
 
-def _parse_operators(path: str, ops: dict) -> tuple[Any, ...]:
+def _parse_operators(path: str, ops: Document) -> tuple[Any, ...]:
     tests: list[Any] = []
     for op, arg in ops.items():
         if op in _CMP:
@@ -507,14 +510,14 @@ class Matcher:
 
     __slots__ = ("filter", "_root")
 
-    def __init__(self, filter: dict, root: _Logic) -> None:
+    def __init__(self, filter: Document, root: _Logic) -> None:
         self.filter = filter
         self._root = root
 
     def __repr__(self) -> str:
         return f"Matcher({_short(self.filter, 200)})"
 
-    def matches(self, doc: dict) -> bool:
+    def matches(self, doc: Document) -> bool:
         if not isinstance(doc, dict):
             raise QueryError(f"documents must be objects, got {type(doc).__name__}")
         return self._root.matches(doc)
@@ -546,7 +549,7 @@ class Matcher:
         return None if r is None else r.bounds
 
 
-def compile_filter(filter: dict) -> Matcher:
+def compile_filter(filter: Document) -> Matcher:
     """Validate and compile a MongoDB filter; :class:`QueryError` if malformed."""
     return Matcher(filter, _parse(filter))
 
@@ -568,7 +571,7 @@ def _sort_fields(spec: Any) -> list[tuple[str, bool]]:
     return fields
 
 
-def sort_key(spec: dict) -> Callable[[dict], tuple[bytes, ...]]:
+def sort_key(spec: Document) -> Callable[[Document], tuple[bytes, ...]]:
     """A ``key=`` function for ``sorted()`` ordering documents by ``spec`` in MongoDB
     order; a missing field sorts as null.
 
@@ -578,7 +581,7 @@ def sort_key(spec: dict) -> Callable[[dict], tuple[bytes, ...]]:
     reverses their order."""
     fields = _sort_fields(spec)
 
-    def key(doc: dict) -> tuple[bytes, ...]:
+    def key(doc: Document) -> tuple[bytes, ...]:
         out = []
         for path, descending in fields:
             v = get_path(doc, path)
@@ -589,7 +592,7 @@ def sort_key(spec: dict) -> Callable[[dict], tuple[bytes, ...]]:
     return key
 
 
-def merge_sorted(streams: Iterable[Iterable[dict]], spec: dict) -> Iterator[dict]:
+def merge_sorted(streams: Iterable[Iterable[Document]], spec: Document) -> Iterator[Document]:
     """Merge document streams each sorted by ``spec`` into one sorted stream (stable:
     ties come in stream order).  The spec is validated at once."""
     return heapq.merge(*streams, key=sort_key(spec))
@@ -598,23 +601,28 @@ def merge_sorted(streams: Iterable[Iterable[dict]], spec: dict) -> Iterator[dict
 # -------------------------------------------------------------------------- projection
 
 
-def _path_tree(paths: Iterable[tuple[str, ...]], conflict: Callable[[str], str]) -> dict:
+# A set of dotted paths as a tree: each name maps to True where a path ends, else to the subtree.
+PathTree = dict[str, "PathTree | Literal[True]"]
+
+
+def _path_tree(paths: Iterable[tuple[str, ...]], conflict: Callable[[str], str]) -> PathTree:
     """``[("a", "b"), ("c",)]`` -> ``{"a": {"b": True}, "c": True}``; a path that is a
     prefix of (or equal to) another raises ``QueryError(conflict(path))``."""
-    tree: dict = {}
+    tree: PathTree = {}
     for parts in paths:
         node = tree
         for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if node is True:
+            child = node.setdefault(p, {})
+            if child is True:
                 raise QueryError(conflict(".".join(parts)))
+            node = child
         if parts[-1] in node:
             raise QueryError(conflict(".".join(parts)))
         node[parts[-1]] = True
     return tree
 
 
-def _include(value: Any, tree: dict) -> Any:
+def _include(value: Any, tree: PathTree) -> Any:
     if isinstance(value, list):  # scalars inside arrays are dropped, as in MongoDB
         return [_include(x, tree) for x in value if isinstance(x, (dict, list))]
     out = {}
@@ -627,7 +635,7 @@ def _include(value: Any, tree: dict) -> Any:
     return out
 
 
-def _exclude(value: Any, tree: dict) -> Any:
+def _exclude(value: Any, tree: PathTree) -> Any:
     if isinstance(value, list):
         return [_exclude(x, tree) if isinstance(x, (dict, list)) else x for x in value]
     out = {}
@@ -639,7 +647,7 @@ def _exclude(value: Any, tree: dict) -> Any:
     return out
 
 
-def _projection_plan(projection: Any) -> tuple[dict, bool]:
+def _projection_plan(projection: Any) -> tuple[PathTree, bool]:
     if not isinstance(projection, dict):
         raise QueryError(f"a projection must be an object, got {_short(projection)}")
     flags: dict[str, bool] = {}
@@ -667,7 +675,7 @@ def _projection_plan(projection: Any) -> tuple[dict, bool]:
     return tree, inclusive
 
 
-def apply_projection(doc: dict, projection: dict | None) -> dict:
+def apply_projection(doc: Document, projection: Document | None) -> Document:
     """A new document: ``doc`` projected (None or ``{}``: a copy of all of it).
 
     Inclusion ``{a: 1, "b.c": 1}`` keeps those paths (and ``_id`` unless ``_id: 0``) in
@@ -679,7 +687,8 @@ def apply_projection(doc: dict, projection: dict | None) -> dict:
     tree, inclusive = _projection_plan(projection)
     if not isinstance(doc, dict):
         raise QueryError(f"documents must be objects, got {type(doc).__name__}")
-    return _include(doc, tree) if inclusive else _exclude(doc, tree)
+    projected: Document = _include(doc, tree) if inclusive else _exclude(doc, tree)
+    return projected
 
 
 # ----------------------------------------------------------------------------- updates
@@ -687,7 +696,7 @@ def apply_projection(doc: dict, projection: dict | None) -> dict:
 _UPDATE_OPERATORS = ("$set", "$unset", "$inc", "$setOnInsert")
 
 
-def is_update_operator_doc(update: dict) -> bool:
+def is_update_operator_doc(update: Document) -> bool:
     """True for an operator update (``{"$set": ...}``), False for a replacement
     document; :class:`QueryError` for an empty, mixed or non-object update."""
     if isinstance(update, list):
@@ -707,7 +716,7 @@ def is_update_operator_doc(update: dict) -> bool:
     return False
 
 
-def _id_first(doc: dict) -> dict:
+def _id_first(doc: Document) -> Document:
     if "_id" not in doc or next(iter(doc)) == "_id":
         return doc
     return {"_id": doc["_id"], **{k: v for k, v in doc.items() if k != "_id"}}
@@ -717,7 +726,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _parent_for_write(doc: dict, parts: tuple[str, ...]) -> dict:
+def _parent_for_write(doc: Document, parts: tuple[str, ...]) -> Document:
     """The object holding ``parts[-1]``, creating missing intermediate objects."""
     node = doc
     for i, p in enumerate(parts[:-1]):
@@ -735,11 +744,11 @@ def _parent_for_write(doc: dict, parts: tuple[str, ...]) -> dict:
     return node
 
 
-def _set(doc: dict, parts: tuple[str, ...], value: Any) -> None:
+def _set(doc: Document, parts: tuple[str, ...], value: Any) -> None:
     _parent_for_write(doc, parts)[parts[-1]] = copy.deepcopy(value)
 
 
-def _unset(doc: dict, parts: tuple[str, ...], _: Any = None) -> None:
+def _unset(doc: Document, parts: tuple[str, ...], _: Any = None) -> None:
     node: Any = doc
     for p in parts[:-1]:
         node = node.get(p)
@@ -748,7 +757,7 @@ def _unset(doc: dict, parts: tuple[str, ...], _: Any = None) -> None:
     node.pop(parts[-1], None)
 
 
-def _inc(doc: dict, parts: tuple[str, ...], by: int | float) -> None:
+def _inc(doc: Document, parts: tuple[str, ...], by: int | float) -> None:
     parent = _parent_for_write(doc, parts)
     name = parts[-1]
     if name not in parent:
@@ -766,7 +775,7 @@ def _inc(doc: dict, parts: tuple[str, ...], by: int | float) -> None:
     parent[name] = result
 
 
-_APPLY: dict[str, Callable[[dict, tuple[str, ...], Any], None]] = {
+_APPLY: dict[str, Callable[[Document, tuple[str, ...], Any], None]] = {
     "$set": _set,
     "$setOnInsert": _set,
     "$unset": _unset,
@@ -784,7 +793,7 @@ def _first_conflict(paths: list[tuple[str, ...]]) -> tuple[str, str] | None:
     return None
 
 
-def _apply_operators(base: dict, update: dict, is_upsert_insert: bool) -> dict:
+def _apply_operators(base: Document, update: Document, is_upsert_insert: bool) -> Document:
     edits: list[tuple[tuple[str, ...], str, Any]] = []
     for op, fields in update.items():
         if op not in _UPDATE_OPERATORS:
@@ -808,7 +817,7 @@ def _apply_operators(base: dict, update: dict, is_upsert_insert: bool) -> dict:
     return result
 
 
-def _replace(base: dict, replacement: dict) -> dict:
+def _replace(base: Document, replacement: Document) -> Document:
     result = copy.deepcopy(replacement)
     if "_id" in base:
         if "_id" not in result:
@@ -821,7 +830,7 @@ def _replace(base: dict, replacement: dict) -> dict:
     return _id_first(result)
 
 
-def _query_equalities(flt: dict) -> Iterator[tuple[str, Any]]:
+def _query_equalities(flt: Document) -> Iterator[tuple[str, Any]]:
     """(path, value) pinned by equality at the top level and inside ``$and``."""
     for key, value in flt.items():
         if key == "$and":
@@ -835,7 +844,7 @@ def _query_equalities(flt: dict) -> Iterator[tuple[str, Any]]:
             yield key, value["$eq"]
 
 
-def _upsert_seed(query: dict) -> dict:
+def _upsert_seed(query: Document) -> Document:
     compile_filter(query)  # validate
     pinned = list(_query_equalities(query))
     conflict = _first_conflict([tuple(p.split(".")) for p, _ in pinned])
@@ -844,13 +853,15 @@ def _upsert_seed(query: dict) -> dict:
             f"cannot infer the upserted document from the query: paths {conflict[0]!r} "
             f"and {conflict[1]!r} are both matched by equality"
         )
-    seed: dict = {}
+    seed: Document = {}
     for path, value in pinned:
         _set(seed, tuple(path.split(".")), value)
     return seed
 
 
-def apply_update(doc: dict, update: dict, *, is_upsert_insert: bool = False, query: dict | None = None) -> dict:
+def apply_update(
+    doc: Document, update: Document, *, is_upsert_insert: bool = False, query: Document | None = None
+) -> Document:
     """The document ``update`` turns ``doc`` into: a new dict, inputs never mutated.
 
     Operator updates: ``$set``, ``$unset``, ``$inc`` (numbers only; a missing field is
@@ -878,7 +889,7 @@ def apply_update(doc: dict, update: dict, *, is_upsert_insert: bool = False, que
     return _id_first(result) if is_upsert_insert else result
 
 
-def upsert_document(query: dict, update: dict) -> dict:
+def upsert_document(query: Document, update: Document) -> Document:
     """The document an upsert inserts when ``query`` matches nothing: the query's
     equality fields (top level and inside ``$and``, dotted paths expanded) with the
     operator update applied (``$setOnInsert`` included), or for a replacement the

@@ -97,7 +97,7 @@ class _Sentinel:
     def __copy__(self) -> _Sentinel:
         return self
 
-    def __deepcopy__(self, memo: dict) -> _Sentinel:
+    def __deepcopy__(self, memo: dict[int, object]) -> _Sentinel:
         return self
 
 
@@ -215,6 +215,7 @@ def _number_body(v: int | float) -> bytes:
             raise ShardKeyError(f"integer {v} is outside the signed 64-bit range MongoDB can store")
         image = float(v)
         tie = v - int(image)
+    bits: int
     (bits,) = struct.unpack(">Q", struct.pack(">d", image))
     # Negative: invert all bits (larger magnitude sorts lower); positive: set the sign.
     bits = bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT

@@ -20,13 +20,13 @@ Doc = tuple[Any, int]  # (shard key, size in bytes)
 
 @dataclass(frozen=True)
 class SplitVector:
-    points: list  # ascending split points; [] when the chunk is not split
+    points: list[Any]  # ascending split points (shard keys); [] when the chunk is not split
     jumbo: bool = False  # over the max size but every document has one shard key
 
 
 @dataclass(frozen=True)
 class TopChunkPlan:
-    points: list  # the split points with the top-chunk optimisation applied
+    points: list[Any]  # the split points with the top-chunk optimisation applied
     move: tuple[Any, Any] | None  # [min, max) of the new top (or bottom) chunk to move off the hot shard
 
 
@@ -65,7 +65,7 @@ def split_points(
     if len(groups) == 1:
         return SplitVector([], jumbo=True)
     per_piece = max(1, min(max_chunk_objects, (max_chunk_size * len(docs)) // (2 * total)))
-    points: list = []
+    points: list[Any] = []
     count = 0
     for start, end in groups:
         if count and count + (end - start) > per_piece:

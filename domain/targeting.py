@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.catalog import Catalog, Collection
-from domain.query import NOT_CONSTRAINED, compile_filter
+from domain.query import NOT_CONSTRAINED, Document, Matcher, compile_filter
 from domain.shardkey import MAX_KEY, MIN_KEY, KeyPattern, hash_value
 
 MAX_IN_POINTS = 1000  # beyond this many $in values, scanning overlapping chunks is cheaper
@@ -27,7 +27,7 @@ class Targets:
     full_key: bool = False  # the filter pins the whole shard key (equality or a small $in)
 
 
-def for_query(catalog: Catalog, ns: str, flt: dict) -> Targets:
+def for_query(catalog: Catalog, ns: str, flt: Document) -> Targets:
     coll = catalog.collections.get(ns)
     if coll is None:
         db = catalog.databases.get(ns.partition(".")[0])
@@ -49,11 +49,12 @@ def for_query(catalog: Catalog, ns: str, flt: dict) -> Targets:
     return Targets(tuple(shards), "no shard key constraint: every shard owning chunks", True)
 
 
-def _points(matcher, pattern: KeyPattern) -> list[dict] | None:
+def _points(matcher: Matcher, pattern: KeyPattern) -> list[Document] | None:
     """The full shard keys the filter pins (equality or small $in on every field), else None."""
     choices: list[list[Any]] = []
     for f in pattern.fields:
         eq = matcher.equality_on(f)
+        values: list[Any] | None
         if eq is not NOT_CONSTRAINED:
             values = [eq]
         else:
@@ -63,7 +64,7 @@ def _points(matcher, pattern: KeyPattern) -> list[dict] | None:
         if f == pattern.hashed_field:
             values = [hash_value(v) for v in values]
         choices.append(values)
-    keys = [{}]
+    keys: list[Document] = [{}]
     for f, values in zip(pattern.fields, choices):
         keys = [{**k, f: v} for k in keys for v in values]
         if len(keys) > MAX_IN_POINTS:
@@ -71,11 +72,11 @@ def _points(matcher, pattern: KeyPattern) -> list[dict] | None:
     return keys
 
 
-def _range(matcher, pattern: KeyPattern) -> tuple[dict, dict, tuple[str, ...]]:
+def _range(matcher: Matcher, pattern: KeyPattern) -> tuple[Document, Document, tuple[str, ...]]:
     """Inclusive bounds [lo, hi] on the shard key implied by equality on a prefix and,
     optionally, a range on the next field; `prefix` names the constrained fields."""
-    lo: dict = {}
-    hi: dict = {}
+    lo: Document = {}
+    hi: Document = {}
     prefix: list[str] = []
     for f in pattern.fields:
         eq = matcher.equality_on(f)
@@ -96,7 +97,7 @@ def _range(matcher, pattern: KeyPattern) -> tuple[dict, dict, tuple[str, ...]]:
     return lo, hi, tuple(prefix)
 
 
-def key_ranges(coll: Collection, matcher) -> list[tuple[bytes, bytes]] | None:
+def key_ranges(coll: Collection, matcher: Matcher) -> list[tuple[bytes, bytes]] | None:
     """Encoded shard-key ranges [lo, hi) that hold every document the filter can match
     (a superset), or None when the filter does not constrain the shard key.  A shard
     scans only these (intersected with what it owns)."""
@@ -116,7 +117,7 @@ def _after_prefix(key: bytes) -> bytes:
     return key + b"\xff" * 16
 
 
-def owner_of(coll: Collection, key: dict) -> str:
+def owner_of(coll: Collection, key: Document) -> str:
     return coll.chunks[coll.chunk_index(coll.pattern.encode_bound(key))].shard
 
 
@@ -126,7 +127,7 @@ def owners_between(coll: Collection, lo: bytes, hi: bytes) -> set[str]:
     return {c.shard for c in coll.chunks[first : last + 1]}
 
 
-def for_document(catalog: Catalog, ns: str, doc: dict) -> tuple[str | None, Collection | None]:
+def for_document(catalog: Catalog, ns: str, doc: Document) -> tuple[str | None, Collection | None]:
     """The shard a new document goes to (and the collection, None if unsharded)."""
     coll = catalog.collections.get(ns)
     if coll is None:

@@ -23,8 +23,8 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
 from libs import kafka, tracing
@@ -35,11 +35,31 @@ from schemas import Record
 from schemas import shard as s
 from schemas.reply import Reply
 
+# Documents, filters, updates, sorts, projections and results are JSON objects (Extended JSON values).
+Document = dict[str, Any]
+T = TypeVar("T")
+
+
+class FindOneOptions(TypedDict, total=False):
+    sort: Document | None
+    skip: int
+    projection: Document | None
+    batch_size: int
+
+
+class FindOptions(FindOneOptions, total=False):
+    limit: int
+
+
+class ClusterOptions(TypedDict, total=False):
+    timeout: float
+    attempt_timeout: float
+
 
 class ShardlogError(Exception):
     """An operation the cluster refused: `code` (MongoDB's name) and a message."""
 
-    def __init__(self, code: str, message: str, details: dict | None = None):
+    def __init__(self, code: str, message: str, details: Document | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.details = code, message, details or {}
 
@@ -77,14 +97,14 @@ _ERRORS = {
 }
 
 
-def error_for(code: str, message: str, details: dict | None = None) -> ShardlogError:
+def error_for(code: str, message: str, details: Document | None = None) -> ShardlogError:
     return _ERRORS.get(code, ShardlogError)(code, message, details)
 
 
 class AsyncCluster:
     def __init__(
         self, bootstrap: str, cluster: str = "shardlog", *, timeout: float = 30.0, attempt_timeout: float = 10.0
-    ):
+    ) -> None:
         self.bootstrap, self.topics = bootstrap, Topics(cluster)
         self.timeout, self.attempt_timeout = timeout, attempt_timeout
         self.inbox = self.topics.inbox(f"client-{uuid.uuid4().hex[:12]}")
@@ -105,13 +125,13 @@ class AsyncCluster:
     async def __aenter__(self) -> AsyncCluster:
         return await self.connect()
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     def __getitem__(self, db: str) -> AsyncDatabase:
         return AsyncDatabase(self, db)
 
-    async def call(self, req: Record, *, topic: str | None = None) -> dict:
+    async def call(self, req: Record, *, topic: str | None = None) -> Document:
         """Send an operation, retrying the same operation (same opId) until the deadline.
         One operation is one trace: router and shard spans hang below this one."""
         with tracing.tracer.start_as_current_span(
@@ -119,7 +139,9 @@ class AsyncCluster:
         ):
             return await self._call(req, topic)
 
-    async def _call(self, req: Record, topic: str | None) -> dict:
+    async def _call(self, req: Record, topic: str | None) -> Document:
+        if self._requester is None:
+            raise RuntimeError("not connected: use `async with AsyncCluster(...)` or `await connect()` first")
         deadline = time.monotonic() + self.timeout
         key = (getattr(req, "opId", None) or uuid.uuid4().hex).encode()
         while True:
@@ -145,14 +167,14 @@ class AsyncCluster:
 
 
 class AsyncDatabase:
-    def __init__(self, cluster: AsyncCluster, name: str):
+    def __init__(self, cluster: AsyncCluster, name: str) -> None:
         self.cluster, self.name = cluster, name
 
     def __getitem__(self, coll: str) -> AsyncCollection:
         return AsyncCollection(self.cluster, f"{self.name}.{coll}")
 
 
-def _prepared(doc: dict) -> dict:
+def _prepared(doc: Document) -> Document:
     """The document with an _id (so a retry inserts it once), refused here if over 16 MB."""
     doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
     size = doc_bytes(doc)
@@ -164,16 +186,16 @@ def _prepared(doc: dict) -> dict:
 
 
 class AsyncCollection:
-    def __init__(self, cluster: AsyncCluster, ns: str):
+    def __init__(self, cluster: AsyncCluster, ns: str) -> None:
         self.cluster, self.ns = cluster, ns
 
-    async def insert_one(self, doc: dict) -> Any:
+    async def insert_one(self, doc: Document) -> Any:
         doc = _prepared(doc)
         result = await self.cluster.call(s.Insert(ns=self.ns, docs=[doc], opId=uuid.uuid4().hex))
         _raise_write_errors(result)
         return doc["_id"]
 
-    async def insert_many(self, docs: list[dict], *, ordered: bool = True) -> list[Any]:
+    async def insert_many(self, docs: list[Document], *, ordered: bool = True) -> list[Any]:
         docs = [_prepared(d) for d in docs]
         result = await self.cluster.call(s.Insert(ns=self.ns, docs=docs, ordered=ordered, opId=uuid.uuid4().hex))
         _raise_write_errors(result, many=True)
@@ -181,12 +203,12 @@ class AsyncCollection:
 
     def find(
         self,
-        filter: dict | None = None,
+        filter: Document | None = None,
         *,
-        sort: dict | None = None,
+        sort: Document | None = None,
         skip: int = 0,
         limit: int = 0,
-        projection: dict | None = None,
+        projection: Document | None = None,
         batch_size: int = 101,
     ) -> AsyncCursor:
         return AsyncCursor(
@@ -202,49 +224,53 @@ class AsyncCollection:
             ),
         )
 
-    async def find_one(self, filter: dict | None = None, **kw) -> dict | None:
+    async def find_one(self, filter: Document | None = None, **kw: Unpack[FindOneOptions]) -> Document | None:
         async for doc in self.find(filter, limit=1, **kw):
             return doc
         return None
 
-    async def count_documents(self, filter: dict | None = None) -> int:
-        return (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {})))["n"]
+    async def count_documents(self, filter: Document | None = None) -> int:
+        n: int = (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {})))["n"]
+        return n
 
-    async def update_one(self, filter: dict, update: dict, *, upsert: bool = False) -> dict:
+    async def update_one(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
         return await self.cluster.call(
             s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert, opId=uuid.uuid4().hex)
         )
 
-    async def update_many(self, filter: dict, update: dict, *, upsert: bool = False) -> dict:
+    async def update_many(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
         return await self.cluster.call(
             s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert, opId=uuid.uuid4().hex)
         )
 
-    async def delete_one(self, filter: dict) -> int:
-        return (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, opId=uuid.uuid4().hex)))["deleted"]
+    async def delete_one(self, filter: Document) -> int:
+        deleted: int = (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, opId=uuid.uuid4().hex)))["deleted"]
+        return deleted
 
-    async def delete_many(self, filter: dict) -> int:
-        return (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True, opId=uuid.uuid4().hex)))[
-            "deleted"
-        ]
+    async def delete_many(self, filter: Document) -> int:
+        result = await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True, opId=uuid.uuid4().hex))
+        deleted: int = result["deleted"]
+        return deleted
 
-    async def explain(self, filter: dict | None = None) -> dict:
+    async def explain(self, filter: Document | None = None) -> Document:
         return await self.cluster.call(s.Explain(ns=self.ns, filter=filter or {}))
 
 
 class AsyncCursor:
     """Fetches in batches: the first with the find, the rest with getMore from the router holding it."""
 
-    def __init__(self, cluster: AsyncCluster, find: s.Find):
+    shards: list[str]  # the shards the find went to, once the first batch is in
+
+    def __init__(self, cluster: AsyncCluster, find: s.Find) -> None:
         self.cluster, self._find = cluster, find
-        self._buffer: list[dict] = []
+        self._buffer: list[Document] = []
         self._cursor_id: int | None = None
         self._topic: str | None = None
 
-    def __aiter__(self) -> AsyncIterator[dict]:
+    def __aiter__(self) -> AsyncIterator[Document]:
         return self._iterate()
 
-    async def _iterate(self):
+    async def _iterate(self) -> AsyncIterator[Document]:
         first = await self.cluster.call(self._find)
         self.shards = first.get("shards", [])
         batch, cid, topic = first["docs"], first["cursorId"], first.get("cursorTopic")
@@ -256,11 +282,11 @@ class AsyncCursor:
             more = await self.cluster.call(s.GetMore(cursorId=cid, batchSize=self._find.batchSize), topic=topic)
             batch, cid = more["docs"], more["cursorId"]
 
-    async def to_list(self) -> list[dict]:
+    async def to_list(self) -> list[Document]:
         return [d async for d in self]
 
 
-def _raise_write_errors(result: dict, many: bool = False) -> None:
+def _raise_write_errors(result: Document, many: bool = False) -> None:
     errors = result.get("writeErrors") or []
     if not errors:
         return
@@ -278,14 +304,14 @@ def _raise_write_errors(result: dict, many: bool = False) -> None:
 class Cluster:
     """The synchronous client: the async one on a private event loop in a background thread."""
 
-    def __init__(self, bootstrap: str, cluster: str = "shardlog", **kw):
+    def __init__(self, bootstrap: str, cluster: str = "shardlog", **kw: Unpack[ClusterOptions]) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="shardlog-client")
         self._thread.start()
         self._async = AsyncCluster(bootstrap, cluster, **kw)
         self._run(self._async.connect())
 
-    def _run(self, coro):
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close(self) -> None:
@@ -296,7 +322,7 @@ class Cluster:
     def __enter__(self) -> Cluster:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __getitem__(self, db: str) -> Database:
@@ -304,7 +330,7 @@ class Cluster:
 
 
 class Database:
-    def __init__(self, cluster: Cluster, name: str):
+    def __init__(self, cluster: Cluster, name: str) -> None:
         self.cluster, self.name = cluster, name
 
     def __getitem__(self, coll: str) -> Collection:
@@ -312,25 +338,30 @@ class Database:
 
 
 class Collection:
-    def __init__(self, cluster: Cluster, inner: AsyncCollection):
+    def __init__(self, cluster: Cluster, inner: AsyncCollection) -> None:
         self._cluster, self._inner = cluster, inner
         self.ns = inner.ns
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """AsyncCollection's coroutine methods, run to completion (insert_one, update_many, ...)."""
         method = getattr(self._inner, name)
 
-        def call(*args, **kw):
+        def call(*args: Any, **kw: Any) -> Any:
             return self._cluster._run(method(*args, **kw))
 
         return call
 
-    def find(self, filter: dict | None = None, **kw) -> Iterator[dict]:
+    def find(self, filter: Document | None = None, **kw: Unpack[FindOptions]) -> Iterator[Document]:
         cursor = self._inner.find(filter, **kw).__aiter__()
+
+        async def next_document() -> Document:  # a coroutine, as run_coroutine_threadsafe wants
+            return await cursor.__anext__()
+
         while True:
             try:
-                yield self._cluster._run(cursor.__anext__())
+                yield self._cluster._run(next_document())
             except StopAsyncIteration:
                 return
 
-    def find_one(self, filter: dict | None = None, **kw) -> dict | None:
+    def find_one(self, filter: Document | None = None, **kw: Unpack[FindOneOptions]) -> Document | None:
         return self._cluster._run(self._inner.find_one(filter, **kw))

@@ -17,11 +17,13 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
+from aiokafka.structs import RecordMetadata
 
 from libs import kafka, tracing
 from libs.faults import fault_point
@@ -37,7 +39,7 @@ REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
 class CommandError(Exception):
     """A command refused by the domain: `code` (MongoDB's name where one exists) and a message."""
 
-    def __init__(self, code: str, message: str, info: dict | None = None):
+    def __init__(self, code: str, message: str, info: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.info = (
             code,
@@ -49,7 +51,7 @@ class CommandError(Exception):
 @dataclass
 class Decision:
     events: list[Record] = field(default_factory=list)
-    result: dict | None = None
+    result: dict[str, Any] | None = None  # the reply's result: JSON
 
 
 # decide(command) -> Decision, raising CommandError; must not mutate state:
@@ -57,7 +59,7 @@ class Decision:
 Decide = Callable[[Record], Decision]
 
 
-def header(headers, name: str) -> bytes | None:
+def header(headers: tracing.Headers | None, name: str) -> bytes | None:
     for k, v in headers or ():
         if k == name:
             return v
@@ -70,7 +72,7 @@ class CommandProcessor:
         *,
         bootstrap: str,
         command_topic: str,
-        command_codec: Codec,
+        command_codec: Codec[Record],
         projection: Projection,
         decide: Decide,
         dead_letters: str,
@@ -80,8 +82,8 @@ class CommandProcessor:
         session_timeout_ms: int = 10_000,
         on_role: Callable[[str], None] | None = None,
         event_key: Callable[[Record], bytes | None] | None = None,
-        prepare: Callable[[list], Awaitable[None]] | None = None,
-    ):
+        prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
+    ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
         self.group_id, self.name, self.max_batch = group_id, name, max_batch
@@ -95,66 +97,82 @@ class CommandProcessor:
         self.fenced = False
         self.commands_done = 0
         self._lock = asyncio.Lock()  # held for a whole transaction; revocation waits for it
-        self._consumer = None
-        self._producer = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None  # transactional, while active
         self._assigned = asyncio.Event()
         self._hold_until = 0.0
 
     # ------------------------------------------------------------ lifecycle
 
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        """The consumer group member reading commands, while `run()` runs."""
+        if self._consumer is None:
+            raise RuntimeError(f"{self.name}: not running")
+        return self._consumer
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The transactional producer, while active."""
+        if self._producer is None:
+            raise RuntimeError(f"{self.name}: not active")
+        return self._producer
+
     async def run(self) -> None:
         processor = self
 
-        class Listener(ConsumerRebalanceListener):
-            async def on_partitions_revoked(self, revoked):
+        # aiokafka ships no types, so its listener base is Any to the type checker.
+        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
                 if processor.tp in revoked:
                     async with processor._lock:
                         processor._assigned.clear()
                         await processor._deactivate("partition revoked")
 
-            async def on_partitions_assigned(self, assigned):
+            async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
                 if processor.tp in assigned:
                     processor._assigned.set()
 
-        self._consumer = kafka.consumer(
+        self._consumer = consumer = kafka.consumer(
             self.bootstrap, group_id=self.group_id, client_id=self.name, session_timeout_ms=self.session_timeout_ms
         )
-        await self._consumer.start()
-        self._consumer.subscribe([self.command_topic], listener=Listener())
+        await consumer.start()
+        consumer.subscribe([self.command_topic], listener=Listener())
         try:
             while True:
                 if not self._assigned.is_set():
                     # Standby: heartbeat through getmany until the partition is ours, and keep
                     # the projection warm so that taking over needs only a short catch-up.
-                    await self._consumer.getmany(timeout_ms=100)
+                    await consumer.getmany(timeout_ms=100)
                     await self.projection.poll(timeout_ms=100)
                     continue
                 if not self.active.is_set():
                     if time.monotonic() < self._hold_until:  # fenced: let the group speak first
-                        self._consumer.pause(self.tp)  # (activation seeks to the committed offset)
-                        await self._consumer.getmany(timeout_ms=100)
+                        consumer.pause(self.tp)  # (activation seeks to the committed offset)
+                        await consumer.getmany(timeout_ms=100)
                         continue
                     await self._activate()
                     continue
                 await self._serve_batch()
         finally:
             await self._deactivate("stopping")
-            await self._consumer.stop()
+            await consumer.stop()
 
     async def _activate(self) -> None:
         async with self._lock:
             if not self._assigned.is_set():
                 return
-            self._consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
+            consumer = self.consumer
+            consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
             self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id, client_id=self.name)
             await self._producer.start()  # init_transactions: fences every earlier owner
             # Only now is the committed offset final (the fenced owner cannot commit any more).
-            committed = await self._consumer.committed(self.tp)
-            self._consumer.seek(self.tp, committed if committed is not None else 0)
+            committed = await consumer.committed(self.tp)
+            consumer.seek(self.tp, committed if committed is not None else 0)
             self.projection.reset()
             t0 = time.monotonic()
             at = await self.projection.catch_up()
-            self._consumer.resume(self.tp)
+            consumer.resume(self.tp)
             self.active.set()
             self.on_role("active")
             log.info(
@@ -184,7 +202,7 @@ class CommandProcessor:
     # ------------------------------------------------------------- serving
 
     async def _serve_batch(self) -> None:
-        batch = await self._consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch)
+        batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch)
         records = batch.get(self.tp)
         if not records:
             return
@@ -210,12 +228,12 @@ class CommandProcessor:
                 if self.fenced:
                     self._hold_until = time.monotonic() + self.session_timeout_ms / 1000
 
-    async def _transact(self, records) -> None:
-        p = self._producer
+    async def _transact(self, records: list[kafka.KafkaRecord]) -> None:
+        p = self.producer
         events_topic = self.projection.topic
         await p.begin_transaction()
-        # Per command: the futures of its events, its reply (or None) and where to send it.
-        pending: list[tuple[list[asyncio.Future], Reply | None, list, bytes | None]] = []
+        # Per command: the futures of its events, its reply and where to send it (or None), its headers.
+        pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint
         for rec in records:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
@@ -224,8 +242,9 @@ class CommandProcessor:
                 rec.headers,
                 **{"messaging.source.name": rec.topic, "messaging.offset": rec.offset},
             ) as span:
-                futures: list[asyncio.Future] = []
-                decision, values = None, []
+                futures: list[asyncio.Future[RecordMetadata]] = []
+                events: list[Record] = []
+                values: list[bytes] = []
                 try:
                     command = self.codec.decode(rec.value)
                     span.update_name(f"{self.name} {command.type}")
@@ -234,6 +253,7 @@ class CommandProcessor:
                     # must refuse the command, not leave state the log will never show.
                     values = [Codec.encode(event) for event in decision.events]
                     reply = Reply(ok=True, result=decision.result)
+                    events = decision.events
                 except RecordError as e:
                     await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
                     reply = Reply(ok=False, code="BadRecord", error=e.reason)
@@ -245,7 +265,7 @@ class CommandProcessor:
                 if reply.ok:
                     # Applying a decided event cannot fail but through a bug; if it does, the
                     # exception aborts the whole transaction rather than commit half a command.
-                    for event, value in zip(decision.events, values):
+                    for event, value in zip(events, values):
                         self.projection.state.apply(event, -1)  # its offset is known once acked
                         with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
                             futures.append(
@@ -255,18 +275,19 @@ class CommandProcessor:
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)
                 headers = [(CORRELATION_ID, corr)] if corr else []
-                pending.append((futures, reply if reply_to else None, tracing.inject(headers), reply_to))
+                pending.append((futures, (reply, reply_to) if reply_to else None, tracing.inject(headers)))
         # Events must be acked before replies can name the ConfigTime that shows them.
-        last_event = None
-        for futures, reply, headers, reply_to in pending:
+        last_event: RecordMetadata | None = None
+        for futures, to_send, reply_headers in pending:
             for f in futures:
                 last_event = await f
-            if reply is not None:
+            if to_send is not None:
+                answer, reply_to = to_send
                 at = (
                     last_event.offset + 1 if last_event else self.projection.position
                 )  # events so far in this batch count
-                reply = reply.model_copy(update={"configTime": at})
-                await p.send(reply_to.decode(), Codec.encode(reply), headers=headers)
+                answer = answer.model_copy(update={"configTime": at})
+                await p.send(reply_to.decode(), Codec.encode(answer), headers=reply_headers)
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
         await p.commit_transaction()
@@ -276,15 +297,16 @@ class CommandProcessor:
             self.projection.advance(last_event.offset + 1, fingerprint(last_value))
 
 
-def _tag(records) -> str:
+def _tag(records: list[kafka.KafkaRecord]) -> str:
     """A fault-point tag: the text of the last command, so a test can aim at one command."""
     try:
-        return records[-1].value.decode()
+        value: bytes = records[-1].value
+        return value.decode()
     except Exception:
         return ""
 
 
-def _dead_letter_headers(rec, reason: str) -> list[tuple[str, bytes]]:
+def _dead_letter_headers(rec: kafka.KafkaRecord, reason: str) -> list[tuple[str, bytes]]:
     return [
         ("dlq.reason", reason.encode()),
         ("dlq.topic", rec.topic.encode()),

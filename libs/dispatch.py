@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 Owner = TypeVar("Owner")
 Result = TypeVar("Result")
 Handler = Callable[..., Any]
+H = TypeVar("H", bound=Handler)  # a handler keeps its own signature through `register`
 
 
 class Unhandled(LookupError):
@@ -30,12 +31,12 @@ class Unhandled(LookupError):
 
 
 class Dispatch(Generic[Owner, Result]):
-    def __init__(self, what: str):
+    def __init__(self, what: str) -> None:
         self.what = what  # for the error: "catalog event", "balancer command", ...
         self.table: dict[type, Handler] = {}
 
-    def register(self, *types: type) -> Callable[[Handler], Handler]:
-        def add(fn: Handler) -> Handler:
+    def register(self, *types: type) -> Callable[[H], H]:
+        def add(fn: H) -> H:
             for t in types:
                 if t in self.table:
                     raise ValueError(f"{self.what}: {t.__name__} has two handlers")

@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -53,7 +54,12 @@ def producer(
 
 
 def consumer(
-    bootstrap: str, *, group_id: str | None = None, client_id: str = "shardlog", session_timeout_ms: int = 10_000, **kw
+    bootstrap: str,
+    *,
+    group_id: str | None = None,
+    client_id: str = "shardlog",
+    session_timeout_ms: int = 10_000,
+    **kw: Any,
 ) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -170,10 +176,11 @@ async def delete_topics(bootstrap: str, names: list[str]) -> None:
 
 async def log_end(c: AIOKafkaConsumer, tp: TopicPartition) -> int:
     """The last stable offset (read_committed end) of an assigned partition."""
-    return (await c.end_offsets([tp]))[tp]
+    ends: dict[TopicPartition, int] = await c.end_offsets([tp])
+    return ends[tp]
 
 
-async def catch_up(c: AIOKafkaConsumer, tp: TopicPartition, on_batch, *, max_records: int = 5000) -> int:
+async def catch_up(c: AIOKafkaConsumer, tp: TopicPartition, on_batch: OnBatch, *, max_records: int = 5000) -> int:
     """Feed `on_batch(records)` until the consumer has passed the log's stable end as of now.
 
     With read_committed, a transaction's commit marker takes an offset no record
@@ -198,10 +205,12 @@ async def catch_up(c: AIOKafkaConsumer, tp: TopicPartition, on_batch, *, max_rec
             if empty >= 50:  # 10 s with nothing below a stable end: a hanging transaction, not "caught up"
                 target = await log_end(c, tp)
                 empty = 0
-    return await c.position(tp)
+    reached: int = await c.position(tp)
+    return reached
 
 
-OnBatch = Callable[[list[ConsumerRecord]], Awaitable[None]]
+KafkaRecord: TypeAlias = ConsumerRecord[bytes, bytes]  # key and value as bytes: no deserializers
+OnBatch = Callable[[list[KafkaRecord]], Awaitable[None]]
 
 
 @asynccontextmanager

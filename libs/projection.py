@@ -13,8 +13,7 @@ import logging
 import zlib
 from typing import Protocol
 
-from aiokafka import TopicPartition
-from aiokafka.structs import ConsumerRecord
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from libs import kafka
 from libs.store import Checkpoint, Store
@@ -47,31 +46,31 @@ class Projection:
         self,
         bootstrap: str,
         topic: str,
-        codec: Codec,
+        codec: Codec[Record],
         state: State,
         store: Store,
         *,
         partition: int = 0,
         name: str = "projection",
-    ):
+    ) -> None:
         self.bootstrap, self.topic, self.codec, self.state, self.store = bootstrap, topic, codec, state, store
         self.tp = TopicPartition(topic, partition)
         self.name = name
         self.position = 0  # next offset to apply: for config.events, the ConfigTime reached
         self.last_fingerprint: int | None = None
         self.skipped = 0
-        self._consumer = None
+        self._consumer: AIOKafkaConsumer | None = None
         self._advanced = asyncio.Condition()
 
     async def start(self) -> None:
         self.state.load(self.store)
         ckpt = self.store.checkpoint(self.topic, self.tp.partition)
-        self._consumer = kafka.consumer(self.bootstrap, client_id=f"{self.name}-projection")
-        await self._consumer.start()
-        self._consumer.assign([self.tp])
+        self._consumer = c = kafka.consumer(self.bootstrap, client_id=f"{self.name}-projection")
+        await c.start()
+        c.assign([self.tp])
         # Seek before any await: otherwise the consumer starts fetching from the log's
         # start, and the fingerprint read waits behind a fetch it throws away.
-        self._consumer.seek(self.tp, max(ckpt.next_offset - 1, 0) if ckpt else 0)
+        c.seek(self.tp, max(ckpt.next_offset - 1, 0) if ckpt else 0)
         if ckpt is None:
             log.info("%s: no checkpoint in %s: replaying %s from offset 0", self.name, self.store.path, self.topic)
             return
@@ -81,12 +80,20 @@ class Projection:
             await self.stop()
             raise
         self.position, self.last_fingerprint = ckpt.next_offset, ckpt.last_fingerprint
-        self._consumer.seek(self.tp, ckpt.next_offset)
+        c.seek(self.tp, ckpt.next_offset)
         log.info("%s: resuming %s from its checkpoint at offset %d", self.name, self.topic, ckpt.next_offset)
 
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        """The consumer reading the log, between `start()` and `stop()`."""
+        if self._consumer is None:
+            raise RuntimeError(f"{self.name}: not started")
+        return self._consumer
+
     async def _verify(self, ckpt: Checkpoint) -> None:
-        c = self._consumer
-        start = (await c.beginning_offsets([self.tp]))[self.tp]
+        c = self.consumer
+        starts: dict[TopicPartition, int] = await c.beginning_offsets([self.tp])
+        start = starts[self.tp]
         end = await kafka.log_end(c, self.tp)
         where = f"{self.name}: store {self.store.path} is at offset {ckpt.next_offset} of {self.topic}"
         # Never rebuild from a shorter log on our own: that would silently drop what the store
@@ -126,14 +133,14 @@ class Projection:
         ckpt = self.store.checkpoint(self.topic, self.tp.partition)
         self.position = ckpt.next_offset if ckpt else 0
         self.last_fingerprint = ckpt.last_fingerprint if ckpt else None
-        self._consumer.seek(self.tp, self.position)
+        self.consumer.seek(self.tp, self.position)
 
     async def stop(self) -> None:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
 
-    async def _apply_batch(self, records: list[ConsumerRecord]) -> None:
+    async def _apply_batch(self, records: list[kafka.KafkaRecord]) -> None:
         for rec in records:
             try:
                 event = self.codec.decode(rec.value)
@@ -156,7 +163,7 @@ class Projection:
         asyncio.get_running_loop().call_soon(self._notify)
 
     def _notify(self) -> None:
-        async def wake():
+        async def wake() -> None:
             async with self._advanced:
                 self._advanced.notify_all()
 
@@ -164,12 +171,12 @@ class Projection:
 
     async def catch_up(self) -> int:
         """Apply everything committed to the log up to now; returns the position reached."""
-        await kafka.catch_up(self._consumer, self.tp, self._apply_batch)
+        await kafka.catch_up(self.consumer, self.tp, self._apply_batch)
         return self.position
 
     async def poll(self, timeout_ms: int = 500) -> None:
         """Apply whatever the log has beyond the position, waiting up to `timeout_ms` for it."""
-        batch = await self._consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=5000)
+        batch = await self.consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=5000)
         if records := batch.get(self.tp):
             await self._apply_batch(records)
 
@@ -181,7 +188,7 @@ class Projection:
     async def wait_for(self, offset: int, timeout: float) -> None:
         """Block until the projection has applied every record below `offset`."""
 
-        async def reached():
+        async def reached() -> None:
             async with self._advanced:
                 await self._advanced.wait_for(lambda: self.position >= offset)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from libs import kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, header
@@ -26,22 +26,26 @@ class RequestTimeout(TimeoutError):
 class Requester:
     def __init__(
         self, bootstrap: str, inbox: str, *, client_id: str = "shardlog-client", stop_owner_on_failure: bool = False
-    ):
+    ) -> None:
         self.bootstrap, self.inbox, self.client_id = bootstrap, inbox, client_id
         self.stop_owner_on_failure = stop_owner_on_failure  # a service stops; a client library only logs
-        self._waiting: dict[bytes, asyncio.Future] = {}
-        self._producer = self._consumer = self._reader = None
+        self._waiting: dict[bytes, asyncio.Future[Reply]] = {}
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._producer = kafka.producer(self.bootstrap, client_id=self.client_id, linger_ms=0)
-        self._consumer = kafka.consumer(self.bootstrap, client_id=self.client_id)
-        await asyncio.gather(self._producer.start(), self._consumer.start())
+        self._producer = producer = kafka.producer(self.bootstrap, client_id=self.client_id, linger_ms=0)
+        self._consumer = consumer = kafka.consumer(self.bootstrap, client_id=self.client_id)
+        await asyncio.gather(producer.start(), consumer.start())
         tp = TopicPartition(self.inbox, 0)
-        self._consumer.assign([tp])
+        consumer.assign([tp])
         # Replies to requests sent from now on come after this offset.
-        self._consumer.seek(tp, (await self._consumer.end_offsets([tp]))[tp])
+        consumer.seek(tp, (await consumer.end_offsets([tp]))[tp])
         self._reader = supervised(
-            asyncio.create_task(self._read(tp)), f"{self.client_id} reply reader", stop_owner=self.stop_owner_on_failure
+            asyncio.create_task(self._read(consumer, tp)),
+            f"{self.client_id} reply reader",
+            stop_owner=self.stop_owner_on_failure,
         )
 
     async def stop(self) -> None:
@@ -53,12 +57,12 @@ class Requester:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _read(self, tp: TopicPartition) -> None:
+    async def _read(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
         while True:
-            batch = await self._consumer.getmany(tp, timeout_ms=500)
+            batch = await consumer.getmany(tp, timeout_ms=500)
             for rec in batch.get(tp, []):
                 fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)
                 if fut is None or fut.done():
@@ -76,10 +80,12 @@ class Requester:
         *,
         key: bytes | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future:
+    ) -> asyncio.Future[Reply]:
         """Send without waiting for the reply; returns the future of the reply."""
+        if self._producer is None:
+            raise RuntimeError(f"{self.client_id}: requester not started")
         corr = uuid.uuid4().hex.encode()
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[corr] = fut
         value = record if isinstance(record, bytes) else Codec.encode(record)
         with tracing.producer_span(topic):

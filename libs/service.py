@@ -14,8 +14,10 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from libs import tracing
 from libs.projection import CheckpointMismatch
@@ -34,16 +36,23 @@ class ServiceSettings:
         return Topics(self.cluster)
 
     @classmethod
-    def from_env(cls, **overrides) -> ServiceSettings:
-        values = dict(
-            bootstrap=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
-            cluster=os.environ.get("SHARDLOG_CLUSTER", "shardlog"),
-            data_dir=Path(os.environ.get("SHARDLOG_DATA_DIR", ".shardlog/data")),
-            session_timeout_ms=int(os.environ.get("SHARDLOG_SESSION_TIMEOUT_MS", "10000")),
+    def from_env(
+        cls,
+        *,
+        bootstrap: str | None = None,
+        cluster: str | None = None,
+        data_dir: str | Path | None = None,
+        session_timeout_ms: int | None = None,
+    ) -> ServiceSettings:
+        """Each setting from its argument when given (not None), else from the environment."""
+        env = os.environ.get
+        timeout_ms = int(env("SHARDLOG_SESSION_TIMEOUT_MS", "10000"))
+        return cls(
+            bootstrap=bootstrap if bootstrap is not None else env("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+            cluster=cluster if cluster is not None else env("SHARDLOG_CLUSTER", "shardlog"),
+            data_dir=Path(data_dir if data_dir is not None else env("SHARDLOG_DATA_DIR", ".shardlog/data")),
+            session_timeout_ms=session_timeout_ms if session_timeout_ms is not None else timeout_ms,
         )
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        values["data_dir"] = Path(values["data_dir"])
-        return cls(**values)
 
 
 def common_args(description: str) -> argparse.ArgumentParser:
@@ -58,7 +67,7 @@ def settings_from(args: argparse.Namespace) -> ServiceSettings:
     return ServiceSettings.from_env(bootstrap=args.bootstrap, cluster=args.cluster, data_dir=args.data_dir)
 
 
-def report_ready(settings: ServiceSettings, name: str, **info) -> None:
+def report_ready(settings: ServiceSettings, name: str, **info: object) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     path = settings.data_dir / f"{name}.ready"
     tmp = path.with_suffix(".tmp")
@@ -73,13 +82,15 @@ def clear_ready(settings: ServiceSettings, name: str) -> None:
 
 _failures: list[str] = []
 
+T = TypeVar("T")
 
-def supervised(task: asyncio.Task, what: str, *, stop_owner: bool = True) -> asyncio.Task:
+
+def supervised(task: asyncio.Task[T], what: str, *, stop_owner: bool = True) -> asyncio.Task[T]:
     """A background task whose failure must not go unnoticed: it is logged and stops the
     task that started it (the service), rather than leave the service running without it."""
     owner = asyncio.current_task() if stop_owner else None
 
-    def check(t: asyncio.Task) -> None:
+    def check(t: asyncio.Task[T]) -> None:
         if t.cancelled() or t.exception() is None:
             return
         logging.getLogger(__name__).critical("%s failed; stopping", what, exc_info=t.exception())
@@ -91,7 +102,7 @@ def supervised(task: asyncio.Task, what: str, *, stop_owner: bool = True) -> asy
     return task
 
 
-def run_service(name: str, main) -> None:
+def run_service(name: str, main: Callable[[], Coroutine[Any, Any, object]]) -> None:
     """Run `main()` (a coroutine function) until SIGTERM/SIGINT; exit cleanly."""
     logging.basicConfig(
         level=os.environ.get("SHARDLOG_LOG_LEVEL", "INFO"),
@@ -103,7 +114,7 @@ def run_service(name: str, main) -> None:
     logging.getLogger("aiokafka.cluster").setLevel(logging.CRITICAL)
     tracing.setup(f"shardlog-{name}")
 
-    async def guarded():
+    async def guarded() -> None:
         task = asyncio.create_task(main())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

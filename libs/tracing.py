@@ -18,6 +18,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("shardlog")
@@ -74,7 +75,7 @@ def extract(headers: Headers | None) -> otel_context.Context:
 
 
 @contextmanager
-def process_span(name: str, headers: Headers | None, **attributes) -> Iterator[trace.Span]:
+def process_span(name: str, headers: Headers | None, **attributes: AttributeValue) -> Iterator[trace.Span]:
     """A consumer-side span for handling one record, child of the sender's span."""
     with tracer.start_as_current_span(
         name, context=extract(headers), kind=SpanKind.CONSUMER, attributes=attributes
@@ -83,7 +84,7 @@ def process_span(name: str, headers: Headers | None, **attributes) -> Iterator[t
 
 
 @contextmanager
-def producer_span(topic: str, **attributes) -> Iterator[trace.Span]:
+def producer_span(topic: str, **attributes: AttributeValue) -> Iterator[trace.Span]:
     with tracer.start_as_current_span(
         f"send {topic}", kind=SpanKind.PRODUCER, attributes={"messaging.destination.name": topic, **attributes}
     ) as span:

@@ -10,7 +10,7 @@ runtime turns into a dead letter.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
@@ -22,6 +22,11 @@ class Record(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     SCHEMA_VERSION: ClassVar[int] = 1
+    if TYPE_CHECKING:
+        # Every record declares both as Literal fields; named here (for the type checker only, so
+        # pydantic sees no new field) so that code generic over records can read them.
+        type: str
+        v: int
 
 
 class RecordError(ValueError):
@@ -32,20 +37,22 @@ class RecordError(ValueError):
         self.reason = reason
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     # NaN and Infinity are not JSON; a record carrying them could not be written back faithfully.
     raise ValueError(f"{name} is not a JSON number")
 
 
-R = TypeVar("R", bound=Record)
+R = TypeVar("R", bound=Record, covariant=True)  # a codec of some records is a codec of records
 
 
 class Codec(Generic[R]):
     """Encodes and decodes one topic family's records (a discriminated union on `type`)."""
 
     def __init__(self, name: str, union: Any, members: tuple[type[Record], ...]):
+        # `union` is R as a runtime object (an Annotated discriminated union); the variable
+        # holding the codec names R, e.g. `events: Codec[ConfigEvent] = Codec(...)`.
         self.name = name
-        self._adapter: TypeAdapter = TypeAdapter(union)
+        self._adapter: TypeAdapter[R] = TypeAdapter(union)
         self._versions = {m.model_fields["type"].default: m.SCHEMA_VERSION for m in members}
         self.members = members
 

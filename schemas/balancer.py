@@ -274,5 +274,5 @@ BalancerEvent = Annotated[
 ]
 EVENTS = (ActionIssued, ActionFinished, RoundCompleted, DefragmentationChanged, AutoMergeRan)
 
-commands = Codec("balancer.commands", BalancerCommand, COMMANDS)
-events = Codec("balancer.events", BalancerEvent, EVENTS)
+commands: Codec[BalancerCommand] = Codec("balancer.commands", BalancerCommand, COMMANDS)
+events: Codec[BalancerEvent] = Codec("balancer.events", BalancerEvent, EVENTS)

@@ -484,5 +484,5 @@ EVENTS = (
     PrimaryMoveAborted,
 )
 
-commands = Codec("config.commands", ConfigCommand, COMMANDS)
-events = Codec("config.events", ConfigEvent, EVENTS)
+commands: Codec[ConfigCommand] = Codec("config.commands", ConfigCommand, COMMANDS)
+events: Codec[ConfigEvent] = Codec("config.events", ConfigEvent, EVENTS)

@@ -23,4 +23,4 @@ class Reply(Record):
     result: dict[str, Any] | None = None
 
 
-replies = Codec("reply", Reply, (Reply,))
+replies: Codec[Reply] = Codec("reply", Reply, (Reply,))

@@ -378,5 +378,5 @@ EVENTS = (
     RangeDeletionRemoved,
 )
 
-requests = Codec("shard.requests", ShardRequest, REQUESTS)
-changelog = Codec("shard.changelog", ShardEvent, EVENTS)
+requests: Codec[ShardRequest] = Codec("shard.requests", ShardRequest, REQUESTS)
+changelog: Codec[ShardEvent] = Codec("shard.changelog", ShardEvent, EVENTS)

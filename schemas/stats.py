@@ -54,4 +54,4 @@ class ShardStatistics(Record):
     collections: list[CollectionStatistics]
 
 
-statistics = Codec("shard.stats", ShardStatistics, (ShardStatistics,))
+statistics: Codec[ShardStatistics] = Codec("shard.stats", ShardStatistics, (ShardStatistics,))

@@ -125,7 +125,7 @@ def merge_actions(
     txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS,
     outstanding: int = 0,
     max_outstanding: int = MAX_OUTSTANDING,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """The merges to issue now: at most `max_outstanding - outstanding` of them, shard by shard
     as the seed's loop goes ("for each shard: for each namespace"), in key order within a shard."""
     found = mergeable_runs(

@@ -30,7 +30,7 @@ import bisect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from services.balancer.automerge import ChunkInfo, Straddling, ZoneRangeT, chunk_zones, runs
 
@@ -81,6 +81,29 @@ class Snapshot:
     draining: frozenset[str] = frozenset()  # shards that may not receive chunks
 
 
+Action = dict[str, Any]  # {"type": "merge" | "dataSize" | "move", "ns", "shard", "min", "max"[, "to"]}
+
+
+class TableChunk(TypedDict):
+    """A chunk of phase 2's own routing table."""
+
+    min: Any
+    max: Any
+    shard: str
+    size: int
+    zone: str | None
+    straddles: bool
+
+
+class Pair(TypedDict):
+    """A move-and-merge in flight: bounds as [min, max] lists (JSON)."""
+
+    chunk: list[Any]
+    sibling: list[Any]
+    merged: list[Any]
+    to: str
+
+
 @dataclass
 class DefragState:
     ns: str
@@ -88,12 +111,12 @@ class DefragState:
     built: bool = False  # the phase's work has been computed from a snapshot
     restart_phase: str | None = None  # set by a non-retriable error or stop: enter it once nothing is in flight
     stopped: bool = False
-    pending: list[dict] = field(default_factory=list)  # to issue (and retriable actions to issue again)
-    outstanding: list[dict] = field(default_factory=list)  # issued, awaiting on_result
+    pending: list[Action] = field(default_factory=list)  # to issue (and retriable actions to issue again)
+    outstanding: list[Action] = field(default_factory=list)  # issued, awaiting on_result
     sizes: dict[str, int] = field(default_factory=dict)  # bytes measured, by range_key (MongoDB: in config.chunks)
     # phase 2's own routing table and bookkeeping (seed 002: it works from the phase-1 sizes)
-    chunks: list[dict] | None = None  # {"min", "max", "shard", "zone", "size", "straddles"}
-    pairs: list[dict] = field(default_factory=list)  # move-and-merge in flight: {"chunk", "sibling", "merged", "to"}
+    chunks: list[TableChunk] | None = None  # {"min", "max", "shard", "zone", "size", "straddles"}
+    pairs: list[Pair] = field(default_factory=list)  # move-and-merge in flight: {"chunk", "sibling", "merged", "to"}
     shard_sizes: dict[str, int] = field(default_factory=dict)
     draining: list[str] = field(default_factory=list)
     max_chunk_size: int = 0
@@ -181,7 +204,7 @@ def _small(s: DefragState, size: int) -> bool:
 # ----------------------------------------------------------------------------- building
 
 
-def _action(s: DefragState, kind: str, shard: str, lo: Any, hi: Any, **extra: Any) -> dict:
+def _action(s: DefragState, kind: str, shard: str, lo: Any, hi: Any, **extra: Any) -> Action:
     return {"type": kind, "ns": s.ns, "shard": shard, "min": lo, "max": hi, **extra}
 
 
@@ -212,7 +235,7 @@ def _build(s: DefragState, snap: Snapshot) -> None:
             "min": c.min,
             "max": c.max,
             "shard": c.shard,
-            "size": n,
+            "size": cast(int, n),  # not None: a missing size returned above
             "zone": None if isinstance(z, Straddling) else z,
             "straddles": isinstance(z, Straddling),
         }
@@ -230,7 +253,7 @@ def _build(s: DefragState, snap: Snapshot) -> None:
 # ----------------------------------------------------------------- phase 2: move and merge
 
 
-def _busy(s: DefragState) -> set[tuple]:
+def _busy(s: DefragState) -> set[tuple[Any, ...]]:
     """Chunks in a move-and-merge now."""
     return {tuple(p[k]) for p in s.pairs for k in ("chunk", "sibling")}
 
@@ -241,6 +264,7 @@ def _migrating(s: DefragState) -> set[str]:
 
 
 def _index(s: DefragState, lo: Any) -> int:
+    assert s.chunks is not None, "phase 2 reads its routing table, built on entering the phase"
     i = bisect.bisect_left(s.chunks, lo, key=lambda c: c["min"])
     assert s.chunks[i]["min"] == lo, "phase 2's routing table lost a chunk"
     return i
@@ -248,6 +272,7 @@ def _index(s: DefragState, lo: Any) -> int:
 
 def _siblings(s: DefragState, i: int) -> list[int]:
     """Consecutive chunks a small chunk may join: same zone, a recipient that may receive."""
+    assert s.chunks is not None, "phase 2 reads its routing table, built on entering the phase"
     c, out = s.chunks[i], []
     for k in (i + 1, i - 1):  # right first: MongoDB's first candidate, kept on a tie
         if 0 <= k < len(s.chunks):
@@ -261,7 +286,7 @@ def _siblings(s: DefragState, i: int) -> list[int]:
     return out
 
 
-def score(s: DefragState, chunk: dict, sibling: dict, other: dict | None) -> int:
+def score(s: DefragState, chunk: TableChunk, sibling: TableChunk, other: TableChunk | None) -> int:
     """Seed 002's recipient scoring, one bit per question, the first weighing the most:
     on the chunk's own shard? chunk smaller than the sibling? merged chunk no longer small?
     recipient holding less data than the other possible recipient?"""
@@ -275,36 +300,38 @@ def score(s: DefragState, chunk: dict, sibling: dict, other: dict | None) -> int
     )
 
 
-def _new_pairs(s: DefragState, room: int) -> list[dict]:
+def _new_pairs(s: DefragState, room: int) -> list[Action]:
     """Start up to `room` move-and-merges: shards holding the most data first, on each its
     smallest chunk first; a chunk whose siblings are all unfit waits or is left as it is."""
-    out: list[dict] = []
+    chunks = s.chunks
+    assert chunks is not None, "phase 2 reads its routing table, built on entering the phase"
+    out: list[Action] = []
     busy, migrating = _busy(s), _migrating(s)
     small: dict[str, list[tuple[int, int]]] = {}
-    for i, c in enumerate(s.chunks):
+    for i, c in enumerate(chunks):
         if not c["straddles"] and _small(s, c["size"]) and (c["min"], c["max"]) not in busy:
             small.setdefault(c["shard"], []).append((c["size"], i))
     for shard in sorted(small, key=lambda sh: (-s.shard_sizes.get(sh, 0), sh)):
         for _, i in sorted(small[shard]):
             if len(out) >= room:
                 return out
-            c = s.chunks[i]
+            c = chunks[i]
             if (c["min"], c["max"]) in busy:
                 continue  # became the sibling of an earlier pair
             fit = [
                 k
                 for k in _siblings(s, i)
-                if (s.chunks[k]["min"], s.chunks[k]["max"]) not in busy
-                and (s.chunks[k]["shard"] == shard or not {shard, s.chunks[k]["shard"]} & migrating)
+                if (chunks[k]["min"], chunks[k]["max"]) not in busy
+                and (chunks[k]["shard"] == shard or not {shard, chunks[k]["shard"]} & migrating)
             ]
             if not fit:
                 continue
 
             def rank(k: int) -> tuple[int, bool]:  # used at once, within this iteration
-                other = next((s.chunks[o] for o in fit if o != k), None)  # noqa: B023
-                return score(s, c, s.chunks[k], other), k > i  # noqa: B023 (a tie keeps the right sibling)
+                other = next((chunks[o] for o in fit if o != k), None)  # noqa: B023
+                return score(s, c, chunks[k], other), k > i  # noqa: B023 (a tie keeps the right sibling)
 
-            sib = s.chunks[best := max(fit, key=rank)]
+            sib = chunks[best := max(fit, key=rank)]
             merged = [sib["min"], c["max"]] if best < i else [c["min"], sib["max"]]
             s.pairs.append(
                 {
@@ -323,7 +350,8 @@ def _new_pairs(s: DefragState, room: int) -> list[dict]:
     return out
 
 
-def _apply_move(s: DefragState, a: dict) -> None:
+def _apply_move(s: DefragState, a: Action) -> None:
+    assert s.chunks is not None, "phase 2 reads its routing table, built on entering the phase"
     s.counters["moves"] += 1
     pair = next(p for p in s.pairs if p["chunk"] == [a["min"], a["max"]])
     i = _index(s, a["min"])
@@ -333,12 +361,13 @@ def _apply_move(s: DefragState, a: dict) -> None:
     s.pending.append(_action(s, "merge", pair["to"], *pair["merged"]))  # seed 002: then merge with the sibling
 
 
-def _apply_pair_merge(s: DefragState, a: dict) -> None:
+def _apply_pair_merge(s: DefragState, a: Action) -> None:
+    assert s.chunks is not None, "phase 2 reads its routing table, built on entering the phase"
     pair = next(p for p in s.pairs if p["merged"] == [a["min"], a["max"]])
     s.pairs.remove(pair)
     i = _index(s, a["min"])
     left, right = s.chunks[i], s.chunks[i + 1]
-    merged = {**left, "max": right["max"], "size": left["size"] + right["size"], "shard": pair["to"]}
+    merged: TableChunk = {**left, "max": right["max"], "size": left["size"] + right["size"], "shard": pair["to"]}
     s.chunks[i : i + 2] = [merged]
     s.sizes[range_key(merged["min"], merged["max"])] = merged["size"]
 
@@ -354,11 +383,11 @@ def _remaining_small(s: DefragState) -> int:
 
 def next_actions(
     state: DefragState, snapshot: Snapshot, limit: int = MAX_OUTSTANDING
-) -> tuple[DefragState, list[dict]]:
+) -> tuple[DefragState, list[Action]]:
     """The actions to issue now (they become outstanding), moving to the next phase when one
     is done; at most `limit` in flight."""
     s = _copy(state)
-    issued: list[dict] = []
+    issued: list[Action] = []
     for _ in range(8):  # a few empty phases may pass in one call; each step below makes progress
         if s.phase == FINISHED or s.restart_phase is not None:
             break  # finished, or an aborted phase waits for its in-flight actions
@@ -380,7 +409,12 @@ def next_actions(
 
 
 def on_result(
-    state: DefragState, action: Mapping, ok: bool, error_code: str | None = None, *, data_size: int | None = None
+    state: DefragState,
+    action: Mapping[str, Any],
+    ok: bool,
+    error_code: str | None = None,
+    *,
+    data_size: int | None = None,
 ) -> DefragState:
     """Fold in the outcome of an issued action (`data_size` answers a dataSize).  An answer
     to an action not in flight (already folded in, or issued before a restart) is ignored."""
@@ -416,7 +450,7 @@ def on_result(
     return s
 
 
-def status(state: DefragState) -> dict:
+def status(state: DefragState) -> dict[str, Any]:
     """Progress for `shardlog defragment NS status` (MongoDB's currentPhase / remainingChunksToProcess)."""
     s = state
     if s.phase == MOVE_AND_MERGE and s.chunks is not None:
@@ -464,18 +498,18 @@ def _dec(v: Any) -> Any:
     return v
 
 
-def to_json(state: DefragState) -> dict:
+def to_json(state: DefragState) -> dict[str, Any]:
     """Plain JSON (bytes bounds as {"$hex": ...}) for an event; `from_json` gives it back."""
-    return _enc(asdict(state))
+    return cast(dict[str, Any], _enc(asdict(state)))
 
 
-def from_json(data: Mapping) -> DefragState:
+def from_json(data: Mapping[str, Any]) -> DefragState:
     return DefragState(**_dec(dict(data)))
 
 
-def encode_action(action: Mapping) -> dict:
-    return _enc(dict(action))
+def encode_action(action: Mapping[str, Any]) -> dict[str, Any]:
+    return cast(dict[str, Any], _enc(dict(action)))
 
 
-def decode_action(data: Mapping) -> dict:
-    return _dec(dict(data))
+def decode_action(data: Mapping[str, Any]) -> Action:
+    return cast(Action, _dec(dict(data)))

@@ -5,6 +5,7 @@ in, actions out (the round loop records and sends them)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from domain.catalog import Catalog
 from schemas import balancer as b
@@ -40,7 +41,7 @@ def new_primary(catalog: Catalog, exclude: set[str]) -> str | None:
     return min(candidates, key=lambda s: (len(catalog.primary_of(s)), catalog.chunk_count(s), s))
 
 
-def removal_status(catalog: Catalog, shard: str, sizes: dict[str, int] | None = None) -> dict:
+def removal_status(catalog: Catalog, shard: str, sizes: dict[str, int] | None = None) -> dict[str, Any]:
     """What remains on a draining shard and what blocks it (for `remove-shard --status`)."""
     s = catalog.shards[shard]
     chunks = [(ns, ch) for ns, coll in catalog.collections.items() for ch in coll.chunks if ch.shard == shard]

@@ -54,7 +54,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError, model_validator
 
@@ -67,6 +67,7 @@ from schemas.balancer_policy import (
     ChunkRange,
     CollectionDoc,
     Migration,
+    MigrationReason,
     Plan,
     Settings,
     ShardInfo,
@@ -179,7 +180,7 @@ class Violation:
     max: Bound | None
     detail: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -194,13 +195,15 @@ class _LazyMins(Sequence[bytes]):
     """Encoded chunk minimums, computed when read: a bisect reads O(log n) of them, and
     encoding all 100k bounds would cost more than the rest of the round."""
 
-    def __init__(self, chunks: list[ChunkDoc], encode: Callable[[Bound], bytes]):
+    _memo: dict[int, bytes]
+
+    def __init__(self, chunks: list[ChunkDoc], encode: Callable[[Bound], bytes]) -> None:
         self._chunks, self._encode, self._memo = chunks, encode, {}
 
     def __len__(self) -> int:
         return len(self._chunks)
 
-    def __getitem__(self, i):  # only ints: bisect's use
+    def __getitem__(self, i: int) -> bytes:  # type: ignore[override]  # only ints (bisect's use), no slices
         if (k := self._memo.get(i)) is None:
             k = self._memo[i] = self._encode(self._chunks[i]["min"])
         return k
@@ -208,7 +211,7 @@ class _LazyMins(Sequence[bytes]):
 
 def _in_key_order(coll: CollectionDoc) -> tuple[list[ChunkDoc], Sequence[bytes], Callable[[int], bytes]]:
     """The chunks in key order, their encoded mins, and the encoded max of chunk i."""
-    pattern = coll._pattern
+    pattern: KeyPattern = coll._pattern
 
     def encode(b: Bound) -> bytes:
         return pattern.encode_bound(from_ejson(b))
@@ -279,7 +282,7 @@ class _Layout:
         self.sizes: dict[str | None, dict[str, int]] = {}
         self.movable: dict[str | None, dict[str, int]] = {}  # imbalance: per shard, first non-jumbo chunk
         self.drain: dict[str, dict[str | None, int]] = {}  # per draining shard, first chunk per zone
-        self.misplaced: dict[str, dict[str, int]] = {}  # per shard, first non-jumbo chunk per violated zone
+        self.misplaced: dict[str, dict[str | None, int]] = {}  # per shard, first non-jumbo chunk per violated zone
         crossing, chunks = self.crossing, self.chunks
         for lo, hi, zone in self.segments:
             size = self.sizes.setdefault(zone, {})
@@ -369,7 +372,7 @@ class _Layout:
 
     # -- actions
 
-    def migration(self, i: int, to: str, reason: str, whole: bool = True) -> Migration:
+    def migration(self, i: int, to: str, reason: MigrationReason, whole: bool = True) -> Migration:
         c = self.chunks[i]
         return Migration(
             ns=self.coll.ns,
@@ -394,11 +397,11 @@ class _Layout:
 # ------------------------------------------------------------------------ the policy
 
 
-def parse(snapshot: Snapshot | dict) -> Snapshot:
+def parse(snapshot: Snapshot | dict[str, Any]) -> Snapshot:
     return snapshot if isinstance(snapshot, Snapshot) else Snapshot.model_validate(snapshot)
 
 
-def plan(snapshot: Snapshot | dict) -> Plan:
+def plan(snapshot: Snapshot | dict[str, Any]) -> Plan:
     """One balancing round (seed 002, ChunkSelectionPolicy): splits, then migrations.
     Raises pydantic's ValidationError or SnapshotError on a bad snapshot."""
     snap = parse(snapshot)
@@ -430,7 +433,9 @@ def _zone_violations(lay: _Layout, available: set[str]) -> list[Migration]:
     return _first_movable(lay, available, lay.misplaced, "zoneViolation")
 
 
-def _first_movable(lay: _Layout, available: set[str], candidates: dict, reason: str) -> list[Migration]:
+def _first_movable(
+    lay: _Layout, available: set[str], candidates: dict[str, dict[str | None, int]], reason: MigrationReason
+) -> list[Migration]:
     """Per available shard, its first candidate chunk (zone -> chunk index) with an available recipient."""
     out = []
     for s in lay.shards:
@@ -470,7 +475,7 @@ def _zone_imbalance(lay: _Layout, zone: str | None, available: set[str]) -> Iter
         yield lay.migration(i, recipient.id, "chunksImbalance", whole=False)
 
 
-def violations(snapshot: Snapshot | dict, ns: str) -> list[Violation]:
+def violations(snapshot: Snapshot | dict[str, Any], ns: str) -> list[Violation]:
     """Everything that keeps `ns` from being balanced, not just the first: chunks on
     draining shards, zone violations, chunks crossing a zone boundary, per-zone imbalance
     (a zone is imbalanced exactly when rule 3 of `plan` would move in it with every shard

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, cast
 
-from domain.catalog import Catalog, Collection, MigrationOutcome
+from domain.catalog import Catalog, Chunk, Collection, Migration, MigrationOutcome, Shard
 from domain.protocol import ErrorCode, check_db_name, check_shard_name, check_zone_name, split_ns
 from domain.settings import ClusterSettings, CollectionSettings, validated
 from domain.shardkey import MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
@@ -66,7 +66,7 @@ def _utf8_ok(value: Any) -> bool:
 # ------------------------------------------------------------------ names
 
 
-def _shard(catalog: Catalog, shard: str):
+def _shard(catalog: Catalog, shard: str) -> Shard:
     s = catalog.shards.get(shard)
     if s is None:
         raise CommandError(ErrorCode.ShardNotFound, f"shard {shard!r} does not exist")
@@ -91,7 +91,7 @@ def _finite(v: Any) -> bool:
     return True
 
 
-def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict, bytes]:
+def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict[str, Any], bytes]:
     if not isinstance(raw, dict):
         raise CommandError(
             ErrorCode.BadValue, f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}"
@@ -173,7 +173,7 @@ def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
             )
         return Decision([], {"db": cmd.db, "primary": existing.primary, "created": False})
     events = _create_database_events(catalog, cmd.db, cmd.primary)
-    return Decision(events, {"db": cmd.db, "primary": events[0].primary, "created": True})
+    return Decision(events, {"db": cmd.db, "primary": cast(c.DatabaseCreated, events[0]).primary, "created": True})
 
 
 # ------------------------------------------------------------ collections
@@ -208,7 +208,7 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     events: list[Record] = []
     if db not in catalog.databases:  # sharding a collection creates its database, as in MongoDB
         events += _create_database_events(catalog, db, None)
-    primary = events[0].primary if events else catalog.databases[db].primary
+    primary = cast(c.DatabaseCreated, events[0]).primary if events else catalog.databases[db].primary
 
     epoch = new_epoch()
     # A collection already written to may hold documents, all on its primary: it starts as
@@ -280,7 +280,9 @@ def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
     return Decision([event], {"ns": coll.ns, "chunks": [d.model_dump() for d in event.chunks]})
 
 
-def _split_event(coll: Collection, chunk, points: list[dict], version=None) -> c.ChunkSplit:
+def _split_event(
+    coll: Collection, chunk: Chunk, points: list[dict[str, Any]], version: ChunkVersion | None = None
+) -> c.ChunkSplit:
     """`chunk` cut at `points` (sorted, strictly inside): the pieces take the next minors."""
     bounds = [chunk.min] + points + [chunk.max]
     versions = split_versions(version or coll.version(), len(points) + 1)
@@ -399,6 +401,8 @@ def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
 
 @on_command.register(c.SetSetting)
 def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
+    model: type[ClusterSettings | CollectionSettings]
+    current: ClusterSettings | CollectionSettings
     if cmd.ns is None:
         model, current = ClusterSettings, catalog.settings
     else:
@@ -419,7 +423,7 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
 # ------------------------------------------------------------- migrations
 
 
-def _migration_chunk_index(coll: Collection, m) -> int:
+def _migration_chunk_index(coll: Collection, m: Migration) -> int:
     return coll.chunk_index(coll.pattern.encode_bound(from_ejson(m.min)))
 
 
@@ -437,7 +441,7 @@ def _not_migrating(catalog: Catalog, coll: Collection, lo: bytes, hi: bytes) -> 
             )
 
 
-def _ej(bound: dict) -> str:
+def _ej(bound: dict[str, Any]) -> str:
     return json.dumps(to_ejson(bound), separators=(",", ":"))
 
 
@@ -526,6 +530,7 @@ def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
         )
     events: list[Record] = []
     version = coll.version()
+    control_min: dict[str, Any] | None
     points = [p for p, k in ((lo, lo_key), (hi, hi_key)) if chunk.min_key < k < chunk.max_key]
     if points:  # a sub-range of the chunk: split first, then move the piece [lo, hi)
         split = _split_event(coll, chunk, points)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+Task = Mapping[str, Any]  # a task as ListMigrations lists it (JSON)
 Key = tuple[str, str]  # (shard, task id): one migration's id can name a task on its donor and on its recipient
 
 
@@ -20,17 +21,17 @@ class Settings(Protocol):
     orphanCleanupDelaySecs: int
 
 
-def key(task: Mapping) -> Key:
+def key(task: Task) -> Key:
     return task["shard"], task["id"]
 
 
-def state(task: Mapping) -> str:
+def state(task: Task) -> str:
     if task.get("pending"):
         return "pending"
     return "deleting" if task.get("deleted") else "ready"
 
 
-def waiting_for(task: Mapping, settings: Settings, now: float, held: str | None = None) -> str | None:
+def waiting_for(task: Task, settings: Settings, now: float, held: str | None = None) -> str | None:
     """Why the task may not be deleted now (None: it may); `held` is the service's own reason."""
     if task.get("pending"):
         return "pending: its migration is not decided"
@@ -48,11 +49,13 @@ def waiting_for(task: Mapping, settings: Settings, now: float, held: str | None 
 
 @dataclass(frozen=True)
 class Plan:
-    next: dict | None  # the task to delete now, if any
+    next: dict[str, Any] | None  # the task to delete now, if any
     waiting: dict[Key, str | None]  # every task's reason to wait; None only for `next`
 
 
-def plan(tasks: Sequence[dict], settings: Settings, now: float, held: Mapping[Key, str] | None = None) -> Plan:
+def plan(
+    tasks: Sequence[dict[str, Any]], settings: Settings, now: float, held: Mapping[Key, str] | None = None
+) -> Plan:
     """`held`: tasks the service holds back (e.g. a batch failed), with the reason."""
     held = held or {}
     waiting = {key(t): waiting_for(t, settings, now, held.get(key(t))) for t in tasks}
