@@ -1,21 +1,23 @@
-"""shardlog balancer — what the balancer would do, from a snapshot of the cluster.
+"""shardlog balancer — what the balancer would do, from a snapshot of the cluster, and the live balancer.
 
 `plan` runs the balancer's own chunk-selection policy (services/balancer/policy.py)
-on a snapshot file, offline: no broker needed.  `shardlog defragment NS
-start|stop|status` asks the live balancer to defragment a collection.
+on a snapshot file, offline: no broker needed.  The other commands ask the live
+balancer for its state or change the settings it follows.
 """
 
 from __future__ import annotations
 
 import json
-from enum import Enum
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 
+from cli.context import CliContext, JsonOpt
 from domain.protocol import ErrorCode
+from schemas import balancer as b
+from schemas import config as c
 from services.balancer import policy
 
 balancer_app = typer.Typer(help="The balancer: its decisions, from a cluster snapshot.", no_args_is_help=True)
@@ -24,6 +26,9 @@ balancer_app = typer.Typer(help="The balancer: its decisions, from a cluster sna
 @balancer_app.callback()
 def _group() -> None:
     """The balancer: its decisions, from a cluster snapshot."""  # a callback keeps `plan` a subcommand
+
+
+# ------------------------------------------------------------------ offline
 
 
 def _fail(message: str) -> NoReturn:
@@ -55,190 +60,146 @@ def plan(
 # ------------------------------------------------------------------ the live balancer
 
 
-class DefragAction(str, Enum):  # noqa: UP042 (StrEnum would change how typer prints it)
-    start = "start"
-    stop = "stop"
-    status = "status"
+def _state(cx: CliContext, request: b.GetBalancerState) -> dict[str, Any]:
+    return cx.request(cx.topics.balancer_commands, request)
 
 
-def register(app: typer.Typer, m) -> None:
-    """Add `balancer` to the main CLI, with the commands that talk to a cluster; `m` is cli.main."""
-    from schemas import balancer as b
-    from schemas import config as c
+def _setting(cx: CliContext, key: str, value: Any, ns: str | None, said: str) -> None:
+    cx.send(c.SetSetting(key=key, value=value, ns=ns), lambda r: cx.out.print(said))
 
-    JsonOpt = m.JsonOpt
 
-    def balancer_state(req, as_json: bool) -> dict:
-        async def go():
-            from libs.requests import Requester
-
-            async with Requester(m._ctx.bootstrap, m._ctx.topics.cli_replies, client_id="shardlog-cli") as r:
-                return await r.request(m._ctx.topics.balancer_commands, req, timeout=m._ctx.timeout)
-
-        reply = m.run(go())
-        if not reply.ok:
-            m.fail(reply.error or "", code=reply.code or "Error", as_json=as_json)
-        return reply.result or {}
-
-    def setting(key: str, value, ns: str | None, as_json: bool, said: str) -> None:
-        m.send(c.SetSetting(key=key, value=value, ns=ns), as_json, lambda r: m.out.print(said))
-
-    @balancer_app.command("status")
-    def status(json_out: bool = JsonOpt) -> None:
-        """On or off, inside the window or not, the current round, actions in flight."""
-        st = balancer_state(b.GetBalancerState(), json_out)
-        if json_out:
-            print(json.dumps({"ok": True, **st}))
-            return
-        m.out.print(
-            f"balancer {'on' if st['enabled'] else 'off'}; "
-            f"{'inside' if st['inWindow'] else 'outside'} the window"
-            + (
-                f" {st['window']['start']}-{st['window']['stop']} {st['window']['timeZone']}"
-                if st["window"]
-                else " (none: any time)"
-            )
+@balancer_app.command("status")
+def status(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
+    """On or off, inside the window or not, the current round, actions in flight."""
+    cx = CliContext.of(ctx)
+    st = _state(cx, b.GetBalancerState())
+    if cx.json:
+        cx.print_json(st)
+        return
+    window = st["window"]
+    cx.out.print(
+        f"balancer {'on' if st['enabled'] else 'off'}; "
+        f"{'inside' if st['inWindow'] else 'outside'} the window"
+        + (f" {window['start']}-{window['stop']} {window['timeZone']}" if window else " (none: any time)")
+    )
+    last = st["lastRound"]
+    cx.out.print(
+        f"round {last['round']} last completed"
+        + (f": {json.dumps(last['summary'])}" if last["summary"] else "")
+        + f"; now: {st['activity']}"
+    )
+    for a in st["inFlight"]:
+        what = (
+            f"{a['ns']} {a.get('from', '')} -> {a.get('to', '')} ({a.get('reason', '')})"
+            if a["kind"] == "migration"
+            else a["ns"]
         )
-        last = st["lastRound"]
-        m.out.print(
-            f"round {last['round']} last completed"
-            + (f": {json.dumps(last['summary'])}" if last["summary"] else "")
-            + f"; now: {st['activity']}"
-        )
-        for a in st["inFlight"]:
-            what = (
-                f"{a['ns']} {a.get('from', '')} -> {a.get('to', '')} ({a.get('reason', '')})"
-                if a["kind"] == "migration"
-                else a["ns"]
-            )
-            m.out.print(f"  in flight: {a['kind']} {what}")
-        for ns, d in st["defragmenting"].items():
-            if d["state"] != "finished":
-                m.out.print(f"  defragmenting {ns}: phase {d['currentPhase']} ({d['state']})")
+        cx.out.print(f"  in flight: {a['kind']} {what}")
+    for ns, d in st["defragmenting"].items():
+        if d["state"] != "finished":
+            cx.out.print(f"  defragmenting {ns}: phase {d['currentPhase']} ({d['state']})")
 
-    @balancer_app.command("collection-status")
-    def collection_status(ns: str, json_out: bool = JsonOpt) -> None:
-        """Balanced or not, with every violation and its reason."""
-        doc = balancer_state(b.GetBalancerState(ns=ns), json_out)["collection"]
-        if json_out:
-            print(json.dumps({"ok": True, **doc}))
-            return
-        m.out.print(f"{ns}: {'compliant' if doc['compliant'] else 'not compliant'}")
-        for v in doc["violations"]:
-            m.out.print(f"  {v['reason']}: {v.get('detail', '')}")
 
-    @balancer_app.command("snapshot")
-    def take_snapshot() -> None:
-        """The live cluster in the snapshot format `plan` reads (to a file: > FILE)."""
-        print(json.dumps(balancer_state(b.GetBalancerState(snapshot=True), False)["snapshot"], indent=2))
+@balancer_app.command("collection-status")
+def collection_status(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> None:
+    """Balanced or not, with every violation and its reason."""
+    cx = CliContext.of(ctx)
+    doc = _state(cx, b.GetBalancerState(ns=ns))["collection"]
+    if cx.json:
+        cx.print_json(doc)
+        return
+    cx.out.print(f"{ns}: {'compliant' if doc['compliant'] else 'not compliant'}")
+    for v in doc["violations"]:
+        cx.out.print(f"  {v['reason']}: {v.get('detail', '')}")
 
-    @balancer_app.command("start")
-    def start(json_out: bool = JsonOpt) -> None:
-        """Balance the cluster (balancerEnabled true)."""
-        setting("balancerEnabled", True, None, json_out, "balancer started")
 
-    @balancer_app.command("stop")
-    def stop(json_out: bool = JsonOpt) -> None:
-        """No new balancing round (migrations under way finish)."""
-        setting("balancerEnabled", False, None, json_out, "balancer stopped")
+@balancer_app.command("snapshot")
+def take_snapshot(ctx: typer.Context) -> None:
+    """The live cluster in the snapshot format `plan` reads (to a file: > FILE)."""
+    cx = CliContext.of(ctx)
+    print(json.dumps(_state(cx, b.GetBalancerState(snapshot=True))["snapshot"], indent=2))
 
-    @balancer_app.command("enable")
-    def enable(ns: str, json_out: bool = JsonOpt) -> None:
-        """Balance this collection."""
-        setting("balancerEnabled", True, ns, json_out, f"balancing {ns}")
 
-    @balancer_app.command("disable")
-    def disable(ns: str, json_out: bool = JsonOpt) -> None:
-        """Leave this collection alone."""
-        setting("balancerEnabled", False, ns, json_out, f"not balancing {ns}")
+@balancer_app.command("start")
+def start(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
+    """Balance the cluster (balancerEnabled true)."""
+    _setting(CliContext.of(ctx), "balancerEnabled", True, None, "balancer started")
 
-    @balancer_app.command("window")
-    def window(
-        start: str = typer.Option(None, help="HH:MM"),
-        stop: str = typer.Option(None, help="HH:MM"),
-        time_zone: str = typer.Option(None, "--time-zone", help="IANA name, e.g. Europe/Paris"),
-        clear: bool = typer.Option(False, "--clear", help="balance at any time"),
-        json_out: bool = JsonOpt,
-    ) -> None:
-        """The balancing window, with an explicit time zone (it may wrap midnight)."""
-        if clear:
-            return setting("balancerWindow", None, None, json_out, "no balancing window: any time")
-        if not (start and stop and time_zone):
-            m.fail(
-                "give --start, --stop and --time-zone (or --clear)",
-                code=ErrorCode.BadValue,
-                as_json=json_out,
-                exit_code=2,
-            )
-        setting(
-            "balancerWindow",
-            {"start": start, "stop": stop, "timeZone": time_zone},
-            None,
-            json_out,
-            f"balancing window {start}-{stop} {time_zone}",
-        )
 
-    @balancer_app.command("chunk-size")
-    def chunk_size(
-        ns: str, mb: int = typer.Argument(..., help="max chunk size in MB (1-1024)"), json_out: bool = JsonOpt
-    ) -> None:
-        """This collection's max chunk size (wins over the cluster's)."""
-        setting("maxChunkSizeBytes", mb * 1024 * 1024, ns, json_out, f"{ns}: max chunk size {mb} MB")
+@balancer_app.command("stop")
+def stop(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
+    """No new balancing round (migrations under way finish)."""
+    _setting(CliContext.of(ctx), "balancerEnabled", False, None, "balancer stopped")
 
-    @balancer_app.command("throttle")
-    def throttle(
-        ms: int = typer.Argument(..., help="least time from one round's migrations to the next round's, in ms"),
-        json_out: bool = JsonOpt,
-    ) -> None:
-        """Migration throttling between rounds (balancerMigrationsThrottlingMs)."""
-        setting("balancerMigrationsThrottlingMs", ms, None, json_out, f"{ms} ms between migration rounds")
 
-    @balancer_app.command("weight")
-    def weight(
-        shard: str, value: float = typer.Argument(..., help="capacity weight (default 1)"), json_out: bool = JsonOpt
-    ) -> None:
-        """A shard's capacity weight: weight 2 aims for twice the data of weight 1."""
-        cat = m._catalog(None, json_out)
-        if shard not in cat.shards:
-            m.fail(f"shard {shard!r} does not exist", code=ErrorCode.ShardNotFound, as_json=json_out)
-        weights = {**cat.settings.shardWeights, shard: value}
-        setting("shardWeights", weights, None, json_out, f"{shard}: weight {value:g}")
+@balancer_app.command("enable")
+def enable(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> None:
+    """Balance this collection."""
+    _setting(CliContext.of(ctx), "balancerEnabled", True, ns, f"balancing {ns}")
 
-    @app.command("defragment")
-    def defragment(
-        ns: str, action: DefragAction = typer.Argument(..., help="start, stop or status"), json_out: bool = JsonOpt
-    ) -> None:
-        """Defragment a collection (merge and measure, move and merge small chunks, merge); the
-        balancer does not balance it meanwhile.  `status`: its phase and progress."""
-        if action is DefragAction.status:
-            doc = balancer_state(b.GetBalancerState(), json_out)["defragmenting"].get(ns)
-            doc = doc or {"ns": ns, "currentPhase": None, "state": "never started"}
-            if json_out:
-                print(json.dumps({"ok": True, **doc}))
-            elif doc["currentPhase"] is None:
-                m.out.print(f"{ns}: not defragmented")
-            else:
-                m.out.print(
-                    f"{ns}: phase {doc['currentPhase']} ({doc['state']}), "
-                    f"{doc['remainingChunksToProcess']} chunk(s) to process, {doc['outstanding']} in flight; "
-                    + ", ".join(f"{doc[k]} {k}" for k in ("merges", "dataSizes", "moves", "retries", "restarts"))
-                )
-            return
-        req = b.StartDefragmentation(ns=ns) if action is DefragAction.start else b.StopDefragmentation(ns=ns)
-        res = balancer_state(req, json_out)
-        if json_out:
-            print(json.dumps({"ok": True, **res}))
-        elif action is DefragAction.start:
-            m.out.print(
-                f"defragmenting {ns}"
-                if res["started"]
-                else f"{ns} is already being defragmented (phase {res['status']['currentPhase']})"
-            )
-        else:
-            m.out.print(
-                f"stopping the defragmentation of {ns} (actions in flight finish)"
-                if res["stopped"]
-                else f"{ns} is not being defragmented"
-            )
 
-    app.add_typer(balancer_app, name="balancer")
+@balancer_app.command("disable")
+def disable(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> None:
+    """Leave this collection alone."""
+    _setting(CliContext.of(ctx), "balancerEnabled", False, ns, f"not balancing {ns}")
+
+
+@balancer_app.command("window")
+def window(
+    ctx: typer.Context,
+    start: str = typer.Option(None, help="HH:MM"),
+    stop: str = typer.Option(None, help="HH:MM"),
+    time_zone: str = typer.Option(None, "--time-zone", help="IANA name, e.g. Europe/Paris"),
+    clear: bool = typer.Option(False, "--clear", help="balance at any time"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """The balancing window, with an explicit time zone (it may wrap midnight)."""
+    cx = CliContext.of(ctx)
+    if clear:
+        return _setting(cx, "balancerWindow", None, None, "no balancing window: any time")
+    if not (start and stop and time_zone):
+        cx.bad_value("give --start, --stop and --time-zone (or --clear)")
+    _setting(
+        cx,
+        "balancerWindow",
+        {"start": start, "stop": stop, "timeZone": time_zone},
+        None,
+        f"balancing window {start}-{stop} {time_zone}",
+    )
+
+
+@balancer_app.command("chunk-size")
+def chunk_size(
+    ctx: typer.Context,
+    ns: str,
+    mb: int = typer.Argument(..., help="max chunk size in MB (1-1024)"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """This collection's max chunk size (wins over the cluster's)."""
+    _setting(CliContext.of(ctx), "maxChunkSizeBytes", mb * 1024 * 1024, ns, f"{ns}: max chunk size {mb} MB")
+
+
+@balancer_app.command("throttle")
+def throttle(
+    ctx: typer.Context,
+    ms: int = typer.Argument(..., help="least time from one round's migrations to the next round's, in ms"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Migration throttling between rounds (balancerMigrationsThrottlingMs)."""
+    _setting(CliContext.of(ctx), "balancerMigrationsThrottlingMs", ms, None, f"{ms} ms between migration rounds")
+
+
+@balancer_app.command("weight")
+def weight(
+    ctx: typer.Context,
+    shard: str,
+    value: float = typer.Argument(..., help="capacity weight (default 1)"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """A shard's capacity weight: weight 2 aims for twice the data of weight 1."""
+    cx = CliContext.of(ctx)
+    cat = cx.catalog()
+    if shard not in cat.shards:
+        cx.fail(f"shard {shard!r} does not exist", code=ErrorCode.ShardNotFound)
+    weights = {**cat.settings.shardWeights, shard: value}
+    _setting(cx, "shardWeights", weights, None, f"{shard}: weight {value:g}")

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from types import ModuleType
-from typing import NoReturn
 
 import typer
+from rich.console import Console
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from domain.protocol import ErrorCode
+from cli.context import CliContext, JsonOpt
 from libs.client import AsyncCluster
 from services.workload import runner
 from services.workload.ycsb import REQUEST_DISTRIBUTIONS, Workload
@@ -31,8 +29,6 @@ from services.workload.ycsb import REQUEST_DISTRIBUTIONS, Workload
 workload_app = typer.Typer(help="YCSB workloads: load records, run operations, measure them.", no_args_is_help=True)
 
 LINE_EVERY = 5.0  # seconds between progress lines when not on a terminal
-
-JsonOpt = typer.Option(False, "--json", help="machine-readable output")  # as cli.main's
 
 NsOpt = typer.Option("ycsb.usertable", "--ns", help="the collection, db.collection")
 ConcurrencyOpt = typer.Option(8, "--concurrency", "-c", help="operations in flight (load: insert_many batches)")
@@ -42,38 +38,21 @@ SeedOpt = typer.Option(None, "--seed", help="fix the random operation stream and
 # ---------------------------------------------------------------- helpers
 
 
-def _cli() -> ModuleType:
-    """cli.main as it runs, looked up at call time: cli.main imports this module (so no import of it at
-    the top), and under `python -m cli.main` it is __main__, whose callback set the _ctx (a second
-    import would hold an unset one)."""
-    running = sys.modules.get("__main__")
-    if getattr(getattr(running, "__spec__", None), "name", None) == "cli.main":
-        return running
-    import cli.main
-
-    return cli.main
-
-
-def fail(message: str, *, code: str = "Error", as_json: bool, exit_code: int = 1) -> NoReturn:
-    _cli().fail(message, code=code, as_json=as_json, exit_code=exit_code)
-    raise AssertionError("unreachable: fail() exits")
-
-
-def _workload(name: str, as_json: bool) -> Workload:
+def _workload(cx: CliContext, name: str) -> Workload:
     try:
         return runner.resolve_workload(name)
     except ValueError as e:
-        fail(str(e), code=ErrorCode.BadValue, as_json=as_json, exit_code=2)
+        cx.bad_value(str(e))
 
 
-def _require(ok: bool, message: str, as_json: bool) -> None:
+def _require(cx: CliContext, ok: bool, message: str) -> None:
     if not ok:
-        fail(message, code=ErrorCode.BadValue, as_json=as_json, exit_code=2)
+        cx.bad_value(message)
 
 
-def _split_ns(ns: str, as_json: bool) -> tuple[str, str]:
+def _split_ns(cx: CliContext, ns: str) -> tuple[str, str]:
     db, _, coll = ns.partition(".")
-    _require(bool(db and coll), f"--ns must be db.collection, not {ns!r}", as_json)
+    _require(cx, bool(db and coll), f"--ns must be db.collection, not {ns!r}")
     return db, coll
 
 
@@ -112,9 +91,8 @@ class ProgressDisplay:
     """rich Live on a terminal (refreshed with each ~0.5 s progress snapshot),
     a line on stderr every LINE_EVERY seconds elsewhere, nothing with --json."""
 
-    def __init__(self, title: str, unit: str, as_json: bool) -> None:
-        self.title, self.unit = title, unit
-        out = _cli().out
+    def __init__(self, title: str, unit: str, as_json: bool, out: Console, err: Console) -> None:
+        self.title, self.unit, self.err = title, unit, err
         self.live = Live(console=out, auto_refresh=False) if not as_json and out.is_terminal else None
         self.lines = not as_json and self.live is None
         self._last_line = time.monotonic()
@@ -124,7 +102,7 @@ class ProgressDisplay:
             self.live.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.live:
             self.live.stop()
 
@@ -133,7 +111,7 @@ class ProgressDisplay:
             self.live.update(self._render(p), refresh=True)
         elif self.lines and (p.final or time.monotonic() - self._last_line >= LINE_EVERY):
             self._last_line = time.monotonic()
-            _cli().err.print(f"{self.title}: {self._figures(p)}", highlight=False, soft_wrap=True)
+            self.err.print(f"{self.title}: {self._figures(p)}", highlight=False, soft_wrap=True)
 
     def _figures(self, p: runner.Progress) -> str:
         return (
@@ -150,26 +128,26 @@ class ProgressDisplay:
 
 
 def _execute(
+    cx: CliContext,
     title: str,
     unit: str,
-    as_json: bool,
     fn: Callable[[AsyncCluster, runner.ProgressCallback], Awaitable[runner.Report]],
 ) -> runner.Report:
     """Connect, run fn(cluster, progress) under a progress display, flush the metrics."""
     flush = _setup_metrics()
     try:
-        with ProgressDisplay(title, unit, as_json) as display:
-            return _cli()._with_client(lambda c: fn(c, display.update), as_json)
+        with ProgressDisplay(title, unit, cx.json, cx.out, cx.err) as display:
+            return cx.with_client(lambda c: fn(c, display.update))
     finally:
         flush()
 
 
-def _print_report(report: runner.Report, as_json: bool) -> None:
+def _print_report(cx: CliContext, report: runner.Report) -> None:
     line = json.dumps({"ok": True, **report.to_dict()})
-    if as_json:
+    if cx.json:
         print(line)
         return
-    out = _cli().out
+    out = cx.out
     t = Table(
         "kind",
         "ok",
@@ -212,6 +190,7 @@ def _print_report(report: runner.Report, as_json: bool) -> None:
 
 @workload_app.command("load")
 def load_cmd(
+    ctx: typer.Context,
     workload: str = typer.Argument(..., help="ycsb (every core workload reads the same records)"),
     records: int = typer.Option(..., "--records", help="records to insert"),
     ns: str = NsOpt,
@@ -221,24 +200,26 @@ def load_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Insert the YCSB records (user…, field0..field9 of 100 characters)."""
-    w = _workload("a" if workload.lower() == "ycsb" else workload, json_out)
-    _require(records >= 1, "--records must be >= 1", json_out)
-    _require(concurrency >= 1, "--concurrency must be >= 1", json_out)
-    _require(batch_size >= 1, "--batch-size must be >= 1", json_out)
-    db, coll = _split_ns(ns, json_out)
+    cx = CliContext.of(ctx)
+    w = _workload(cx, "a" if workload.lower() == "ycsb" else workload)
+    _require(cx, records >= 1, "--records must be >= 1")
+    _require(cx, concurrency >= 1, "--concurrency must be >= 1")
+    _require(cx, batch_size >= 1, "--batch-size must be >= 1")
+    db, coll = _split_ns(cx, ns)
     report = _execute(
+        cx,
         "ycsb load",
         "records",
-        json_out,
         lambda c, progress: runner.load(
             c[db][coll], w, records, concurrency=concurrency, batch_size=batch_size, progress=progress, seed=seed
         ),
     )
-    _print_report(report, json_out)
+    _print_report(cx, report)
 
 
 @workload_app.command("run")
 def run_cmd(
+    ctx: typer.Context,
     workload: str = typer.Argument(..., help="ycsb-a, ycsb-b, ycsb-c, ycsb-d, ycsb-e or ycsb-f"),
     ops: int = typer.Option(..., "--ops", help="operations to execute"),
     records: int = typer.Option(1000, "--records", help="records loaded (must match the load)"),
@@ -252,21 +233,22 @@ def run_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Run a YCSB core workload against loaded records and measure it."""
-    w = _workload(workload, json_out)
-    _require(ops >= 1, "--ops must be >= 1", json_out)
-    _require(records >= 1, "--records must be >= 1", json_out)
-    _require(rate is None or rate > 0, "--rate must be > 0", json_out)
-    _require(concurrency >= 1, "--concurrency must be >= 1", json_out)
+    cx = CliContext.of(ctx)
+    w = _workload(cx, workload)
+    _require(cx, ops >= 1, "--ops must be >= 1")
+    _require(cx, records >= 1, "--records must be >= 1")
+    _require(cx, rate is None or rate > 0, "--rate must be > 0")
+    _require(cx, concurrency >= 1, "--concurrency must be >= 1")
     _require(
+        cx,
         distribution is None or distribution in REQUEST_DISTRIBUTIONS,
         f"--distribution must be one of {', '.join(REQUEST_DISTRIBUTIONS)}",
-        json_out,
     )
-    db, coll = _split_ns(ns, json_out)
+    db, coll = _split_ns(cx, ns)
     report = _execute(
+        cx,
         f"ycsb-{w.name}",
         "ops",
-        json_out,
         lambda c, progress: runner.run(
             c[db][coll],
             w,
@@ -279,4 +261,4 @@ def run_cmd(
             seed=seed,
         ),
     )
-    _print_report(report, json_out)
+    _print_report(cx, report)

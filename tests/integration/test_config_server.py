@@ -210,7 +210,7 @@ def test_kill9_during_a_burst_loses_nothing_and_applies_once(settings, spawn):
 
 
 def assert_store_matches_replay(settings, store_path):
-    from cli.main import status_document
+    from cli.status import status_document
     from domain.catalog import Catalog
     from domain.follower import replay_catalog
     from libs.store import Store

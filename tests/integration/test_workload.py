@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import cli.main
+from cli.context import CliContext
 from cli.workload import workload_app
 from libs.client import AsyncCluster
 from schemas import config as c
@@ -101,12 +101,16 @@ def test_rate_is_honoured_and_errors_are_counted(data_cluster):
     assert [s.done for s in snapshots] == sorted(s.done for s in snapshots)
 
 
-def test_cli_load_and_run_with_json_and_a_bad_workload(data_cluster, monkeypatch):
+def test_cli_load_and_run_with_json_and_a_bad_workload(data_cluster):
     data_cluster.command(c.ShardCollection(ns=NS, key={"_id": "hashed"}))
     s = data_cluster.settings
-    monkeypatch.setattr(cli.main, "_ctx", cli.main.Ctx(s.bootstrap, s.cluster, 60.0))
     app = typer.Typer()
     app.add_typer(workload_app, name="workload")
+
+    @app.callback()
+    def context(ctx: typer.Context) -> None:  # what shardlog's root callback builds
+        ctx.obj = CliContext(s.bootstrap, s.cluster, 60.0)
+
     cli_runner = CliRunner()
 
     loaded = cli_runner.invoke(app, ["workload", "load", "ycsb", "--records", "50", "--json"])

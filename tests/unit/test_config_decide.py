@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from cli.main import status_document
+from cli.status import status_document
 from domain.catalog import Catalog
 from domain.settings import MB, ClusterSettings, CollectionSettings
 from domain.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, to_ejson

@@ -1,0 +1,103 @@
+"""shardlog shard-collection / split / merge — sharding a collection and shaping its chunks by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from cli.context import CliContext, JsonOpt, bound
+from domain.protocol import ErrorCode
+from schemas import config as c
+from schemas import shard as s
+
+chunks_app = typer.Typer()
+
+
+@chunks_app.command("shard-collection")
+def shard_collection(
+    ctx: typer.Context,
+    ns: str,
+    key: str = typer.Option(..., help='shard key pattern, e.g. \'{"x": 1}\' or \'{"_id": "hashed"}\''),
+    unique: bool = typer.Option(False, help="enforce uniqueness of the shard key"),
+    num_initial_chunks: int | None = typer.Option(None, help="hashed keys: initial chunks"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Shard a collection by a range, compound or hashed key."""
+    cx = CliContext.of(ctx)
+    pattern = cx.parse_json(key, "--key")
+    if not isinstance(pattern, dict):
+        cx.bad_value('--key must be a JSON object such as {"x": 1}')
+    cx.send(
+        c.ShardCollection(ns=ns, key=pattern, unique=unique, numInitialChunks=num_initial_chunks),
+        lambda r: cx.out.print(f"sharded {r['ns']}: {r['chunks']} chunk(s), epoch {r['epoch']}"),
+    )
+
+
+@chunks_app.command("split")
+def split(
+    ctx: typer.Context,
+    ns: str,
+    at: list[str] | None = typer.Option(None, help="split point (full shard key); repeat for several"),
+    find: str | None = typer.Option(
+        None, "--find", help="without --at: split the chunk holding this document at its median shard-key value"
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Split a chunk at given points, or (--find) at the median of its documents."""
+    cx = CliContext.of(ctx)
+    if at:
+        points = [cx.parse_json(p, "--at") for p in at]
+    elif find is not None:
+        points = _median_point(cx, ns, cx.parse_json(find, "--find"))
+    else:
+        cx.bad_value("give --at POINT (repeatable) or --find DOC")
+    cx.send(
+        c.SplitChunk(ns=ns, at=points),
+        lambda r: cx.out.print(
+            f"split into {len(r['chunks'])} chunks: "
+            + ", ".join(f"[{bound(x['min'])}, {bound(x['max'])})" for x in r["chunks"])
+        ),
+    )
+
+
+def _median_point(cx: CliContext, ns: str, doc: Any) -> list[Any]:
+    """Ask the chunk's owner for the median shard-key value of its documents (seed 001)."""
+    coll = cx.catalog().collections.get(ns)
+    if coll is None:
+        cx.fail(f"collection {ns!r} is not sharded", code=ErrorCode.NamespaceNotFound)
+    try:
+        owner = coll.chunks[coll.chunk_index(coll.pattern.encode_doc(doc))].shard
+    except Exception as e:
+        cx.bad_value(f"--find: {e}")
+    result = cx.request(cx.topics.shard_requests(owner), s.SplitVector(ns=ns, find=doc, median=True))
+    if not result["points"]:
+        why = (
+            "every document has the same shard key value (a jumbo chunk)"
+            if result["jumbo"]
+            else "the chunk holds no document"
+        )
+        cx.fail(f"cannot split the chunk: {why}", code=ErrorCode.CannotSplit)
+    points: list[Any] = result["points"]
+    return points
+
+
+@chunks_app.command("merge")
+def merge(
+    ctx: typer.Context,
+    ns: str,
+    min: str = typer.Option(..., "--min"),
+    max: str = typer.Option(..., "--max"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Merge the contiguous chunks of [min, max) (all on one shard) into one."""
+    cx = CliContext.of(ctx)
+    lo, hi = cx.parse_json(min, "--min"), cx.parse_json(max, "--max")
+    cx.send(
+        c.MergeChunks(ns=ns, min=lo, max=hi),
+        lambda r: cx.out.print(
+            f"merged {r['merged']} chunks into [{bound(r['chunk']['min'])}, {bound(r['chunk']['max'])})"
+            if r["merged"]
+            else "already a single chunk: nothing to merge"
+        ),
+    )

@@ -1,0 +1,113 @@
+"""shardlog status — the catalog as the operator sees it (like sh.status())."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.context import CliContext, JsonOpt, bound
+from domain.catalog import Catalog, Collection
+from domain.shardkey import to_ejson
+
+status_app = typer.Typer()
+
+
+def status_document(cat: Catalog, verbose: bool) -> dict[str, Any]:
+    """The catalog as one JSON document: shards, databases, collections, migrations, settings."""
+    shards = [
+        {
+            "id": s.id,
+            "state": "draining" if s.draining else "active",
+            "zones": sorted(s.zones),
+            "chunks": cat.chunk_count(s.id),
+        }
+        for s in sorted(cat.shards.values(), key=lambda s: s.id)
+    ]
+    dbs = [
+        {"db": d.name, "primary": d.primary, "version": {"uuid": d.version.uuid, "lastMod": d.version.last_mod}}
+        for d in sorted(cat.databases.values(), key=lambda d: d.name)
+    ]
+    colls = [_collection_document(coll, verbose) for coll in sorted(cat.collections.values(), key=lambda c: c.ns)]
+    migrations = [m.record() for m in cat.migrations.values()]
+    return {
+        "configTime": cat.config_time,
+        "shards": shards,
+        "databases": dbs,
+        "collections": colls,
+        "migrations": migrations,
+        "settings": cat.settings.model_dump(),
+    }
+
+
+def _collection_document(coll: Collection, verbose: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "ns": coll.ns,
+        "key": coll.pattern.spec,
+        "unique": coll.unique,
+        "epoch": coll.epoch,
+        "version": list(coll.version().pair),
+        "chunkCount": len(coll.chunks),
+        "chunksPerShard": coll.chunks_per_shard(),
+        "zones": [{"zone": z.zone, "min": to_ejson(z.min), "max": to_ejson(z.max)} for z in coll.zones],
+    }
+    if verbose:
+        doc["chunks"] = [ch.doc().model_dump(exclude={"type", "v"}) for ch in coll.chunks]
+    return doc
+
+
+@status_app.command("status")
+def status(
+    ctx: typer.Context,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="list every chunk"),
+    at: int | None = typer.Option(None, "--at", help="the catalog as of this ConfigTime"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Shards, databases and sharded collections (like sh.status())."""
+    cx = CliContext.of(ctx)
+    doc = status_document(cx.catalog(at), verbose)
+    if cx.json:
+        cx.print_json(doc)
+        return
+    out = cx.out
+    out.print(f"[bold]shardlog cluster[/bold] {cx.cluster!r} at ConfigTime {doc['configTime']}")
+    t = Table("shard", "state", "zones", "chunks", title="shards")
+    for s in doc["shards"]:
+        t.add_row(s["id"], s["state"], ", ".join(s["zones"]) or "-", str(s["chunks"]))
+    out.print(t)
+    t = Table("database", "primary", "version", title="databases")
+    for d in doc["databases"]:
+        t.add_row(d["db"], d["primary"], f"{d['version']['uuid']}|{d['version']['lastMod']}")
+    out.print(t)
+    for coll in doc["collections"]:
+        _print_collection(out, coll, verbose)
+    for m in doc["migrations"]:
+        out.print(
+            f"migration {m['id']}: {m['ns']} [{bound(m['min'])}, {bound(m['max']) if m['max'] else '...'}) "
+            f"{m['donor']} -> {m['recipient']} in progress"
+        )
+
+
+def _print_collection(out: Console, coll: dict[str, Any], verbose: bool) -> None:
+    out.print(
+        f"[bold]{coll['ns']}[/bold] key {json.dumps(coll['key'])}"
+        f"{' unique' if coll['unique'] else ''}  version {coll['version'][0]}|{coll['version'][1]}"
+        f"||{coll['epoch']}  {coll['chunkCount']} chunks: "
+        + ", ".join(f"{s} {n}" for s, n in sorted(coll["chunksPerShard"].items()))
+    )
+    for z in coll["zones"]:
+        out.print(f"  zone {z['zone']}: [{bound(z['min'])}, {bound(z['max'])})")
+    if verbose:
+        t = Table("min", "max", "shard", "version", "jumbo")
+        for ch in coll["chunks"]:
+            t.add_row(
+                bound(ch["min"]),
+                bound(ch["max"]),
+                ch["shard"],
+                f"{ch['version'][0]}|{ch['version'][1]}",
+                "yes" if ch["jumbo"] else "",
+            )
+        out.print(t)
