@@ -62,7 +62,7 @@ def split(
 
 
 def _median_point(cx: CliContext, ns: str, doc: Any) -> list[Any]:
-    """Ask the chunk's owner for the median shard-key value of its documents (seed 001)."""
+    """Ask the chunk's owner for the median shard-key value of its documents (docs/reference/auto-split.md)."""
     coll = cx.catalog().collections.get(ns)
     if coll is None:
         cx.fail(f"collection {ns!r} is not sharded", code=ErrorCode.NamespaceNotFound)

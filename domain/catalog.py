@@ -127,7 +127,7 @@ class Shard:
 
 @dataclass
 class Migration:
-    """An active migration as the config server knows it (seed 004)."""
+    """An active migration as the config server knows it (docs/reference/chunk-migration.md)."""
 
     id: str
     ns: str

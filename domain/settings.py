@@ -1,4 +1,4 @@
-"""Cluster and collection settings: every knob from the seeds, with MongoDB's defaults.
+"""Cluster and collection settings: every knob from docs/reference/settings.md, with MongoDB's defaults.
 
 Settings are catalog state: changed by `SetSetting` commands, recorded as
 `SettingChanged` events, so every service reads the same values at the same
@@ -48,25 +48,25 @@ class ClusterSettings(BaseModel):
     # "reset to the default" — followers would disagree with the config server.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
-    # seed 003: chunk size (MongoDB 6.0+: 128 MB; allowed 1..1024 MB)
+    # chunk size (MongoDB 6.0+: 128 MB; allowed 1..1024 MB)
     maxChunkSizeBytes: int = Field(128 * MB, ge=1 * MB, le=1024 * MB)
-    # seed 000: balancer on/off and its window (None: any time)
+    # balancer on/off and its window (None: any time)
     balancerEnabled: bool = True
     balancerWindow: Window | None = None
     balancerRoundIntervalSecs: float = Field(10.0, gt=0)
     balancerMigrationsThrottlingMs: int = Field(1000, ge=0)
     # per-shard capacity weights: a weight-2 shard aims for twice the data of a weight-1 shard (default 1)
     shardWeights: dict[str, float] = Field(default_factory=dict)
-    # seed 000 / 004: range deletion after migrations
+    # range deletion after migrations
     orphanCleanupDelaySecs: int = Field(900, ge=0)
     rangeDeleterBatchSize: int = Field(128, ge=1)
     rangeDeleterBatchDelayMS: int = Field(20, ge=0)
-    # seed 002: auto-merger and defragmentation
+    # auto-merger and defragmentation
     autoMergerEnabled: bool = True
     autoMergerIntervalSecs: int = Field(3600, ge=1)
     autoMergerThrottlingMS: int = Field(15000, ge=0)
     chunkDefragmentationThrottlingMS: int = Field(0, ge=0)
-    # seed 001: history kept for snapshot reads; chunks migrated within it are not auto-merged
+    # history kept for snapshot reads; chunks migrated within it are not auto-merged
     minSnapshotHistoryWindowInSeconds: int = Field(300, ge=0)
 
     @field_validator("shardWeights")
@@ -109,7 +109,7 @@ def validated(model: type[BaseModel], current: BaseModel, key: str, value: Any) 
 
 
 def in_window(window: Window | None, now: dt.datetime) -> bool:
-    """Inside the balancing window (seed 000): [start, stop) in its time zone, which may wrap midnight."""
+    """Inside the balancing window: [start, stop) in its time zone, which may wrap midnight."""
     if window is None:
         return True
     local = now.astimezone(ZoneInfo(window.timeZone)).strftime("%H:%M")

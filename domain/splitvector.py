@@ -1,4 +1,4 @@
-"""Auto-splitting (seed 001, "Auto-splitting"), pure: when to split a chunk, where
+"""Auto-splitting (docs/reference/auto-split.md), pure: when to split a chunk, where
 (splitVector), when it is jumbo, and the top-chunk optimisation.
 
 A chunk's documents are given as (key, size) pairs in shard-key order.  Keys only need
@@ -33,7 +33,7 @@ class TopChunkPlan:
 def needs_split(
     data_size: int, max_chunk_size: int, *, enabled: bool, split_in_progress: bool = False, jumbo: bool = False
 ) -> bool:
-    """Seed 001: auto-split (off by default: the collection's `autoSplit`) a chunk grown to the
+    """Auto-split (off by default: the collection's `autoSplit`) a chunk grown to the
     max chunk size, unless a split of it is already in progress; a jumbo chunk is not retried."""
     return enabled and not split_in_progress and not jumbo and data_size >= max_chunk_size
 
@@ -52,7 +52,7 @@ def _groups(docs: Sequence[Doc]) -> list[tuple[int, int]]:
 def split_points(
     docs: Iterable[Doc], max_chunk_size: int, *, max_chunk_objects: int = MAX_CHUNK_OBJECTS
 ) -> SplitVector:
-    """Seed 001's splitVector: nothing below the max chunk size; jumbo when every document
+    """MongoDB's splitVector: nothing below the max chunk size; jumbo when every document
     has the same key; else a new piece every k documents, k chosen so that a piece of
     average-sized documents is half the max chunk size (at most `max_chunk_objects`).
     A run of equal keys is never cut: a piece ends before a run that would overfill it,
@@ -103,7 +103,7 @@ def top_chunk(
     is_top: bool,
     hashed: bool,
 ) -> TopChunkPlan:
-    """Seed 001's top-chunk optimisation.  Splitting the collection's first (or last) chunk
+    """The top-chunk optimisation (docs/reference/auto-split.md).  Splitting the collection's first (or last) chunk
     of an ordered (not hashed) key, inserts are assumed to go on descending (ascending)
     below (above) every key: the lowest (highest) key gets a chunk of its own, which is
     moved off this, the hot, shard.  As MongoDB, the bottom chunk is checked first.

@@ -1,4 +1,4 @@
-"""Chunk, shard, collection and database version arithmetic (seed 001), as pure functions.
+"""Chunk, shard, collection and database version arithmetic (docs/reference/catalog-and-versions.md), as pure functions.
 
 A chunk version is (major, minor, epoch): the major moves when a chunk changes
 shards, the minor when chunks are split or merged, and the epoch names one

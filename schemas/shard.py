@@ -108,7 +108,7 @@ class Explain(Record):
     filter: Doc = Field(default_factory=dict)
 
 
-# ------------------------------------------------- migrations (seed 004) and range deletion
+# ------------------------------------------------- migrations and range deletion (docs/reference/chunk-migration.md)
 # Sent by a donor's migration coordinator (to itself and to the recipient), by the range
 # deleter, or by the CLI.  Bounds are shard-key documents in Extended JSON.
 
@@ -206,7 +206,7 @@ class ForgetMigration(Record):
 class SplitVector(Record):
     """Read-only: split points for the chunk holding `find`'s shard key (a document), or the
     chunk starting at `chunkMin` (a bound in Extended JSON, MinKey included; what the balancer
-    sends), chosen from this shard's documents (seed 001's split vector), or the median
+    sends), chosen from this shard's documents (MongoDB's splitVector), or the median
     point with `median`."""
 
     type: Literal["SplitVector"] = "SplitVector"
@@ -216,7 +216,7 @@ class SplitVector(Record):
     chunkMin: Doc | None = None
     maxChunkSizeBytes: int = Field(128 * 1024 * 1024, ge=1)
     median: bool = False
-    # the chunk is the collection's first/last of an ordered key: seed 001's top-chunk optimisation
+    # the chunk is the collection's first/last of an ordered key: MongoDB's top-chunk optimisation
     edge: Literal["top", "bottom"] | None = None
 
 

@@ -1,7 +1,7 @@
-"""The auto-merger's policy (seed 002, "AutoMergerPolicy"), pure: which ranges of a
+"""The auto-merger's policy (docs/reference/defragmentation-and-auto-merge.md), pure: which ranges of a
 collection to merge now.
 
-Seed 002, "Definition of mergeable chunks": two or more contiguous, non-jumbo chunks
+MongoDB's definition of mergeable chunks: two or more contiguous, non-jumbo chunks
 of one collection on the same shard are mergeable when none of them has been
 migrated within both `minSnapshotHistoryWindowInSeconds` and
 `transactionLifetimeLimitSeconds` (merging drops the chunk history that snapshot
@@ -9,7 +9,7 @@ reads and transactions at older timestamps would route by).  We also keep a merg
 inside one zone, as the balancer would split it again at the zone boundary.
 
 A merge action is one maximal run of mergeable chunks: {"type": "merge", "ns",
-"shard", "min", "max"} — the range form of the seed's `mergeAllChunksOnShard`,
+"shard", "min", "max"} — the range form of MongoDB's `mergeAllChunksOnShard`,
 which merges every such run of one shard.  Bounds are whatever the caller gives
 (encoded shard-key bytes are best: they sort like the key and `bytes.hex()` keeps
 that order in JSON); only `==` is needed, and `<` when zone ranges are given.
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MAX_OUTSTANDING = 10  # seed 002: "Schedule a mergeAllChunksOnShard action (max 10 actions per time)"
+MAX_OUTSTANDING = 10  # MongoDB: at most 10 mergeAllChunksOnShard actions at a time
 TRANSACTION_LIFETIME_LIMIT_SECS = 60  # MongoDB's transactionLifetimeLimitSeconds default
 
 ZoneRangeT = tuple[Any, Any, str]  # (min, max, zone)
@@ -70,7 +70,7 @@ def chunk_zones(chunks: Sequence[ChunkInfo], zone_ranges: Iterable[ZoneRangeT] |
 def history_purgeable(
     c: ChunkInfo, now: float, history_window_secs: float, txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS
 ) -> bool:
-    """Seed 002: never migrated, or the last migration is more than both windows ago."""
+    """Never migrated, or the last migration is more than both windows ago."""
     return c.last_migrated is None or now - c.last_migrated > max(history_window_secs, txn_lifetime_secs)
 
 
@@ -103,7 +103,7 @@ def mergeable_runs(
     history_window_secs: float,
     txn_lifetime_secs: float = TRANSACTION_LIFETIME_LIMIT_SECS,
 ) -> list[tuple[int, int]]:
-    """Index runs [i, j) of mergeable chunks (seed 002's definition); a jumbo chunk, a recently
+    """Index runs [i, j) of mergeable chunks (MongoDB's definition); a jumbo chunk, a recently
     migrated chunk, a gap, another shard or another zone each ends a run."""
     zones = chunk_zones(chunks, zone_ranges)
     eligible = [
@@ -127,7 +127,7 @@ def merge_actions(
     max_outstanding: int = MAX_OUTSTANDING,
 ) -> list[dict[str, Any]]:
     """The merges to issue now: at most `max_outstanding - outstanding` of them, shard by shard
-    as the seed's loop goes ("for each shard: for each namespace"), in key order within a shard."""
+    as MongoDB's loop goes ("for each shard: for each namespace"), in key order within a shard."""
     found = mergeable_runs(
         chunks, zone_ranges, now=now, history_window_secs=history_window_secs, txn_lifetime_secs=txn_lifetime_secs
     )
@@ -139,7 +139,7 @@ def merge_actions(
     ]
 
 
-# ----------------------------------------------------------------- scheduling (seed 002)
+# ----------------------------------------------------------------- scheduling (MongoDB's)
 
 
 def enabled(cluster_enabled: bool, collection_enabled: bool, defragmenting: bool = False) -> bool:
@@ -149,12 +149,12 @@ def enabled(cluster_enabled: bool, collection_enabled: bool, defragmenting: bool
 
 
 def scan_due(last_scan_at: float | None, now: float, interval_secs: float) -> bool:
-    """Seed 002: look for mergeable chunks every `autoMergerIntervalSecs` (default 1 hour)."""
+    """Look for mergeable chunks every `autoMergerIntervalSecs` (default 1 hour)."""
     return last_scan_at is None or now - last_scan_at >= interval_secs
 
 
 def throttle_wait(last_issued_at: float | None, now: float, throttling_ms: float) -> float:
-    """Seconds to wait before the next auto-merge action for one collection: seed 002 spaces two
+    """Seconds to wait before the next auto-merge action for one collection: MongoDB spaces two
     of them `autoMergerThrottlingMS` (default 15 s) apart."""
     if last_issued_at is None:
         return 0.0

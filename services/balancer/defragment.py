@@ -1,17 +1,17 @@
-"""Collection defragmentation (seed 002, "DefragmentationPolicy"), pure: one collection's
-state machine through the seed's three phases.
+"""Collection defragmentation (docs/reference/defragmentation-and-auto-merge.md), pure: one collection's
+state machine through MongoDB's three phases.
 
 1. mergeAndMeasureChunks: merge every run of consecutive chunks of one shard (and one
    zone), then ask for the data size of every chunk that has none.
 2. moveAndMergeChunks: a chunk smaller than 25% of the max chunk size moves to the shard
-   of a consecutive chunk chosen by the seed's recipient scoring, then merges with it;
+   of a consecutive chunk chosen by MongoDB's recipient scoring, then merges with it;
    until no small chunk has a sibling left.
 3. mergeChunks: phase 1 again without data sizes.
 
 The state is plain data (`to_json`/`from_json`), so the balancer records it as events
 and replays it.  `next_actions` issues work, `on_result` folds an outcome in: a
 retriable error re-issues the same action; a non-retriable one restarts phase 1 or 3
-from its beginning and phase 2 from phase 1 (seed 002, "Error Handling"), once the
+from its beginning and phase 2 from phase 1 (as MongoDB does), once the
 actions already in flight have answered.
 
 Actions are plain dicts: {"type": "merge"|"dataSize"|"move", "ns", "shard", "min",
@@ -39,11 +39,11 @@ MOVE_AND_MERGE = "moveAndMergeChunks"
 MERGE = "mergeChunks"
 FINISHED = "finished"
 _NEXT = {MERGE_AND_MEASURE: MOVE_AND_MERGE, MOVE_AND_MERGE: MERGE, MERGE: FINISHED}
-# Seed 002: phases 1 and 3 restart themselves; phase 2 restarts from phase 1.
+# Phases 1 and 3 restart themselves; phase 2 restarts from phase 1 (docs/reference/defragmentation-and-auto-merge.md).
 _RESTART = {MERGE_AND_MEASURE: MERGE_AND_MEASURE, MOVE_AND_MERGE: MERGE_AND_MEASURE, MERGE: MERGE}
 
-MAX_OUTSTANDING = 50  # seed 002: up to 50 operations outstanding on the secondary thread
-SMALL_CHUNK_PCT = 25  # seed 002: "less than 25% of the collection max chunk size"
+MAX_OUTSTANDING = 50  # MongoDB: up to 50 operations outstanding on the secondary thread
+SMALL_CHUNK_PCT = 25  # MongoDB: a chunk under 25% of the max chunk size is small
 
 # MongoDB retries its RetriableError category plus StaleConfig/StaleShardVersion; ours adds
 # the project's transient refusals (a shard's one migration at a time, a pending range deletion).
@@ -114,7 +114,7 @@ class DefragState:
     pending: list[Action] = field(default_factory=list)  # to issue (and retriable actions to issue again)
     outstanding: list[Action] = field(default_factory=list)  # issued, awaiting on_result
     sizes: dict[str, int] = field(default_factory=dict)  # bytes measured, by range_key (MongoDB: in config.chunks)
-    # phase 2's own routing table and bookkeeping (seed 002: it works from the phase-1 sizes)
+    # phase 2's own routing table and bookkeeping (MongoDB: it works from the phase-1 sizes)
     chunks: list[TableChunk] | None = None  # {"min", "max", "shard", "zone", "size", "straddles"}
     pairs: list[Pair] = field(default_factory=list)  # move-and-merge in flight: {"chunk", "sibling", "merged", "to"}
     shard_sizes: dict[str, int] = field(default_factory=dict)
@@ -169,7 +169,7 @@ def resume(state: DefragState) -> DefragState:
 
 
 def blocks_balancing(state: DefragState) -> bool:
-    """Seed 002: a collection being defragmented is not balanced meanwhile."""
+    """A collection being defragmented is not balanced meanwhile, as in MongoDB."""
     return state.phase != FINISHED
 
 
@@ -287,7 +287,7 @@ def _siblings(s: DefragState, i: int) -> list[int]:
 
 
 def score(s: DefragState, chunk: TableChunk, sibling: TableChunk, other: TableChunk | None) -> int:
-    """Seed 002's recipient scoring, one bit per question, the first weighing the most:
+    """MongoDB's recipient scoring, one bit per question, the first weighing the most:
     on the chunk's own shard? chunk smaller than the sibling? merged chunk no longer small?
     recipient holding less data than the other possible recipient?"""
     merged = chunk["size"] + sibling["size"]
@@ -342,7 +342,7 @@ def _new_pairs(s: DefragState, room: int) -> list[Action]:
                 }
             )
             busy |= {(c["min"], c["max"]), (sib["min"], sib["max"])}
-            if sib["shard"] == shard:  # seed 002 question 1: no move needed, merge straight away
+            if sib["shard"] == shard:  # MongoDB's question 1: no move needed, merge straight away
                 out.append(_action(s, "merge", shard, *merged))
             else:
                 out.append(_action(s, "move", shard, c["min"], c["max"], to=sib["shard"]))
@@ -358,7 +358,7 @@ def _apply_move(s: DefragState, a: Action) -> None:
     c = s.chunks[i] = {**s.chunks[i], "shard": a["to"]}  # a new dict: older states share the old one
     s.shard_sizes[a["shard"]] = s.shard_sizes.get(a["shard"], 0) - c["size"]
     s.shard_sizes[a["to"]] = s.shard_sizes.get(a["to"], 0) + c["size"]
-    s.pending.append(_action(s, "merge", pair["to"], *pair["merged"]))  # seed 002: then merge with the sibling
+    s.pending.append(_action(s, "merge", pair["to"], *pair["merged"]))  # then merge with the sibling
 
 
 def _apply_pair_merge(s: DefragState, a: Action) -> None:
@@ -434,7 +434,7 @@ def on_result(
     if ok:
         if a["type"] == "merge":
             s.counters["merges"] += 1
-            if s.phase == MERGE_AND_MEASURE:  # seed 002: measure the chunk just created
+            if s.phase == MERGE_AND_MEASURE:  # measure the chunk just created
                 s.pending.append(_action(s, "dataSize", a["shard"], a["min"], a["max"]))
             elif s.phase == MOVE_AND_MERGE:
                 _apply_pair_merge(s, a)
@@ -442,7 +442,7 @@ def on_result(
             _apply_move(s, a)
     elif is_retriable(error_code):
         s.counters["retries"] += 1
-        s.pending.insert(0, a)  # seed 002: issue the same operation again
+        s.pending.insert(0, a)  # retriable: issue the same operation again
     else:
         s.counters["restarts"] += 1
         s.pending, s.pairs, s.restart_phase = [], [], _RESTART[s.phase]

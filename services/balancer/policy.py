@@ -1,4 +1,4 @@
-"""The balancer's chunk-selection policy (seed 002, "ChunkSelectionPolicy"), pure: no I/O.
+"""The balancer's chunk-selection policy (docs/reference/balancer.md), pure: no I/O.
 
 `plan(snapshot)` turns a cluster snapshot into one round's actions: the splits that zone
 boundaries require, then the migrations.  `violations(snapshot, ns)` lists everything
@@ -6,11 +6,11 @@ that keeps one collection from being balanced (for `balancer collection-status`)
 service and the CLI call the same functions, so `shardlog balancer plan` prints what a
 round would issue.
 
-The rules, per collection and in this order (seed 002, "Migrations"):
+The rules, per collection and in this order (docs/reference/balancer.md, "Chunk selection"):
 
 1. ``drain``: a chunk on a draining shard moves, whole, to the least loaded shard its
    zone allows.  Jumbo chunks too: a ``drain`` migration is issued with ``forceJumbo``,
-   since a shard cannot be removed otherwise (seed 002, "Jumbo chunks").
+   since a shard cannot be removed otherwise (docs/reference/balancer.md, "Jumbo chunks").
 2. ``zoneViolation``: a chunk inside a zone range but on a shard outside the zone moves,
    whole, to the least loaded shard of the zone.  Jumbo chunks are left where they are.
 3. ``chunksImbalance``: per zone (the named ones, then the unzoned ranges), from the
@@ -28,13 +28,13 @@ The rules, per collection and in this order (seed 002, "Migrations"):
    in the zone (only jumbo ones, or none there) is passed over for the next most loaded
    shard (MongoDB gives up on the zone instead).
 
-Splits (seed 002, "Splits"): a chunk that crosses a zone boundary is split at the
+Splits: a chunk that crosses a zone boundary is split at the
 boundary; it is not moved in the same round (its zone is only known once it is split).
 
-Each shard takes part in at most one migration per round (seed 002: a shard is
-available while "not involved in any previously selected migration during the current
-balancing round"; seed 004: one migration per shard), so at most ⌊n/2⌋ run in
-parallel (seed 000).  A shard marked ``available: false`` is already busy this round.
+Each shard takes part in at most one migration per round (as in MongoDB, a shard is
+available only if no migration chosen earlier in the same
+round involves it, and it runs one migration at a time), so at most ⌊n/2⌋ run in
+parallel (docs/reference/balancer.md).  A shard marked ``available: false`` is already busy this round.
 
 Load: a shard's data divided by its capacity weight (default 1, MongoDB's behaviour: a
 weight-2 shard aims for twice the data).  Rules 1 and 2 send a chunk to the shard of its
@@ -367,7 +367,7 @@ class _Layout:
         return donor, recipient
 
     def balance_zones(self) -> list[str | None]:
-        # seed 002 / MongoDB: the named zones, then the ranges outside every zone.
+        # MongoDB: the named zones, then the ranges outside every zone.
         return [*self.zone_names, None]
 
     # -- actions
@@ -402,7 +402,7 @@ def parse(snapshot: Snapshot | dict[str, Any]) -> Snapshot:
 
 
 def plan(snapshot: Snapshot | dict[str, Any]) -> Plan:
-    """One balancing round (seed 002, ChunkSelectionPolicy): splits, then migrations.
+    """One balancing round (MongoDB's ChunkSelectionPolicy): splits, then migrations.
     Raises pydantic's ValidationError or SnapshotError on a bad snapshot."""
     snap = parse(snapshot)
     available = {s.id for s in snap.shards if s.available}

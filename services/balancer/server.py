@@ -70,7 +70,7 @@ class Balancer:
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
         )
         self.requester = Requester(
-            settings.bootstrap, t.inbox("balancer"), client_id=self.name, stop_owner_on_failure=True
+            settings.bootstrap, t.balancer_inbox, client_id=self.name, stop_owner_on_failure=True
         )
         self.statistics = StatisticsReader(settings)
         self.history = MigrationHistory(

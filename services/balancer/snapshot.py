@@ -23,7 +23,7 @@ def build(
     sizes:   (ns, chunk min_key) -> sizeBytes; a chunk missing is 0 bytes.
     weights: shard -> capacity weight; a shard missing weighs 1 (MongoDB's behaviour).
     busy:    shards not available this round, besides those in an active migration
-             (seed 004: a shard takes part in one migration at a time).
+             (a shard takes part in one migration at a time, as in MongoDB).
     """
     sizes, weights, busy = sizes or {}, weights or {}, set(busy)
     shards = [

@@ -38,7 +38,7 @@ def waiting_for(task: Task, settings: Settings, now: float, held: str | None = N
     reasons = []
     # A decided task always has readyAt; were it missing, waiting for ever would leak the orphans.
     left = (task.get("readyAt") or 0.0) + settings.orphanCleanupDelaySecs - now
-    if left > 0:  # queries routed with the old routing may still read the range (seed 004)
+    if left > 0:  # queries routed with the old routing may still read the range (docs/reference/range-deletion.md)
         reasons.append(f"orphanCleanupDelaySecs: {math.ceil(left)} s left")
     if task.get("waiting"):
         reasons.append(task["waiting"])

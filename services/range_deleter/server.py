@@ -1,4 +1,4 @@
-"""The range deleter: deletes the orphans migrations leave behind (seed 004).
+"""The range deleter: deletes the orphans migrations leave behind (docs/reference/range-deletion.md).
 
 Every shard keeps a range-deletion task for a range it gave away (ready once the
 migration committed) or received in a migration that aborted.  Each round this

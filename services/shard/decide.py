@@ -285,7 +285,7 @@ class ShardDecider:
 
     @on_request.register(s.SplitVector)
     def split_vector(self, req: s.SplitVector) -> Decision:
-        """Split points of the chunk holding `find` from this shard's documents (seed 001)."""
+        """Split points of the chunk holding `find` from this shard's documents (docs/reference/auto-split.md)."""
         from domain import splitvector as autosplit
 
         coll = self.catalog.collections.get(req.ns)

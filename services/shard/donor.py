@@ -1,4 +1,4 @@
-"""The donor's migration coordinator (seed 004): drives one migration at a time,
+"""The donor's migration coordinator (docs/reference/chunk-migration.md): drives one migration at a time,
 from the config server's MigrationRequested to the forgotten migration document.
 
     register donation (+ pending range-deletion task)  -> StartDonation to ourselves

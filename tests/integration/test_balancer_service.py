@@ -242,7 +242,7 @@ def test_a_new_shard_receives_its_share_and_a_removed_shard_drains_and_disappear
 
 
 def test_auto_split_splits_a_grown_chunk_moves_the_new_top_chunk_and_marks_a_single_key_chunk_jumbo(balanced_cluster):
-    """Seed 001's auto-splitting, through the balancer: an ascending key grown past the max
+    """Auto-splitting (docs/reference/auto-split.md), through the balancer: an ascending key grown past the max
     chunk size is split about every half max size, its highest key gets a chunk of its own
     that moves off the hot shard; a chunk whose documents share one shard key is jumbo."""
     from services.balancer.server import Balancer

@@ -61,7 +61,7 @@ def test_cli_commands_and_status(settings, config_server):
     assert [s["id"] for s in status["shards"]] == ["s0", "s1"]
     assert status["shards"][1]["zones"] == ["eu"]
     orders = next(x for x in status["collections"] if x["ns"] == "app.orders")
-    # seed 001: splitting the (1, 0) chunk into three gives <1, 1>, <1, 2>, <1, 3>.
+    # docs/reference/catalog-and-versions.md: splitting the (1, 0) chunk into three gives <1, 1>, <1, 2>, <1, 3>.
     assert orders["chunkCount"] == 3 and orders["version"] == [1, 3]
     assert [tuple(ch["version"]) for ch in orders["chunks"]] == [(1, 1), (1, 2), (1, 3)]
     assert orders["zones"] == [{"zone": "eu", "min": {"cust": 10, "ts": 0}, "max": {"cust": 20, "ts": 0}}]

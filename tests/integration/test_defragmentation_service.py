@@ -1,6 +1,6 @@
 """Defragmentation and the auto-merger in the live balancer, against a real broker:
 the three phases end to end, a balancer killed mid-phase resuming the same phase,
-and the auto-merger's schedule and history window (seed 002)."""
+and the auto-merger's schedule and history window (docs/reference/defragmentation-and-auto-merge.md)."""
 
 from __future__ import annotations
 

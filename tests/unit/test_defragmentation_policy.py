@@ -1,5 +1,5 @@
-"""The balancer's pure policies, no Kafka: the auto-merger (seed 002), defragmentation
-(seed 002) and auto-splitting (seed 001)."""
+"""The balancer's pure policies, no Kafka: the auto-merger, defragmentation
+and auto-splitting (docs/reference/defragmentation-and-auto-merge.md, auto-split.md)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_the_worked_example_of_seed_002_exactly():
         [(k(0), k(40), "Shard0"), (k(40), k(60), "Shard1"), (k(60), k(80), "Shard0")]
     )
     assert all(a["type"] == "merge" and a["ns"] == "db.coll" for a in actions)
-    # Squash the named chunks as the actions say: the seed's second table.
+    # Squash the named chunks as the actions say: the worked example's second table.
     table = [(name, lo, hi, shard) for name, lo, hi, shard in SEED_EXAMPLE]
     for a in actions:
         inside = [r for r in table if a["min"] <= k(r[1]) and k(r[2]) <= a["max"]]
