@@ -63,7 +63,7 @@ class Balancer:
             projection=self.projection,
             decide=self.decide,
             dead_letters=t.dead_letters,
-            group_id=f"{settings.cluster}.{self.name}",
+            group_id=settings.topics.group(self.name),
             name=self.name,
             session_timeout_ms=settings.session_timeout_ms,
             event_key=event_key,
