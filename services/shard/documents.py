@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from domain.shardkey import encode_value
+from libs.dispatch import Dispatch
 from libs.store import Store
 from schemas import Record
 from schemas import shard as ev
@@ -63,6 +64,10 @@ def changelog_key(event: Record) -> bytes | None:
     return None
 
 
+# The fold of the changelog: one handler per event type.
+on_event: Dispatch[ShardDocuments, None] = Dispatch("shard changelog event")
+
+
 class ShardDocuments:
     def __init__(self) -> None:
         self.store: Store | None = None
@@ -95,32 +100,47 @@ class ShardDocuments:
         return out
 
     def apply(self, event: Record, offset: int) -> None:
-        if isinstance(event, ev.DocumentWritten):
-            id_enc = encode_value(event.doc["_id"])
-            skey = bytes.fromhex(event.skey)
-            old = self.get(id_key(event.ns, id_enc))
-            if old is not None and old != skey:
-                self._changes[doc_key(event.ns, old, id_enc)] = None
-            self._changes[doc_key(event.ns, skey, id_enc)] = json.dumps(event.doc, separators=(",", ":")).encode()
-            self._changes[id_key(event.ns, id_enc)] = skey
-        elif isinstance(event, ev.DocumentRemoved):
-            id_enc = encode_value(event.id)
-            self._changes[doc_key(event.ns, bytes.fromhex(event.skey), id_enc)] = None
-            self._changes[id_key(event.ns, id_enc)] = None
-        elif isinstance(event, ev.WriteRecorded):
-            self._changes[OPS + event.opId.encode()] = json.dumps(event.result).encode()
-        elif isinstance(event, ev.MigrationRecorded):
-            self.migrations[event.id] = event
-            self._changes[MIGRATIONS + event.id.encode()] = event.model_dump_json().encode()
-        elif isinstance(event, ev.MigrationForgotten):
-            self.migrations.pop(event.id, None)
-            self._changes[MIGRATIONS + event.id.encode()] = None
-        elif isinstance(event, ev.RangeDeletionRecorded):
-            self.range_tasks[event.id] = event
-            self._changes[TASKS + event.id.encode()] = event.model_dump_json().encode()
-        elif isinstance(event, ev.RangeDeletionRemoved):
-            self.range_tasks.pop(event.id, None)
-            self._changes[TASKS + event.id.encode()] = None
+        on_event(self, event)
+
+    @on_event.register(ev.DocumentWritten)
+    def _document_written(self, event: ev.DocumentWritten) -> None:
+        id_enc = encode_value(event.doc["_id"])
+        skey = bytes.fromhex(event.skey)
+        old = self.get(id_key(event.ns, id_enc))
+        if old is not None and old != skey:
+            self._changes[doc_key(event.ns, old, id_enc)] = None
+        self._changes[doc_key(event.ns, skey, id_enc)] = json.dumps(event.doc, separators=(",", ":")).encode()
+        self._changes[id_key(event.ns, id_enc)] = skey
+
+    @on_event.register(ev.DocumentRemoved)
+    def _document_removed(self, event: ev.DocumentRemoved) -> None:
+        id_enc = encode_value(event.id)
+        self._changes[doc_key(event.ns, bytes.fromhex(event.skey), id_enc)] = None
+        self._changes[id_key(event.ns, id_enc)] = None
+
+    @on_event.register(ev.WriteRecorded)
+    def _write_recorded(self, event: ev.WriteRecorded) -> None:
+        self._changes[OPS + event.opId.encode()] = json.dumps(event.result).encode()
+
+    @on_event.register(ev.MigrationRecorded)
+    def _migration_recorded(self, event: ev.MigrationRecorded) -> None:
+        self.migrations[event.id] = event
+        self._changes[MIGRATIONS + event.id.encode()] = event.model_dump_json().encode()
+
+    @on_event.register(ev.MigrationForgotten)
+    def _migration_forgotten(self, event: ev.MigrationForgotten) -> None:
+        self.migrations.pop(event.id, None)
+        self._changes[MIGRATIONS + event.id.encode()] = None
+
+    @on_event.register(ev.RangeDeletionRecorded)
+    def _range_deletion_recorded(self, event: ev.RangeDeletionRecorded) -> None:
+        self.range_tasks[event.id] = event
+        self._changes[TASKS + event.id.encode()] = event.model_dump_json().encode()
+
+    @on_event.register(ev.RangeDeletionRemoved)
+    def _range_deletion_removed(self, event: ev.RangeDeletionRemoved) -> None:
+        self.range_tasks.pop(event.id, None)
+        self._changes[TASKS + event.id.encode()] = None
 
     # ------------------------------------------------------------------- reads
 
