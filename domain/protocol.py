@@ -56,6 +56,7 @@ class ErrorCode(StrEnum):
 
     InternalError = ("InternalError", 1)
     BadValue = ("BadValue", 2)
+    HostUnreachable = ("HostUnreachable", 6)
     FailedToParse = ("FailedToParse", 9)
     TypeMismatch = ("TypeMismatch", 14)
     IllegalOperation = ("IllegalOperation", 20)
@@ -72,6 +73,7 @@ class ErrorCode(StrEnum):
     InvalidNamespace = ("InvalidNamespace", 73)
     CannotSplit = ("CannotSplit", 87)
     NetworkTimeout = ("NetworkTimeout", 89)
+    ShutdownInProgress = ("ShutdownInProgress", 91)
     ConflictingOperationInProgress = ("ConflictingOperationInProgress", 117)
     NamespaceNotSharded = ("NamespaceNotSharded", 118)
     StaleEpoch = ("StaleEpoch", 150)
@@ -79,10 +81,13 @@ class ErrorCode(StrEnum):
     ZoneStillInUse = ("ZoneStillInUse", 163)
     ZoneNotFound = ("ZoneNotFound", 177)
     RangeOverlapConflict = ("RangeOverlapConflict", 178)
+    PrimarySteppedDown = ("PrimarySteppedDown", 189)
     ChunkRangeCleanupPending = ("ChunkRangeCleanupPending", 200)
     ExceededTimeLimit = ("ExceededTimeLimit", 262)
     DuplicateKey = ("DuplicateKey", 11000)
+    InterruptedDueToReplStateChange = ("InterruptedDueToReplStateChange", 11602)
     StaleConfig = ("StaleConfig", 13388)
+    StaleShardVersion = ("StaleShardVersion", 63)  # MongoDB's obsolete name for StaleConfig; still retried
     # MongoDB's names for these are BSONObjectTooLarge (10334) and ShardKeyTooBig; the
     # wire protocol maps them.
     DocumentTooLarge = ("DocumentTooLarge", 10334)

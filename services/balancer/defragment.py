@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict, cast
 
+from domain.protocol import ErrorCode
 from services.balancer.automerge import ChunkInfo, Straddling, ZoneRangeT, chunk_zones, runs
 
 MERGE_AND_MEASURE = "mergeAndMeasureChunks"
@@ -47,21 +48,21 @@ SMALL_CHUNK_PCT = 25  # MongoDB: a chunk under 25% of the max chunk size is smal
 
 # MongoDB retries its RetriableError category plus StaleConfig/StaleShardVersion; ours adds
 # the project's transient refusals (a shard's one migration at a time, a pending range deletion).
-RETRIABLE_CODES = frozenset(
+RETRIABLE_CODES: frozenset[str] = frozenset(
     {
-        "StaleConfig",
-        "StaleShardVersion",
-        "ShardUnavailable",
-        "HostUnreachable",
-        "NetworkTimeout",
-        "ExceededTimeLimit",
-        "LockBusy",
-        "PrimarySteppedDown",
-        "ShutdownInProgress",
-        "InterruptedDueToReplStateChange",
-        "ConflictingOperationInProgress",
-        "RangeDeletionPending",
-        "Timeout",
+        ErrorCode.StaleConfig,
+        ErrorCode.StaleShardVersion,
+        ErrorCode.ShardUnavailable,
+        ErrorCode.HostUnreachable,
+        ErrorCode.NetworkTimeout,
+        ErrorCode.ExceededTimeLimit,
+        ErrorCode.LockBusy,
+        ErrorCode.PrimarySteppedDown,
+        ErrorCode.ShutdownInProgress,
+        ErrorCode.InterruptedDueToReplStateChange,
+        ErrorCode.ConflictingOperationInProgress,
+        ErrorCode.RangeDeletionPending,
+        ErrorCode.Timeout,
     }
 )
 
