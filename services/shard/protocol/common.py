@@ -111,6 +111,11 @@ def document(shard: Shard, mid: str, roles: frozenset[Role], role_name: str) -> 
     return m
 
 
+def primary_move_record(mid: str, role: Role, db: str, peer: str, state: str) -> s.MigrationRecorded:
+    """A movePrimary's migration document: the database's unsharded collections, no range."""
+    return s.MigrationRecorded(id=mid, role=role.value, ns=db, epoch="", min={}, max={}, peer=peer, state=state)
+
+
 def unsharded_removals(shard: Shard, db: str) -> list[Record]:
     """Removals of every document of `db`'s unsharded collections held here."""
     d = shard.catalog.databases.get(db)

@@ -54,6 +54,7 @@ from services.shard.protocol.common import (
     Step,
     document,
     joined,
+    primary_move_record,
     range_keys,
     stale_owner,
     unsharded_removals,
@@ -181,18 +182,7 @@ def start_primary_move(shard: Shard, req: s.StartPrimaryMove) -> Step:
     if db is None or db.primary != shard.id:
         raise stale_owner(shard, f"{shard.id} is not the primary of {req.db}")
     return Step(
-        [
-            s.MigrationRecorded(
-                id=req.id,
-                role=Role.PRIMARY_DONOR.value,
-                ns=req.db,
-                epoch="",
-                min={},
-                max={},
-                peer=req.recipient,
-                state=DonorState.CRITICAL.value,
-            )
-        ],
+        [primary_move_record(req.id, Role.PRIMARY_DONOR, req.db, req.recipient, DonorState.CRITICAL.value)],
         {"id": req.id, "state": DonorState.CRITICAL.value},
     )
 

@@ -48,6 +48,7 @@ from services.shard.protocol.common import (
     document,
     joined,
     overlaps,
+    primary_move_record,
     range_keys,
     unsharded_removals,
 )
@@ -106,18 +107,7 @@ def start_primary_receipt(shard: Shard, req: s.StartPrimaryReceipt) -> Step:
     if req.id not in shard.catalog.migrations:
         raise CommandError(ErrorCode.NoSuchMigration, f"primary move {req.id} is not active")
     return Step(
-        [
-            s.MigrationRecorded(
-                id=req.id,
-                role=Role.PRIMARY_RECIPIENT.value,
-                ns=req.db,
-                epoch="",
-                min={},
-                max={},
-                peer=req.donor,
-                state=RecipientState.CLONING.value,
-            )
-        ],
+        [primary_move_record(req.id, Role.PRIMARY_RECIPIENT, req.db, req.donor, RecipientState.CLONING.value)],
         {"id": req.id, "state": RecipientState.CLONING.value},
         fault="migration.registered",
     )
