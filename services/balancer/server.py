@@ -26,6 +26,7 @@ from domain.protocol import ErrorCode
 from domain.settings import in_window
 from libs import kafka
 from libs.commands import CommandError, CommandProcessor, Decision
+from libs.dispatch import Dispatch
 from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
@@ -42,6 +43,11 @@ from services.balancer.state import BalancerState, event_key
 from services.balancer.statistics import StatisticsReader
 
 log = logging.getLogger(__name__)
+
+
+# Commands the hosting instance answers itself (they need the catalog or the live round);
+# every other command is the durable state's (`state.py`).
+on_hosted: Dispatch[Balancer, Decision] = Dispatch("balancer command")
 
 
 class Balancer:
@@ -105,9 +111,16 @@ class Balancer:
     # ------------------------------------------------------------- decide
 
     def decide(self, cmd: Record) -> Decision:
-        if isinstance(cmd, b.GetBalancerState):  # the live status, besides the state's
-            return Decision([], {**self.state.document(), **self.live(cmd.ns, cmd.snapshot)})
-        if isinstance(cmd, b.StartDefragmentation) and cmd.ns not in self.follower.catalog.collections:
+        return on_hosted(self, cmd) if on_hosted.handles(cmd) else self.state.decide(cmd)
+
+    @on_hosted.register(b.GetBalancerState)
+    def _get_state(self, cmd: b.GetBalancerState) -> Decision:
+        """The state's document and the live status (round, window, snapshot) only this instance has."""
+        return Decision([], {**self.state.document(), **self.live(cmd.ns, cmd.snapshot)})
+
+    @on_hosted.register(b.StartDefragmentation)
+    def _start_defragmentation(self, cmd: b.StartDefragmentation) -> Decision:
+        if cmd.ns not in self.follower.catalog.collections:  # the state does not know the catalog
             raise CommandError(ErrorCode.NamespaceNotFound, f"collection {cmd.ns!r} is not sharded")
         return self.state.decide(cmd)
 
