@@ -276,7 +276,6 @@ ShardRequest = Annotated[
 ]
 REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, *MIGRATION_REQUESTS)
 # What clients may send to a router (the rest is between services).
-CLIENT_REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain)
 
 # --------------------------------------------------------------- changelog
 

@@ -111,6 +111,13 @@ def document(shard: Shard, mid: str, roles: frozenset[Role], role_name: str) -> 
     return m
 
 
+def range_move_record(
+    mid: str, role: Role, ns: str, epoch: str, lo: Doc, hi: Doc, peer: str, state: str
+) -> s.MigrationRecorded:
+    """A chunk migration's document: [lo, hi) of `ns` at `epoch`, with the other shard as `peer`."""
+    return s.MigrationRecorded(id=mid, role=role.value, ns=ns, epoch=epoch, min=lo, max=hi, peer=peer, state=state)
+
+
 def primary_move_record(mid: str, role: Role, db: str, peer: str, state: str) -> s.MigrationRecorded:
     """A movePrimary's migration document: the database's unsharded collections, no range."""
     return s.MigrationRecorded(id=mid, role=role.value, ns=db, epoch="", min={}, max={}, peer=peer, state=state)

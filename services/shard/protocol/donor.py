@@ -56,6 +56,7 @@ from services.shard.protocol.common import (
     joined,
     primary_move_record,
     range_keys,
+    range_move_record,
     stale_owner,
     unsharded_removals,
 )
@@ -159,15 +160,8 @@ def start_donation(shard: Shard, req: s.StartDonation) -> Step:
         raise stale_owner(shard, f"{shard.id} does not own all of the range of migration {req.id}")
     return Step(
         [
-            s.MigrationRecorded(
-                id=req.id,
-                ns=req.ns,
-                epoch=req.epoch,
-                min=req.min,
-                max=req.max,
-                role=Role.DONOR.value,
-                peer=req.recipient,
-                state=DonorState.CLONING.value,
+            range_move_record(
+                req.id, Role.DONOR, req.ns, req.epoch, req.min, req.max, req.recipient, DonorState.CLONING.value
             ),
             range_deletion.pending(req.id, req.ns, req.epoch, req.min, req.max, f"donated to {req.recipient}"),
         ],

@@ -50,6 +50,7 @@ from services.shard.protocol.common import (
     overlaps,
     primary_move_record,
     range_keys,
+    range_move_record,
     unsharded_removals,
 )
 
@@ -82,15 +83,8 @@ def start_receipt(shard: Shard, req: s.StartReceipt) -> Step:
             )
     return Step(
         [
-            s.MigrationRecorded(
-                id=req.id,
-                ns=req.ns,
-                epoch=req.epoch,
-                min=req.min,
-                max=req.max,
-                role=Role.RECIPIENT.value,
-                peer=req.donor,
-                state=RecipientState.CLONING.value,
+            range_move_record(
+                req.id, Role.RECIPIENT, req.ns, req.epoch, req.min, req.max, req.donor, RecipientState.CLONING.value
             ),
             range_deletion.pending(
                 req.id, req.ns, req.epoch, req.min, req.max, f"received from {req.donor}, not committed"
