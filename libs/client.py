@@ -101,6 +101,36 @@ def error_for(code: str, message: str, details: Document | None = None) -> Shard
     return _ERRORS.get(code, ShardlogError)(code, message, details)
 
 
+class ClientSession:
+    """A logical session, as a driver's (docs/decisions/0015): its `lsid` names it to the cluster.
+
+    Retryable writes number their attempts with `txn_number` (a retry reuses the number, so the
+    shards apply the write once); a causally consistent session reads after `operation_time`,
+    the time of its last operation (docs/decisions/0014).  The cluster hands out implicit
+    sessions from a pool for writes that name none; `AsyncCluster.start_session()` makes an
+    explicit one.  A session is used by one operation at a time.
+    """
+
+    def __init__(self, *, causal_consistency: bool = True, implicit: bool = False) -> None:
+        self.lsid: Document = {"id": str(uuid.uuid4())}
+        self.txn_number = 0
+        self.causal_consistency = causal_consistency
+        self.implicit = implicit
+        self.operation_time: int | None = None  # packed LogicalTime of this session's last operation
+        self.last_use = time.monotonic()
+        self.ended = False
+
+    def next_txn_number(self) -> int:
+        """The number of the next retryable write on this session (its retries reuse it)."""
+        self.txn_number += 1
+        self.last_use = time.monotonic()
+        return self.txn_number
+
+    def advance_operation_time(self, t: int | None) -> None:
+        if t is not None and (self.operation_time is None or t > self.operation_time):
+            self.operation_time = t
+
+
 class AsyncCluster:
     def __init__(
         self, bootstrap: str, cluster: str = "shardlog", *, timeout: float = 30.0, attempt_timeout: float = 10.0

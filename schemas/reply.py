@@ -20,6 +20,10 @@ class Reply(Record):
     code: str | None = None
     error: str | None = None
     configTime: int | None = None
+    # To clients (docs/decisions/0014): the time of the operation (a packed LogicalTime: seconds
+    # << 32 | increment) and the router's signed $clusterTime.
+    operationTime: int | None = None
+    clusterTime: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
 
 

@@ -20,6 +20,15 @@ from schemas import Codec, Record
 
 Doc = dict[str, Any]
 
+# Session fields of client operations (docs/decisions/0014, 0015).  They are typed loosely here on
+# purpose: a malformed lsid, txnNumber or $clusterTime must get MongoDB's error (TypeMismatch,
+# BadValue, ...) from the domain's parsers, not a dead letter.
+#   lsid         {"id": "<uuid>"}: the logical session
+#   txnNumber    int >= 0: the retryable write's number within its session (writes only)
+#   stmtIds      router -> shard only: the statement ids of this part (an insert: one per document)
+#   clusterTime  a client's signed $clusterTime: {"clusterTime": <ts>, "signature": {"hash", "keyId"}}
+#   readConcern  reads: {"afterClusterTime": <ts>} (a causally consistent session)
+
 
 class Routing(Record):
     """What the router believed when it chose this shard.
@@ -47,6 +56,10 @@ class Insert(Record):
     ordered: bool = True
     opId: str | None = None  # a retried write with the same opId is applied once
     routing: Routing | None = None  # None: from a client to a router
+    lsid: Any = None
+    txnNumber: Any = None
+    stmtIds: Any = None
+    clusterTime: Any = None
 
 
 class Find(Record):
@@ -60,6 +73,9 @@ class Find(Record):
     projection: Doc | None = None
     batchSize: int = Field(101, ge=1)
     routing: Routing | None = None  # None: from a client to a router
+    lsid: Any = None
+    clusterTime: Any = None
+    readConcern: Any = None
 
 
 class GetMore(Record):
@@ -67,6 +83,8 @@ class GetMore(Record):
     v: Literal[1] = 1
     cursorId: int
     batchSize: int = Field(101, ge=1)
+    lsid: Any = None
+    clusterTime: Any = None
 
 
 class Count(Record):
@@ -75,6 +93,9 @@ class Count(Record):
     ns: str
     filter: Doc = Field(default_factory=dict)
     routing: Routing | None = None  # None: from a client to a router
+    lsid: Any = None
+    clusterTime: Any = None
+    readConcern: Any = None
 
 
 class Update(Record):
@@ -87,6 +108,10 @@ class Update(Record):
     upsert: bool = False
     opId: str | None = None
     routing: Routing | None = None  # None: from a client to a router
+    lsid: Any = None
+    txnNumber: Any = None
+    stmtIds: Any = None
+    clusterTime: Any = None
 
 
 class Delete(Record):
@@ -97,6 +122,10 @@ class Delete(Record):
     multi: bool = False
     opId: str | None = None
     routing: Routing | None = None  # None: from a client to a router
+    lsid: Any = None
+    txnNumber: Any = None
+    stmtIds: Any = None
+    clusterTime: Any = None
 
 
 class Explain(Record):
