@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars up down reset clean-data lint format test unit schemas bench status
+.PHONY: venv jars mongosh up down reset clean-data lint format test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -18,6 +18,21 @@ $(VENV)/.installed: pyproject.toml
 # Apache Kafka broker jars from Maven Central, cached under ~/.cache/shardlog.
 jars:
 	$(PYTHON) infra/kafka/local.py fetch
+
+# mongosh (MongoDB's shell) from the npm registry, pinned, into ~/.cache/shardlog like Kafka's
+# jars: installed into a scratch dir and renamed when complete, so a second run (or a run
+# offline afterwards) is a no-op.  The wire-protocol tests run $(MONGOSH_BIN).
+MONGOSH_VERSION ?= 2.12.0
+MONGOSH_DIR     ?= $(HOME)/.cache/shardlog/mongosh-$(MONGOSH_VERSION)
+MONGOSH_BIN     := $(MONGOSH_DIR)/node_modules/.bin/mongosh
+mongosh: $(MONGOSH_DIR)/.complete
+$(MONGOSH_DIR)/.complete:
+	@command -v npm >/dev/null || { echo "make mongosh: npm (Node.js) is needed" >&2; exit 1; }
+	rm -rf $(MONGOSH_DIR).partial && mkdir -p $(MONGOSH_DIR).partial
+	cd $(MONGOSH_DIR).partial && npm install --no-audit --no-fund --no-save --loglevel=error \
+		--prefix . mongosh@$(MONGOSH_VERSION)
+	$(MONGOSH_DIR).partial/node_modules/.bin/mongosh --version
+	rm -rf $(MONGOSH_DIR) && mv $(MONGOSH_DIR).partial $(MONGOSH_DIR) && touch $@
 
 # Local Kafka (BROKERS=3 for a replicated 3-node KRaft cluster, chosen when $(DATA) is new)
 # + demo cluster (config, 3 shards, router, balancer, range-deleter).  Starts whatever is not
