@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars mongosh up down reset clean-data lint format test unit schemas bench status
+.PHONY: venv jars mongosh print-mongosh up down reset clean-data lint format test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -33,6 +33,8 @@ $(MONGOSH_DIR)/.complete:
 		--prefix . mongosh@$(MONGOSH_VERSION)
 	$(MONGOSH_DIR).partial/node_modules/.bin/mongosh --version
 	rm -rf $(MONGOSH_DIR) && mv $(MONGOSH_DIR).partial $(MONGOSH_DIR) && touch $@
+print-mongosh:
+	@echo $(MONGOSH_BIN)
 
 # Local Kafka (BROKERS=3 for a replicated 3-node KRaft cluster, chosen when $(DATA) is new)
 # + demo cluster (config, 3 shards, router, balancer, range-deleter).  Starts whatever is not

@@ -72,6 +72,7 @@ class WireServer:
         self._handlers: set[asyncio.Task[Any]] = set()
         self.connections_opened = 0
         self.protocol_errors = 0
+        self.compressed_requests = 0
 
     @property
     def port(self) -> int:
@@ -158,6 +159,8 @@ class WireServer:
             return build_op_msg(self._reply_id(), request_id, doc)
         if isinstance(message, OpReply):
             raise ProtocolError("a client sent OP_REPLY", close=True)
+        if message.compressor is not None:
+            self.compressed_requests += 1
         if isinstance(message, OpQuery):
             doc = await self._op_query(conn, message)
             return self._maybe_compress(conn, build_op_reply(self._reply_id(), request_id, [doc]), message)
