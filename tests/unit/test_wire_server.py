@@ -19,6 +19,7 @@ from pymongo import MongoClient
 from pymongo.errors import ConfigurationError, OperationFailure
 
 from services.router.wire import frames as f
+from services.router.wire.commands import SERVER_COMMANDS, CommandTable
 from services.router.wire.server import WireServer
 
 
@@ -274,5 +275,29 @@ def test_fuzzed_frames_hurt_only_their_own_connection(caplog):
             # every bad frame was a ProtocolError (logged at INFO), never an unexpected exception
             assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
             assert running.server.protocol_errors > 0
+    finally:
+        running.stop()
+
+
+def test_a_handler_bug_is_an_internal_error_reply_not_a_dead_connection():
+    table = CommandTable("test commands")
+    table.table.update(SERVER_COMMANDS.table)  # the server commands, plus two broken ones
+
+    @table.register("unencodable")
+    async def _unencodable(conn, cmd):
+        return {"value": object()}
+
+    @table.register("boom")
+    async def _boom(conn, cmd):
+        raise RuntimeError("boom")
+
+    running = Running(commands=table)
+    try:
+        with running.client() as client:
+            for name in ("unencodable", "boom"):
+                with pytest.raises(OperationFailure) as e:
+                    client.admin.command(name)
+                assert e.value.code == 1 and e.value.details["codeName"] == "InternalError"
+            assert client.admin.command("ping")["ok"] == 1.0
     finally:
         running.stop()

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from domain.protocol import ErrorCode
@@ -163,7 +164,7 @@ class WireServer:
             self.compressed_requests += 1
         if isinstance(message, OpQuery):
             doc = await self._op_query(conn, message)
-            return self._maybe_compress(conn, build_op_reply(self._reply_id(), request_id, [doc]), message)
+            return self._maybe_compress(conn, self._frame(build_op_reply, request_id, doc), message)
         try:
             cmd = message.command()
         except ProtocolError as e:
@@ -173,7 +174,7 @@ class WireServer:
         if message.more_to_come:
             return None  # the sender wants no reply; errors are dropped (OP_MSG spec)
         # exhaustAllowed: one reply without moreToCome is always allowed (OP_MSG spec).
-        return self._maybe_compress(conn, build_op_msg(self._reply_id(), request_id, doc), message)
+        return self._maybe_compress(conn, self._frame(build_op_msg, request_id, doc), message)
 
     async def _op_query(self, conn: Connection, q: OpQuery) -> dict[str, Any]:
         db, dot, coll = q.full_collection_name.partition(".")
@@ -205,6 +206,16 @@ class WireServer:
         if next(iter(body), "").lower() in NO_COMPRESSION:
             return frame
         return compress(frame, conn.compressor)
+
+    def _frame(self, build: Callable[..., bytes], request_id: int, doc: dict[str, Any]) -> bytes:
+        """The reply frame; a reply BSON cannot carry (a handler's bug) becomes InternalError."""
+        payload: Any = [doc] if build is build_op_reply else doc
+        try:
+            return build(self._reply_id(), request_id, payload)
+        except Exception as e:
+            log.exception("wire: reply to request %d cannot be encoded", request_id)
+            error = error_reply(*numbered(ErrorCode.InternalError), f"reply cannot be encoded as BSON: {e}")
+            return build(self._reply_id(), request_id, [error] if build is build_op_reply else error)
 
     def _reply_id(self) -> int:
         return next(self._request_ids) & 0x7FFFFFFF
