@@ -43,7 +43,8 @@ def _eval(mongosh: str, port: int, script: str) -> subprocess.CompletedProcess[s
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "MONGOSH_NO_UPDATE_CHECK": "1", "DO_NOT_TRACK": "1"},
+        # --quiet skips mongosh's update check; this keeps its telemetry off: tests talk to localhost only
+        env={**os.environ, "MONGOSH_FORCE_DISABLE_TELEMETRY_FOR_TESTING": "1"},
     )
 
 
