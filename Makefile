@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars up down reset clean-data lint format test unit schemas bench status
+.PHONY: venv jars mongosh print-mongosh up down reset clean-data lint format test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -18,6 +18,25 @@ $(VENV)/.installed: pyproject.toml
 # Apache Kafka broker jars from Maven Central, cached under ~/.cache/shardlog.
 jars:
 	$(PYTHON) infra/kafka/local.py fetch
+
+# mongosh (MongoDB's shell) from the npm registry, pinned with its whole dependency tree by
+# infra/mongosh/package-lock.json (`npm ci`), into ~/.cache/shardlog like Kafka's jars: installed
+# into a scratch dir and renamed when complete, so a second run (or a run offline afterwards) is
+# a no-op.  A new lock (another version) gets a new cache dir.  The wire tests run $(MONGOSH_BIN).
+MONGOSH_VERSION ?= 2.12.0
+MONGOSH_LOCK    := infra/mongosh/package-lock.json
+MONGOSH_DIR     ?= $(HOME)/.cache/shardlog/mongosh-$(MONGOSH_VERSION)-$(shell cksum < $(MONGOSH_LOCK) | cut -d' ' -f1)
+MONGOSH_BIN     := $(MONGOSH_DIR)/node_modules/.bin/mongosh
+mongosh: $(MONGOSH_DIR)/.complete
+$(MONGOSH_DIR)/.complete:
+	@command -v npm >/dev/null || { echo "make mongosh: npm (Node.js) is needed" >&2; exit 1; }
+	rm -rf $(MONGOSH_DIR).partial && mkdir -p $(MONGOSH_DIR).partial
+	cp infra/mongosh/package.json $(MONGOSH_LOCK) $(MONGOSH_DIR).partial/
+	cd $(MONGOSH_DIR).partial && npm ci --no-audit --no-fund --loglevel=error
+	$(MONGOSH_DIR).partial/node_modules/.bin/mongosh --version
+	rm -rf $(MONGOSH_DIR) && mv $(MONGOSH_DIR).partial $(MONGOSH_DIR) && touch $@
+print-mongosh:
+	@echo $(MONGOSH_BIN)
 
 # Local Kafka (BROKERS=3 for a replicated 3-node KRaft cluster, chosen when $(DATA) is new)
 # + demo cluster (config, 3 shards, router, balancer, range-deleter).  Starts whatever is not

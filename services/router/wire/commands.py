@@ -1,0 +1,318 @@
+"""The commands a router answers on its own, with no Kafka: the handshake (`hello` and its
+legacy spellings) and the server commands drivers and `mongosh` send on connect.  A table
+from command name to handler, like `libs.dispatch.Dispatch` but keyed by the command's name
+(the first key of the command document) rather than by record type, since a wire command
+arrives as a BSON document, not as a record.  Issue 14 adds CRUD and the admin commands
+here, each handler calling the router (`OperationRouter.handle`) or the config server.
+
+A handler is ``async def handler(conn, cmd) -> dict``: `conn` is the connection's state
+(:class:`Connection`), `cmd` the command document (OP_MSG sequences already folded in,
+`$db` present).  It returns the reply's fields (``ok: 1`` is added) or raises
+:class:`WireCommandError` / `libs.commands.CommandError`; anything else is an InternalError
+reply, logged.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from domain.protocol import ErrorCode
+from libs.commands import CommandError
+from services.router.wire.frames import (
+    COMPRESSORS,
+    MAX_BSON_OBJECT_SIZE,
+    MAX_MESSAGE_SIZE_BYTES,
+    MAX_WRITE_BATCH_SIZE,
+)
+
+# What we tell drivers we are.  Wire version 25 is MongoDB 8.0 (the current long-term-support
+# release): every driver that can talk to 8.0 can talk to us, and nothing newer is promised.
+# pymongo 4.20 and the Node driver 7.x accept 9 (4.4) to 29 (9.0).
+MIN_WIRE_VERSION = 0
+MAX_WIRE_VERSION = 25
+COMPATIBLE_VERSION = "8.0.0"  # buildInfo.version: the MongoDB release whose behaviour we follow
+FEATURE_COMPATIBILITY_VERSION = "8.0"
+SHARDLOG_VERSION = "0.1.0"
+
+# Commands a driver never compresses (OP_COMPRESSED spec); their replies are not compressed either.
+NO_COMPRESSION = frozenset(
+    {
+        "hello",
+        "ismaster",
+        "saslstart",
+        "saslcontinue",
+        "getnonce",
+        "authenticate",
+        "createuser",
+        "updateuser",
+        "copydbsaslstart",
+        "copydbgetnonce",
+        "copydb",
+    }
+)
+
+# MongoDB's numbers and names for the codes used here that domain.protocol.ErrorCode lacks.
+UNAUTHORIZED = (13, "Unauthorized")
+CLIENT_METADATA_CANNOT_BE_MUTATED = (186, "ClientMetadataCannotBeMutated")
+UNSUPPORTED_OP_QUERY_COMMAND = (352, "UnsupportedOpQueryCommand")
+MISSING_DB = (40571, "Location40571")  # "OP_MSG requests require a $db argument"
+
+
+class WireCommandError(Exception):
+    """An `{ok: 0}` reply: MongoDB's code number and name, and the message."""
+
+    def __init__(self, code: tuple[int, str], message: str) -> None:
+        super().__init__(message)
+        self.code, self.code_name = code
+        self.message = message
+
+    @classmethod
+    def of(cls, code: ErrorCode, message: str) -> WireCommandError:
+        return cls((code.number or ErrorCode.InternalError.number or 1, str(code)), message)
+
+
+def error_reply(code: int, code_name: str, message: str) -> dict[str, Any]:
+    """MongoDB's shape of a failed command."""
+    return {"ok": 0.0, "errmsg": message, "code": code, "codeName": code_name}
+
+
+@dataclass
+class Connection:
+    """One client connection's state, as the command handlers see it."""
+
+    id: int  # hello's connectionId
+    peer: str  # "host:port" (whatsmyuri)
+    compressors: tuple[str, ...] = ()  # what this server offers
+    handshake_done: bool = False
+    client: dict[str, Any] | None = None  # the handshake's client metadata
+    compressor: str | None = None  # negotiated: what the server compresses replies with
+    opened: float = field(default_factory=time.monotonic)
+
+
+Handler = Callable[[Connection, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    handler: Handler
+    admin_only: bool  # MongoDB refuses it outside the admin database
+
+
+class CommandTable:
+    """Command name -> handler.  Names match exactly, as in MongoDB, where legacy spellings
+    (`isMaster`/`ismaster`, `buildInfo`/`buildinfo`) are registered as aliases."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.table: dict[str, Entry] = {}
+
+    def register(self, *names: str, admin_only: bool = False) -> Callable[[Handler], Handler]:
+        def add(fn: Handler) -> Handler:
+            for name in names:
+                if name in self.table:
+                    raise ValueError(f"{self.what}: {name} has two handlers")
+                self.table[name] = Entry(fn, admin_only)
+            return fn
+
+        return add
+
+    def handles(self, name: str) -> bool:
+        return name in self.table
+
+    async def __call__(self, conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The reply document for `cmd` (never raises for a command-level failure)."""
+        if not cmd:
+            return error_reply(*numbered(ErrorCode.FailedToParse), "empty command document")
+        name = next(iter(cmd))
+        entry = self.table.get(name)
+        if entry is None:
+            return error_reply(*numbered(ErrorCode.CommandNotFound), f"no such command: '{name}'")
+        db = cmd.get("$db")
+        if not isinstance(db, str) or not db:
+            return error_reply(*MISSING_DB, "OP_MSG requests require a $db argument")
+        if entry.admin_only and db != "admin":
+            return error_reply(*UNAUTHORIZED, f"{name} may only be run against the admin database.")
+        try:
+            reply = await entry.handler(conn, cmd)
+        except WireCommandError as e:
+            return error_reply(e.code, e.code_name, e.message)
+        except CommandError as e:
+            number, code_name = command_error_code(e.code)
+            return error_reply(number, code_name, e.message if code_name == e.code else f"{e.code}: {e.message}")
+        return {**reply, "ok": 1.0} if "ok" not in reply else reply
+
+
+def command_error_code(code: str) -> tuple[int, str]:
+    """MongoDB's (number, name) for a `CommandError` code; shardlog's own codes (no number)
+    go out as InternalError (our name leads the message), never as a made-up number."""
+    try:
+        known = ErrorCode(code)
+    except ValueError:
+        return numbered(ErrorCode.InternalError)
+    return numbered(known) if known.number is not None else numbered(ErrorCode.InternalError)
+
+
+def numbered(code: ErrorCode) -> tuple[int, str]:
+    """(number, name) of one of domain.protocol's codes that MongoDB has."""
+    assert code.number is not None, f"{code} has no MongoDB number"
+    return code.number, str(code)
+
+
+SERVER_COMMANDS = CommandTable("router wire command")
+
+
+# ------------------------------------------------------------------ handshake
+
+
+def hello_reply(conn: Connection, cmd: dict[str, Any], legacy: bool) -> dict[str, Any]:
+    """mongos's answer to hello / isMaster.  Not advertised: `logicalSessionTimeoutMinutes`
+    (sessions are not wired through yet: a driver told they exist would send lsid/txnNumber
+    and retry writes expecting exactly-once), `topologyVersion` (so drivers poll every 10 s
+    instead of streaming awaitable hellos), `saslSupportedMechs` (no authentication)."""
+    first = not conn.handshake_done
+    if "client" in cmd and not first:
+        raise WireCommandError(
+            CLIENT_METADATA_CANNOT_BE_MUTATED, "The client metadata document may only be sent in the first hello"
+        )
+    reply: dict[str, Any] = {}
+    if legacy and cmd.get("helloOk") is True:
+        reply["helloOk"] = True
+    reply["ismaster" if legacy else "isWritablePrimary"] = True
+    reply.update(
+        msg="isdbgrid",
+        maxBsonObjectSize=MAX_BSON_OBJECT_SIZE,
+        maxMessageSizeBytes=MAX_MESSAGE_SIZE_BYTES,
+        maxWriteBatchSize=MAX_WRITE_BATCH_SIZE,
+        localTime=datetime.now(UTC),
+        connectionId=conn.id,
+        minWireVersion=MIN_WIRE_VERSION,
+        maxWireVersion=MAX_WIRE_VERSION,
+        readOnly=False,
+    )
+    if first:
+        conn.handshake_done = True
+        client = cmd.get("client")
+        conn.client = client if isinstance(client, dict) else None
+        offered = cmd.get("compression")
+        if isinstance(offered, list):
+            common = [c for c in offered if isinstance(c, str) and c in conn.compressors and c in COMPRESSORS]
+            if common:
+                reply["compression"] = common
+                conn.compressor = common[0]
+    return reply
+
+
+@SERVER_COMMANDS.register("hello")
+async def _hello(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return hello_reply(conn, cmd, legacy=False)
+
+
+@SERVER_COMMANDS.register("isMaster", "ismaster")
+async def _is_master(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return hello_reply(conn, cmd, legacy=True)
+
+
+# ------------------------------------------------------------------ server commands
+
+
+@SERVER_COMMANDS.register("ping")
+async def _ping(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def build_info() -> dict[str, Any]:
+    major, minor, patch = (int(x) for x in COMPATIBLE_VERSION.split("."))
+    return {
+        "version": COMPATIBLE_VERSION,
+        "gitVersion": f"shardlog-{SHARDLOG_VERSION}",
+        "modules": [],
+        "allocator": "system",
+        "javascriptEngine": "none",
+        "sysInfo": "deprecated",
+        "versionArray": [major, minor, patch, 0],
+        "bits": 64,
+        "debug": False,
+        "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE,
+        "storageEngines": [],
+        "buildEnvironment": {"target_os": platform.system().lower(), "target_arch": platform.machine()},
+        # Not MongoDB's: says what answers.  (mongosh's "genuine MongoDB" check looks for a
+        # `ferretdb` field here and for `documentdb_api` in a getParameter error, nothing else.)
+        "shardlog": {"version": SHARDLOG_VERSION},
+    }
+
+
+@SERVER_COMMANDS.register("buildInfo", "buildinfo")
+async def _build_info(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return build_info()
+
+
+def parameters() -> dict[str, Any]:
+    return {"featureCompatibilityVersion": {"version": FEATURE_COMPATIBILITY_VERSION}}
+
+
+@SERVER_COMMANDS.register("getParameter", admin_only=True)
+async def _get_parameter(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    known = parameters()
+    if cmd["getParameter"] == "*":
+        return known
+    wanted = [k for k in cmd if k != "getParameter" and not k.startswith("$") and k != "comment"]
+    found = {k: known[k] for k in wanted if k in known}
+    if not found:
+        raise WireCommandError.of(ErrorCode.InvalidOptions, "no option found to get")
+    return found
+
+
+@SERVER_COMMANDS.register("whatsmyuri")
+async def _whatsmyuri(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return {"you": conn.peer}
+
+
+@SERVER_COMMANDS.register("connectionStatus")
+async def _connection_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    info: dict[str, Any] = {"authenticatedUsers": [], "authenticatedUserRoles": []}
+    if cmd.get("showPrivileges"):
+        info["authenticatedUserPrivileges"] = []
+    return {"authInfo": info}
+
+
+@SERVER_COMMANDS.register("getLog", admin_only=True)
+async def _get_log(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    which = cmd["getLog"]
+    if which == "*":
+        return {"names": ["global", "startupWarnings"]}
+    if which not in ("global", "startupWarnings"):
+        raise WireCommandError.of(ErrorCode.InvalidOptions, f"no RamLog named: {which}")
+    return {"totalLinesWritten": 0, "log": []}
+
+
+@SERVER_COMMANDS.register("endSessions")
+async def _end_sessions(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return {}  # no sessions are kept (none are advertised); MongoDB too answers ok for unknown ones
+
+
+@SERVER_COMMANDS.register("hostInfo", admin_only=True)
+async def _host_info(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    try:
+        mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError, AttributeError):
+        mem_mb = 0
+    return {
+        "system": {
+            "currentTime": datetime.now(UTC),
+            "hostname": socket.gethostname(),
+            "cpuAddrSize": 64,
+            "memSizeMB": mem_mb,
+            "numCores": os.cpu_count() or 1,
+            "cpuArch": platform.machine(),
+            "numaEnabled": False,
+        },
+        "os": {"type": platform.system(), "name": platform.system(), "version": platform.release()},
+        "extra": {},
+    }
