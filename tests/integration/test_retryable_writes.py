@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from libs.client import AsyncCluster, ReturnDocument, ShardlogError
-from libs.requests import Requester, RequestTimeout
+from libs.requests import RequestTimeout
 from libs.service import ServiceSettings
 from schemas import config as c
 from schemas import shard as s
