@@ -235,9 +235,9 @@ class AsyncCluster:
         if self._requester is None:
             raise RuntimeError("not connected: use `async with AsyncCluster(...)` or `await connect()` first")
         deadline = time.monotonic() + self.timeout
-        # A random partition of router.requests per operation (its retries share it), so that a
-        # client spreads its operations over the routers whatever sessions it uses.
-        key = uuid.uuid4().hex.encode()
+        lsid = getattr(req, "lsid", None)
+        # One session's operations share a partition of router.requests (they run one at a time anyway).
+        key = (lsid["id"] if isinstance(lsid, dict) and "id" in lsid else uuid.uuid4().hex).encode()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
