@@ -26,6 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypedDict, TypeVar, Unpack
 
+from domain.clock import parse_timestamp, to_ejson
 from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
 from libs import kafka, tracing
 from libs.ids import new_object_id
@@ -45,6 +46,7 @@ class FindOneOptions(TypedDict, total=False):
     skip: int
     projection: Document | None
     batch_size: int
+    session: ClientSession | None
 
 
 class FindOptions(FindOneOptions, total=False):
@@ -139,6 +141,41 @@ class AsyncCluster:
         self.timeout, self.attempt_timeout = timeout, attempt_timeout
         self.inbox = self.topics.inbox(f"client-{uuid.uuid4().hex[:12]}")
         self._requester: Requester | None = None
+        # The largest signed $clusterTime any reply carried: sent with every operation (gossip).
+        self.cluster_time: Document | None = None
+        self._cluster_time_value = 0
+
+    def start_session(self, *, causal_consistency: bool = True) -> ClientSession:
+        """An explicit session; with causal consistency, its reads see its earlier operations
+        whichever router serves them (docs/decisions/0014)."""
+        return ClientSession(causal_consistency=causal_consistency)
+
+    def _gossip(self, req: Record, session: ClientSession | None) -> Record:
+        """The operation with our $clusterTime and, for a causally consistent session's read,
+        readConcern.afterClusterTime = the session's operationTime."""
+        update: dict[str, Any] = {}
+        if self.cluster_time is not None and "clusterTime" in type(req).model_fields:
+            update["clusterTime"] = self.cluster_time
+        if (
+            session is not None
+            and session.causal_consistency
+            and session.operation_time is not None
+            and isinstance(req, (s.Find, s.Count))
+            and req.readConcern is None
+        ):
+            update["readConcern"] = {"afterClusterTime": to_ejson(session.operation_time)}
+        return req.model_copy(update=update) if update else req
+
+    def _gossip_out(self, reply: Reply, session: ClientSession | None) -> None:
+        if reply.clusterTime is not None:
+            try:
+                t = parse_timestamp(reply.clusterTime.get("clusterTime"), "$clusterTime")
+            except Exception:  # a reply we cannot read the time of teaches nothing
+                t = 0
+            if t > self._cluster_time_value:
+                self.cluster_time, self._cluster_time_value = reply.clusterTime, t
+        if session is not None:
+            session.advance_operation_time(reply.operationTime)
 
     async def connect(self) -> AsyncCluster:
         await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.inbox, config=SHORT_LIVED)])
@@ -161,19 +198,22 @@ class AsyncCluster:
     def __getitem__(self, db: str) -> AsyncDatabase:
         return AsyncDatabase(self, db)
 
-    async def call(self, req: Record, *, topic: str | None = None) -> Document:
+    async def call(
+        self, req: Record, *, topic: str | None = None, session: ClientSession | None = None
+    ) -> Document:
         """Send an operation, retrying the same operation (same opId) until the deadline.
         One operation is one trace: router and shard spans hang below this one."""
         with tracing.tracer.start_as_current_span(
             f"shardlog.client {req.type}", attributes={"db.namespace": getattr(req, "ns", "") or ""}
         ):
-            return await self._call(req, topic)
+            return await self._call(req, topic, session)
 
-    async def _call(self, req: Record, topic: str | None) -> Document:
+    async def _call(self, req: Record, topic: str | None, session: ClientSession | None = None) -> Document:
         if self._requester is None:
             raise RuntimeError("not connected: use `async with AsyncCluster(...)` or `await connect()` first")
         deadline = time.monotonic() + self.timeout
         key = (getattr(req, "opId", None) or uuid.uuid4().hex).encode()
+        req = self._gossip(req, session)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -191,6 +231,7 @@ class AsyncCluster:
                 if once:
                     raise OperationTimeout("Timeout", f"no answer to getMore within {self.timeout:g}s") from None
                 continue  # a router may have died with it: send it again
+            self._gossip_out(reply, session)
             if reply.ok:
                 return reply.result or {}
             raise error_for(reply.code or "Error", reply.error or "", reply.result)
@@ -219,15 +260,19 @@ class AsyncCollection:
     def __init__(self, cluster: AsyncCluster, ns: str) -> None:
         self.cluster, self.ns = cluster, ns
 
-    async def insert_one(self, doc: Document) -> Any:
+    async def insert_one(self, doc: Document, *, session: ClientSession | None = None) -> Any:
         doc = _prepared(doc)
-        result = await self.cluster.call(s.Insert(ns=self.ns, docs=[doc], opId=uuid.uuid4().hex))
+        result = await self.cluster.call(s.Insert(ns=self.ns, docs=[doc], opId=uuid.uuid4().hex), session=session)
         _raise_write_errors(result)
         return doc["_id"]
 
-    async def insert_many(self, docs: list[Document], *, ordered: bool = True) -> list[Any]:
+    async def insert_many(
+        self, docs: list[Document], *, ordered: bool = True, session: ClientSession | None = None
+    ) -> list[Any]:
         docs = [_prepared(d) for d in docs]
-        result = await self.cluster.call(s.Insert(ns=self.ns, docs=docs, ordered=ordered, opId=uuid.uuid4().hex))
+        result = await self.cluster.call(
+            s.Insert(ns=self.ns, docs=docs, ordered=ordered, opId=uuid.uuid4().hex), session=session
+        )
         _raise_write_errors(result, many=True)
         return [d["_id"] for d in docs]
 
@@ -240,6 +285,7 @@ class AsyncCollection:
         limit: int = 0,
         projection: Document | None = None,
         batch_size: int = 101,
+        session: ClientSession | None = None,
     ) -> AsyncCursor:
         return AsyncCursor(
             self.cluster,
@@ -252,6 +298,7 @@ class AsyncCollection:
                 projection=projection,
                 batchSize=batch_size,
             ),
+            session,
         )
 
     async def find_one(self, filter: Document | None = None, **kw: Unpack[FindOneOptions]) -> Document | None:
@@ -259,26 +306,34 @@ class AsyncCollection:
             return doc
         return None
 
-    async def count_documents(self, filter: Document | None = None) -> int:
-        n: int = (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {})))["n"]
+    async def count_documents(self, filter: Document | None = None, *, session: ClientSession | None = None) -> int:
+        n: int = (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {}), session=session))["n"]
         return n
 
-    async def update_one(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
+    async def update_one(
+        self, filter: Document, update: Document, *, upsert: bool = False, session: ClientSession | None = None
+    ) -> Document:
         return await self.cluster.call(
-            s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert, opId=uuid.uuid4().hex)
+            s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert, opId=uuid.uuid4().hex), session=session
         )
 
-    async def update_many(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
+    async def update_many(
+        self, filter: Document, update: Document, *, upsert: bool = False, session: ClientSession | None = None
+    ) -> Document:
         return await self.cluster.call(
-            s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert, opId=uuid.uuid4().hex)
+            s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert, opId=uuid.uuid4().hex),
+            session=session,
         )
 
-    async def delete_one(self, filter: Document) -> int:
-        deleted: int = (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, opId=uuid.uuid4().hex)))["deleted"]
+    async def delete_one(self, filter: Document, *, session: ClientSession | None = None) -> int:
+        result = await self.cluster.call(s.Delete(ns=self.ns, filter=filter, opId=uuid.uuid4().hex), session=session)
+        deleted: int = result["deleted"]
         return deleted
 
-    async def delete_many(self, filter: Document) -> int:
-        result = await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True, opId=uuid.uuid4().hex))
+    async def delete_many(self, filter: Document, *, session: ClientSession | None = None) -> int:
+        result = await self.cluster.call(
+            s.Delete(ns=self.ns, filter=filter, multi=True, opId=uuid.uuid4().hex), session=session
+        )
         deleted: int = result["deleted"]
         return deleted
 
@@ -291,8 +346,8 @@ class AsyncCursor:
 
     shards: list[str]  # the shards the find went to, once the first batch is in
 
-    def __init__(self, cluster: AsyncCluster, find: s.Find) -> None:
-        self.cluster, self._find = cluster, find
+    def __init__(self, cluster: AsyncCluster, find: s.Find, session: ClientSession | None = None) -> None:
+        self.cluster, self._find, self.session = cluster, find, session
         self._buffer: list[Document] = []
         self._cursor_id: int | None = None
         self._topic: str | None = None
@@ -301,7 +356,7 @@ class AsyncCursor:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Document]:
-        first = await self.cluster.call(self._find)
+        first = await self.cluster.call(self._find, session=self.session)
         self.shards = first.get("shards", [])
         batch, cid, topic = first["docs"], first["cursorId"], first.get("cursorTopic")
         while True:
@@ -309,7 +364,9 @@ class AsyncCursor:
                 yield doc
             if not cid:
                 return
-            more = await self.cluster.call(s.GetMore(cursorId=cid, batchSize=self._find.batchSize), topic=topic)
+            more = await self.cluster.call(
+                s.GetMore(cursorId=cid, batchSize=self._find.batchSize), topic=topic, session=self.session
+            )
             batch, cid = more["docs"], more["cursorId"]
 
     async def to_list(self) -> list[Document]:
@@ -357,6 +414,10 @@ class Cluster:
 
     def __getitem__(self, db: str) -> Database:
         return Database(self, db)
+
+    def start_session(self, *, causal_consistency: bool = True) -> ClientSession:
+        """As `AsyncCluster.start_session`; pass it as `session=` to the collections' methods."""
+        return self._async.start_session(causal_consistency=causal_consistency)
 
 
 class Database:

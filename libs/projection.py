@@ -61,6 +61,8 @@ class Projection:
         self.skipped = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._advanced = asyncio.Condition()
+        self._running = asyncio.Event()  # cleared by pause(): follow() applies nothing
+        self._running.set()
 
     async def start(self) -> None:
         self.state.load(self.store)
@@ -183,7 +185,23 @@ class Projection:
     async def follow(self) -> None:
         """Tail the log forever (until cancelled)."""
         while True:
+            await self._running.wait()
             await self.poll()
+
+    def pause(self) -> None:
+        """Stop applying the log in `follow()` until `resume()` (tests make a lagging reader with it)."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def log_end(self) -> int:
+        """The log's stable end as of now (read_committed)."""
+        return await kafka.log_end(self.consumer, self.tp)
+
+    async def fetched_to(self) -> int:
+        """How far the consumer has read: past the transaction markers `position` never counts."""
+        return max(self.position, await self.consumer.position(self.tp))
 
     async def wait_for(self, offset: int, timeout: float) -> None:
         """Block until the projection has applied every record below `offset`."""

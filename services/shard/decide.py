@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain import clock as vclock
 from domain import targeting
 from domain.catalog import Catalog, Collection
 from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, doc_bytes
@@ -56,8 +57,11 @@ class Cursor:
 
 
 class ShardDecider:
-    def __init__(self, shard_id: str, catalog: Catalog, documents: ShardDocuments):
+    def __init__(
+        self, shard_id: str, catalog: Catalog, documents: ShardDocuments, clock: vclock.VectorClock | None = None
+    ):
         self.shard_id, self.catalog, self.documents = shard_id, catalog, documents
+        self.clock = clock
         self.cursors: dict[int, Cursor] = {}
         self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
@@ -219,8 +223,27 @@ class ShardDecider:
                 if matcher.matches(doc):
                     yield shard_key_part(k, doc), doc
 
+    def _read_after(self, req: s.Find | s.Count) -> None:
+        """Causal consistency (docs/decisions/0014): this shard is the single writer of its
+        documents, so its state at its tip holds every write stamped up to its ClusterTime;
+        advancing the clock to afterClusterTime is the no-op write that makes this read's
+        operationTime cover it.  The catalog must be as new as the router's, though: the
+        processor waited for it, and a read that still finds it behind is refused, not served."""
+        after = vclock.parse_after_cluster_time(req.readConcern)
+        if after is None:
+            return
+        if self.clock is not None:
+            self.clock.advance(after)
+        if req.routing is not None and req.routing.configTime > self.catalog.config_time:
+            raise CommandError(
+                ErrorCode.MaxTimeMSExpired,
+                f"{self.shard_id}: catalog at ConfigTime {self.catalog.config_time} did not reach the router's "
+                f"{req.routing.configTime} in time for a read after {vclock.LogicalTime.unpack(after)}",
+            )
+
     @on_request.register(s.Find)
     def find(self, req: s.Find) -> Decision:
+        self._read_after(req)
         coll = self._placement(req.ns, req.routing)
         matching = self._matching(coll, req.ns, req.filter)
         first = next(matching, None)  # starts the scan now: ownership and blocking as of this request
@@ -280,6 +303,7 @@ class ShardDecider:
 
     @on_request.register(s.Count)
     def count(self, req: s.Count) -> Decision:
+        self._read_after(req)
         coll = self._placement(req.ns, req.routing)
         return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
 
