@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from domain.protocol import ErrorCode
 from libs.commands import VECTOR_TIME as VECTOR_TIME  # the header: "cluster,config,topology", packed, decimal
 from libs.commands import CommandError
+
 MAX_INC = 0xFFFFFFFF
 HASH_BYTES = 20  # SHA-1
 DUMMY_HASH = bytes(HASH_BYTES)  # MongoDB's signature before any key exists: keyId 0, zero hash
@@ -71,7 +72,7 @@ def parse_timestamp(raw: Any, what: str) -> int:
             return LogicalTime(t, i).packed  # type: ignore[arg-type]
     raise CommandError(
         ErrorCode.TypeMismatch,
-        f"{what} must be a timestamp {{\"$timestamp\": {{\"t\": <seconds>, \"i\": <increment>}}}} "
+        f'{what} must be a timestamp {{"$timestamp": {{"t": <seconds>, "i": <increment>}}}} '
         f"(32-bit unsigned each), not {_show(raw)}",
     )
 
@@ -195,7 +196,10 @@ def signed_cluster_time(t: int, keys: Mapping[int, ClusterTimeKey]) -> dict[str,
     proof, key_id = (sign(key.key, t), key.key_id) if key else (DUMMY_HASH, 0)
     return {
         "clusterTime": to_ejson(t),
-        "signature": {"hash": {"$binary": {"base64": base64.b64encode(proof).decode(), "subType": "00"}}, "keyId": key_id},
+        "signature": {
+            "hash": {"$binary": {"base64": base64.b64encode(proof).decode(), "subType": "00"}},
+            "keyId": key_id,
+        },
     }
 
 

@@ -198,9 +198,7 @@ class AsyncCluster:
     def __getitem__(self, db: str) -> AsyncDatabase:
         return AsyncDatabase(self, db)
 
-    async def call(
-        self, req: Record, *, topic: str | None = None, session: ClientSession | None = None
-    ) -> Document:
+    async def call(self, req: Record, *, topic: str | None = None, session: ClientSession | None = None) -> Document:
         """Send an operation, retrying the same operation (same opId) until the deadline.
         One operation is one trace: router and shard spans hang below this one."""
         with tracing.tracer.start_as_current_span(

@@ -337,7 +337,6 @@ class CommandProcessor:
         if last_event is not None:
             self.projection.advance(last_event.offset + 1, fingerprint(last_value))
 
-
     @staticmethod
     def _stamp(clock: Gossip, event: Record) -> Record:
         return event.model_copy(update={"ts": clock.tick()}) if stamped(event) else event

@@ -186,10 +186,16 @@ class Projection:
         """Tail the log forever (until cancelled)."""
         while True:
             await self._running.wait()
-            await self.poll()
+            batch = await self.consumer.getmany(self.tp, timeout_ms=500, max_records=5000)
+            if not self._running.is_set():  # paused while fetching: as if never fetched
+                self.consumer.seek(self.tp, self.position)
+                continue
+            if records := batch.get(self.tp):
+                await self._apply_batch(records)
 
     def pause(self) -> None:
-        """Stop applying the log in `follow()` until `resume()` (tests make a lagging reader with it)."""
+        """Stop applying the log in `follow()` from now until `resume()` (tests make a lagging
+        reader with it)."""
         self._running.clear()
 
     def resume(self) -> None:
@@ -201,7 +207,8 @@ class Projection:
 
     async def fetched_to(self) -> int:
         """How far the consumer has read: past the transaction markers `position` never counts."""
-        return max(self.position, await self.consumer.position(self.tp))
+        consumed: int = await self.consumer.position(self.tp)
+        return max(self.position, consumed)
 
     async def wait_for(self, offset: int, timeout: float) -> None:
         """Block until the projection has applied every record below `offset`."""

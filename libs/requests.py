@@ -99,7 +99,9 @@ class Requester:
         value = record if isinstance(record, bytes) else Codec.encode(record)
         with tracing.producer_span(topic):
             gossip = [(VECTOR_TIME, self.clock.gossip_out())] if self.clock is not None else []
-            headers = tracing.inject([(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr), *gossip, *(headers or [])])
+            headers = tracing.inject(
+                [(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr), *gossip, *(headers or [])]
+            )
             await self._producer.send_and_wait(topic, value, key=key, headers=headers)
         return fut
 

@@ -120,7 +120,9 @@ def test_a_signature_verifies_only_with_its_key_and_time(t, other_t, other_key):
 
 
 def keyring(*expires: int) -> dict[int, vc.ClusterTimeKey]:
-    return {i + 1: vc.ClusterTimeKey(i + 1, bytes([i + 1]) * 20, vc.LogicalTime(e, 0).packed) for i, e in enumerate(expires)}
+    return {
+        i + 1: vc.ClusterTimeKey(i + 1, bytes([i + 1]) * 20, vc.LogicalTime(e, 0).packed) for i, e in enumerate(expires)
+    }
 
 
 def test_the_signing_key_is_the_first_to_expire_after_the_time():
@@ -138,13 +140,19 @@ def test_a_signed_cluster_time_parses_back_and_before_any_key_is_the_dummy():
     parsed = vc.parse_signed_cluster_time(doc)
     assert (parsed.time, parsed.key_id) == (t, 2) and vc.verify(keys[2].key, t, parsed.proof)
     dummy = vc.signed_cluster_time(t, {})
-    assert dummy["signature"] == {"hash": {"$binary": {"base64": base64.b64encode(bytes(20)).decode(), "subType": "00"}}, "keyId": 0}
+    assert dummy["signature"] == {
+        "hash": {"$binary": {"base64": base64.b64encode(bytes(20)).decode(), "subType": "00"}},
+        "keyId": 0,
+    }
 
 
 def signed(t: int, key: bytes = KEY, key_id: int = 1) -> dict:
     return {
         "clusterTime": vc.to_ejson(t),
-        "signature": {"hash": {"$binary": {"base64": base64.b64encode(vc.sign(key, t)).decode(), "subType": "00"}}, "keyId": key_id},
+        "signature": {
+            "hash": {"$binary": {"base64": base64.b64encode(vc.sign(key, t)).decode(), "subType": "00"}},
+            "keyId": key_id,
+        },
     }
 
 
