@@ -13,6 +13,7 @@ import pytest
 
 from domain import clock as vc
 from libs.client import AsyncCluster, ShardlogError
+from schemas import config as c
 from schemas import shard as s
 from services.router.server import RouterServer
 from tests.conftest import async_wait_until, read_events, read_records, wait_until
@@ -169,3 +170,22 @@ def test_forged_unsigned_runaway_and_future_times_are_refused_and_change_nothing
         return fn()  # the clock is thread-safe to read
 
     asyncio.run(_client(data_cluster, scenario))
+
+
+def test_a_router_refreshes_when_gossip_shows_a_newer_topology_time(data_cluster):
+    router = data_cluster.router
+    asyncio.run(_client(data_cluster, lambda cl: cl["app"]["topo"].insert_one({"_id": 1})))
+    on_loop(data_cluster, router.follower.pause)
+    reply = data_cluster.command_without_router(c.AddShard(shard="s9"))  # the shards see it, the router not
+    added = next(
+        e.ts
+        for o, e in read_events(data_cluster.settings.bootstrap, data_cluster.settings.topics.config_events)
+        if o == reply.configTime - 1
+    )
+    assert router.follower.catalog.topology_ts < added and "s9" not in router.follower.catalog.shards
+    # Any reply from a shard gossips the shard's TopologyTime: the router sees it is behind.
+    assert asyncio.run(_client(data_cluster, lambda cl: cl["app"]["topo"].count_documents({}))) == 1
+    assert router.clock.now().topology == added and router.routing.topology_refreshes == 1
+    on_loop(data_cluster, router.follower.resume)
+    wait_until(lambda: router.follower.catalog.topology_ts == added, 30, "the router to catch up to the new topology")
+    assert "s9" in router.follower.catalog.shards
