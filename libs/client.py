@@ -170,6 +170,10 @@ class AsyncCluster:
         if reply.clusterTime is not None:
             try:
                 t = parse_timestamp(reply.clusterTime.get("clusterTime"), "$clusterTime")
+                # Unsigned (keyId 0: no key existed yet) a time is no proof another router would
+                # accept: sending it could only get an operation refused (KeyNotFound).
+                if not reply.clusterTime["signature"]["keyId"]:
+                    t = 0
             except Exception:  # a reply we cannot read the time of teaches nothing
                 t = 0
             if t > self._cluster_time_value:

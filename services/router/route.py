@@ -96,9 +96,8 @@ class OperationRouter:
         _operation_time.set([0])
         if getattr(req, "routing", None) is not None:
             raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
-        self._gossip_in(
-            getattr(req, "clusterTime", None)
-        )  # a refused $clusterTime refuses the operation: nothing is sent
+        # A refused $clusterTime refuses the operation: nothing is sent.
+        self._gossip_in(getattr(req, "clusterTime", None))
         if isinstance(req, s.GetMore):  # a cursor this router holds: no routing, nothing stale
             return self.get_more(req)
         if not on_operation.handles(req):

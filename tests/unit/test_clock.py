@@ -360,13 +360,36 @@ def test_the_client_sends_its_cluster_time_and_a_causal_sessions_read_waits_for_
     session = cl.start_session()
     find = s.Find(ns="d.x")
     assert cl._gossip(find, session) == find  # nothing seen yet: nothing to send
-    reply_ct = vc.signed_cluster_time(vc.LogicalTime(50, 2).packed, {})
+    keys = keyring(10**6)
+    reply_ct = vc.signed_cluster_time(vc.LogicalTime(50, 2).packed, keys)
     cl._gossip_out(Reply(ok=True, operationTime=vc.LogicalTime(50, 1).packed, clusterTime=reply_ct), session)
-    cl._gossip_out(Reply(ok=True, clusterTime=vc.signed_cluster_time(vc.LogicalTime(40, 1).packed, {})), None)
-    assert cl.cluster_time == reply_ct  # the largest seen is kept
+    cl._gossip_out(Reply(ok=True, clusterTime=vc.signed_cluster_time(vc.LogicalTime(40, 1).packed, keys)), None)
+    cl._gossip_out(Reply(ok=True, clusterTime=vc.signed_cluster_time(vc.LogicalTime(60, 1).packed, {})), None)
+    assert cl.cluster_time == reply_ct  # the largest signed one seen is kept (an unsigned one proves nothing)
     sent = cl._gossip(find, session)
     assert sent.clusterTime == reply_ct
     assert sent.readConcern == {"afterClusterTime": vc.to_ejson(vc.LogicalTime(50, 1).packed)}
     assert cl._gossip(find, ClientSession(causal_consistency=False)).readConcern is None
     insert = cl._gossip(s.Insert(ns="d.x", docs=[]), session)
     assert insert.clusterTime == reply_ct  # writes gossip too, without a read concern
+
+
+def test_a_shard_reads_after_a_time_by_advancing_to_it_but_never_with_an_older_catalog():
+    from services.shard.decide import ShardDecider
+
+    cat = Catalog(track_changes=False)
+    cat.apply(c.ShardAdded(shard="a"), 0)
+    cat.apply(c.DatabaseCreated(db="d", primary="a", uuid="u"), 1)
+    clock = vc.VectorClock()
+    docs = ShardDocuments()
+    docs.load(types.SimpleNamespace(get=lambda k: None, scan=lambda p: iter(()), db=None))  # type: ignore[arg-type]
+    shard = ShardDecider("a", cat, docs, clock=clock)
+    after = {"afterClusterTime": vc.to_ejson(vc.LogicalTime(500, 3).packed)}
+    behind = s.Routing(configTime=cat.config_time + 1)
+    with pytest.raises(CommandError) as e:
+        shard.decide(s.Count(ns="d.x", routing=behind, readConcern=after))
+    assert e.value.code == "MaxTimeMSExpired"
+    assert clock.cluster_time == vc.LogicalTime(500, 3).packed  # its no-op write: its time covers the read's
+    with pytest.raises(CommandError) as e:
+        shard.decide(s.Find(ns="d.x", routing=behind, readConcern={"afterClusterTime": "soon"}))
+    assert e.value.code == "TypeMismatch"
