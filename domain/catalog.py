@@ -186,6 +186,7 @@ class Catalog:
         self.config_ts = 0
         self.topology_ts = 0
         self.keys: dict[int, ClusterTimeKey] = {}  # cluster-time signing keys, every one ever made
+        self._vector_dirty = False
         self._changes: dict[bytes, bytes | None] = {}
 
     # ------------------------------------------------------------- queries
@@ -213,6 +214,9 @@ class Catalog:
             self._changes[key] = None if value is None else json.dumps(value, separators=(",", ":")).encode()
 
     def drain_changes(self) -> dict[bytes, bytes | None]:
+        if self._vector_dirty:
+            self._put(b"vector", [self.config_ts, self.topology_ts])
+            self._vector_dirty = False
         out, self._changes = self._changes, {}
         return out
 
@@ -340,7 +344,7 @@ class Catalog:
         self.config_ts = ts
         if topology:
             self.topology_ts = ts
-        self._put(b"vector", [self.config_ts, self.topology_ts])
+        self._vector_dirty = True  # persisted once per batch, in drain_changes
         if self.clock is not None:
             self.clock.advance(ts, ts, self.topology_ts)
 
