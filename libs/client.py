@@ -15,6 +15,11 @@ none, so a retry after a timeout or a dead router is applied once.
 
 _id uniqueness across shards holds only when the shard key includes _id, as in
 MongoDB: each shard enforces it for its own documents.
+
+Every operation carries the largest signed `$clusterTime` the client has seen;
+with `session=c.start_session(causal_consistency=True)`, reads wait for the
+session's earlier operations (readConcern afterClusterTime), whichever router
+serves them (docs/decisions/0014).
 """
 
 from __future__ import annotations
