@@ -352,6 +352,19 @@ async def test_a_router_refuses_a_read_after_a_time_it_has_not_seen():
     assert r.causal_refreshes == 0
 
 
+async def test_a_router_whose_catalog_cannot_catch_up_answers_max_time_ms_expired_not_stale_data():
+    r = router()
+    r.clock.advance(100)
+
+    async def never(timeout: float) -> None:
+        raise TimeoutError
+
+    r.follower.refresh = never
+    with pytest.raises(CommandError) as e:
+        await r._read_after({"afterClusterTime": vc.to_ejson(100)})  # newer than its catalog's stamp (0)
+    assert e.value.code == "MaxTimeMSExpired" and r.causal_refreshes == 1
+
+
 # ------------------------------------------------------------------ the client
 
 
