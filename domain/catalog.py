@@ -9,12 +9,14 @@ that wants "the catalog as of ConfigTime N" (in memory, from a replay).
 
 from __future__ import annotations
 
+import base64
 import bisect
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.clock import ClusterTimeKey, VectorClock
 from domain.settings import ClusterSettings, CollectionSettings
 from domain.shardkey import KeyPattern, from_ejson, to_ejson
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
@@ -167,8 +169,10 @@ on_event: Dispatch[Catalog, None] = Dispatch("catalog event")
 class Catalog:
     """In-memory catalog; with `track_changes`, also the entity writes to persist."""
 
-    def __init__(self, track_changes: bool = True) -> None:
+    def __init__(self, track_changes: bool = True, clock: VectorClock | None = None) -> None:
         self.track_changes = track_changes
+        # With a clock: every stamped event applied advances it (docs/decisions/0014).
+        self.clock = clock
         self.shards: dict[str, Shard] = {}
         self.databases: dict[str, Database] = {}
         self.collections: dict[str, Collection] = {}
@@ -177,6 +181,12 @@ class Catalog:
         self.outcomes: dict[str, str] = {}  # finished migrations: "committed" or "aborted: <reason>"
         self.aborts: dict[str, MigrationOutcome] = {}  # aborted ones, with their code and reason
         self.config_time = 0  # offset after the last applied event, when known
+        # ConfigTime as a logical time: the stamp of the last event; TopologyTime: of the last
+        # ShardAdded / ShardRemoved (packed LogicalTimes; 0 in logs older than the stamps).
+        self.config_ts = 0
+        self.topology_ts = 0
+        self.keys: dict[int, ClusterTimeKey] = {}  # cluster-time signing keys, every one ever made
+        self._vector_dirty = False
         self._changes: dict[bytes, bytes | None] = {}
 
     # ------------------------------------------------------------- queries
@@ -204,6 +214,9 @@ class Catalog:
             self._changes[key] = None if value is None else json.dumps(value, separators=(",", ":")).encode()
 
     def drain_changes(self) -> dict[bytes, bytes | None]:
+        if self._vector_dirty:
+            self._put(b"vector", [self.config_ts, self.topology_ts])
+            self._vector_dirty = False
         out, self._changes = self._changes, {}
         return out
 
@@ -238,7 +251,7 @@ class Catalog:
     def load(self, store: Store) -> None:
         """Rebuild the in-memory catalog from the store's entities (no replay needed)."""
         # Through the instance, so that a subclass resets its own state too (bench_replay's TimedCatalog).
-        self.__init__(self.track_changes)  # type: ignore[misc]
+        self.__init__(self.track_changes, self.clock)  # type: ignore[misc]
         for k, v in store.scan(b"shard/"):
             d = json.loads(v)
             self.shards[k[6:].decode()] = Shard(k[6:].decode(), d["draining"], set(d["zones"]))
@@ -288,6 +301,13 @@ class Catalog:
             self.aborts[k[6:].decode()] = MigrationOutcome(False, d["code"], d["reason"])
         if (raw := store.get(b"settings")) is not None:
             self.settings = ClusterSettings.model_validate_json(raw)
+        for _k, v in store.scan(b"ckey/"):
+            d = json.loads(v)
+            self.keys[d["keyId"]] = ClusterTimeKey(d["keyId"], base64.b64decode(d["key"]), d["expiresAt"])
+        if (raw := store.get(b"vector")) is not None:
+            self.config_ts, self.topology_ts = json.loads(raw)
+            if self.clock is not None:  # a restart resumes the clock from the stamps it has seen
+                self.clock.advance(self.config_ts, self.config_ts, self.topology_ts)
         ckpt = store.checkpoint_any()
         self.config_time = ckpt.next_offset if ckpt else 0
 
@@ -315,6 +335,23 @@ class Catalog:
         on_event(self, e)
         if offset >= 0:
             self.config_time = offset + 1
+        ts: int | None = getattr(e, "ts", None)
+        if ts is not None:
+            self._stamp(ts, isinstance(e, (ev.ShardAdded, ev.ShardRemoved)))
+
+    def _stamp(self, ts: int, topology: bool) -> None:
+        """Fold an event's stamp: ConfigTime's logical value, TopologyTime's on a change of shards."""
+        self.config_ts = ts
+        if topology:
+            self.topology_ts = ts
+        self._vector_dirty = True  # persisted once per batch, in drain_changes
+        if self.clock is not None:
+            self.clock.advance(ts, ts, self.topology_ts)
+
+    @on_event.register(ev.ClusterTimeKeyCreated)
+    def _on_ClusterTimeKeyCreated(self, e: ev.ClusterTimeKeyCreated) -> None:
+        self.keys[e.keyId] = ClusterTimeKey(e.keyId, base64.b64decode(e.key), e.expiresAt)
+        self._put(b"ckey/" + str(e.keyId).encode(), {"keyId": e.keyId, "key": e.key, "expiresAt": e.expiresAt})
 
     @on_event.register(ev.ShardAdded)
     def _on_ShardAdded(self, e: ev.ShardAdded) -> None:

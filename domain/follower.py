@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from domain.catalog import Catalog
+from domain.clock import VectorClock
 from libs import kafka
 from libs.projection import Projection
 from libs.service import ServiceSettings, supervised
@@ -21,8 +22,8 @@ from schemas import config as schema
 
 
 class CatalogFollower:
-    def __init__(self, settings: ServiceSettings, store_name: str) -> None:
-        self.catalog = Catalog()
+    def __init__(self, settings: ServiceSettings, store_name: str, clock: VectorClock | None = None) -> None:
+        self.catalog = Catalog(clock=clock)  # with a clock: the events' stamps advance it
         self.store = Store(settings.data_dir / store_name / "catalog")
         self.projection = Projection(
             settings.bootstrap, settings.topics.config_events, schema.events, self.catalog, self.store, name=store_name
@@ -44,6 +45,30 @@ class CatalogFollower:
 
     async def wait_for(self, config_time: int, timeout: float = 30.0) -> None:
         await self.projection.wait_for(config_time, timeout)
+
+    async def refresh(self, timeout: float) -> None:
+        """Catch up to the end of config.events as of now (the tail applies it; this waits).
+        The log is written only in transactions, so its last offset is a commit or abort
+        marker, which the projection's position (last record + 1) never reaches: reaching the
+        offset before it is the end.  TimeoutError after `timeout` seconds."""
+        end = await self.projection.log_end()
+
+        async def reached() -> None:
+            while await self.projection.fetched_to() < end - 1:
+                try:
+                    await self.projection.wait_for(end, 0.05)
+                except TimeoutError:
+                    pass
+
+        await asyncio.wait_for(reached(), timeout)
+
+    def pause(self) -> None:
+        """Stop applying config.events until `resume()`: a router with a stale catalog, for tests
+        (the tail keeps running, so `refresh` and `wait_for` simply wait)."""
+        self.projection.pause()
+
+    def resume(self) -> None:
+        self.projection.resume()
 
     async def stop(self) -> None:
         if self._tail:

@@ -16,6 +16,7 @@ from libs.topics import SHARD_ID
 # ------------------------------------------------------------------ headers
 
 CONFIG_TIME = "config-time"  # on a shard request: the ConfigTime the router routed at
+# VECTOR_TIME ("vector-time"), the clock's gossip on every request and reply: domain.clock
 
 # ------------------------------------------------------------------ limits
 
@@ -85,6 +86,13 @@ class ErrorCode(StrEnum):
     ChunkRangeCleanupPending = ("ChunkRangeCleanupPending", 200)
     TransactionTooOld = ("TransactionTooOld", 225)
     ExceededTimeLimit = ("ExceededTimeLimit", 262)
+    # the vector clock and causal consistency (docs/decisions/0014)
+    NoSuchKey = ("NoSuchKey", 4)
+    MaxTimeMSExpired = ("MaxTimeMSExpired", 50)
+    UnsupportedFormat = ("UnsupportedFormat", 115)
+    TimeProofMismatch = ("TimeProofMismatch", 204)
+    ClusterTimeFailsRateLimiter = ("ClusterTimeFailsRateLimiter", 209)
+    KeyNotFound = ("KeyNotFound", 211)
     DuplicateKey = ("DuplicateKey", 11000)
     InterruptedDueToReplStateChange = ("InterruptedDueToReplStateChange", 11602)
     IDLFailedToParse = ("IDLFailedToParse", 40414)  # a required field missing (e.g. lsid without id)

@@ -68,6 +68,10 @@ class ClusterSettings(BaseModel):
     chunkDefragmentationThrottlingMS: int = Field(0, ge=0)
     # history kept for snapshot reads; chunks migrated within it are not auto-merged
     minSnapshotHistoryWindowInSeconds: int = Field(300, ge=0)
+    # signed cluster time (docs/decisions/0014): how long a signing key is valid (MongoDB's
+    # 90 days), and how far ahead of the wall clock a gossiped time may be (one year)
+    KeysRotationIntervalSec: int = Field(7_776_000, ge=1)
+    maxAcceptableLogicalClockDriftSecs: int = Field(31_536_000, ge=0)
 
     @field_validator("shardWeights")
     @classmethod

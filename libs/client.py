@@ -20,6 +20,11 @@ retryable (as in MongoDB): they are sent once.
 
 _id uniqueness across shards holds only when the shard key includes _id, as in
 MongoDB: each shard enforces it for its own documents.
+
+Every operation carries the largest signed `$clusterTime` the client has seen;
+with `session=c.start_session(causal_consistency=True)`, reads wait for the
+session's earlier operations (readConcern afterClusterTime), whichever router
+serves them (docs/decisions/0014).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from enum import Enum
 from typing import Any, TypedDict, TypeVar, Unpack
 
+from domain.clock import parse_timestamp, to_ejson
 from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
 from libs import kafka, tracing
 from libs.ids import new_object_id
@@ -51,6 +57,7 @@ class FindOneOptions(TypedDict, total=False):
     skip: int
     projection: Document | None
     batch_size: int
+    session: ClientSession | None
 
 
 class FindOptions(FindOneOptions, total=False):
@@ -166,9 +173,14 @@ class AsyncCluster:
         self.inbox = self.topics.inbox(f"client-{uuid.uuid4().hex[:12]}")
         self._requester: Requester | None = None
         self._pool: list[ClientSession] = []  # idle implicit sessions, the most recently used last
+        # The largest signed $clusterTime any reply carried: sent with every operation (gossip).
+        self.cluster_time: Document | None = None
+        self._cluster_time_value = 0
 
     def start_session(self, *, causal_consistency: bool = True) -> ClientSession:
-        """An explicit session: pass it as `session=` to run operations on it, one at a time."""
+        """An explicit session: pass it as `session=` to run operations on it, one at a time;
+        with causal consistency, its reads see its earlier operations whichever router serves
+        them (docs/decisions/0014)."""
         return ClientSession(causal_consistency=causal_consistency)
 
     def _checkout(self) -> ClientSession:
@@ -190,16 +202,47 @@ class AsyncCluster:
         next txnNumber, retried with the same number until the deadline; a multi write (not
         retryable) or any write with retry_writes=False, once."""
         if not self.retry_writes:
-            return await self.call(req, retry=False)
+            return await self.call(req, retry=False, session=session)
         used = session if session is not None else self._checkout()
         try:
             fields: dict[str, Any] = {"lsid": dict(used.lsid)}
             if retryable:
                 fields["txnNumber"] = used.next_txn_number()
-            return await self.call(req.model_copy(update=fields), retry=retryable)
+            return await self.call(req.model_copy(update=fields), retry=retryable, session=used)
         finally:
             if session is None:
                 self._checkin(used)
+
+    def _gossip(self, req: Record, session: ClientSession | None) -> Record:
+        """The operation with our $clusterTime and, for a causally consistent session's read,
+        readConcern.afterClusterTime = the session's operationTime."""
+        update: dict[str, Any] = {}
+        if self.cluster_time is not None and "clusterTime" in type(req).model_fields:
+            update["clusterTime"] = self.cluster_time
+        if (
+            session is not None
+            and session.causal_consistency
+            and session.operation_time is not None
+            and isinstance(req, (s.Find, s.Count))
+            and req.readConcern is None
+        ):
+            update["readConcern"] = {"afterClusterTime": to_ejson(session.operation_time)}
+        return req.model_copy(update=update) if update else req
+
+    def _gossip_out(self, reply: Reply, session: ClientSession | None) -> None:
+        if reply.clusterTime is not None:
+            try:
+                t = parse_timestamp(reply.clusterTime.get("clusterTime"), "$clusterTime")
+                # Unsigned (keyId 0: no key existed yet) a time is no proof another router would
+                # accept: sending it could only get an operation refused (KeyNotFound).
+                if not reply.clusterTime["signature"]["keyId"]:
+                    t = 0
+            except Exception:  # a reply we cannot read the time of teaches nothing
+                t = 0
+            if t > self._cluster_time_value:
+                self.cluster_time, self._cluster_time_value = reply.clusterTime, t
+        if session is not None:
+            session.advance_operation_time(reply.operationTime)
 
     async def connect(self) -> AsyncCluster:
         await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.inbox, config=SHORT_LIVED)])
@@ -222,22 +265,32 @@ class AsyncCluster:
     def __getitem__(self, db: str) -> AsyncDatabase:
         return AsyncDatabase(self, db)
 
-    async def call(self, req: Record, *, topic: str | None = None, retry: bool = True) -> Document:
+    async def call(
+        self,
+        req: Record,
+        *,
+        topic: str | None = None,
+        session: ClientSession | None = None,
+        retry: bool = True,
+    ) -> Document:
         """Send an operation, retrying the same request (a write: the same lsid and txnNumber)
         until the deadline; with `retry` False, once.  One operation is one trace: router and
         shard spans hang below this one."""
         with tracing.tracer.start_as_current_span(
             f"shardlog.client {req.type}", attributes={"db.namespace": getattr(req, "ns", "") or ""}
         ):
-            return await self._call(req, topic, retry)
+            return await self._call(req, topic, session, retry)
 
-    async def _call(self, req: Record, topic: str | None, retry: bool = True) -> Document:
+    async def _call(
+        self, req: Record, topic: str | None, session: ClientSession | None = None, retry: bool = True
+    ) -> Document:
         if self._requester is None:
             raise RuntimeError("not connected: use `async with AsyncCluster(...)` or `await connect()` first")
         deadline = time.monotonic() + self.timeout
         lsid = getattr(req, "lsid", None)
         # One session's operations share a partition of router.requests (they run one at a time anyway).
-        key = (lsid["id"] if isinstance(lsid, dict) and "id" in lsid else uuid.uuid4().hex).encode()
+        key = (str(lsid["id"]) if isinstance(lsid, dict) and "id" in lsid else uuid.uuid4().hex).encode()
+        req = self._gossip(req, session)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -256,6 +309,7 @@ class AsyncCluster:
                 if once:
                     raise OperationTimeout("Timeout", f"no answer to {req.type} within {self.timeout:g}s") from None
                 continue  # a router may have died with it: send it again
+            self._gossip_out(reply, session)
             if reply.ok:
                 return reply.result or {}
             raise error_for(reply.code or "Error", reply.error or "", reply.result)
@@ -307,6 +361,7 @@ class AsyncCollection:
         limit: int = 0,
         projection: Document | None = None,
         batch_size: int = 101,
+        session: ClientSession | None = None,
     ) -> AsyncCursor:
         return AsyncCursor(
             self.cluster,
@@ -319,6 +374,7 @@ class AsyncCollection:
                 projection=projection,
                 batchSize=batch_size,
             ),
+            session,
         )
 
     async def find_one(self, filter: Document | None = None, **kw: Unpack[FindOneOptions]) -> Document | None:
@@ -326,8 +382,8 @@ class AsyncCollection:
             return doc
         return None
 
-    async def count_documents(self, filter: Document | None = None) -> int:
-        n: int = (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {})))["n"]
+    async def count_documents(self, filter: Document | None = None, *, session: ClientSession | None = None) -> int:
+        n: int = (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {}), session=session))["n"]
         return n
 
     async def update_one(
@@ -427,8 +483,8 @@ class AsyncCursor:
 
     shards: list[str]  # the shards the find went to, once the first batch is in
 
-    def __init__(self, cluster: AsyncCluster, find: s.Find) -> None:
-        self.cluster, self._find = cluster, find
+    def __init__(self, cluster: AsyncCluster, find: s.Find, session: ClientSession | None = None) -> None:
+        self.cluster, self._find, self.session = cluster, find, session
         self._buffer: list[Document] = []
         self._cursor_id: int | None = None
         self._topic: str | None = None
@@ -437,7 +493,7 @@ class AsyncCursor:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Document]:
-        first = await self.cluster.call(self._find)
+        first = await self.cluster.call(self._find, session=self.session)
         self.shards = first.get("shards", [])
         batch, cid, topic = first["docs"], first["cursorId"], first.get("cursorTopic")
         while True:
@@ -445,7 +501,9 @@ class AsyncCursor:
                 yield doc
             if not cid:
                 return
-            more = await self.cluster.call(s.GetMore(cursorId=cid, batchSize=self._find.batchSize), topic=topic)
+            more = await self.cluster.call(
+                s.GetMore(cursorId=cid, batchSize=self._find.batchSize), topic=topic, session=self.session
+            )
             batch, cid = more["docs"], more["cursorId"]
 
     async def to_list(self) -> list[Document]:

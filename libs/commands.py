@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
@@ -34,6 +34,32 @@ from schemas.reply import Reply
 log = logging.getLogger(__name__)
 
 REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
+VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and reply (docs/decisions/0014)
+
+
+class Gossip(Protocol):
+    """What the runtime needs of a vector clock (domain.clock.VectorClock): tick once per stamped
+    event, advance from a request's `vector-time` header, put its own on replies."""
+
+    @property
+    def cluster_time(self) -> int: ...
+
+    def tick(self, wall: float | None = None) -> int: ...
+
+    def gossip_in(self, raw: bytes | None) -> None: ...
+
+    def gossip_out(self) -> bytes: ...
+
+
+_STAMPED: dict[type, bool] = {}
+
+
+def stamped(record: Record) -> bool:
+    """Does this kind of event carry a ClusterTime stamp (a `ts` field)?"""
+    kind = type(record)
+    if (has := _STAMPED.get(kind)) is None:
+        has = _STAMPED[kind] = "ts" in kind.model_fields
+    return has
 
 
 class CommandError(Exception):
@@ -83,6 +109,7 @@ class CommandProcessor:
         on_role: Callable[[str], None] | None = None,
         event_key: Callable[[Record], bytes | None] | None = None,
         prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
+        clock: Gossip | None = None,
     ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
@@ -91,6 +118,9 @@ class CommandProcessor:
         self.on_role = on_role or (lambda role: None)  # told "active" / "standby"
         self.event_key = event_key or (lambda event: None)  # the Kafka key of an event (compaction)
         self.prepare = prepare  # awaited before a batch is decided (e.g. catch up to its ConfigTime)
+        # With a clock: each event with a `ts` field is stamped with a tick of its own, replies carry
+        # operationTime and the clock's gossip, requests' gossip advances it.
+        self.clock = clock
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -245,15 +275,22 @@ class CommandProcessor:
                 futures: list[asyncio.Future[RecordMetadata]] = []
                 events: list[Record] = []
                 values: list[bytes | None] = []
+                op_time: int | None = None  # the command's last stamp
+                clock = self.clock
+                if clock is not None:
+                    clock.gossip_in(header(rec.headers, VECTOR_TIME))
                 try:
                     command = self.codec.decode(rec.value)
                     span.update_name(f"{self.name} {command.type}")
                     decision = self.decide(command)
+                    events = decision.events
+                    if clock is not None:
+                        events = [self._stamp(clock, e) for e in events]
+                        op_time = next((e.ts for e in reversed(events) if stamped(e)), None)  # type: ignore[attr-defined]
                     # Encode every event before applying any: an event that cannot be written
                     # must refuse the command, not leave state the log will never show.
-                    values = [_value(event) for event in decision.events]
+                    values = [_value(event) for event in events]
                     reply = Reply(ok=True, result=decision.result)
-                    events = decision.events
                 except RecordError as e:
                     await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
                     reply = Reply(ok=False, code="BadRecord", error=e.reason)
@@ -274,6 +311,8 @@ class CommandProcessor:
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)
                 headers = [(CORRELATION_ID, corr)] if corr else []
+                if clock is not None:
+                    reply = reply.model_copy(update={"operationTime": op_time or clock.cluster_time})
                 pending.append((futures, (reply, reply_to) if reply_to else None, tracing.inject(headers)))
         # Events must be acked before replies can name the ConfigTime that shows them.
         last_event: RecordMetadata | None = None
@@ -286,6 +325,8 @@ class CommandProcessor:
                     last_event.offset + 1 if last_event else self.projection.position
                 )  # events so far in this batch count
                 answer = answer.model_copy(update={"configTime": at})
+                if self.clock is not None:
+                    reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
                 await p.send(reply_to.decode(), Codec.encode(answer), headers=reply_headers)
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
@@ -294,6 +335,10 @@ class CommandProcessor:
         self.commands_done += len(records)
         if last_event is not None:
             self.projection.advance(last_event.offset + 1, fingerprint(last_value))
+
+    @staticmethod
+    def _stamp(clock: Gossip, event: Record) -> Record:
+        return event.model_copy(update={"ts": clock.tick()}) if stamped(event) else event
 
 
 def _value(event: Record) -> bytes | None:

@@ -62,6 +62,8 @@ class Projection:
         self.skipped = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._advanced = asyncio.Condition()
+        self._running = asyncio.Event()  # cleared by pause(): follow() applies nothing
+        self._running.set()
 
     async def start(self) -> None:
         self.state.load(self.store)
@@ -187,7 +189,30 @@ class Projection:
     async def follow(self) -> None:
         """Tail the log forever (until cancelled)."""
         while True:
-            await self.poll()
+            await self._running.wait()
+            batch = await self.consumer.getmany(self.tp, timeout_ms=500, max_records=5000)
+            if not self._running.is_set():  # paused while fetching: as if never fetched
+                self.consumer.seek(self.tp, self.position)
+                continue
+            if records := batch.get(self.tp):
+                await self._apply_batch(records)
+
+    def pause(self) -> None:
+        """Stop applying the log in `follow()` from now until `resume()` (tests make a lagging
+        reader with it)."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def log_end(self) -> int:
+        """The log's stable end as of now (read_committed)."""
+        return await kafka.log_end(self.consumer, self.tp)
+
+    async def fetched_to(self) -> int:
+        """How far the consumer has read: past the transaction markers `position` never counts."""
+        consumed: int = await self.consumer.position(self.tp)
+        return max(self.position, consumed)
 
     async def wait_for(self, offset: int, timeout: float) -> None:
         """Block until the projection has applied every record below `offset`."""

@@ -13,7 +13,7 @@ import uuid
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from libs import kafka, tracing
-from libs.commands import CORRELATION_ID, REPLY_TO, header
+from libs.commands import CORRELATION_ID, REPLY_TO, VECTOR_TIME, Gossip, header
 from libs.service import supervised
 from schemas import Codec, Record, RecordError
 from schemas.reply import Reply, replies
@@ -25,9 +25,16 @@ class RequestTimeout(TimeoutError):
 
 class Requester:
     def __init__(
-        self, bootstrap: str, inbox: str, *, client_id: str = "shardlog-client", stop_owner_on_failure: bool = False
+        self,
+        bootstrap: str,
+        inbox: str,
+        *,
+        client_id: str = "shardlog-client",
+        stop_owner_on_failure: bool = False,
+        clock: Gossip | None = None,
     ) -> None:
         self.bootstrap, self.inbox, self.client_id = bootstrap, inbox, client_id
+        self.clock = clock  # gossips its times on every request, advanced by every reply's
         self.stop_owner_on_failure = stop_owner_on_failure  # a service stops; a client library only logs
         self._waiting: dict[bytes, asyncio.Future[Reply]] = {}
         self._producer: AIOKafkaProducer | None = None
@@ -64,6 +71,8 @@ class Requester:
         while True:
             batch = await consumer.getmany(tp, timeout_ms=500)
             for rec in batch.get(tp, []):
+                if self.clock is not None:  # a late reply's times are news too
+                    self.clock.gossip_in(header(rec.headers, VECTOR_TIME))
                 fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)
                 if fut is None or fut.done():
                     continue
@@ -89,7 +98,10 @@ class Requester:
         self._waiting[corr] = fut
         value = record if isinstance(record, bytes) else Codec.encode(record)
         with tracing.producer_span(topic):
-            headers = tracing.inject([(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr), *(headers or [])])
+            gossip = [(VECTOR_TIME, self.clock.gossip_out())] if self.clock is not None else []
+            headers = tracing.inject(
+                [(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr), *gossip, *(headers or [])]
+            )
             await self._producer.send_and_wait(topic, value, key=key, headers=headers)
         return fut
 

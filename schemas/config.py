@@ -209,6 +209,14 @@ class SetSetting(Record):
     ns: str | None = None
 
 
+class RotateClusterTimeKeys(Record):
+    """Make the signing keys that are due: one valid now and the next (the active config
+    server sends it to itself on a timer; docs/decisions/0014)."""
+
+    type: Literal["RotateClusterTimeKeys"] = "RotateClusterTimeKeys"
+    v: Literal[1] = 1
+
+
 ConfigCommand = Annotated[
     AddShard
     | RemoveShard
@@ -229,7 +237,8 @@ ConfigCommand = Annotated[
     | MovePrimary
     | CommitPrimaryMove
     | AbortPrimaryMove
-    | MarkJumbo,
+    | MarkJumbo
+    | RotateClusterTimeKeys,
     Field(discriminator="type"),
 ]
 COMMANDS = (
@@ -253,6 +262,7 @@ COMMANDS = (
     CommitPrimaryMove,
     AbortPrimaryMove,
     MarkJumbo,
+    RotateClusterTimeKeys,
 )
 
 # ------------------------------------------------------------------ events
@@ -261,24 +271,28 @@ COMMANDS = (
 class ShardAdded(Record):
     type: Literal["ShardAdded"] = "ShardAdded"
     v: Literal[1] = 1
+    ts: int | None = None  # the ClusterTime the config server stamped it with (docs/decisions/0014)
     shard: str
 
 
 class ShardDraining(Record):
     type: Literal["ShardDraining"] = "ShardDraining"
     v: Literal[1] = 1
+    ts: int | None = None
     shard: str
 
 
 class ShardRemoved(Record):
     type: Literal["ShardRemoved"] = "ShardRemoved"
     v: Literal[1] = 1
+    ts: int | None = None
     shard: str
 
 
 class DatabaseCreated(Record):
     type: Literal["DatabaseCreated"] = "DatabaseCreated"
     v: Literal[1] = 1
+    ts: int | None = None
     db: str
     primary: str
     uuid: str
@@ -290,12 +304,14 @@ class CollectionCreated(Record):
 
     type: Literal["CollectionCreated"] = "CollectionCreated"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
 
 
 class CollectionSharded(Record):
     type: Literal["CollectionSharded"] = "CollectionSharded"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
     key: dict[str, Any]
     unique: bool
@@ -309,6 +325,7 @@ class ChunkSplit(Record):
 
     type: Literal["ChunkSplit"] = "ChunkSplit"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
     epoch: str
     min: Bound
@@ -321,6 +338,7 @@ class ChunksMerged(Record):
 
     type: Literal["ChunksMerged"] = "ChunksMerged"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
     epoch: str
     chunk: ChunkDoc
@@ -329,6 +347,7 @@ class ChunksMerged(Record):
 class ShardZoneAdded(Record):
     type: Literal["ShardZoneAdded"] = "ShardZoneAdded"
     v: Literal[1] = 1
+    ts: int | None = None
     shard: str
     zone: str
 
@@ -336,6 +355,7 @@ class ShardZoneAdded(Record):
 class ShardZoneRemoved(Record):
     type: Literal["ShardZoneRemoved"] = "ShardZoneRemoved"
     v: Literal[1] = 1
+    ts: int | None = None
     shard: str
     zone: str
 
@@ -343,6 +363,7 @@ class ShardZoneRemoved(Record):
 class ZoneRangeAssigned(Record):
     type: Literal["ZoneRangeAssigned"] = "ZoneRangeAssigned"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
     min: Bound
     max: Bound
@@ -352,6 +373,7 @@ class ZoneRangeAssigned(Record):
 class ZoneRangeRemoved(Record):
     type: Literal["ZoneRangeRemoved"] = "ZoneRangeRemoved"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
     min: Bound
     max: Bound
@@ -360,6 +382,7 @@ class ZoneRangeRemoved(Record):
 class MigrationRequested(Record):
     type: Literal["MigrationRequested"] = "MigrationRequested"
     v: Literal[1] = 1
+    ts: int | None = None
     id: str
     ns: str
     epoch: str
@@ -376,6 +399,7 @@ class MigrationCommitted(Record):
 
     type: Literal["MigrationCommitted"] = "MigrationCommitted"
     v: Literal[1] = 1
+    ts: int | None = None
     id: str
     ns: str
     epoch: str
@@ -387,6 +411,7 @@ class MigrationCommitted(Record):
 class MigrationAborted(Record):
     type: Literal["MigrationAborted"] = "MigrationAborted"
     v: Literal[1] = 1
+    ts: int | None = None
     id: str
     ns: str
     reason: str
@@ -396,6 +421,7 @@ class MigrationAborted(Record):
 class ChunkMarkedJumbo(Record):
     type: Literal["ChunkMarkedJumbo"] = "ChunkMarkedJumbo"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
     epoch: str
     min: Bound
@@ -404,6 +430,7 @@ class ChunkMarkedJumbo(Record):
 class PrimaryMoveRequested(Record):
     type: Literal["PrimaryMoveRequested"] = "PrimaryMoveRequested"
     v: Literal[1] = 1
+    ts: int | None = None
     id: str
     db: str
     donor: str
@@ -415,6 +442,7 @@ class PrimaryMoved(Record):
 
     type: Literal["PrimaryMoved"] = "PrimaryMoved"
     v: Literal[1] = 1
+    ts: int | None = None
     id: str
     db: str
     primary: str
@@ -424,6 +452,7 @@ class PrimaryMoved(Record):
 class PrimaryMoveAborted(Record):
     type: Literal["PrimaryMoveAborted"] = "PrimaryMoveAborted"
     v: Literal[1] = 1
+    ts: int | None = None
     id: str
     db: str
     reason: str
@@ -433,9 +462,22 @@ class PrimaryMoveAborted(Record):
 class SettingChanged(Record):
     type: Literal["SettingChanged"] = "SettingChanged"
     v: Literal[1] = 1
+    ts: int | None = None
     key: str
     value: Any = None
     ns: str | None = None
+
+
+class ClusterTimeKeyCreated(Record):
+    """A key to sign cluster times with, valid until `expiresAt` (a packed LogicalTime);
+    `key` is its 20 random bytes, base64.  Every follower of config.events holds the keys."""
+
+    type: Literal["ClusterTimeKeyCreated"] = "ClusterTimeKeyCreated"
+    v: Literal[1] = 1
+    ts: int | None = None
+    keyId: int
+    key: str
+    expiresAt: int
 
 
 ConfigEvent = Annotated[
@@ -458,7 +500,8 @@ ConfigEvent = Annotated[
     | ChunkMarkedJumbo
     | PrimaryMoveRequested
     | PrimaryMoved
-    | PrimaryMoveAborted,
+    | PrimaryMoveAborted
+    | ClusterTimeKeyCreated,
     Field(discriminator="type"),
 ]
 EVENTS = (
@@ -482,6 +525,7 @@ EVENTS = (
     PrimaryMoveRequested,
     PrimaryMoved,
     PrimaryMoveAborted,
+    ClusterTimeKeyCreated,
 )
 
 commands: Codec[ConfigCommand] = Codec("config.commands", ConfigCommand, COMMANDS)

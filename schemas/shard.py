@@ -389,6 +389,7 @@ class DocumentWritten(Record):
 
     type: Literal["DocumentWritten"] = "DocumentWritten"
     v: Literal[1] = 1
+    ts: int | None = None  # the ClusterTime the shard stamped the write with (docs/decisions/0014)
     ns: str
     skey: str
     doc: Doc
@@ -397,6 +398,7 @@ class DocumentWritten(Record):
 class DocumentRemoved(Record):
     type: Literal["DocumentRemoved"] = "DocumentRemoved"
     v: Literal[1] = 1
+    ts: int | None = None
     ns: str
     skey: str
     id: Any

@@ -196,6 +196,8 @@ def config_server(settings):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     wait_until(lambda: server.processor.active.is_set(), 60, "the in-process config server to become active")
+    # Its first decision is the signing keys: made before a test sends anything, so offsets are known.
+    wait_until(lambda: len(server.catalog.keys) >= 2, 30, "the config server to make its signing keys")
     yield server
     loop.call_soon_threadsafe(task_box["task"].cancel)
     t.join(30)
@@ -227,11 +229,13 @@ def read_records(bootstrap: str, topic: str) -> list:
     return asyncio.run(go())
 
 
-def read_events(bootstrap: str, topic: str) -> list:
-    """Every config event, as (offset, record)."""
+def read_events(bootstrap: str, topic: str, *, keys: bool = False) -> list:
+    """Every config event, as (offset, record); the cluster-time signing keys the config server
+    makes on its own (ClusterTimeKeyCreated) only with `keys`."""
     from schemas import config as schema
 
-    return [(r.offset, schema.events.decode(r.value)) for r in read_records(bootstrap, topic)]
+    events = [(r.offset, schema.events.decode(r.value)) for r in read_records(bootstrap, topic)]
+    return [(o, e) for o, e in events if keys or e.type != "ClusterTimeKeyCreated"]
 
 
 def cli(settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -276,6 +280,7 @@ class InProcessCluster:
 
         self.tasks.append(asyncio.create_task(self.config.run()))
         await async_wait_until(lambda: self.config.processor.active.is_set(), 60, "config server active")
+        await async_wait_until(lambda: len(self.config.catalog.keys) >= 2, 30, "the signing keys")
         async with Requester(self.settings.bootstrap, self.settings.topics.cli_replies) as r:
             for sid in self.shards:
                 reply = await r.request(self.settings.topics.config_commands, c.AddShard(shard=sid), timeout=60)

@@ -3,23 +3,33 @@ command processor on config.commands."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+
+from domain import clock as vclock
 from domain.catalog import Catalog
 from libs import kafka
 from libs.commands import CommandProcessor
 from libs.projection import Projection
-from libs.service import ServiceSettings, clear_ready, report_ready
+from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
 from schemas import config as schema
 from services.config.decide import decide
 
 NAME = "config"
+KEYS_CHECK_S = 60.0  # how often the active config server checks that the signing keys it needs exist
+
+log = logging.getLogger(__name__)
 
 
 class ConfigServer:
     def __init__(self, settings: ServiceSettings, *, instance: str = "0", max_batch: int = 500):
         self.settings = settings
         t = settings.topics
-        self.catalog = Catalog()
+        # Ticked once per config event; resumes from the stamps of its store (docs/decisions/0014).
+        self.clock = vclock.VectorClock()
+        self.catalog = Catalog(clock=self.clock)
         self.store = Store(settings.data_dir / f"config-{instance}" / "catalog")
         self.projection = Projection(
             settings.bootstrap, t.config_events, schema.events, self.catalog, self.store, name=NAME
@@ -36,6 +46,7 @@ class ConfigServer:
             max_batch=max_batch,
             session_timeout_ms=settings.session_timeout_ms,
             on_role=self._report,
+            clock=self.clock,
         )
         self.instance = instance
 
@@ -52,9 +63,32 @@ class ConfigServer:
         at = await self.projection.catch_up()
         # Ready = replayed and in the group; active or standing by.
         report_ready(self.settings, self.ready_name, role="standby", configTime=at)
+        keys = supervised(asyncio.create_task(self._rotate_keys()), f"{NAME} key rotation")
         try:
             await self.processor.run()
         finally:
+            keys.cancel()
+            await asyncio.gather(keys, return_exceptions=True)
             clear_ready(self.settings, self.ready_name)
             await self.projection.stop()
             self.store.close()
+
+    async def _rotate_keys(self) -> None:
+        """While active: make sure a signing key valid now and the next one exist, by sending
+        ourselves RotateClusterTimeKeys when some are due (the decision makes them)."""
+        producer = kafka.producer(self.settings.bootstrap, client_id=f"{NAME}-keys", linger_ms=0)
+        await producer.start()
+        try:
+            while True:
+                await self.processor.active.wait()
+                interval = self.catalog.settings.KeysRotationIntervalSec
+                if vclock.keys_to_create(self.catalog.keys, time.time(), interval):
+                    await producer.send_and_wait(
+                        self.settings.topics.config_commands, schema.commands.encode(schema.RotateClusterTimeKeys())
+                    )
+                    log.info("%s: cluster-time signing keys are due; asked for them", NAME)
+                    await asyncio.sleep(1.0)  # let the command be decided before looking again
+                    continue
+                await asyncio.sleep(min(KEYS_CHECK_S, interval / 2))
+        finally:
+            await producer.stop()

@@ -10,6 +10,7 @@ fails or does not answer fails the whole operation: no silently short results.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import os
 import time
@@ -17,6 +18,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from domain import clock as vclock
 from domain import targeting
 from domain.follower import CatalogFollower
 from domain.protocol import (
@@ -42,6 +44,10 @@ from schemas import shard as s
 MAX_STALE_RETRIES = 10
 SHARD_TIMEOUT_S = 30.0
 CRITICAL_WAIT_S = 10.0  # how long one retry waits for a critical section to end
+AFTER_CLUSTER_TIME_WAIT_S = 10.0  # how long a causally consistent read waits for the catalog to catch up
+
+# The largest operationTime of the shards one client operation reached (docs/decisions/0014).
+_operation_time: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("operation_time", default=None)
 
 
 class Stale(Exception):
@@ -75,8 +81,21 @@ on_operation: Dispatch[OperationRouter, Awaitable[dict]] = Dispatch("client oper
 
 
 class OperationRouter:
-    def __init__(self, topics: Topics, follower: CatalogFollower, requester: Requester, cursor_topic: str):
+    def __init__(
+        self,
+        topics: Topics,
+        follower: CatalogFollower,
+        requester: Requester,
+        cursor_topic: str,
+        clock: vclock.VectorClock | None = None,
+    ):
         self.topics, self.follower, self.requester = topics, follower, requester
+        # Never ticked here: advanced by the catalog, the shards' replies and clients' signed times.
+        self.clock = clock or vclock.VectorClock()
+        self.causal_refreshes = 0  # reads after a ClusterTime that made the catalog catch up first
+        self.topology_refreshes = 0
+        self._topology_refresh: asyncio.Task | None = None
+        self._signed: tuple[int, int, dict] | None = None  # (time, keys made, $clusterTime): the last signed
         self.cursor_topic = cursor_topic
         self.cursors: dict[int, RouterCursor] = {}
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
@@ -89,8 +108,11 @@ class OperationRouter:
 
     async def handle(self, req) -> dict:
         """The result of one client operation; raises CommandError."""
+        _operation_time.set([0])
         if getattr(req, "routing", None) is not None:
             raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
+        # A refused $clusterTime refuses the operation: nothing is sent.
+        self._gossip_in(getattr(req, "clusterTime", None))
         if isinstance(req, s.GetMore):  # a cursor this router holds: no routing, nothing stale
             return self.get_more(req)
         if not on_operation.handles(req):
@@ -98,6 +120,8 @@ class OperationRouter:
         split_ns(req.ns)  # InvalidNamespace before anything is sent
         if isinstance(req, WRITES):
             client_session(req)  # a malformed lsid or txnNumber, or stmtIds, refused before anything is sent
+        if isinstance(req, (s.Find, s.Count)):
+            await self._read_after(req.readConcern)
         for attempt in range(MAX_STALE_RETRIES):
             try:
                 return await on_operation(self, req)
@@ -116,6 +140,70 @@ class OperationRouter:
         raise CommandError(
             ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
         )
+
+    # ------------------------------------------------------------ the clock
+
+    def _gossip_in(self, raw: Any) -> None:
+        """Advance to a client's $clusterTime: above ours only if signed by a key of the cluster,
+        and never beyond the drift limit (docs/decisions/0014)."""
+        if raw is None:
+            return
+        t = vclock.validate_cluster_time(
+            vclock.parse_signed_cluster_time(raw),
+            self.clock.cluster_time,
+            self.catalog.keys,
+            time.time(),
+            self.catalog.settings.maxAcceptableLogicalClockDriftSecs,
+        )
+        self.clock.advance(t)
+
+    async def _read_after(self, read_concern: Any) -> None:
+        """A causally consistent read: a time nobody handed out is refused; a time after our
+        catalog's ConfigTime stamp may follow config events we have not applied (the database
+        the session wrote to, say), so the catalog first catches up to the end of config.events
+        — bounded: MaxTimeMSExpired rather than an answer from a stale catalog."""
+        after = vclock.parse_after_cluster_time(read_concern)
+        if after is None:
+            return
+        vclock.check_after_cluster_time(after, self.clock.cluster_time)
+        if after <= self.catalog.config_ts:
+            return
+        self.causal_refreshes += 1
+        try:
+            await self.follower.refresh(AFTER_CLUSTER_TIME_WAIT_S)
+        except TimeoutError:
+            raise CommandError(
+                ErrorCode.MaxTimeMSExpired,
+                f"the router's catalog did not reach the end of config.events within {AFTER_CLUSTER_TIME_WAIT_S:g}s "
+                f"for a read after {vclock.LogicalTime.unpack(after)}",
+            ) from None
+
+    def operation_time(self) -> int:
+        """This operation's operationTime: the largest of the shards it reached, else our ClusterTime."""
+        box = _operation_time.get()
+        return (box[0] if box else 0) or self.clock.cluster_time
+
+    def signed_cluster_time(self) -> dict:
+        """`$clusterTime` for a client reply, signed with the current key."""
+        t, made = self.clock.cluster_time, len(self.catalog.keys)
+        if self._signed is None or self._signed[:2] != (t, made):
+            self._signed = (t, made, vclock.signed_cluster_time(t, self.catalog.keys))
+        return self._signed[2]
+
+    def _topology_news(self) -> None:
+        """Gossip showed a TopologyTime our catalog has not applied: catch up in the background."""
+        if self.clock.now().topology <= self.catalog.topology_ts:
+            return
+        if self._topology_refresh is None or self._topology_refresh.done():
+            self.topology_refreshes += 1
+
+            async def refresh() -> None:
+                try:
+                    await self.follower.refresh(SHARD_TIMEOUT_S)
+                except TimeoutError:
+                    pass
+
+            self._topology_refresh = asyncio.ensure_future(refresh())
 
     # ------------------------------------------------------------ plumbing
 
@@ -138,6 +226,9 @@ class OperationRouter:
             raise CommandError(
                 ErrorCode.ShardUnavailable, f"shard {shard} did not answer within {SHARD_TIMEOUT_S:g}s"
             ) from None
+        if reply.operationTime and (box := _operation_time.get()) is not None and reply.operationTime > box[0]:
+            box[0] = reply.operationTime
+        self._topology_news()
         if reply.ok:
             return reply.result or {}
         if reply.code == ErrorCode.StaleConfig:
@@ -339,6 +430,7 @@ class OperationRouter:
                         projection=None if req.sort else req.projection,
                         batchSize=10_000,
                         routing=self._routing(req.ns, shard),
+                        readConcern=req.readConcern,
                     ),
                 )
                 for shard in t.shards
@@ -389,7 +481,13 @@ class OperationRouter:
     async def count(self, req: s.Count) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         parts = [
-            (shard, s.Count(ns=req.ns, filter=req.filter, routing=self._routing(req.ns, shard))) for shard in t.shards
+            (
+                shard,
+                s.Count(
+                    ns=req.ns, filter=req.filter, routing=self._routing(req.ns, shard), readConcern=req.readConcern
+                ),
+            )
+            for shard in t.shards
         ]
         return {"n": sum(r["n"] for r in await self._ask_all(parts)), "shards": list(t.shards)}
 

@@ -17,6 +17,7 @@ import uuid
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from domain.clock import VectorClock
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from libs import kafka, tracing
@@ -76,9 +77,12 @@ class RouterServer:
         t = settings.topics
         self.inbox = t.router_inbox(self.instance)
         self.cursor_topic = t.router_cursors(self.instance)
-        self.follower = CatalogFollower(settings, f"router-{self.instance}")
-        self.requester = Requester(settings.bootstrap, self.inbox, client_id=self.name, stop_owner_on_failure=True)
-        self.routing = OperationRouter(t, self.follower, self.requester, self.cursor_topic)
+        self.clock = VectorClock()  # never ticked: advanced by the catalog, the shards and signed client times
+        self.follower = CatalogFollower(settings, f"router-{self.instance}", clock=self.clock)
+        self.requester = Requester(
+            settings.bootstrap, self.inbox, client_id=self.name, stop_owner_on_failure=True, clock=self.clock
+        )
+        self.routing = OperationRouter(t, self.follower, self.requester, self.cursor_topic, clock=self.clock)
         self.served = 0
 
     async def run(self) -> None:
@@ -168,6 +172,13 @@ class RouterServer:
             except Exception as e:  # a bug: answer clearly rather than leave the client waiting
                 log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
                 reply = Reply(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}")
+            # Every client reply carries the time of the operation and our signed ClusterTime.
+            reply = reply.model_copy(
+                update={
+                    "operationTime": self.routing.operation_time(),
+                    "clusterTime": self.routing.signed_cluster_time(),
+                }
+            )
             self.served += 1
             if reply_to:
                 try:

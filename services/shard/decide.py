@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain import clock as vclock
 from domain import targeting
 from domain.catalog import Catalog, Collection
 from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, doc_bytes
@@ -59,9 +60,17 @@ class Cursor:
 
 class ShardDecider:
     def __init__(
-        self, shard_id: str, catalog: Catalog, documents: ShardDocuments, *, clock: Callable[[], float] = time.time
+        self,
+        shard_id: str,
+        catalog: Catalog,
+        documents: ShardDocuments,
+        clock: vclock.VectorClock | None = None,
+        *,
+        wall: Callable[[], float] = time.time,
     ):
-        self.shard_id, self.catalog, self.documents, self.clock = shard_id, catalog, documents, clock
+        self.shard_id, self.catalog, self.documents = shard_id, catalog, documents
+        self.clock = clock  # the vector clock (docs/decisions/0014)
+        self.wall = wall  # the wall clock: a retryable write's last-write time
         # The retryable write being decided (docs/decisions/0015) and the statements it executed.
         self._begun: retryable.Begun | None = None
         self._statements: list[s.Statement] = []
@@ -95,7 +104,7 @@ class ShardDecider:
                 # Recorded in the same transaction as the writes; a newer txnNumber's first record
                 # replaces the session's older ones (tombstones first).
                 decision.events[:0] = list(self._begun.tombstones)
-                decision.events += retryable.record(self._begun, self._statements, self.clock())
+                decision.events += retryable.record(self._begun, self._statements, self.wall())
             return decision
         finally:
             self._begun, self._statements = None, []
@@ -249,8 +258,27 @@ class ShardDecider:
                 if matcher.matches(doc):
                     yield shard_key_part(k, doc), doc
 
+    def _read_after(self, req: s.Find | s.Count) -> None:
+        """Causal consistency (docs/decisions/0014): this shard is the single writer of its
+        documents, so its state at its tip holds every write stamped up to its ClusterTime;
+        advancing the clock to afterClusterTime is the no-op write that makes this read's
+        operationTime cover it.  The catalog must be as new as the router's, though: the
+        processor waited for it, and a read that still finds it behind is refused, not served."""
+        after = vclock.parse_after_cluster_time(req.readConcern)
+        if after is None:
+            return
+        if self.clock is not None:
+            self.clock.advance(after)
+        if req.routing is not None and req.routing.configTime > self.catalog.config_time:
+            raise CommandError(
+                ErrorCode.MaxTimeMSExpired,
+                f"{self.shard_id}: catalog at ConfigTime {self.catalog.config_time} did not reach the router's "
+                f"{req.routing.configTime} in time for a read after {vclock.LogicalTime.unpack(after)}",
+            )
+
     @on_request.register(s.Find)
     def find(self, req: s.Find) -> Decision:
+        self._read_after(req)
         coll = self._placement(req.ns, req.routing)
         matching = self._matching(coll, req.ns, req.filter)
         first = next(matching, None)  # starts the scan now: ownership and blocking as of this request
@@ -310,6 +338,7 @@ class ShardDecider:
 
     @on_request.register(s.Count)
     def count(self, req: s.Count) -> Decision:
+        self._read_after(req)
         coll = self._placement(req.ns, req.routing)
         return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
 

@@ -7,6 +7,7 @@ find a document by _id.
     x/<lsid>/<txnNumber>/<part> -> a transactions-table record (retryable writes apply once)
     m/<migration id>          -> this shard's migration document (donor or recipient)
     t/<migration id>          -> a range-deletion task
+    \x00meta/clock            -> the largest ClusterTime stamped on a write (the clock resumes there)
 
 Migration documents, range-deletion tasks and the transactions table (one entry per live
 session, its latest txnNumber's records) are also kept in memory.
@@ -23,9 +24,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.clock import VectorClock
 from domain.shardkey import encode_value
 from libs.dispatch import Dispatch
-from libs.store import Store
+from libs.store import META, Store
 from schemas import Record, Tombstone
 from schemas import shard as ev
 
@@ -34,6 +36,7 @@ TXN_KEY = b"txn/"  # changelog keys of transactions-table records: txn/<lsid>/<t
 # Documents of unsharded collections are ordered by _id alone, under a prefix below every
 # encoded shard key (tags start at 0x10): a collection sharded later finds them there.
 UNSHARDED_KEY, UNSHARDED_END = b"\x00", b"\x01"
+CLOCK = META + b"clock"
 
 
 def shard_key_part(key: bytes, doc: dict) -> bytes:
@@ -114,12 +117,17 @@ class ShardDocuments:
         self.migrations: dict[str, ev.MigrationRecorded] = {}
         self.range_tasks: dict[str, ev.RangeDeletionRecorded] = {}
         self.sessions: dict[str, SessionEntry] = {}  # the transactions table, by lsid
+        self.clock: VectorClock | None = None  # advanced by every stamp folded (docs/decisions/0014)
+        self.max_ts = 0  # the largest stamp folded, persisted with the fold
 
     # ------------------------------------------------------------ State protocol
 
     def load(self, store: Store) -> None:
         self.store = store
         self._changes = {}
+        self.max_ts = int(raw) if (raw := store.get(CLOCK)) is not None else 0
+        if self.clock is not None:
+            self.clock.advance(self.max_ts)
         self.migrations = {
             k[2:].decode(): ev.MigrationRecorded.model_validate_json(v) for k, v in store.scan(MIGRATIONS)
         }
@@ -154,12 +162,23 @@ class ShardDocuments:
             self._changes[doc_key(event.ns, old, id_enc)] = None
         self._changes[doc_key(event.ns, skey, id_enc)] = json.dumps(event.doc, separators=(",", ":")).encode()
         self._changes[id_key(event.ns, id_enc)] = skey
+        if event.ts is not None:
+            self._stamped(event.ts)
 
     @on_event.register(ev.DocumentRemoved)
     def _document_removed(self, event: ev.DocumentRemoved) -> None:
         id_enc = encode_value(event.id)
         self._changes[doc_key(event.ns, bytes.fromhex(event.skey), id_enc)] = None
         self._changes[id_key(event.ns, id_enc)] = None
+        if event.ts is not None:
+            self._stamped(event.ts)
+
+    def _stamped(self, ts: int) -> None:
+        if ts > self.max_ts:
+            self.max_ts = ts
+            self._changes[CLOCK] = str(ts).encode()  # in the same batch as the write it stamps
+            if self.clock is not None:
+                self.clock.advance(ts)
 
     @on_event.register(ev.RetryableWriteRecorded)
     def _retryable_write_recorded(self, event: ev.RetryableWriteRecorded) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from domain.clock import VectorClock
 from domain.follower import CatalogFollower
 from domain.protocol import CONFIG_TIME
 from libs import kafka
@@ -31,8 +32,11 @@ class ShardServer:
         self.settings, self.shard_id = settings, shard_id
         self.name = f"shard-{shard_id}"
         t = settings.topics
-        self.follower = CatalogFollower(settings, self.name)
+        # Ticked once per document write; resumes from the largest stamp of the store and the catalog.
+        self.clock = VectorClock()
+        self.follower = CatalogFollower(settings, self.name, clock=self.clock)
         self.documents = CountingDocuments()  # ShardDocuments that also counts bytes written, for statistics
+        self.documents.clock = self.clock
         self.store = Store(settings.data_dir / self.name / "documents")
         self.projection = Projection(
             settings.bootstrap,
@@ -42,7 +46,7 @@ class ShardServer:
             self.store,
             name=self.name,
         )
-        self.decider = ShardDecider(shard_id, self.follower.catalog, self.documents)
+        self.decider = ShardDecider(shard_id, self.follower.catalog, self.documents, clock=self.clock)
         self.processor = CommandProcessor(
             bootstrap=settings.bootstrap,
             command_topic=t.shard_requests(shard_id),
@@ -57,13 +61,16 @@ class ShardServer:
             event_key=changelog_key,
             prepare=self._catch_up_config,
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
+            clock=self.clock,
         )
         self.donor = DonorCoordinator(
             DonorDeps(
                 shard_id=shard_id,
                 topics=t,
                 bootstrap=settings.bootstrap,
-                requester=Requester(settings.bootstrap, t.donor_inbox(shard_id), client_id=f"shard-{shard_id}-donor"),
+                requester=Requester(
+                    settings.bootstrap, t.donor_inbox(shard_id), client_id=f"shard-{shard_id}-donor", clock=self.clock
+                ),
                 follower=self.follower,
                 active=self.processor.active,
                 documents=self.documents,
@@ -81,7 +88,7 @@ class ShardServer:
         if wanted > self.follower.config_time:
             try:
                 await self.follower.wait_for(wanted, CONFIG_WAIT_S)
-            except TimeoutError:
+            except TimeoutError:  # a causally consistent read is refused then (ShardDecider._read_after)
                 log.warning("%s: catalog still behind ConfigTime %d after %.0fs", self.name, wanted, CONFIG_WAIT_S)
 
     async def run(self) -> None:

@@ -69,7 +69,7 @@ def test_cli_commands_and_status(settings, config_server):
     human = cli(settings, "status")
     assert human.returncode == 0 and "app.users" in human.stdout and "s1" in human.stdout
     # The catalog as of an earlier ConfigTime does not have what came later.
-    early = json.loads(cli(settings, "status", "--at", "2", "--json").stdout)
+    early = json.loads(cli(settings, "status", "--at", "4", "--json").stdout)  # keys 0-1, marker, s0 at 3
     assert [s["id"] for s in early["shards"]] == ["s0"] and early["collections"] == []
 
 

@@ -160,6 +160,7 @@ def test_every_command_has_a_decision():
         c.CommitPrimaryMove: None,
         c.AbortPrimaryMove: None,  # below
         c.MarkJumbo: c.MarkJumbo(ns="d.x", min={"k": MINK}),
+        c.RotateClusterTimeKeys: c.RotateClusterTimeKeys(),  # makes the first two keys
     }
     assert set(samples) == set(c.COMMANDS)
     for cmd in samples.values():

@@ -225,7 +225,7 @@ class Shard:
         self.documents = ShardDocuments()
         self.documents.load(self.store)
         self.now = 100.0
-        self.decider = ShardDecider("a", self.catalog, self.documents, clock=lambda: self.now)
+        self.decider = ShardDecider("a", self.catalog, self.documents, wall=lambda: self.now)
 
     def run(self, req):
         d = self.decider.decide(req.model_copy(update={"routing": s.Routing(configTime=self.catalog.config_time)}))
