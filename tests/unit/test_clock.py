@@ -295,7 +295,7 @@ def test_the_processor_stamps_only_events_with_a_ts_field():
     clock = vc.VectorClock(wall=lambda: 100)
     written = CommandProcessor._stamp(clock, s.DocumentWritten(ns="d.x", skey="00", doc={"_id": 1}))
     assert written.ts == vc.LogicalTime(100, 1).packed
-    recorded = s.WriteRecorded(opId="o", result={})
+    recorded = s.MigrationForgotten(id="m")
     assert not stamped(recorded) and CommandProcessor._stamp(clock, recorded) is recorded
     assert all("ts" in e.model_fields for e in c.EVENTS)  # every config event is stamped
 
