@@ -68,6 +68,11 @@ class ClusterSettings(BaseModel):
     chunkDefragmentationThrottlingMS: int = Field(0, ge=0)
     # history kept for snapshot reads; chunks migrated within it are not auto-merged
     minSnapshotHistoryWindowInSeconds: int = Field(300, ge=0)
+    # logical sessions (docs/decisions/0015): an idle session expires after the timeout (fractions
+    # of a minute are allowed, so tests can use seconds); routers flush their session caches to the
+    # sessions store, and shards reap expired sessions' records, every refresh period
+    logicalSessionTimeoutMinutes: float = Field(30, gt=0)
+    logicalSessionRefreshMillis: int = Field(300_000, ge=1)
 
     @field_validator("shardWeights")
     @classmethod

@@ -161,6 +161,21 @@ class AsyncCluster:
     def __getitem__(self, db: str) -> AsyncDatabase:
         return AsyncDatabase(self, db)
 
+    async def end_sessions(self, sessions: list[ClientSession]) -> None:
+        """MongoDB's endSessions: the cluster forgets these sessions (their retryable-write records
+        go once the session timeout has passed); they must not be used again."""
+        if sessions:
+            await self.call(s.EndSessions(lsids=[x.lsid for x in sessions]))
+        for x in sessions:
+            x.ended = True
+
+    async def kill_sessions(self, sessions: list[ClientSession]) -> Document:
+        """MongoDB's killSessions: as end_sessions, and the routers' cursors opened under them are killed."""
+        result = await self.call(s.KillSessions(lsids=[x.lsid for x in sessions]))
+        for x in sessions:
+            x.ended = True
+        return result
+
     async def call(self, req: Record, *, topic: str | None = None) -> Document:
         """Send an operation, retrying the same operation (same opId) until the deadline.
         One operation is one trace: router and shard spans hang below this one."""

@@ -137,6 +137,23 @@ class Explain(Record):
     filter: Doc = Field(default_factory=dict)
 
 
+class EndSessions(Record):
+    """MongoDB's endSessions: the sessions leave the routers' caches and the sessions store;
+    their retryable-write records are reaped by the shards after the session timeout."""
+
+    type: Literal["EndSessions"] = "EndSessions"
+    v: Literal[1] = 1
+    lsids: Any = None  # [{"id": "<uuid>"}, ...], checked by the router (TypeMismatch, BadValue)
+
+
+class KillSessions(Record):
+    """MongoDB's killSessions: as EndSessions, and the router's cursors opened under them are killed."""
+
+    type: Literal["KillSessions"] = "KillSessions"
+    v: Literal[1] = 1
+    lsids: Any = None
+
+
 # ------------------------------------------------- migrations and range deletion (docs/reference/chunk-migration.md)
 # Sent by a donor's migration coordinator (to itself and to the recipient), by the range
 # deleter, or by the CLI.  Bounds are shard-key documents in Extended JSON.
@@ -288,6 +305,8 @@ ShardRequest = Annotated[
     | Update
     | Delete
     | Explain
+    | EndSessions
+    | KillSessions
     | StartDonation
     | StartReceipt
     | StartPrimaryMove
@@ -303,7 +322,7 @@ ShardRequest = Annotated[
     | SplitVector,
     Field(discriminator="type"),
 ]
-REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, *MIGRATION_REQUESTS)
+REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, EndSessions, KillSessions, *MIGRATION_REQUESTS)
 # What clients may send to a router (the rest is between services).
 
 # --------------------------------------------------------------- changelog
