@@ -106,6 +106,10 @@ class Topics:
         """Replies to a shard's migration coordinator (from itself and from recipients)."""
         return self.inbox(f"shard-{shard}-migrations")
 
+    def session_reaper_inbox(self, shard: str) -> str:
+        """Replies to a shard's session reaper (ForgetSessions, sent to the shard itself)."""
+        return self.inbox(f"shard-{shard}-sessions")
+
     @property
     def balancer_inbox(self) -> str:
         return self.inbox("balancer")
