@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.settings import ClusterSettings
 from libs import kafka
@@ -45,6 +46,17 @@ def now_ms() -> int:
 
 def timeout_ms(settings: ClusterSettings) -> int:
     return max(1, int(settings.logicalSessionTimeoutMinutes * 60_000))
+
+
+async def refresh_period(follower: CatalogFollower) -> None:
+    """Sleep one logicalSessionRefreshMillis, in steps of at most a second, so that a changed
+    setting takes effect within a second rather than after the old period."""
+    start = time.monotonic()
+    while True:
+        left = follower.catalog.settings.logicalSessionRefreshMillis / 1000 - (time.monotonic() - start)
+        if left <= 0:
+            return
+        await asyncio.sleep(min(left, 1.0))
 
 
 def expired(last_use_ms: int, now: int, timeout: int) -> bool:

@@ -15,10 +15,19 @@ import asyncio
 import logging
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from domain.follower import CatalogFollower
-from domain.logical_sessions import SessionCache, SessionsReader, check_lsid, now_ms, session_id, timeout_ms
+from domain.logical_sessions import (
+    SessionCache,
+    SessionsReader,
+    check_lsid,
+    now_ms,
+    refresh_period,
+    session_id,
+    timeout_ms,
+)
 from libs import kafka
 from libs.service import ServiceSettings
 from schemas import Codec
@@ -33,16 +42,18 @@ class LogicalSessionCache:
         self.cache = SessionCache()
         self.store = SessionsReader(settings.bootstrap, self.topic, client_id=f"{name}-sessions")
         self._lock = asyncio.Lock()
-        self._producer = kafka.producer(settings.bootstrap, client_id=f"{name}-sessions", linger_ms=5)
+        self._producer: AIOKafkaProducer | None = None
         self.flushes = 0
 
     async def start(self) -> None:
+        self._producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-sessions", linger_ms=5)
         await self._producer.start()
         await self.store.start()
 
     async def stop(self) -> None:
         await self.store.stop()
-        await self._producer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
 
     def use(self, lsid: Any) -> dict[str, Any]:
         """Mark an operation's session used; its checked lsid (or MongoDB's error for it)."""
@@ -60,7 +71,7 @@ class LogicalSessionCache:
     async def run(self) -> None:
         """Flush every logicalSessionRefreshMillis (read again each time: a setting may change)."""
         while True:
-            await asyncio.sleep(self.follower.catalog.settings.logicalSessionRefreshMillis / 1000)
+            await refresh_period(self.follower)
             try:
                 await self.flush()
             except KafkaError as e:  # the next refresh tries again with what is still due
@@ -75,6 +86,8 @@ class LogicalSessionCache:
                 log.debug("%s: refreshed %d sessions, ended %d", self.name, len(plan.upserts), len(plan.tombstones))
 
     async def _write(self, upserts: list[tuple[str, bytes]], tombstones: list[str]) -> None:
+        if self._producer is None:
+            raise RuntimeError(f"{self.name}: session cache not started")
         sent = [await self._producer.send(self.topic, value, key=sid.encode()) for sid, value in upserts]
         sent += [await self._producer.send(self.topic, None, key=sid.encode()) for sid in tombstones]
         if sent:

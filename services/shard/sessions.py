@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from aiokafka.errors import KafkaError
 
 from domain.follower import CatalogFollower
-from domain.logical_sessions import SessionsReader, now_ms, timeout_ms
+from domain.logical_sessions import SessionsReader, now_ms, refresh_period, timeout_ms
 from libs import kafka
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
@@ -73,7 +73,7 @@ class SessionReaper:
         try:
             while True:
                 await d.active.wait()
-                await asyncio.sleep(d.follower.catalog.settings.logicalSessionRefreshMillis / 1000)
+                await refresh_period(d.follower)
                 if not d.active.is_set():
                     continue
                 try:
