@@ -5,6 +5,7 @@ their cursors), malformed lsids change nothing, idle sessions expire from the st
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -12,7 +13,7 @@ from libs.client import AsyncCluster, ClientSession, ShardlogError
 from schemas import config as c
 from schemas import shard as s
 from schemas.sessions import sessions as session_codec
-from tests.conftest import InProcessCluster, async_wait_until, read_records
+from tests.conftest import InProcessCluster, async_wait_until, cli, read_records
 
 pytestmark = pytest.mark.kafka
 
@@ -68,6 +69,11 @@ def test_used_sessions_reach_the_store_and_end_sessions_removes_them(one_shard):
     state = store_state(one_shard.settings)
     assert state[a.lsid["id"]] is None and state[b.lsid["id"]] is not None
     assert a.lsid["id"] not in router.cache.sessions and b.lsid["id"] in router.cache.sessions
+    # The operator's view: `shardlog sessions` lists the live ones.
+    out = cli(one_shard.settings, "sessions", "--json")
+    assert out.returncode == 0, out.stderr
+    listed = {r["lsid"]["id"]: r for r in json.loads(out.stdout)["sessions"]}
+    assert b.lsid["id"] in listed and a.lsid["id"] not in listed and not listed[b.lsid["id"]]["expired"]
 
 
 MALFORMED = [
