@@ -146,9 +146,15 @@ async def cost(args, bootstrap: str, tmp: Path) -> None:
             )
             print(f"  load: {load.operations:,} records in {load.elapsed_s:.2f}s")
             clients = {"retryable": retrying, "plain": plain}
-            for name, cl in clients.items():  # warm-up: metadata, groups, the session pool
-                await runner.run(cl[NS_DB][NS_COLL], "a", min(args.ops, 2000), concurrency=args.concurrency,
-                                 record_count=args.records, seed=args.seed)
+            for cl in clients.values():  # warm-up: metadata, groups, the session pool
+                await runner.run(
+                    cl[NS_DB][NS_COLL],
+                    "a",
+                    min(args.ops, 2000),
+                    concurrency=args.concurrency,
+                    record_count=args.records,
+                    seed=args.seed,
+                )
             for _ in range(args.repeat):
                 for name, cl in clients.items():
                     rep = await runner.run(
@@ -178,8 +184,15 @@ async def cost(args, bootstrap: str, tmp: Path) -> None:
             f"\n  retryable writes / plain writes: ops/s x{ratio['ops_s']:.2f}, p50 x{ratio['p50']:.2f}, "
             f"p99 x{ratio['p99']:.2f} (median of {args.repeat} run(s) each)"
         )
-        E.result_line("sessions.cost", records=args.records, ops=args.ops, concurrency=args.concurrency,
-                      retryable=r, plain=p, ratio=ratio)
+        E.result_line(
+            "sessions.cost",
+            records=args.records,
+            ops=args.ops,
+            concurrency=args.concurrency,
+            retryable=r,
+            plain=p,
+            ratio=ratio,
+        )
     finally:
         c.stop()
         await delete_cluster_topics(bootstrap, c.cluster)
@@ -264,9 +277,7 @@ async def storage(args, bootstrap: str, tmp: Path) -> None:
                     i = queue.get_nowait()
                     session = cl.start_session()
                     for n in range(per):
-                        await coll.update_one(
-                            {"_id": f"s{i}"}, {"$set": {"n": n}}, upsert=True, session=session
-                        )
+                        await coll.update_one({"_id": f"s{i}"}, {"$set": {"n": n}}, upsert=True, session=session)
 
             await asyncio.gather(*(worker() for _ in range(args.concurrency)))
             wrote = time.monotonic() - t0
@@ -295,8 +306,16 @@ async def storage(args, bootstrap: str, tmp: Path) -> None:
             f"\n  reaped in {reaped:.1f}s, compacted in {compacted:.1f}s; changelog on disk after/before: x{ratio:.2f}; "
             f"transactions table {before['state'][1]:,} -> {after['state'][1]:,} bytes"
         )
-        E.result_line("sessions.storage", sessions=args.sessions, writes=args.sessions * per, before=before,
-                      after=after, ratio_disk=ratio, reaped_s=round(reaped, 1), compacted_s=round(compacted, 1))
+        E.result_line(
+            "sessions.storage",
+            sessions=args.sessions,
+            writes=args.sessions * per,
+            before=before,
+            after=after,
+            ratio_disk=ratio,
+            reaped_s=round(reaped, 1),
+            compacted_s=round(compacted, 1),
+        )
     finally:
         c.stop()
         await delete_cluster_topics(bootstrap, c.cluster)

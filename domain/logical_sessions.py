@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
+from domain.session import parse_lsid
 from domain.settings import ClusterSettings
 from libs import kafka
 from libs.commands import CommandError
@@ -69,34 +69,23 @@ def session_id(lsid: Mapping[str, Any]) -> str:
     return str(lsid["id"])
 
 
-def check_lsid(value: Any, field: str = "lsid") -> dict[str, Any]:
-    """A client's lsid, `{"id": "<uuid>"}`, or MongoDB's error for it (TypeMismatch, BadValue)."""
-    if not isinstance(value, dict):
-        raise CommandError(
-            ErrorCode.TypeMismatch, f"{field} is the wrong type '{type(value).__name__}', expected type 'object'"
-        )
-    if "id" not in value:
-        raise CommandError(ErrorCode.BadValue, f"{field}.id is missing but a required field")
-    unknown = sorted(set(value) - {"id", "uid"})
-    if unknown:
-        raise CommandError(ErrorCode.BadValue, f"{field} has an unknown field {unknown[0]!r}")
-    raw = value["id"]
-    if not isinstance(raw, str):
-        raise CommandError(
-            ErrorCode.TypeMismatch, f"{field}.id is the wrong type '{type(raw).__name__}', expected a UUID string"
-        )
-    try:
-        parsed = uuid.UUID(raw)
-    except ValueError:
-        raise CommandError(ErrorCode.BadValue, f"{field}.id {raw!r} is not a UUID") from None
-    return {"id": str(parsed)}
+def check_lsid(value: Any) -> dict[str, Any]:
+    """A client's lsid, `{"id": "<uuid>"}` in canonical form, or MongoDB's error for it
+    (`domain.session.parse_lsid`: TypeMismatch, IDLFailedToParse, IDLUnknownField, BadValue)."""
+    sid = parse_lsid(value)
+    if sid is None:
+        raise CommandError(ErrorCode.TypeMismatch, "BSON field 'lsid' is the wrong type 'null', expected type 'object'")
+    return {"id": sid}
 
 
 def check_lsids(value: Any, command: str) -> list[dict[str, Any]]:
-    """The lsids of an endSessions / killSessions: a list of lsids, each checked; all or nothing."""
+    """The lsids of an endSessions / killSessions: an array of lsids, each checked; all or nothing."""
     if not isinstance(value, list):
-        raise CommandError(ErrorCode.TypeMismatch, f"{command} takes an array of lsids, not '{type(value).__name__}'")
-    return [check_lsid(v, f"{command}[{i}]") for i, v in enumerate(value)]
+        raise CommandError(
+            ErrorCode.TypeMismatch,
+            f"BSON field '{command}' is the wrong type '{type(value).__name__}', expected type 'array'",
+        )
+    return [check_lsid(v) for v in value]
 
 
 # --------------------------------------------------------------------- the store, in memory

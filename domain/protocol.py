@@ -83,9 +83,12 @@ class ErrorCode(StrEnum):
     RangeOverlapConflict = ("RangeOverlapConflict", 178)
     PrimarySteppedDown = ("PrimarySteppedDown", 189)
     ChunkRangeCleanupPending = ("ChunkRangeCleanupPending", 200)
+    TransactionTooOld = ("TransactionTooOld", 225)
     ExceededTimeLimit = ("ExceededTimeLimit", 262)
     DuplicateKey = ("DuplicateKey", 11000)
     InterruptedDueToReplStateChange = ("InterruptedDueToReplStateChange", 11602)
+    IDLFailedToParse = ("IDLFailedToParse", 40414)  # a required field missing (e.g. lsid without id)
+    IDLUnknownField = ("IDLUnknownField", 40415)
     StaleConfig = ("StaleConfig", 13388)
     StaleShardVersion = ("StaleShardVersion", 63)  # MongoDB's obsolete name for StaleConfig; still retried
     # MongoDB's names for these are BSONObjectTooLarge (10334) and ShardKeyTooBig; the

@@ -236,13 +236,13 @@ class AsyncCollection:
 
     async def insert_one(self, doc: Document) -> Any:
         doc = _prepared(doc)
-        result = await self.cluster.call(s.Insert(ns=self.ns, docs=[doc], opId=uuid.uuid4().hex))
+        result = await self.cluster.call(s.Insert(ns=self.ns, docs=[doc]))
         _raise_write_errors(result)
         return doc["_id"]
 
     async def insert_many(self, docs: list[Document], *, ordered: bool = True) -> list[Any]:
         docs = [_prepared(d) for d in docs]
-        result = await self.cluster.call(s.Insert(ns=self.ns, docs=docs, ordered=ordered, opId=uuid.uuid4().hex))
+        result = await self.cluster.call(s.Insert(ns=self.ns, docs=docs, ordered=ordered))
         _raise_write_errors(result, many=True)
         return [d["_id"] for d in docs]
 
@@ -279,21 +279,17 @@ class AsyncCollection:
         return n
 
     async def update_one(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
-        return await self.cluster.call(
-            s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert, opId=uuid.uuid4().hex)
-        )
+        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert))
 
     async def update_many(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
-        return await self.cluster.call(
-            s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert, opId=uuid.uuid4().hex)
-        )
+        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert))
 
     async def delete_one(self, filter: Document) -> int:
-        deleted: int = (await self.cluster.call(s.Delete(ns=self.ns, filter=filter, opId=uuid.uuid4().hex)))["deleted"]
+        deleted: int = (await self.cluster.call(s.Delete(ns=self.ns, filter=filter)))["deleted"]
         return deleted
 
     async def delete_many(self, filter: Document) -> int:
-        result = await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True, opId=uuid.uuid4().hex))
+        result = await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True))
         deleted: int = result["deleted"]
         return deleted
 

@@ -28,7 +28,7 @@ from aiokafka.structs import RecordMetadata
 from libs import kafka, tracing
 from libs.faults import fault_point
 from libs.projection import Projection, fingerprint
-from schemas import Codec, Record, RecordError
+from schemas import Codec, Record, RecordError, Tombstone
 from schemas.reply import Reply
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class CommandProcessor:
         await p.begin_transaction()
         # Per command: the futures of its events, its reply and where to send it (or None), its headers.
         pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
-        last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint
+        last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
         for rec in records:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
             with tracing.process_span(
@@ -244,14 +244,14 @@ class CommandProcessor:
             ) as span:
                 futures: list[asyncio.Future[RecordMetadata]] = []
                 events: list[Record] = []
-                values: list[bytes] = []
+                values: list[bytes | None] = []
                 try:
                     command = self.codec.decode(rec.value)
                     span.update_name(f"{self.name} {command.type}")
                     decision = self.decide(command)
                     # Encode every event before applying any: an event that cannot be written
                     # must refuse the command, not leave state the log will never show.
-                    values = [Codec.encode(event) for event in decision.events]
+                    values = [_value(event) for event in decision.events]
                     reply = Reply(ok=True, result=decision.result)
                     events = decision.events
                 except RecordError as e:
@@ -268,9 +268,8 @@ class CommandProcessor:
                     for event, value in zip(events, values):
                         self.projection.state.apply(event, -1)  # its offset is known once acked
                         with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
-                            futures.append(
-                                await p.send(events_topic, value, key=self.event_key(event), headers=tracing.inject())
-                            )
+                            key = event.key if isinstance(event, Tombstone) else self.event_key(event)
+                            futures.append(await p.send(events_topic, value, key=key, headers=tracing.inject()))
                         last_value = value
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)
@@ -295,6 +294,15 @@ class CommandProcessor:
         self.commands_done += len(records)
         if last_event is not None:
             self.projection.advance(last_event.offset + 1, fingerprint(last_value))
+
+
+def _value(event: Record) -> bytes | None:
+    """An event as its log stores it: JSON, or a null value for a tombstone (which needs a key)."""
+    if isinstance(event, Tombstone):
+        if not event.key:
+            raise ValueError("a tombstone needs a key")
+        return None
+    return Codec.encode(event)
 
 
 def _tag(records: list[kafka.KafkaRecord]) -> str:

@@ -17,13 +17,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from libs import kafka
 from libs.store import Checkpoint, Store
-from schemas import Codec, Record, RecordError
+from schemas import Codec, Record, RecordError, Tombstone
 
 log = logging.getLogger(__name__)
 
 
 class State(Protocol):
-    """What a projection folds into.  `apply` must be deterministic."""
+    """What a projection folds into.  `apply` must be deterministic.  A null value in the log
+    (a compaction tombstone) arrives as `schemas.Tombstone(key)`, as its writer decided it."""
 
     def load(self, store: Store) -> None: ...
 
@@ -142,6 +143,9 @@ class Projection:
 
     async def _apply_batch(self, records: list[kafka.KafkaRecord]) -> None:
         for rec in records:
+            if rec.value is None and rec.key:  # a tombstone: what the processor wrote as Tombstone(key)
+                self.state.apply(Tombstone(key=rec.key), rec.offset)
+                continue
             try:
                 event = self.codec.decode(rec.value)
             except RecordError as e:

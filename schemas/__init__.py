@@ -10,11 +10,11 @@ runtime turns into a dead letter.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-__all__ = ["Record", "RecordError", "Codec"]
+__all__ = ["Record", "RecordError", "Codec", "Tombstone"]
 
 
 class Record(BaseModel):
@@ -27,6 +27,16 @@ class Record(BaseModel):
         # pydantic sees no new field) so that code generic over records can read them.
         type: str
         v: int
+
+
+class Tombstone(Record):
+    """The removal of everything a compacted log holds under `key`: written as a null value
+    under that key (never encoded as JSON), so compaction drops the key's records; replay
+    folds a null value back into this (docs/decisions/0015)."""
+
+    type: Literal["Tombstone"] = "Tombstone"
+    v: Literal[1] = 1
+    key: bytes
 
 
 class RecordError(ValueError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import Codec, Record
 
@@ -54,7 +54,6 @@ class Insert(Record):
     ns: str
     docs: list[Doc]
     ordered: bool = True
-    opId: str | None = None  # a retried write with the same opId is applied once
     routing: Routing | None = None  # None: from a client to a router
     lsid: Any = None
     txnNumber: Any = None
@@ -106,7 +105,6 @@ class Update(Record):
     update: Doc
     multi: bool = False
     upsert: bool = False
-    opId: str | None = None
     routing: Routing | None = None  # None: from a client to a router
     lsid: Any = None
     txnNumber: Any = None
@@ -120,7 +118,29 @@ class Delete(Record):
     ns: str
     filter: Doc
     multi: bool = False
-    opId: str | None = None
+    routing: Routing | None = None  # None: from a client to a router
+    lsid: Any = None
+    txnNumber: Any = None
+    stmtIds: Any = None
+    clusterTime: Any = None
+
+
+class FindAndModify(Record):
+    """Change (or remove) one document and return it, before or after (MongoDB's findAndModify):
+    the first document `query` matches in `sort` order; `update` (operators or a replacement)
+    or `remove`; `new` returns the post-image; `upsert` inserts when nothing matches; `fields`
+    projects the returned document."""
+
+    type: Literal["FindAndModify"] = "FindAndModify"
+    v: Literal[1] = 1
+    ns: str
+    query: Doc = Field(default_factory=dict)
+    sort: Doc | None = None
+    update: Doc | None = None
+    remove: bool = False
+    new: bool = False
+    upsert: bool = False
+    fields: Doc | None = None
     routing: Routing | None = None  # None: from a client to a router
     lsid: Any = None
     txnNumber: Any = None
@@ -200,6 +220,44 @@ class StartPrimaryReceipt(Record):
     donor: str
 
 
+class _Nested(BaseModel):
+    """A part of a record (no type or schema version of its own): immutable, strict about fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Statement(_Nested):
+    """One executed statement of a retryable write (docs/decisions/0015): its id, the shard key
+    (hex) of the document it wrote or matched (None: none, e.g. an update that matched nothing),
+    its result, and for findAndModify the pre- or post-image its reply returned."""
+
+    stmtId: int
+    ns: str
+    skey: str | None = None
+    result: Doc = Field(default_factory=dict)
+    image: Doc | None = None
+
+
+class SessionStatements(_Nested):
+    """Statements of one session's retryable write, as a migration carries them."""
+
+    lsid: str
+    txnNumber: int
+    lastWriteAt: float
+    statements: list[Statement]
+
+
+class ForgetSessions(Record):
+    """From the shard's own session reaper: remove the transactions-table records of these
+    sessions (by lsid uuid) whose last write is older than `before` (unix seconds), checked
+    again when decided."""
+
+    type: Literal["ForgetSessions"] = "ForgetSessions"
+    v: Literal[1] = 1
+    lsids: list[str]
+    before: float
+
+
 class TransferBatch(Record):
     """Documents for the recipient: the clone (phase "clone") or the writes made on the
     donor since it began (phase "mods"), in changelog order."""
@@ -211,6 +269,8 @@ class TransferBatch(Record):
     phase: Literal["clone", "mods"]
     written: list[Doc] = Field(default_factory=list)  # {"skey": hex, "doc": {...}}
     removed: list[Doc] = Field(default_factory=list)  # {"skey": hex, "id": ...}
+    # Transactions-table statements about documents of the range (session migration)
+    sessions: list[SessionStatements] = Field(default_factory=list)
 
 
 class CommitClone(Record):
@@ -295,6 +355,7 @@ MIGRATION_REQUESTS = (
     DeleteRangeBatch,
     SplitVector,
 )
+SESSION_REQUESTS = (ForgetSessions,)
 
 
 ShardRequest = Annotated[
@@ -304,6 +365,7 @@ ShardRequest = Annotated[
     | Count
     | Update
     | Delete
+    | FindAndModify
     | Explain
     | EndSessions
     | KillSessions
@@ -319,10 +381,24 @@ ShardRequest = Annotated[
     | ForgetMigration
     | ListMigrations
     | DeleteRangeBatch
-    | SplitVector,
+    | SplitVector
+    | ForgetSessions,
     Field(discriminator="type"),
 ]
-REQUESTS = (Insert, Find, GetMore, Count, Update, Delete, Explain, EndSessions, KillSessions, *MIGRATION_REQUESTS)
+REQUESTS = (
+    Insert,
+    Find,
+    GetMore,
+    Count,
+    Update,
+    Delete,
+    FindAndModify,
+    Explain,
+    EndSessions,
+    KillSessions,
+    *MIGRATION_REQUESTS,
+    *SESSION_REQUESTS,
+)
 # What clients may send to a router (the rest is between services).
 
 # --------------------------------------------------------------- changelog
@@ -347,13 +423,20 @@ class DocumentRemoved(Record):
     id: Any
 
 
-class WriteRecorded(Record):
-    """The result of a write with an opId, so that a retry returns it instead of writing again."""
+class RetryableWriteRecorded(Record):
+    """Statements executed under a session's txnNumber (the shard's transactions table), written
+    in the same transaction as the writes they describe, so that a retry returns the recorded
+    results instead of writing again.  One session's records share its latest txnNumber; a
+    record is keyed by (lsid, txnNumber, part) and removed with a tombstone."""
 
-    type: Literal["WriteRecorded"] = "WriteRecorded"
+    type: Literal["RetryableWriteRecorded"] = "RetryableWriteRecorded"
     v: Literal[1] = 1
-    opId: str
-    result: Doc
+    lsid: str  # the session's uuid
+    txnNumber: int
+    part: str  # tells this record from the session's others under the same txnNumber
+    statements: list[Statement]
+    lastWriteAt: float  # unix seconds: when the session last wrote here (the reaper's input)
+    ts: int | None = None  # the ClusterTime stamp (docs/decisions/0014)
 
 
 class MigrationRecorded(Record):
@@ -408,7 +491,7 @@ class RangeDeletionRemoved(Record):
 ShardEvent = Annotated[
     DocumentWritten
     | DocumentRemoved
-    | WriteRecorded
+    | RetryableWriteRecorded
     | MigrationRecorded
     | MigrationForgotten
     | RangeDeletionRecorded
@@ -418,7 +501,7 @@ ShardEvent = Annotated[
 EVENTS = (
     DocumentWritten,
     DocumentRemoved,
-    WriteRecorded,
+    RetryableWriteRecorded,
     MigrationRecorded,
     MigrationForgotten,
     RangeDeletionRecorded,

@@ -30,6 +30,7 @@ from domain.protocol import (
     split_ns,
 )
 from domain.query import QueryError, apply_projection, compile_filter, merge_sorted
+from domain.session import RetryableWrite, client_session
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge
 from libs.commands import CommandError
 from libs.dispatch import Dispatch
@@ -56,6 +57,20 @@ class RouterCursor:
     docs: list[dict]
     created: float
     session: str | None = None  # the id of the lsid it was opened under: killSessions kills it
+
+
+WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
+
+
+def _session_fields(req: Any, stmt_ids: list[int]) -> dict[str, Any]:
+    """What a shard part carries of the client's session (docs/decisions/0015): the lsid and
+    txnNumber as sent, and the statement ids of the part (only for a retryable write)."""
+    write: RetryableWrite | None = client_session(req)
+    return {
+        "lsid": req.lsid,
+        "txnNumber": req.txnNumber,
+        "stmtIds": stmt_ids if write is not None else None,
+    }
 
 
 # Client operations that are routed by shard key (and retried on StaleConfig).
@@ -96,6 +111,8 @@ class OperationRouter:
         if not on_operation.handles(req):
             raise CommandError(ErrorCode.CommandNotFound, f"{req.type} is not a client operation")
         split_ns(req.ns)  # InvalidNamespace before anything is sent
+        if isinstance(req, WRITES):
+            client_session(req)  # a malformed lsid or txnNumber, or stmtIds, refused before anything is sent
         for attempt in range(MAX_STALE_RETRIES):
             try:
                 return await on_operation(self, req)
@@ -214,11 +231,12 @@ class OperationRouter:
                     ns=req.ns,
                     docs=[docs[i] for i in idx],
                     ordered=req.ordered,
-                    opId=f"{req.opId}/{n}/{shard}" if req.opId else None,
                     routing=self._routing(req.ns, shard),
+                    # statement i is the client's document i, whichever shard holds it
+                    **_session_fields(req, idx),
                 ),
             )
-            for n, (shard, idx) in enumerate(runs)
+            for shard, idx in runs
         ]
         if req.ordered:  # one run after another, stopping at the first error
             results = []
@@ -274,11 +292,11 @@ class OperationRouter:
         the shard key)."""
 
         def part(shard):
-            return req.model_copy(
-                update={"routing": self._routing(req.ns, shard), "opId": f"{req.opId}/{shard}" if req.opId else None}
-            )
+            # A single-document write is statement 0 on every shard it tries: each records it, so
+            # a retry finds no match the first attempt did not.
+            return req.model_copy(update={"routing": self._routing(req.ns, shard), **_session_fields(req, [0])})
 
-        if req.multi:
+        if getattr(req, "multi", False):
             results = await self._ask_all([(shard, part(shard)) for shard in t.shards])
         else:
             results = []
@@ -290,6 +308,30 @@ class OperationRouter:
         for r in results[1:]:
             total = add(total, r)
         return {k: v for k, v in total.items() if k != "retried"}
+
+    @on_operation.register(s.FindAndModify)
+    async def find_and_modify(self, req: s.FindAndModify) -> dict:
+        """Routed like a single-document write: the owning shard, or the candidates in turn
+        until one matched (with a sort, the collection must be targeted to one shard)."""
+        if req.upsert:
+            await self._ensure_collection(req.ns)
+        t = targeting.for_query(self.catalog, req.ns, req.query)
+        if not t.shards and not req.upsert:
+            return {"value": None, "lastErrorObject": {"n": 0} if req.remove else {"n": 0, "updatedExisting": False}}
+        if req.upsert and t.sharded and not t.full_key:
+            raise CommandError(
+                ErrorCode.ShardKeyNotFound,
+                "a findAndModify upsert on a sharded collection must pin the full shard key (or _id) by equality",
+            )
+        if req.sort and len(t.shards) > 1:
+            raise CommandError(
+                ErrorCode.ShardKeyNotFound,
+                "a findAndModify with a sort on a sharded collection must target one shard: "
+                "pin the shard key in its query",
+            )
+        return await self._write_targets(
+            req, t, lambda a, b: b if b["lastErrorObject"]["n"] else a, done=lambda r: r["lastErrorObject"]["n"] > 0
+        )
 
     # --------------------------------------------------------------- reads
 

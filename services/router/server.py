@@ -5,7 +5,7 @@ follower) and open cursors.
 
 A router that dies leaves its in-flight operations uncommitted in
 `router.requests`: another router takes the partition and runs them again;
-writes carry the client's opId, so shards apply each once.
+retryable writes carry their lsid and txnNumber, so shards apply each once.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from domain.query import (
     sort_key,
     upsert_document,
 )
+from domain.session import shard_session
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge, encode_value, from_ejson, to_ejson
 from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
@@ -41,8 +42,9 @@ from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, shard_key_part
 from services.shard.migrations import REQUESTS as MIGRATION_REQUESTS
 from services.shard.migrations import MigrationDecider
+from services.shard.protocol import retryable
 
-MATCHING_WRITES = (s.Update, s.Delete)
+WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
 
 on_request: Dispatch[ShardDecider, Decision] = Dispatch("shard request")
 
@@ -56,8 +58,13 @@ class Cursor:
 
 
 class ShardDecider:
-    def __init__(self, shard_id: str, catalog: Catalog, documents: ShardDocuments):
-        self.shard_id, self.catalog, self.documents = shard_id, catalog, documents
+    def __init__(
+        self, shard_id: str, catalog: Catalog, documents: ShardDocuments, *, clock: Callable[[], float] = time.time
+    ):
+        self.shard_id, self.catalog, self.documents, self.clock = shard_id, catalog, documents, clock
+        # The retryable write being decided (docs/decisions/0015) and the statements it executed.
+        self._begun: retryable.Begun | None = None
+        self._statements: list[s.Statement] = []
         self.cursors: dict[int, Cursor] = {}
         self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
@@ -74,19 +81,42 @@ class ShardDecider:
         if not on_request.handles(req):
             raise CommandError(ErrorCode.CommandNotFound, f"unknown shard request {req.type!r}")
         self.served[(req.type, getattr(req, "ns", None))] += 1
-        op_id = getattr(req, "opId", None)
-        if op_id is not None and (done := self.documents.recorded(op_id)) is not None:
-            return Decision([], {**done, "retried": True})  # a retry of a write already applied
-        rekey = self._rekey_events(getattr(req, "ns", None))
-        if rekey:
-            decision = self._after(rekey, req)
-        else:
-            decision = on_request(self, req)
-        if op_id is not None and (decision.events or isinstance(req, MATCHING_WRITES)):
-            # An update or delete is recorded even when it matched nothing: one without the shard
-            # key tries shards in turn, and a retry must not find a match the first attempt did not.
-            decision.events.append(s.WriteRecorded(opId=op_id, result=decision.result))
-        return decision
+        self._begun, self._statements = None, []
+        if isinstance(req, WRITES) and (write := shard_session(req)) is not None:
+            # TransactionTooOld here; a retry learns which of its statements ran already.
+            self._begun = retryable.begin(self.documents.sessions.get(write.lsid), write)
+        try:
+            rekey = self._rekey_events(getattr(req, "ns", None))
+            if rekey:
+                decision = self._after(rekey, req)
+            else:
+                decision = on_request(self, req)
+            if self._begun is not None and self._statements:
+                # Recorded in the same transaction as the writes; a newer txnNumber's first record
+                # replaces the session's older ones (tombstones first).
+                decision.events[:0] = list(self._begun.tombstones)
+                decision.events += retryable.record(self._begun, self._statements, self.clock())
+            return decision
+        finally:
+            self._begun, self._statements = None, []
+
+    def _retried(self, stmt_id: int) -> s.Statement | None:
+        """The recorded statement if the write being decided is a retry of an executed one."""
+        return self._begun.executed.get(stmt_id) if self._begun is not None else None
+
+    def _executed(self, stmt_id: int, ns: str, skey: bytes | None, result: dict, image: dict | None = None) -> None:
+        """Note a statement of a retryable write as executed (nothing for a plain write).  An
+        update or delete is recorded even when it matched nothing (skey None): one without the
+        shard key tries shards in turn, and a retry must not find a match the first did not."""
+        if self._begun is not None:
+            hexkey = skey.hex() if skey is not None else None
+            self._statements.append(s.Statement(stmtId=stmt_id, ns=ns, skey=hexkey, result=result, image=image))
+
+    @on_request.register(s.ForgetSessions)
+    def forget_sessions(self, req: s.ForgetSessions) -> Decision:
+        """The session reaper's removal of expired sessions' records (tombstones)."""
+        events, forgotten = retryable.forget(self.documents.sessions, req.lsids, req.before)
+        return Decision(events, {"forgotten": forgotten})
 
     def _rekey_events(self, ns: str | None) -> list[Record]:
         """A collection sharded after it was written to still has its documents under the
@@ -357,18 +387,28 @@ class ShardDecider:
         events: list[Record] = []
         errors: list[dict] = []
         seen: set[bytes] = set()
+        stmt_ids = self._begun.write.stmt_ids if self._begun is not None else ()
+        retried = 0
         for i, doc in enumerate(req.docs):
+            stmt = stmt_ids[i] if stmt_ids else None
+            if stmt is not None and self._retried(stmt) is not None:
+                retried += 1  # inserted by an earlier attempt: answered as inserted, not DuplicateKey
+                continue
             try:
-                events.append(self._insert_one(coll, req.ns, doc, seen))
+                event = self._insert_one(coll, req.ns, doc, seen)
             except CommandError as e:
                 if e.code == ErrorCode.StaleConfig:
                     raise  # the router re-targets the whole request
                 errors.append({"index": i, "code": e.code, "errmsg": e.message})
                 if req.ordered:
                     break
+                continue
+            events.append(event)
+            if stmt is not None:
+                self._executed(stmt, req.ns, bytes.fromhex(event.skey), {"n": 1})
         # Pending writes are visible to later documents of this batch through the overlay,
         # but only the events decide what happens: apply nothing here.
-        return Decision(events, {"inserted": len(events), "writeErrors": errors})
+        return Decision(events, {"inserted": len(events) + retried, "writeErrors": errors})
 
     def _insert_one(self, coll, ns: str, doc: Any, seen: set[bytes]) -> s.DocumentWritten:
         if not isinstance(doc, dict):
@@ -402,14 +442,24 @@ class ShardDecider:
     @on_request.register(s.Update)
     def update(self, req: s.Update) -> Decision:
         coll = self._placement(req.ns, req.routing)
+        if (done := self._retried(0)) is not None:
+            return Decision([], {**done.result, "retried": True})
+        decision, skey = self._update(coll, req)
+        self._executed(0, req.ns, skey, dict(decision.result or {}))
+        return decision
+
+    def _update(self, coll: Collection | None, req: s.Update) -> tuple[Decision, bytes | None]:
+        """The update's decision, and the shard key of the (first) document it matched or upserted."""
         events: list[Record] = []
         matched = modified = 0
+        first: bytes | None = None
         try:
             blocked = self._write_blocked(coll, req.ns)
             for skey, doc in self._matching(coll, req.ns, req.filter):
                 if any(lo <= skey < hi for lo, hi in blocked):
                     raise self.migrations.critical_section_wait(req.ns, "an update")
                 matched += 1
+                first = skey if first is None else first
                 new = apply_update(doc, req.update)
                 if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
                     self._check_key_unchanged(coll, skey, doc, new)
@@ -422,10 +472,12 @@ class ShardDecider:
                 new = upsert_document(req.filter, req.update)
                 new = new if "_id" in new else {"_id": new_object_id(), **new}
                 event = self._insert_one(coll, req.ns, new, set())
-                return Decision([event], {"matched": 0, "modified": 0, "upsertedId": new["_id"]})
+                return Decision([event], {"matched": 0, "modified": 0, "upsertedId": new["_id"]}), bytes.fromhex(
+                    event.skey
+                )
         except QueryError as e:
             raise CommandError(ErrorCode.BadValue, str(e)) from None
-        return Decision(events, {"matched": matched, "modified": modified})
+        return Decision(events, {"matched": matched, "modified": modified}), first
 
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
         if coll is None:
@@ -439,7 +491,9 @@ class ShardDecider:
     @on_request.register(s.Delete)
     def delete(self, req: s.Delete) -> Decision:
         coll = self._placement(req.ns, req.routing)
-        events: list[Record] = []
+        if (done := self._retried(0)) is not None:
+            return Decision([], {**done.result, "retried": True})
+        events: list[s.DocumentRemoved] = []
         blocked = self._write_blocked(coll, req.ns)
         for skey, doc in self._matching(coll, req.ns, req.filter):
             if any(lo <= skey < hi for lo, hi in blocked):
@@ -447,7 +501,85 @@ class ShardDecider:
             events.append(s.DocumentRemoved(ns=req.ns, skey=skey.hex(), id=doc["_id"]))
             if not req.multi:
                 break
-        return Decision(events, {"deleted": len(events)})
+        result = {"deleted": len(events)}
+        self._executed(0, req.ns, bytes.fromhex(events[0].skey) if events else None, result)
+        return Decision(list(events), result)
+
+    @on_request.register(s.FindAndModify)
+    def find_and_modify(self, req: s.FindAndModify) -> Decision:
+        """The first matching document in sort order, updated, replaced or removed, returned
+        before or after; a retry returns the recorded image (projected as asked now)."""
+        coll = self._placement(req.ns, req.routing)
+        check_find_and_modify(req)
+        if (done := self._retried(0)) is not None:
+            return Decision([], {**_fam_reply(done.image, done.result, req.fields), "retried": True})
+        try:
+            if req.fields is not None:
+                apply_projection({}, req.fields)  # a bad projection is refused before writing
+            decision, skey, image, last_error = self._find_and_modify(coll, req)
+        except QueryError as e:
+            raise CommandError(ErrorCode.BadValue, str(e)) from None
+        self._executed(0, req.ns, skey, last_error, image)
+        decision.result = _fam_reply(image, last_error, req.fields)
+        return decision
+
+    def _find_and_modify(
+        self, coll: Collection | None, req: s.FindAndModify
+    ) -> tuple[Decision, bytes | None, dict | None, dict]:
+        """(decision, shard key of the document, the image to return, lastErrorObject)."""
+        blocked = self._write_blocked(coll, req.ns)
+        matching = self._matching(coll, req.ns, req.query)
+        if req.sort:
+            found = min(matching, key=lambda hit: sort_key(req.sort)(hit[1]), default=None)
+        else:
+            found = next(matching, None)
+        if found is not None:
+            skey, doc = found
+            if any(lo <= skey < hi for lo, hi in blocked):
+                raise self.migrations.critical_section_wait(req.ns, "a findAndModify")
+            if req.remove:
+                return (
+                    Decision([s.DocumentRemoved(ns=req.ns, skey=skey.hex(), id=doc["_id"])]),
+                    skey,
+                    doc,
+                    {"n": 1},
+                )
+            assert req.update is not None
+            new = apply_update(doc, req.update)
+            events: list[Record] = []
+            if encode_value(new) != encode_value(doc):
+                self._check_key_unchanged(coll, skey, doc, new)
+                check_document_size(new)
+                events.append(s.DocumentWritten(ns=req.ns, skey=skey.hex(), doc=new))
+            return Decision(events), skey, new if req.new else doc, {"n": 1, "updatedExisting": True}
+        if req.upsert and req.update is not None:
+            new = upsert_document(req.query, req.update)
+            new = new if "_id" in new else {"_id": new_object_id(), **new}
+            event = self._insert_one(coll, req.ns, new, set())
+            last_error = {"n": 1, "updatedExisting": False, "upserted": new["_id"]}
+            return Decision([event]), bytes.fromhex(event.skey), new if req.new else None, last_error
+        return Decision([]), None, None, {"n": 0} if req.remove else {"n": 0, "updatedExisting": False}
+
+
+def check_find_and_modify(req: s.FindAndModify) -> None:
+    """MongoDB's refusals of a findAndModify's options (FailedToParse)."""
+    if req.remove and req.update is not None:
+        raise CommandError(ErrorCode.FailedToParse, "Cannot specify both an update and remove=true")
+    if not req.remove and req.update is None:
+        raise CommandError(ErrorCode.FailedToParse, "Either an update or remove=true must be specified")
+    if req.remove and req.upsert:
+        raise CommandError(ErrorCode.FailedToParse, "Cannot specify both upsert=true and remove=true")
+    if req.remove and req.new:
+        raise CommandError(
+            ErrorCode.FailedToParse,
+            "Cannot specify both new=true and remove=true; 'remove' always returns the deleted document",
+        )
+
+
+def _fam_reply(image: dict | None, last_error: dict, fields: dict | None) -> dict:
+    """findAndModify's reply: the document (projected) or null, and its lastErrorObject."""
+    value = apply_projection(image, fields) if image is not None and fields is not None else image
+    return {"value": value, "lastErrorObject": last_error}
 
 
 def _enc(v: Any) -> bytes:

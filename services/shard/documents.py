@@ -4,11 +4,12 @@ find a document by _id.
 
     d/<ns>\\0<shard key><_id>  -> the document (JSON)
     i/<ns>\\0<_id>             -> its shard key (to find it by _id)
-    o/<opId>                  -> a recorded write's result (retried writes apply once)
+    x/<lsid>/<txnNumber>/<part> -> a transactions-table record (retryable writes apply once)
     m/<migration id>          -> this shard's migration document (donor or recipient)
     t/<migration id>          -> a range-deletion task
 
-Migration documents and range-deletion tasks are few: they are also kept in memory.
+Migration documents, range-deletion tasks and the transactions table (one entry per live
+session, its latest txnNumber's records) are also kept in memory.
 
 Shard keys and _ids are `domain.shardkey` order-preserving encodings, so a
 chunk [min, max) is one contiguous key range.  Writes decided in the current
@@ -19,15 +20,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from domain.shardkey import encode_value
 from libs.dispatch import Dispatch
 from libs.store import Store
-from schemas import Record
+from schemas import Record, Tombstone
 from schemas import shard as ev
 
-DOCS, IDS, OPS, MIGRATIONS, TASKS = b"d/", b"i/", b"o/", b"m/", b"t/"
+DOCS, IDS, SESSIONS, MIGRATIONS, TASKS = b"d/", b"i/", b"x/", b"m/", b"t/"
+TXN_KEY = b"txn/"  # changelog keys of transactions-table records: txn/<lsid>/<txnNumber>/<part>
 # Documents of unsharded collections are ordered by _id alone, under a prefix below every
 # encoded shard key (tags start at 0x10): a collection sharded later finds them there.
 UNSHARDED_KEY, UNSHARDED_END = b"\x00", b"\x01"
@@ -50,13 +53,49 @@ def id_key(ns: str, id_enc: bytes) -> bytes:
     return IDS + ns_prefix(ns) + id_enc
 
 
+def record_suffix(lsid: str, txn_number: int, part: str) -> bytes:
+    return f"{lsid}/{txn_number}/{part}".encode()
+
+
+def record_key(lsid: str, txn_number: int, part: str) -> bytes:
+    """The changelog key of a transactions-table record (what its tombstone names)."""
+    return TXN_KEY + record_suffix(lsid, txn_number, part)
+
+
+@dataclass(frozen=True)
+class SessionEntry:
+    """One session's entry in the transactions table: its latest txnNumber and that
+    txnNumber's records on this shard, by part.  Replaced, never changed in place."""
+
+    lsid: str
+    txn_number: int
+    records: dict[str, ev.RetryableWriteRecorded] = field(default_factory=dict)
+
+    @property
+    def last_write_at(self) -> float:
+        return max((r.lastWriteAt for r in self.records.values()), default=0.0)
+
+    def executed(self) -> dict[int, ev.Statement]:
+        """The statements executed under txn_number, by id.  A statement recorded twice (an update
+        tried here and matching nothing, then its matching record migrated in) is the one that
+        wrote a document."""
+        out: dict[int, ev.Statement] = {}
+        for part in sorted(self.records):
+            for st in self.records[part].statements:
+                if st.stmtId not in out or (out[st.stmtId].skey is None and st.skey is not None):
+                    out[st.stmtId] = st
+        return out
+
+
 def changelog_key(event: Record) -> bytes | None:
-    """Kafka key of a changelog record: compaction keeps the latest per document / opId."""
+    """Kafka key of a changelog record: compaction keeps the latest per document / session record."""
     if isinstance(event, (ev.DocumentWritten, ev.DocumentRemoved)):
         doc_id = event.doc["_id"] if isinstance(event, ev.DocumentWritten) else event.id
         return b"doc/" + ns_prefix(event.ns) + encode_value(doc_id)
-    if isinstance(event, ev.WriteRecorded):
-        return b"op/" + event.opId.encode()
+    if isinstance(event, ev.RetryableWriteRecorded):
+        return record_key(event.lsid, event.txnNumber, event.part)
+    if isinstance(event, Tombstone):
+        return event.key
     if isinstance(event, (ev.MigrationRecorded, ev.MigrationForgotten)):
         return b"mig/" + event.id.encode()
     if isinstance(event, (ev.RangeDeletionRecorded, ev.RangeDeletionRemoved)):
@@ -74,6 +113,7 @@ class ShardDocuments:
         self._changes: dict[bytes, bytes | None] = {}
         self.migrations: dict[str, ev.MigrationRecorded] = {}
         self.range_tasks: dict[str, ev.RangeDeletionRecorded] = {}
+        self.sessions: dict[str, SessionEntry] = {}  # the transactions table, by lsid
 
     # ------------------------------------------------------------ State protocol
 
@@ -86,14 +126,17 @@ class ShardDocuments:
         self.range_tasks = {
             k[2:].decode(): ev.RangeDeletionRecorded.model_validate_json(v) for k, v in store.scan(TASKS)
         }
+        self.sessions = {}
+        for _, v in store.scan(SESSIONS):
+            self._remember(ev.RetryableWriteRecorded.model_validate_json(v))
 
     def tentative(self):
         """The batch's pending state as it is, to `restore` if a tentative apply is abandoned."""
-        return dict(self._changes), dict(self.migrations), dict(self.range_tasks)
+        return dict(self._changes), dict(self.migrations), dict(self.range_tasks), dict(self.sessions)
 
     def restore(self, saved) -> None:
-        changes, migrations, tasks = saved
-        self._changes, self.migrations, self.range_tasks = changes, migrations, tasks
+        changes, migrations, tasks, sessions = saved
+        self._changes, self.migrations, self.range_tasks, self.sessions = changes, migrations, tasks, sessions
 
     def drain_changes(self) -> dict[bytes, bytes | None]:
         out, self._changes = self._changes, {}
@@ -118,9 +161,47 @@ class ShardDocuments:
         self._changes[doc_key(event.ns, bytes.fromhex(event.skey), id_enc)] = None
         self._changes[id_key(event.ns, id_enc)] = None
 
-    @on_event.register(ev.WriteRecorded)
-    def _write_recorded(self, event: ev.WriteRecorded) -> None:
-        self._changes[OPS + event.opId.encode()] = json.dumps(event.result).encode()
+    @on_event.register(ev.RetryableWriteRecorded)
+    def _retryable_write_recorded(self, event: ev.RetryableWriteRecorded) -> None:
+        old = self.sessions.get(event.lsid)
+        if old is not None and event.txnNumber > old.txn_number:
+            # A newer txnNumber replaces the session's records (their tombstones come first, so
+            # this only keeps a log without them, e.g. a hand-made one, from leaving stale keys).
+            for part in old.records:
+                self._changes[SESSIONS + record_suffix(old.lsid, old.txn_number, part)] = None
+        if self._remember(event):
+            self._changes[SESSIONS + record_suffix(event.lsid, event.txnNumber, event.part)] = (
+                event.model_dump_json().encode()
+            )
+
+    def _remember(self, event: ev.RetryableWriteRecorded) -> bool:
+        old = self.sessions.get(event.lsid)
+        if old is not None and event.txnNumber < old.txn_number:
+            return False  # an older txnNumber's record never replaces a newer one
+        records = dict(old.records) if old is not None and old.txn_number == event.txnNumber else {}
+        records[event.part] = event
+        self.sessions[event.lsid] = SessionEntry(event.lsid, event.txnNumber, records)
+        return True
+
+    @on_event.register(Tombstone)
+    def _tombstone(self, event: Tombstone) -> None:
+        if not event.key.startswith(TXN_KEY):
+            return  # only transactions-table records are removed by tombstones
+        suffix = event.key[len(TXN_KEY) :]
+        self._changes[SESSIONS + suffix] = None
+        try:
+            lsid, txn, part = suffix.decode().split("/", 2)
+            txn_number = int(txn)
+        except ValueError:
+            return
+        entry = self.sessions.get(lsid)
+        if entry is None or entry.txn_number != txn_number or part not in entry.records:
+            return
+        records = {p: r for p, r in entry.records.items() if p != part}
+        if records:
+            self.sessions[lsid] = SessionEntry(lsid, txn_number, records)
+        else:
+            del self.sessions[lsid]
 
     @on_event.register(ev.MigrationRecorded)
     def _migration_recorded(self, event: ev.MigrationRecorded) -> None:
@@ -158,9 +239,11 @@ class ShardDocuments:
         raw = self.get(doc_key(ns, skey, id_enc))
         return (skey, json.loads(raw)) if raw is not None else None
 
-    def recorded(self, op_id: str) -> dict | None:
-        raw = self.get(OPS + op_id.encode())
-        return json.loads(raw) if raw is not None else None
+    def session_last_writes(self) -> Iterator[tuple[str, float]]:
+        """(lsid, its last write's wall time) of every session in the transactions table: what
+        the session reaper compares with the sessions store."""
+        for lsid, entry in list(self.sessions.items()):
+            yield lsid, entry.last_write_at
 
     def scan(self, ns: str, lo: bytes = b"", hi: bytes | None = None) -> Iterator[tuple[bytes, dict]]:
         """(shard key + _id encoding, document) for shard keys in [lo, hi), in key order,

@@ -104,5 +104,5 @@ class SessionReaper:
             self.forgotten += len(part)
         self.passes += 1
         if lsids:
-            log.info("shard %s: forgot the records of %d expired sessions", d.shard_id, len(lsids))
+            log.info("shard %s: asked to forget the records of %d expired sessions", d.shard_id, len(lsids))
         return len(lsids)

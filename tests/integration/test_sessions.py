@@ -80,7 +80,7 @@ MALFORMED = [
     ("not-a-list", "TypeMismatch"),
     ([{"id": "not-a-uuid"}], "BadValue"),
     (["just-a-string"], "TypeMismatch"),
-    ([{}], "BadValue"),
+    ([{}], "IDLFailedToParse"),
 ]
 
 

@@ -131,9 +131,10 @@ def test_flush_invariants(uses, now):
         ("abc", ErrorCode.TypeMismatch),
         ([{"id": 1}], ErrorCode.TypeMismatch),
         (["x"], ErrorCode.TypeMismatch),
-        ([{}], ErrorCode.BadValue),
+        ([{}], ErrorCode.IDLFailedToParse),
         ([{"id": "not-a-uuid"}], ErrorCode.BadValue),
-        ([{"id": str(uuid.uuid4()), "extra": 1}], ErrorCode.BadValue),
+        ([{"id": str(uuid.uuid4()), "extra": 1}], ErrorCode.IDLUnknownField),
+        ([None], ErrorCode.TypeMismatch),
         ([{"id": str(uuid.uuid4())}, None], ErrorCode.TypeMismatch),  # one bad lsid refuses them all
     ],
 )

@@ -82,17 +82,25 @@ def test_a_router_batch_holds_at_least_one_document_and_at_most_the_byte_cap():
     assert _batch_length([], 3) == 0
 
 
+LSID = {"id": "00000000-0000-4000-8000-000000000001"}
+
+
 def test_a_write_that_changed_nothing_is_recorded_so_a_retry_cannot_match_later(shard):
     ns = "d.u"
-    events, result = shard.run(
-        s.Update(ns=ns, filter={"x": 1}, update={"$set": {"y": 1}}, opId="op1", routing=shard.routing(ns))
+    update = s.Update(
+        ns=ns,
+        filter={"x": 1},
+        update={"$set": {"y": 1}},
+        lsid=LSID,
+        txnNumber=1,
+        stmtIds=[0],
+        routing=shard.routing(ns),
     )
+    events, result = shard.run(update)
     assert result == {"matched": 0, "modified": 0}
-    assert [e.type for e in events] == ["WriteRecorded"]
+    assert [e.type for e in events] == ["RetryableWriteRecorded"]
     shard.run(s.Insert(ns=ns, docs=[{"_id": 1, "x": 1}], routing=shard.routing(ns)))
-    events, result = shard.run(
-        s.Update(ns=ns, filter={"x": 1}, update={"$set": {"y": 1}}, opId="op1", routing=shard.routing(ns))
-    )
+    events, result = shard.run(update)
     assert events == [] and result["retried"] and result["matched"] == 0  # the retry keeps its first answer
     _, found = shard.run(s.Find(ns=ns, filter={"_id": 1}, routing=shard.routing(ns)))
     assert "y" not in found["docs"][0]
