@@ -156,3 +156,101 @@ def test_idle_sessions_expire_from_the_store(one_shard):
     run(one_shard, go)
     state = store_state(one_shard.settings)
     assert all(state[x.lsid["id"]] is None for x in idle)
+
+
+def test_expired_sessions_records_leave_the_shard_and_are_compacted_from_its_changelog(one_shard):
+    """N sessions x M retryable writes; with a short timeout the idle sessions expire: their
+    transactions-table records leave the shard's state (memory and RocksDB) and, once the
+    changelog compacts, the log itself; a session kept live by reads keeps its records."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    settings, shard = one_shard.settings, one_shard.shards["s0"]
+    changelog = settings.topics.shard_changelog("s0")
+
+    async def aggressive_compaction():
+        # AlterConfigs replaces a topic's whole configuration: keep what it has (compaction!).
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+        await admin.start()
+        try:
+            (described,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, changelog)])
+            entries = described.to_object()["resources"][0]["config_entries"]
+            config = {
+                e["config_names"]: e["config_value"] for e in entries if e["config_source"] == 1
+            }  # the topic's own
+            assert config["cleanup.policy"] == "compact"
+            config |= {"segment.ms": "500", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "500"}
+            await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, changelog, config)])
+        finally:
+            await admin.close()
+
+    asyncio.run(aggressive_compaction())
+    n, m = 4, 3
+    expiring = [ClientSession() for _ in range(n)]
+    live = ClientSession()
+
+    async def write(cl, x: ClientSession, i: int) -> None:
+        for txn in range(1, m + 1):
+            u = s.Update(ns="app.c", filter={"_id": i}, update={"$inc": {"n": 1}}, upsert=True)
+            result = await cl.call(u.model_copy(update={"lsid": x.lsid, "txnNumber": txn}))
+            assert result["matched"] + ("upsertedId" in result) == 1
+
+    def txn_keys(ids: set[str]) -> list:
+        """Every changelog record (values and tombstones) of these sessions' records, from the start."""
+        return [
+            r
+            for r in read_records(settings.bootstrap, changelog)
+            if r.key and r.key.startswith(b"txn/") and r.key[4:].split(b"/")[0].decode() in ids
+        ]
+
+    async def go(cl):
+        for i, x in enumerate([*expiring, live]):
+            await write(cl, x, i)
+        ids = {x.lsid["id"] for x in expiring}
+        assert ids | {live.lsid["id"]} <= set(shard.documents.sessions)
+        assert await asyncio.to_thread(txn_keys, ids), "the retryable writes left no record in the changelog"
+        await asyncio.to_thread(one_shard.command, c.SetSetting(key="logicalSessionTimeoutMinutes", value=0.03))
+
+        async def keep_live_and_tick():  # reads keep `live` in the store; plain writes roll segments
+            while True:
+                await cl.call(s.Count(ns="app.c", lsid=live.lsid))
+                await cl["app"]["ticks"].update_one({"_id": 0}, {"$inc": {"n": 1}}, upsert=True)
+                await asyncio.sleep(0.3)
+
+        ticker = asyncio.create_task(keep_live_and_tick())
+        try:
+
+            def stored() -> set[str]:
+                return {k.split(b"/")[1].decode() for k, _ in shard.store.scan(b"x/")}
+
+            # Gone from memory at the decision, from RocksDB once its transaction committed.
+            await async_wait_until(
+                lambda: not ids & (set(shard.documents.sessions) | stored()),
+                30,
+                "the shard to forget the expired sessions (memory and RocksDB)",
+            )
+            assert live.lsid["id"] in shard.documents.sessions and live.lsid["id"] in stored()
+            left: list = []
+
+            def compacted() -> bool:
+                left[:] = txn_keys(ids)
+                return not left
+
+            deadline = asyncio.get_running_loop().time() + 120
+            while not await asyncio.to_thread(compacted):
+                if asyncio.get_running_loop().time() > deadline:
+                    pytest.fail(
+                        f"after 120s the changelog {changelog} still holds {len(left)} records or tombstones of the "
+                        f"expired sessions (broker log cleaner: segment.ms, log.cleaner.backoff.ms); first: "
+                        f"{left[0].key!r} value={'tombstone' if left[0].value is None else 'record'}"
+                    )
+                await asyncio.sleep(2)
+        finally:
+            ticker.cancel()
+        # The live session's records are still in the log and still answer a retry.
+        assert await asyncio.to_thread(txn_keys, {live.lsid["id"]})
+        u = s.Update(ns="app.c", filter={"_id": n}, update={"$inc": {"n": 1}}, lsid=live.lsid, txnNumber=m)
+        await cl.call(u)
+        assert (await cl["app"]["c"].find_one({"_id": n}))["n"] == m  # the retry applied nothing
+
+    run(one_shard, go)
