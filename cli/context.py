@@ -158,11 +158,13 @@ class CliContext:
         """The catalog replayed from the config events (as of ConfigTime `at`)."""
         return self.run(replay_catalog(self.bootstrap, self.topics.config_events, until=at))
 
-    def with_client(self, fn: Callable[[AsyncCluster], Awaitable[T]]) -> T:
+    def with_client(self, fn: Callable[[AsyncCluster], Awaitable[T]], *, retry_writes: bool = True) -> T:
         """Run fn(async cluster) through the routers; a refusal is one clear line."""
 
         async def go() -> T:
-            async with AsyncCluster(self.bootstrap, self.topics.cluster, timeout=self.timeout) as c:
+            async with AsyncCluster(
+                self.bootstrap, self.topics.cluster, timeout=self.timeout, retry_writes=retry_writes
+            ) as c:
                 return await fn(c)
 
         try:

@@ -33,6 +33,11 @@ LINE_EVERY = 5.0  # seconds between progress lines when not on a terminal
 NsOpt = typer.Option("ycsb.usertable", "--ns", help="the collection, db.collection")
 ConcurrencyOpt = typer.Option(8, "--concurrency", "-c", help="operations in flight (load: insert_many batches)")
 SeedOpt = typer.Option(None, "--seed", help="fix the random operation stream and values")
+RetryWritesOpt = typer.Option(
+    True,
+    "--retry-writes/--no-retry-writes",
+    help="retryable writes (lsid + txnNumber: a retry applies once); --no-retry-writes: plain writes, sent once",
+)
 
 
 # ---------------------------------------------------------------- helpers
@@ -132,12 +137,13 @@ def _execute(
     title: str,
     unit: str,
     fn: Callable[[AsyncCluster, runner.ProgressCallback], Awaitable[runner.Report]],
+    retry_writes: bool = True,
 ) -> runner.Report:
     """Connect, run fn(cluster, progress) under a progress display, flush the metrics."""
     flush = _setup_metrics()
     try:
         with ProgressDisplay(title, unit, cx.json, cx.out, cx.err) as display:
-            return cx.with_client(lambda c: fn(c, display.update))
+            return cx.with_client(lambda c: fn(c, display.update), retry_writes=retry_writes)
     finally:
         flush()
 
@@ -197,6 +203,7 @@ def load_cmd(
     concurrency: int = ConcurrencyOpt,
     batch_size: int = typer.Option(100, "--batch-size", help="records per insert_many"),
     seed: int | None = SeedOpt,
+    retry_writes: bool = RetryWritesOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Insert the YCSB records (user…, field0..field9 of 100 characters)."""
@@ -213,6 +220,7 @@ def load_cmd(
         lambda c, progress: runner.load(
             c[db][coll], w, records, concurrency=concurrency, batch_size=batch_size, progress=progress, seed=seed
         ),
+        retry_writes,
     )
     _print_report(cx, report)
 
@@ -230,6 +238,7 @@ def run_cmd(
     ),
     ns: str = NsOpt,
     seed: int | None = SeedOpt,
+    retry_writes: bool = RetryWritesOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Run a YCSB core workload against loaded records and measure it."""
@@ -260,5 +269,6 @@ def run_cmd(
             request_distribution=distribution,
             seed=seed,
         ),
+        retry_writes,
     )
     _print_report(cx, report)

@@ -9,9 +9,14 @@
         c["app"]["users"].count_documents({})
 
 Operations go to the routers through `router.requests`; replies come back to
-this client's own inbox topic (created on connect, deleted on close).  A write
-carries an operation id, and documents get their `_id` here when they have
-none, so a retry after a timeout or a dead router is applied once.
+this client's own inbox topic (created on connect, deleted on close).  Writes
+are retryable writes, as a driver's with retryWrites=true (docs/decisions/0015):
+each runs on a logical session (an implicit one from a pool, or `session=`)
+under the session's next txnNumber, and a retry after a timeout or a dead
+router reuses that number, so the shards apply it once.  Documents get their
+`_id` here when they have none.  `AsyncCluster(..., retry_writes=False)` sends
+writes without lsid or txnNumber, once.  Multi updates and deletes are not
+retryable (as in MongoDB): they are sent once.
 
 _id uniqueness across shards holds only when the shard key includes _id, as in
 MongoDB: each shard enforces it for its own documents.
@@ -24,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from enum import Enum
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
@@ -54,6 +60,19 @@ class FindOptions(FindOneOptions, total=False):
 class ClusterOptions(TypedDict, total=False):
     timeout: float
     attempt_timeout: float
+    retry_writes: bool
+
+
+class ReturnDocument(Enum):
+    """Which document find_one_and_update / find_one_and_replace return (pymongo's names)."""
+
+    BEFORE = False
+    AFTER = True
+
+
+# An implicit session idle this long is not reused: the cluster may expire it at
+# logicalSessionTimeoutMinutes (30), and a driver discards it a minute before.
+IMPLICIT_SESSION_IDLE_S = 29 * 60
 
 
 class ShardlogError(Exception):
@@ -131,14 +150,59 @@ class ClientSession:
             self.operation_time = t
 
 
+END_SESSIONS_ON_CLOSE_S = 5.0  # close() does not wait longer for the routers to end its sessions
+
+
 class AsyncCluster:
     def __init__(
-        self, bootstrap: str, cluster: str = "shardlog", *, timeout: float = 30.0, attempt_timeout: float = 10.0
+        self,
+        bootstrap: str,
+        cluster: str = "shardlog",
+        *,
+        timeout: float = 30.0,
+        attempt_timeout: float = 10.0,
+        retry_writes: bool = True,
     ) -> None:
         self.bootstrap, self.topics = bootstrap, Topics(cluster)
         self.timeout, self.attempt_timeout = timeout, attempt_timeout
+        self.retry_writes = retry_writes
         self.inbox = self.topics.inbox(f"client-{uuid.uuid4().hex[:12]}")
         self._requester: Requester | None = None
+        self._pool: list[ClientSession] = []  # idle implicit sessions, the most recently used last
+
+    def start_session(self, *, causal_consistency: bool = True) -> ClientSession:
+        """An explicit session: pass it as `session=` to run operations on it, one at a time."""
+        return ClientSession(causal_consistency=causal_consistency)
+
+    def _checkout(self) -> ClientSession:
+        """An implicit session for one operation: the most recently used idle one, or a new one."""
+        now = time.monotonic()
+        while self._pool:
+            session = self._pool.pop()
+            if now - session.last_use < IMPLICIT_SESSION_IDLE_S:
+                return session
+        return ClientSession(implicit=True)
+
+    def _checkin(self, session: ClientSession) -> None:
+        if not session.ended:
+            session.last_use = time.monotonic()
+            self._pool.append(session)
+
+    async def write(self, req: Record, *, session: ClientSession | None = None, retryable: bool = True) -> Document:
+        """Send a write on a session (docs/decisions/0015): a retryable one under the session's
+        next txnNumber, retried with the same number until the deadline; a multi write (not
+        retryable) or any write with retry_writes=False, once."""
+        if not self.retry_writes:
+            return await self.call(req, retry=False)
+        used = session if session is not None else self._checkout()
+        try:
+            fields: dict[str, Any] = {"lsid": dict(used.lsid)}
+            if retryable:
+                fields["txnNumber"] = used.next_txn_number()
+            return await self.call(req.model_copy(update=fields), retry=retryable)
+        finally:
+            if session is None:
+                self._checkin(used)
 
     async def connect(self) -> AsyncCluster:
         await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.inbox, config=SHORT_LIVED)])
@@ -147,6 +211,14 @@ class AsyncCluster:
         return self
 
     async def close(self) -> None:
+        """End the pooled implicit sessions (as a driver does on close: the cluster can forget them
+        at once rather than after the session timeout), then disconnect."""
+        if self._requester and self._pool:
+            pooled, self._pool = self._pool, []
+            try:
+                await asyncio.wait_for(self.end_sessions(pooled), min(self.timeout, END_SESSIONS_ON_CLOSE_S))
+            except (ShardlogError, TimeoutError):
+                pass  # the sessions expire on their own after logicalSessionTimeoutMinutes
         if self._requester:
             await self._requester.stop()
             self._requester = None
@@ -176,25 +248,29 @@ class AsyncCluster:
             x.ended = True
         return result
 
-    async def call(self, req: Record, *, topic: str | None = None) -> Document:
-        """Send an operation, retrying the same operation (same opId) until the deadline.
-        One operation is one trace: router and shard spans hang below this one."""
+    async def call(self, req: Record, *, topic: str | None = None, retry: bool = True) -> Document:
+        """Send an operation, retrying the same request (a write: the same lsid and txnNumber)
+        until the deadline; with `retry` False, once.  One operation is one trace: router and
+        shard spans hang below this one."""
         with tracing.tracer.start_as_current_span(
             f"shardlog.client {req.type}", attributes={"db.namespace": getattr(req, "ns", "") or ""}
         ):
-            return await self._call(req, topic)
+            return await self._call(req, topic, retry)
 
-    async def _call(self, req: Record, topic: str | None) -> Document:
+    async def _call(self, req: Record, topic: str | None, retry: bool = True) -> Document:
         if self._requester is None:
             raise RuntimeError("not connected: use `async with AsyncCluster(...)` or `await connect()` first")
         deadline = time.monotonic() + self.timeout
-        key = (getattr(req, "opId", None) or uuid.uuid4().hex).encode()
+        lsid = getattr(req, "lsid", None)
+        # One session's operations share a partition of router.requests (they run one at a time anyway).
+        key = (str(lsid["id"]) if isinstance(lsid, dict) and "id" in lsid else uuid.uuid4().hex).encode()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OperationTimeout("Timeout", f"no answer from the routers within {self.timeout:g}s")
             # A getMore is not retried: a slow first attempt may already have consumed the batch.
-            once = isinstance(req, s.GetMore)
+            # Nor is a write that is not retryable: a second attempt could apply it twice.
+            once = isinstance(req, s.GetMore) or not retry
             try:
                 reply: Reply = await self._requester.request(
                     topic or self.topics.router_requests,
@@ -204,7 +280,7 @@ class AsyncCluster:
                 )
             except RequestTimeout:
                 if once:
-                    raise OperationTimeout("Timeout", f"no answer to getMore within {self.timeout:g}s") from None
+                    raise OperationTimeout("Timeout", f"no answer to {req.type} within {self.timeout:g}s") from None
                 continue  # a router may have died with it: send it again
             if reply.ok:
                 return reply.result or {}
@@ -234,15 +310,17 @@ class AsyncCollection:
     def __init__(self, cluster: AsyncCluster, ns: str) -> None:
         self.cluster, self.ns = cluster, ns
 
-    async def insert_one(self, doc: Document) -> Any:
+    async def insert_one(self, doc: Document, *, session: ClientSession | None = None) -> Any:
         doc = _prepared(doc)
-        result = await self.cluster.call(s.Insert(ns=self.ns, docs=[doc]))
+        result = await self.cluster.write(s.Insert(ns=self.ns, docs=[doc]), session=session)
         _raise_write_errors(result)
         return doc["_id"]
 
-    async def insert_many(self, docs: list[Document], *, ordered: bool = True) -> list[Any]:
+    async def insert_many(
+        self, docs: list[Document], *, ordered: bool = True, session: ClientSession | None = None
+    ) -> list[Any]:
         docs = [_prepared(d) for d in docs]
-        result = await self.cluster.call(s.Insert(ns=self.ns, docs=docs, ordered=ordered))
+        result = await self.cluster.write(s.Insert(ns=self.ns, docs=docs, ordered=ordered), session=session)
         _raise_write_errors(result, many=True)
         return [d["_id"] for d in docs]
 
@@ -278,20 +356,93 @@ class AsyncCollection:
         n: int = (await self.cluster.call(s.Count(ns=self.ns, filter=filter or {})))["n"]
         return n
 
-    async def update_one(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
-        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert))
+    async def update_one(
+        self, filter: Document, update: Document, *, upsert: bool = False, session: ClientSession | None = None
+    ) -> Document:
+        req = s.Update(ns=self.ns, filter=filter, update=update, upsert=upsert)
+        return await self.cluster.write(req, session=session)
 
-    async def update_many(self, filter: Document, update: Document, *, upsert: bool = False) -> Document:
-        return await self.cluster.call(s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert))
+    async def update_many(
+        self, filter: Document, update: Document, *, upsert: bool = False, session: ClientSession | None = None
+    ) -> Document:
+        req = s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert)
+        return await self.cluster.write(req, session=session, retryable=False)
 
-    async def delete_one(self, filter: Document) -> int:
-        deleted: int = (await self.cluster.call(s.Delete(ns=self.ns, filter=filter)))["deleted"]
+    async def delete_one(self, filter: Document, *, session: ClientSession | None = None) -> int:
+        deleted: int = (await self.cluster.write(s.Delete(ns=self.ns, filter=filter), session=session))["deleted"]
         return deleted
 
-    async def delete_many(self, filter: Document) -> int:
-        result = await self.cluster.call(s.Delete(ns=self.ns, filter=filter, multi=True))
-        deleted: int = result["deleted"]
+    async def delete_many(self, filter: Document, *, session: ClientSession | None = None) -> int:
+        req = s.Delete(ns=self.ns, filter=filter, multi=True)
+        deleted: int = (await self.cluster.write(req, session=session, retryable=False))["deleted"]
         return deleted
+
+    async def find_one_and_update(
+        self,
+        filter: Document,
+        update: Document,
+        *,
+        projection: Document | None = None,
+        sort: Document | None = None,
+        upsert: bool = False,
+        return_document: ReturnDocument = ReturnDocument.BEFORE,
+        session: ClientSession | None = None,
+    ) -> Document | None:
+        """Update the first matching document (in `sort` order) and return it as it was, or
+        with ReturnDocument.AFTER as it is now; None when nothing matched (and no upsert)."""
+        if not update or not all(k.startswith("$") for k in update):
+            raise ValueError("update only works with $ operators")
+        return await self._find_and_modify(
+            filter,
+            update=update,
+            fields=projection,
+            sort=sort,
+            upsert=upsert,
+            new=return_document.value,
+            session=session,
+        )
+
+    async def find_one_and_replace(
+        self,
+        filter: Document,
+        replacement: Document,
+        *,
+        projection: Document | None = None,
+        sort: Document | None = None,
+        upsert: bool = False,
+        return_document: ReturnDocument = ReturnDocument.BEFORE,
+        session: ClientSession | None = None,
+    ) -> Document | None:
+        """Replace the first matching document (keeping its _id) and return it before or after."""
+        if any(k.startswith("$") for k in replacement):
+            raise ValueError("replacement can not include $ operators")
+        return await self._find_and_modify(
+            filter,
+            update=replacement,
+            fields=projection,
+            sort=sort,
+            upsert=upsert,
+            new=return_document.value,
+            session=session,
+        )
+
+    async def find_one_and_delete(
+        self,
+        filter: Document,
+        *,
+        projection: Document | None = None,
+        sort: Document | None = None,
+        session: ClientSession | None = None,
+    ) -> Document | None:
+        """Delete the first matching document (in `sort` order) and return it."""
+        return await self._find_and_modify(filter, remove=True, fields=projection, sort=sort, session=session)
+
+    async def _find_and_modify(
+        self, query: Document, *, session: ClientSession | None, **options: Any
+    ) -> Document | None:
+        req = s.FindAndModify(ns=self.ns, query=query, **options)
+        value: Document | None = (await self.cluster.write(req, session=session))["value"]
+        return value
 
     async def explain(self, filter: Document | None = None) -> Document:
         return await self.cluster.call(s.Explain(ns=self.ns, filter=filter or {}))
@@ -368,6 +519,9 @@ class Cluster:
 
     def __getitem__(self, db: str) -> Database:
         return Database(self, db)
+
+    def start_session(self, *, causal_consistency: bool = True) -> ClientSession:
+        return self._async.start_session(causal_consistency=causal_consistency)
 
 
 class Database:

@@ -239,6 +239,22 @@ class ShardDocuments:
         raw = self.get(doc_key(ns, skey, id_enc))
         return (skey, json.loads(raw)) if raw is not None else None
 
+    def stored_sessions(self) -> Iterator[SessionEntry]:
+        """The transactions table as committed (no pending records of the open batch): what a
+        migration's clone may send, since a record still pending could yet be aborted."""
+        entry: SessionEntry | None = None
+        for _, v in self.store.scan(SESSIONS):
+            r = ev.RetryableWriteRecorded.model_validate_json(v)
+            if entry is not None and entry.lsid != r.lsid:
+                yield entry
+                entry = None
+            if entry is None or r.txnNumber > entry.txn_number:
+                entry = SessionEntry(r.lsid, r.txnNumber, {r.part: r})
+            elif r.txnNumber == entry.txn_number:
+                entry.records[r.part] = r
+        if entry is not None:
+            yield entry
+
     def session_last_writes(self) -> Iterator[tuple[str, float]]:
         """(lsid, its last write's wall time) of every session in the transactions table: what
         the session reaper compares with the sessions store."""

@@ -5,6 +5,7 @@ from the config server's MigrationRequested to the forgotten migration document.
     register receipt on the recipient                   -> StartReceipt (waits out its overlapping deletions)
     clone the range from RocksDB in batches             -> TransferBatch(clone)
     transfer the writes made meanwhile                  -> TransferBatch(mods), read from our own changelog
+    (both carry the transactions-table statements about documents of the range: session migration)
     critical section: writes to the range blocked       -> EnterCriticalSection, then the last mods
     the recipient commits the clone                     -> CommitClone
     critical section: reads blocked too; commit         -> EnterCriticalSection(reads), CommitMigration to config
@@ -42,7 +43,8 @@ from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import RecordError
 from schemas import config as cfg
 from schemas import shard as s
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, shard_key_part
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry, shard_key_part
+from services.shard.protocol import retryable
 from services.shard.protocol.common import DONORS, RECIPIENTS, Documents, Shard
 from services.shard.protocol.donor import CannotDonate, donation_range
 from services.shard.protocol.donor import DonatedRange as Range
@@ -84,6 +86,8 @@ class DonorDocuments(Documents, Protocol):
     def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]: ...
 
     def range_sizes(self, ns: str, lo: bytes, hi: bytes) -> Iterator[int]: ...
+
+    def stored_sessions(self) -> Iterator[SessionEntry]: ...
 
 
 @dataclass(frozen=True)
@@ -261,10 +265,13 @@ class DonorCoordinator:
             db = self.catalog.databases.get(m.ns)
             cloned = 0
             for ns in sorted(db.collections if db else ()):
-                async for written in self._clone_batches(ns, Range(UNSHARDED_KEY, UNSHARDED_END, {}, {})):
+                everything = Range(UNSHARDED_KEY, UNSHARDED_END, {}, {})
+                async for written in self._clone_batches(ns, everything):
                     await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", ns=ns, written=written))
                     cloned += len(written)
                     self._progress(m.id, cloned=cloned)
+                for sessions in self._session_batches(ns, everything):  # writes are blocked: no mods
+                    await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", ns=ns, sessions=sessions))
             await self._ask_recipient(m, s.CommitClone(id=m.id))
             await self._ask_self(s.EnterCriticalSection(id=m.id, reads=True))
             reply = await self.requester.request(
@@ -330,6 +337,11 @@ class DonorCoordinator:
                 bytes=self.progress[m.id]["bytes"] + sum(_size(w["doc"]) for w in written),
             )
             fault_point("migration.cloning")
+        # The records of retryable writes to the range, as committed now; the catch-up below
+        # sends the ones written since `start` (a record sent twice merges to the same).
+        for sessions in self._session_batches(m.ns, rng):
+            self._check_active(m)
+            await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
         self._progress(m.id, phase="catching up")
         mods = _ModReader(self, m, rng, start)
         async with mods:
@@ -372,6 +384,19 @@ class DonorCoordinator:
             yield batch
             after, first = last, False
             await asyncio.sleep(0)
+
+    def _session_batches(self, ns: str, rng: Range) -> Iterator[list[s.SessionStatements]]:
+        """The committed transactions-table statements about documents of the range, in batches."""
+        batch: list[s.SessionStatements] = []
+        for entry in self.documents.stored_sessions():
+            found = retryable.in_range(entry, ns, rng.lo, rng.hi)
+            if found is not None:
+                batch.append(found)
+            if len(batch) >= CLONE_BATCH_DOCS:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
     async def _commit(self, m: Migration, rng: Range) -> tuple[bool, int]:
         await self._ask_self(s.EnterCriticalSection(id=m.id, reads=True))
@@ -441,16 +466,18 @@ class _ModReader:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""
         target = end if end is not None else await kafka.log_end(self.consumer, self.tp)
         written, removed, n, size = [], [], 0, 0
+        sessions: list[s.SessionStatements] = []
 
         async def flush():
-            nonlocal written, removed, size
-            if written or removed:
+            nonlocal written, removed, size, sessions
+            if written or removed or sessions:
                 await self.c._ask_recipient(
-                    self.m, s.TransferBatch(id=self.m.id, phase="mods", written=written, removed=removed)
+                    self.m,
+                    s.TransferBatch(id=self.m.id, phase="mods", written=written, removed=removed, sessions=sessions),
                 )
                 self.total += len(written) + len(removed)
                 self.c._progress(self.m.id, mods=self.total)
-            written, removed, size = [], [], 0
+            written, removed, size, sessions = [], [], 0, []
 
         async def on_batch(records):
             nonlocal n, size
@@ -458,9 +485,21 @@ class _ModReader:
             # it, since the next pass starts after it.  (Past the critical section's record
             # there is no write to the range: they are refused.)
             for rec in records:
+                if rec.value is None:
+                    # A tombstone (Tombstone(key)): a session record replaced by a newer txnNumber,
+                    # whose record follows, or forgotten by the reaper; the recipient's own reaper
+                    # forgets what it received of an expired session.
+                    continue
                 try:
                     e = s.changelog.decode(rec.value)
                 except RecordError:
+                    continue
+                if isinstance(e, s.RetryableWriteRecorded):
+                    found = retryable.record_in_range(e, self.m.ns, self.rng.lo, self.rng.hi)
+                    if found is not None:
+                        sessions.append(found)
+                        if len(sessions) >= CLONE_BATCH_DOCS:
+                            await flush()
                     continue
                 if (
                     isinstance(e, (s.DocumentWritten, s.DocumentRemoved))

@@ -132,8 +132,8 @@ def read_all(d: Deployment, ns: str) -> list[dict]:
 
 class CounterWorkload:
     """A YCSB-A mix on counters in a background thread: half reads, half `$inc`s, plus an
-    insert of a new document every tenth operation.  Every write carries an operation id, so
-    the client's retries (across a crash, a broker restart, a leader change) apply once:
+    insert of a new document every tenth operation.  Every write is a retryable write (lsid +
+    txnNumber), so the client's retries (across a crash, a broker restart, a leader change) apply once:
     once the workload has finished, every document must hold exactly the increments it issued.
     Latencies are kept to measure the pause clients saw."""
 

@@ -120,6 +120,8 @@ def stored(settings, sid: str, ns: str) -> dict:
     """_id -> document of every document a shard's changelog says it holds (orphans too)."""
     docs: dict = {}
     for rec in read_records(settings.bootstrap, settings.topics.shard_changelog(sid)):
+        if rec.value is None:
+            continue  # a tombstone of a transactions-table record
         e = s.changelog.decode(rec.value)
         if isinstance(e, s.DocumentWritten) and e.ns == ns:
             docs[encode_value(e.doc["_id"])] = e.doc

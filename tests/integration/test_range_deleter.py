@@ -64,6 +64,8 @@ def task_events(cl, sid: str, tid: str) -> list:
     """The shard's changelog records of one task, as (timestamp ms, event)."""
     out = []
     for r in read_records(cl.settings.bootstrap, cl.settings.topics.shard_changelog(sid)):
+        if r.value is None:
+            continue  # a tombstone of a transactions-table record
         e = s.changelog.decode(r.value)
         if isinstance(e, (s.RangeDeletionRecorded, s.RangeDeletionRemoved)) and e.id == tid:
             out.append((r.timestamp, e))

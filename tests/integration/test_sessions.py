@@ -254,3 +254,18 @@ def test_expired_sessions_records_leave_the_shard_and_are_compacted_from_its_cha
         assert (await cl["app"]["c"].find_one({"_id": n}))["n"] == m  # the retry applied nothing
 
     run(one_shard, go)
+
+
+def test_close_ends_the_pooled_implicit_sessions(one_shard):
+    router = one_shard.router.sessions
+    used: list[str] = []
+
+    async def go(cl):
+        await cl["app"]["c"].insert_one({"_id": 1})  # a retryable write on an implicit session
+        used.extend(x.lsid["id"] for x in cl._pool)
+        assert used, "the write did not run on a pooled implicit session"
+        await async_wait_until(lambda: set(used) <= set(router.store.view.sessions), 10, "the session in the store")
+
+    run(one_shard, go)  # leaving `async with` closes the client
+    state = store_state(one_shard.settings)
+    assert all(state[sid] is None for sid in used), "close() left its implicit sessions in the store"

@@ -14,7 +14,7 @@ from domain.shardkey import from_ejson
 from libs.commands import CommandError
 from schemas import Record
 from schemas import shard as s
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry
 
 Doc = dict[str, Any]
 Reply = dict[str, Any]
@@ -41,6 +41,9 @@ class Documents(Protocol):
 
     @property
     def range_tasks(self) -> Mapping[str, s.RangeDeletionRecorded]: ...
+
+    @property
+    def sessions(self) -> Mapping[str, SessionEntry]: ...
 
     def find_by_id(self, ns: str, doc_id: Any) -> tuple[bytes, Doc] | None: ...
 

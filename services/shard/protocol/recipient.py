@@ -10,7 +10,8 @@ in the recipient's changelog with its reply, in one transaction.
     StartPrimaryReceipt     (no migration here)     cloning
                             (this one registered)   as it was (a retry: "joined")
     TransferBatch           cloning                 cloning, with the batch's documents written
-                                                    (clone) or written and removed (mods)
+                                                    (clone) or written and removed (mods), and its
+                                                    sessions' statements merged (retryable.merge_all)
     CommitClone             cloning                 clone-committed: every document of the range is here
                             clone-committed         as it was (a retry)
     FinishReceipt           any                     (forgotten); the task removed (committed) or
@@ -38,8 +39,8 @@ from domain.protocol import ErrorCode
 from libs.commands import CommandError
 from schemas import Record
 from schemas import shard as s
-from services.shard.documents import UNSHARDED_KEY
-from services.shard.protocol import range_deletion
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY
+from services.shard.protocol import range_deletion, retryable
 from services.shard.protocol.common import (
     RECIPIENTS,
     Role,
@@ -117,8 +118,10 @@ def transfer_batch(shard: Shard, req: s.TransferBatch) -> Step:
         if not req.ns or req.ns.partition(".")[0] != m.ns:
             raise CommandError(ErrorCode.BadValue, f"a batch of primary move {req.id} must name a collection of {m.ns}")
         events += [s.DocumentWritten(ns=req.ns, skey=UNSHARDED_KEY.hex(), doc=w["doc"]) for w in req.written]
+        applied = len(events)
+        events += retryable.merge_all(shard.documents.sessions, req.sessions, req.ns, UNSHARDED_KEY, UNSHARDED_END)
         events.append(m.model_copy(update={"cloned": m.cloned + len(req.written)}))
-        return Step(events, {"id": req.id, "applied": len(events) - 1}, fault)
+        return Step(events, {"id": req.id, "applied": applied}, fault)
     lo, hi = range_keys(shard.catalog, m.ns, m.min, m.max)
     for w in req.written:
         if lo <= bytes.fromhex(w["skey"]) < hi:
@@ -126,13 +129,17 @@ def transfer_batch(shard: Shard, req: s.TransferBatch) -> Step:
     for r in req.removed:
         if lo <= bytes.fromhex(r["skey"]) < hi and shard.documents.find_by_id(m.ns, r["id"]) is not None:
             events.append(s.DocumentRemoved(ns=m.ns, skey=r["skey"], id=r["id"]))
+    # Session migration: the transactions-table records of writes to the range, so that a retry
+    # arriving here after the commit returns the recorded result (higher txnNumber wins).
+    applied = len(events)
+    events += retryable.merge_all(shard.documents.sessions, req.sessions, m.ns, lo, hi)
     counted = (
         {"cloned": m.cloned + len(req.written)}
         if req.phase == "clone"
         else {"mods": m.mods + len(req.written) + len(req.removed)}
     )
     events.append(m.model_copy(update=counted))
-    return Step(events, {"id": req.id, "applied": len(events) - 1, **counted}, fault)
+    return Step(events, {"id": req.id, "applied": applied, **counted}, fault)
 
 
 def commit_clone(shard: Shard, req: s.CommitClone) -> Step:

@@ -115,6 +115,42 @@ def merge(entry: SessionEntry | None, incoming: s.SessionStatements) -> list[Rec
     ]
 
 
+def after(entry: SessionEntry | None, events: Iterable[Record]) -> SessionEntry | None:
+    """The session's entry once `events` (its records and tombstones) are folded, as the shard's
+    fold does it (`ShardDocuments`)."""
+    for e in events:
+        if isinstance(e, Tombstone) and entry is not None:
+            kept = {p: r for p, r in entry.records.items() if record_key(entry.lsid, entry.txn_number, p) != e.key}
+            entry = SessionEntry(entry.lsid, entry.txn_number, kept) if kept else None
+        elif isinstance(e, s.RetryableWriteRecorded):
+            if entry is not None and e.txnNumber < entry.txn_number:
+                continue
+            same = entry is not None and entry.txn_number == e.txnNumber
+            records = dict(entry.records) if entry is not None and same else {}
+            entry = SessionEntry(e.lsid, e.txnNumber, {**records, e.part: e})
+    return entry
+
+
+def merge_all(
+    sessions: Mapping[str, SessionEntry], incoming: Iterable[s.SessionStatements], ns: str, lo: bytes, hi: bytes
+) -> list[Record]:
+    """A migration batch's statements, merged in order into the recipient's table: only those
+    about documents of [lo, hi) of `ns` (the range it receives)."""
+    overlay: dict[str, SessionEntry | None] = {}
+    events: list[Record] = []
+    for batch in incoming:
+        wanted = [
+            st for st in batch.statements if st.ns == ns and st.skey is not None and lo <= bytes.fromhex(st.skey) < hi
+        ]
+        if not wanted:
+            continue
+        entry = overlay[batch.lsid] if batch.lsid in overlay else sessions.get(batch.lsid)
+        merged = merge(entry, batch.model_copy(update={"statements": wanted}))
+        overlay[batch.lsid] = after(entry, merged)
+        events += merged
+    return events
+
+
 def in_range(entry: SessionEntry, ns: str, lo: bytes, hi: bytes) -> s.SessionStatements | None:
     """The session's statements about documents of [lo, hi) of `ns` (what a migration carries)."""
     statements = [
