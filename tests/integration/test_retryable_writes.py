@@ -12,6 +12,7 @@ its own collection, range-sharded on `k` with its chunk on s0.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import time
 import uuid
@@ -23,7 +24,7 @@ from libs.requests import RequestTimeout
 from libs.service import ServiceSettings
 from schemas import config as c
 from schemas import shard as s
-from tests.conftest import read_records, wait_until
+from tests.conftest import async_wait_until, read_records, wait_until
 from tests.integration.test_migration_faults import Cluster
 
 pytestmark = pytest.mark.kafka
@@ -279,3 +280,87 @@ def test_a_write_without_retry_writes_carries_no_session(procs):
     changelog = read_records(settings.bootstrap, settings.topics.shard_changelog("s0"))
     recorded = [s.changelog.decode(r.value) for r in changelog if r.value and b"RetryableWriteRecorded" in r.value]
     assert {e.lsid for e in recorded if e.statements[0].ns == ns} == {session.lsid["id"]}  # the plain insert: none
+
+
+def test_writes_made_during_a_migration_apply_once_when_retried_after_it(procs):
+    """Retryable $incs on the moving range while it moves (their records reach the recipient in
+    the clone or in the catch-up, whichever they fall in), each retried after the commit."""
+    cl, settings = procs, procs.settings
+    ns = new_collection(cl)
+    docs = 200
+    run(settings, s.Insert(ns=ns, docs=[{"_id": i, "k": i, "n": 0} for i in range(docs)]))
+    acked: list[s.Update] = []
+
+    async def scenario() -> str:
+        stop = asyncio.Event()
+
+        async def writer():
+            async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=60) as client:
+                for n in itertools.count():
+                    if stop.is_set():
+                        return
+                    inc = s.Update(ns=ns, filter={"k": n % docs}, update={"$inc": {"n": 1}}, lsid=lsid(), txnNumber=1)
+                    assert (await client.call(inc))["matched"] == 1
+                    acked.append(inc)
+
+        task = asyncio.create_task(writer())
+        await async_wait_until(lambda: len(acked) >= 5, 30, "writes before the migration starts")
+        reply = await asyncio.to_thread(
+            cl.config, c.MoveRange(ns=ns, min={"k": {"$minKey": 1}}, max={"k": {"$maxKey": 1}}, to="s1")
+        )
+        outcome = await asyncio.to_thread(wait_decided, cl, reply.result["id"])
+        stop.set()
+        await task
+        return outcome
+
+    assert asyncio.run(scenario()) == "committed"
+    assert owner(cl, ns) == "s1"
+
+    async def retry_all() -> list[dict]:
+        async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=60) as client:
+            return [await client.call(inc) for inc in acked]
+
+    assert all(r == {"matched": 1, "modified": 1} for r in asyncio.run(retry_all()))
+    expected = collections.Counter(inc.filter["k"] for inc in acked)
+    found = {d["k"]: d["n"] for d in run(settings, s.Find(ns=ns, filter={}, batchSize=docs))["docs"]}
+    assert found == {k: expected.get(k, 0) for k in range(docs)}, "an increment applied twice (or lost)"
+
+
+def test_a_shard_rebuilt_from_its_changelog_has_the_same_table(procs):
+    """Replay folds the tombstones as they were decided: a forgotten session stays forgotten,
+    a live one still answers its retry from the record."""
+    import shutil
+
+    cl, settings = procs, procs.settings
+    ns = new_collection(cl)
+    run(settings, s.Insert(ns=ns, docs=[{"_id": 1, "k": 1, "n": 0}]))
+    live = s.Update(ns=ns, filter={"k": 1}, update={"$inc": {"n": 1}}, lsid=lsid(), txnNumber=1)
+    gone = s.Update(ns=ns, filter={"k": 1}, update={"$inc": {"n": 1}}, lsid=lsid(), txnNumber=1)
+    run(settings, live)
+    run(settings, gone)
+    forgot = cl.ask(
+        settings.topics.shard_requests("s0"), s.ForgetSessions(lsids=[gone.lsid["id"]], before=time.time() + 1)
+    )
+    assert forgot.result == {"forgotten": [gone.lsid["id"]]}
+    cl.procs["donor"].stop()
+    shutil.rmtree(settings.data_dir / "shard-s0")  # its store: rebuilt by replaying its changelog
+    cl.start("donor")
+    assert run(settings, live) == {"matched": 1, "modified": 1}
+    assert counter(settings, ns, 1) == 2, "the live session's record was lost in the replay"
+    run(settings, gone)
+    assert counter(settings, ns, 1) == 3, "the forgotten session's record came back in the replay"
+
+
+def test_an_insert_over_two_shards_retried_is_answered_inserted_and_writes_nothing(procs):
+    """Statement ids are the documents' indexes in the client's batch, whichever shard holds
+    each, so a retry of a batch split over shards skips exactly what ran."""
+    cl, settings = procs, procs.settings
+    ns = new_collection(cl)
+    cl.config(c.SplitChunk(ns=ns, at=[{"k": 50}]))
+    assert wait_decided(cl, cl.config(c.MoveRange(ns=ns, min={"k": 50}, to="s1")).result["id"]) == "committed"
+    batch = s.Insert(ns=ns, docs=[{"_id": i, "k": i} for i in range(100)], lsid=lsid(), txnNumber=1)
+    assert run(settings, batch) == {"inserted": 100, "writeErrors": []}
+    # The same batch with one more document: the first hundred are answered from the records.
+    more = batch.model_copy(update={"docs": [*batch.docs, {"_id": 100, "k": 100}]})
+    assert run(settings, more) == {"inserted": 101, "writeErrors": []}
+    assert run(settings, s.Count(ns=ns, filter={}))["n"] == 101
