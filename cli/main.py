@@ -12,6 +12,7 @@ One Typer app per command group, each in its own module, all added here:
     documents        insert, find, count, explain
     status           status
     range_deletions  range-deletions
+    sessions         sessions
     migrations       move-range, move-chunk, move-primary, set-allow-migrations
     defragment       defragment
     zones            zone add-shard | remove-shard | add-range | remove-range
@@ -35,6 +36,7 @@ from cli import (
     documents,
     migrations,
     range_deletions,
+    sessions,
     settings,
     shards,
     status,
@@ -68,6 +70,7 @@ for commands in (
     documents.documents_app,
     status.status_app,
     range_deletions.range_deletions_app,
+    sessions.sessions_app,
     migrations.migrations_app,
     defragment.defragment_app,
 ):

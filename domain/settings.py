@@ -72,6 +72,11 @@ class ClusterSettings(BaseModel):
     # 90 days), and how far ahead of the wall clock a gossiped time may be (one year)
     KeysRotationIntervalSec: int = Field(7_776_000, ge=1)
     maxAcceptableLogicalClockDriftSecs: int = Field(31_536_000, ge=0)
+    # logical sessions (docs/decisions/0015): an idle session expires after the timeout (fractions
+    # of a minute are allowed, so tests can use seconds); routers flush their session caches to the
+    # sessions store, and shards reap expired sessions' records, every refresh period
+    logicalSessionTimeoutMinutes: float = Field(30, gt=0)
+    logicalSessionRefreshMillis: int = Field(300_000, ge=1)
 
     @field_validator("shardWeights")
     @classmethod

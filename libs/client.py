@@ -157,6 +157,9 @@ class ClientSession:
             self.operation_time = t
 
 
+END_SESSIONS_ON_CLOSE_S = 5.0  # close() does not wait longer for the routers to end its sessions
+
+
 class AsyncCluster:
     def __init__(
         self,
@@ -251,6 +254,14 @@ class AsyncCluster:
         return self
 
     async def close(self) -> None:
+        """End the pooled implicit sessions (as a driver does on close: the cluster can forget them
+        at once rather than after the session timeout), then disconnect."""
+        if self._requester and self._pool:
+            pooled, self._pool = self._pool, []
+            try:
+                await asyncio.wait_for(self.end_sessions(pooled), min(self.timeout, END_SESSIONS_ON_CLOSE_S))
+            except (ShardlogError, TimeoutError):
+                pass  # the sessions expire on their own after logicalSessionTimeoutMinutes
         if self._requester:
             await self._requester.stop()
             self._requester = None
@@ -264,6 +275,21 @@ class AsyncCluster:
 
     def __getitem__(self, db: str) -> AsyncDatabase:
         return AsyncDatabase(self, db)
+
+    async def end_sessions(self, sessions: list[ClientSession]) -> None:
+        """MongoDB's endSessions: the cluster forgets these sessions (their retryable-write records
+        go once the session timeout has passed); they must not be used again."""
+        if sessions:
+            await self.call(s.EndSessions(lsids=[x.lsid for x in sessions]))
+        for x in sessions:
+            x.ended = True
+
+    async def kill_sessions(self, sessions: list[ClientSession]) -> Document:
+        """MongoDB's killSessions: as end_sessions, and the routers' cursors opened under them are killed."""
+        result = await self.call(s.KillSessions(lsids=[x.lsid for x in sessions]))
+        for x in sessions:
+            x.ended = True
+        return result
 
     async def call(
         self,

@@ -75,6 +75,12 @@ class Topics:
         """The balancer's own log: actions in flight, defragmentation, rounds; replayed on restart."""
         return f"{self.cluster}.balancer.events"
 
+    @property
+    def sessions(self) -> str:
+        """The sessions store: every live logical session and its last use (compacted, keyed by the
+        lsid's id; a null value ends a session).  Routers write it, shards read it (decision 0015)."""
+        return f"{self.cluster}.sessions"
+
     def for_balancer(self) -> list[TopicSpec]:
         # The events are keyed by entity (an action, a collection's defragmentation, ...), so
         # compaction keeps the log as small as the state it folds to.
@@ -99,6 +105,10 @@ class Topics:
     def donor_inbox(self, shard: str) -> str:
         """Replies to a shard's migration coordinator (from itself and from recipients)."""
         return self.inbox(f"shard-{shard}-migrations")
+
+    def session_reaper_inbox(self, shard: str) -> str:
+        """Replies to a shard's session reaper (ForgetSessions, sent to the shard itself)."""
+        return self.inbox(f"shard-{shard}-sessions")
 
     @property
     def balancer_inbox(self) -> str:
@@ -131,6 +141,7 @@ class Topics:
             TopicSpec(self.cli_replies, config=SHORT_LIVED),
             TopicSpec(self.router_requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
             TopicSpec(self.shard_stats, config={"cleanup.policy": "compact", **LARGE_RECORDS}),
+            TopicSpec(self.sessions, config={"cleanup.policy": "compact"}),
         ]
 
     def for_shard(self, shard: str) -> list[TopicSpec]:

@@ -157,6 +157,23 @@ class Explain(Record):
     filter: Doc = Field(default_factory=dict)
 
 
+class EndSessions(Record):
+    """MongoDB's endSessions: the sessions leave the routers' caches and the sessions store;
+    their retryable-write records are reaped by the shards after the session timeout."""
+
+    type: Literal["EndSessions"] = "EndSessions"
+    v: Literal[1] = 1
+    lsids: Any = None  # [{"id": "<uuid>"}, ...], checked by the router (TypeMismatch, BadValue)
+
+
+class KillSessions(Record):
+    """MongoDB's killSessions: as EndSessions, and the router's cursors opened under them are killed."""
+
+    type: Literal["KillSessions"] = "KillSessions"
+    v: Literal[1] = 1
+    lsids: Any = None
+
+
 # ------------------------------------------------- migrations and range deletion (docs/reference/chunk-migration.md)
 # Sent by a donor's migration coordinator (to itself and to the recipient), by the range
 # deleter, or by the CLI.  Bounds are shard-key documents in Extended JSON.
@@ -350,6 +367,8 @@ ShardRequest = Annotated[
     | Delete
     | FindAndModify
     | Explain
+    | EndSessions
+    | KillSessions
     | StartDonation
     | StartReceipt
     | StartPrimaryMove
@@ -375,6 +394,8 @@ REQUESTS = (
     Delete,
     FindAndModify,
     Explain,
+    EndSessions,
+    KillSessions,
     *MIGRATION_REQUESTS,
     *SESSION_REQUESTS,
 )

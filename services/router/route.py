@@ -21,6 +21,7 @@ from typing import Any
 from domain import clock as vclock
 from domain import targeting
 from domain.follower import CatalogFollower
+from domain.logical_sessions import check_lsids, session_id
 from domain.protocol import (
     CONFIG_TIME,
     CURSOR_TIMEOUT_S,
@@ -40,6 +41,7 @@ from libs.requests import Requester, RequestTimeout
 from libs.topics import Topics
 from schemas import config as cfg
 from schemas import shard as s
+from services.router.sessions import LogicalSessionCache
 
 MAX_STALE_RETRIES = 10
 SHARD_TIMEOUT_S = 30.0
@@ -60,6 +62,7 @@ class Stale(Exception):
 class RouterCursor:
     docs: list[dict]
     created: float
+    session: str | None = None  # the id of the lsid it was opened under: killSessions kills it
 
 
 WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
@@ -87,9 +90,11 @@ class OperationRouter:
         follower: CatalogFollower,
         requester: Requester,
         cursor_topic: str,
+        sessions: LogicalSessionCache,
         clock: vclock.VectorClock | None = None,
     ):
         self.topics, self.follower, self.requester = topics, follower, requester
+        self.sessions = sessions
         # Never ticked here: advanced by the catalog, the shards' replies and clients' signed times.
         self.clock = clock or vclock.VectorClock()
         self.causal_refreshes = 0  # reads after a ClusterTime that made the catalog catch up first
@@ -113,6 +118,10 @@ class OperationRouter:
             raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
         # A refused $clusterTime refuses the operation: nothing is sent.
         self._gossip_in(getattr(req, "clusterTime", None))
+        if isinstance(req, (s.EndSessions, s.KillSessions)):
+            return await self.end_sessions(req)
+        if getattr(req, "lsid", None) is not None:
+            self.sessions.use(req.lsid)  # a malformed lsid is refused here, before anything is sent
         if isinstance(req, s.GetMore):  # a cursor this router holds: no routing, nothing stale
             return self.get_more(req)
         if not on_operation.handles(req):
@@ -440,7 +449,7 @@ class OperationRouter:
             docs = list(itertools.islice(merged, req.skip, want or None))
             if req.sort and req.projection is not None:
                 docs = [apply_projection(d, req.projection) for d in docs]
-        return self._first_batch(docs, req.batchSize, t)
+        return self._first_batch(docs, req.batchSize, t, session_id(req.lsid) if req.lsid is not None else None)
 
     async def _drain(self, shard: str, first: dict) -> list[dict]:
         docs, cursor = list(first["docs"]), first["cursorId"]
@@ -450,13 +459,13 @@ class OperationRouter:
             cursor = more["cursorId"]
         return docs
 
-    def _first_batch(self, docs: list[dict], size: int, t: targeting.Targets) -> dict:
+    def _first_batch(self, docs: list[dict], size: int, t: targeting.Targets, session: str | None = None) -> dict:
         self._expire()
         n = _batch_length(docs, size)
         if n == len(docs):
             return {"docs": docs, "cursorId": 0, "shards": list(t.shards)}
         cid = next(self._cursor_ids)
-        self.cursors[cid] = RouterCursor(docs[n:], time.monotonic())
+        self.cursors[cid] = RouterCursor(docs[n:], time.monotonic(), session)
         return {"docs": docs[:n], "cursorId": cid, "cursorTopic": self.cursor_topic, "shards": list(t.shards)}
 
     def get_more(self, req: s.GetMore) -> dict:
@@ -469,13 +478,29 @@ class OperationRouter:
         n = _batch_length(cur.docs, req.batchSize)
         batch, rest = cur.docs[:n], cur.docs[n:]
         if rest:
-            self.cursors[req.cursorId] = RouterCursor(rest, cur.created)
+            self.cursors[req.cursorId] = RouterCursor(rest, cur.created, cur.session)
         return {"docs": batch, "cursorId": req.cursorId if rest else 0, "cursorTopic": self.cursor_topic}
 
     def _expire(self) -> None:
         now = time.monotonic()
         for cid in [c for c, cur in self.cursors.items() if now - cur.created > CURSOR_TIMEOUT_S]:
             del self.cursors[cid]
+
+    # ------------------------------------------------------------ sessions
+
+    async def end_sessions(self, req: s.EndSessions | s.KillSessions) -> dict:
+        """endSessions / killSessions: every lsid is checked before anything changes; the sessions
+        leave the cache and the store, and killSessions also kills their cursors here."""
+        lsids = check_lsids(req.lsids, "endSessions" if isinstance(req, s.EndSessions) else "killSessions")
+        killed = 0
+        if isinstance(req, s.KillSessions):
+            ids = {session_id(lsid) for lsid in lsids}
+            doomed = [cid for cid, cur in self.cursors.items() if cur.session in ids]
+            for cid in doomed:
+                del self.cursors[cid]
+            killed = len(doomed)
+        await self.sessions.end(lsids)
+        return {"ended": len(lsids), **({"cursorsKilled": killed} if isinstance(req, s.KillSessions) else {})}
 
     @on_operation.register(s.Count)
     async def count(self, req: s.Count) -> dict:

@@ -29,6 +29,7 @@ from schemas import Codec, RecordError
 from schemas import shard as schema
 from schemas.reply import Reply
 from services.router.route import OperationRouter
+from services.router.sessions import LogicalSessionCache
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,10 @@ class RouterServer:
         self.requester = Requester(
             settings.bootstrap, self.inbox, client_id=self.name, stop_owner_on_failure=True, clock=self.clock
         )
-        self.routing = OperationRouter(t, self.follower, self.requester, self.cursor_topic, clock=self.clock)
+        self.sessions = LogicalSessionCache(settings, self.follower, self.name)
+        self.routing = OperationRouter(
+            t, self.follower, self.requester, self.cursor_topic, self.sessions, clock=self.clock
+        )
         self.served = 0
 
     async def run(self) -> None:
@@ -93,6 +97,7 @@ class RouterServer:
         )
         at = await self.follower.start()
         await self.requester.start()
+        await self.sessions.start()
         self.producer = kafka.producer(s.bootstrap, client_id=self.name, linger_ms=0)
         await self.producer.start()
         requests = kafka.consumer(
@@ -111,13 +116,21 @@ class RouterServer:
                 cursor_task = supervised(
                     asyncio.create_task(self._serve(cursors, progress=None)), f"{self.name} cursors"
                 )
+                refresh = supervised(asyncio.create_task(self.sessions.run()), f"{self.name} session cache")
                 try:
                     await self._serve(requests, progress=progress)
                 finally:
                     cursor_task.cancel()
+                    refresh.cancel()
         finally:
             clear_ready(s, self.name)
-            await asyncio.gather(requests.stop(), self.producer.stop(), self.requester.stop(), return_exceptions=True)
+            await asyncio.gather(
+                requests.stop(),
+                self.producer.stop(),
+                self.requester.stop(),
+                self.sessions.stop(),
+                return_exceptions=True,
+            )
             await self.follower.stop()
             await kafka.delete_topics(s.bootstrap, [self.inbox, self.cursor_topic])
 

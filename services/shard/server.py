@@ -20,6 +20,7 @@ from schemas import shard as schema
 from services.shard.decide import ShardDecider
 from services.shard.documents import changelog_key
 from services.shard.donor import DonorCoordinator, DonorDeps
+from services.shard.sessions import ReaperDeps, SessionReaper
 from services.shard.statistics import CountingDocuments, StatisticsPublisher
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,16 @@ class ShardServer:
                 progress=self.decider.migrations.progress,
             )
         )
+        self.reaper = SessionReaper(
+            ReaperDeps(
+                shard_id=shard_id,
+                topics=t,
+                bootstrap=settings.bootstrap,
+                follower=self.follower,
+                active=self.processor.active,
+                transactions=self.documents.session_last_writes,
+            )
+        )
         self.statistics = StatisticsPublisher(
             settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active
         )
@@ -101,11 +112,13 @@ class ShardServer:
         try:
             await self.statistics.start()  # reports while this instance is the active one
             donor = supervised(asyncio.create_task(self.donor.run()), f"{self.name} migration coordinator")
+            reaper = supervised(asyncio.create_task(self.reaper.run()), f"{self.name} session reaper")
             try:
                 await self.processor.run()
             finally:
                 donor.cancel()
-                await asyncio.gather(donor, return_exceptions=True)
+                reaper.cancel()
+                await asyncio.gather(donor, reaper, return_exceptions=True)
         finally:
             await self.statistics.stop()  # before the store it scans is closed
             clear_ready(self.settings, self.name)

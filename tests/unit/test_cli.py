@@ -28,6 +28,7 @@ TOP_LEVEL = [
     "explain",
     "status",
     "range-deletions",
+    "sessions",
     "move-range",
     "move-chunk",
     "move-primary",

@@ -307,7 +307,7 @@ def router(keys=None) -> OperationRouter:
     cat = Catalog(track_changes=False)
     cat.keys = keys or {}
     follower = types.SimpleNamespace(catalog=cat, config_time=0)
-    return OperationRouter(None, follower, None, "cursors", clock=vc.VectorClock())  # type: ignore[arg-type]
+    return OperationRouter(None, follower, None, "cursors", None, clock=vc.VectorClock())  # type: ignore[arg-type]
 
 
 def test_a_router_refuses_a_forged_unsigned_or_runaway_cluster_time_and_changes_nothing():
