@@ -933,13 +933,14 @@ def _project(spec: Any) -> Runner:
         return lambda docs: (apply_projection(d, plain) for d in docs)
     # Inclusion with computed fields: included fields in the document's order (and _id
     # unless excluded), then the computed ones in the spec's order.
-    keep = {k: 1 for k, v in plain.items() if v}
-    if plain.get("_id", 1):
-        keep["_id"] = 1
+    keep = {k: 1 for k, v in plain.items() if v and k != "_id"}
+    with_id = bool(plain.get("_id", 1))
 
     def project(docs: Iterable[Document]) -> Iterator[Document]:
         for d in docs:
-            out = apply_projection(d, keep) if keep else {}
+            out = apply_projection(d, {**keep, "_id": 1 if with_id else 0}) if keep else {}
+            if not keep and with_id and "_id" in d:
+                out["_id"] = copy.deepcopy(d["_id"])
             for parts, e in proj.computed:
                 _set_path(out, parts, e(d))
             yield out

@@ -128,6 +128,9 @@ def test_project_inclusion_exclusion_computed():
     assert agg([{"$project": {"a.b": 1}}], doc) == [{"_id": 1, "a": {"b": 2}}]
     assert agg([{"$project": {"a": {"c": 1}, "_id": 0}}], doc) == [{"a": {"c": 3}}]
     assert agg([{"$project": {"a": 0, "arr": 0}}], doc) == [{"_id": 1, "s": "Hi"}]
+    assert agg([{"$project": {"_id": 0, "s": 1, "t": "$a.b"}}], doc) == [{"s": "Hi", "t": 2}]
+    assert agg([{"$project": {"_id": 0, "t": "$a.b"}}], doc) == [{"t": 2}]
+    assert agg([{"$project": {"t": "$a.b"}}], doc) == [{"_id": 1, "t": 2}]
     out = agg(
         [
             {
@@ -339,6 +342,8 @@ stage = st.one_of(
             {"$project": {"_id": 0, "a": 1, "d.e": 1}},
             {"$project": {"c": 0, "d": 0}},
             {"$project": {"x": {"$add": ["$a", 1]}, "b": 1}},
+            {"$project": {"_id": 0, "x": {"$add": ["$a", 1]}, "b": 1}},
+            {"$project": {"_id": 0, "x": "$d.e"}},
             {"$project": {"big": {"$cond": [{"$gte": ["$a", 0]}, "$b", {"$ifNull": ["$a", "none"]}]}}},
             {"$addFields": {"y": {"$concat": ["$b", "!"]}, "d.f": {"$size": {"$ifNull": ["$c", []]}}}},
             {"$set": {"first": {"$arrayElemAt": ["$c", 0]}}},
