@@ -667,7 +667,7 @@ def run(stages: Iterable[Stage], docs: Iterable[Document]) -> list[Document]:
         stream = st.run(stream)
     try:
         return list(stream)
-    except QueryError as e:
+    except (QueryError, ShardKeyError) as e:  # a value the query engine cannot compare
         raise _fail(BAD_VALUE, str(e)) from None
 
 
