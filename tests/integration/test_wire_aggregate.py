@@ -139,6 +139,9 @@ def test_bad_pipelines_get_mongodbs_codes_and_the_router_keeps_serving(orders):
     with pytest.raises(OperationFailure) as e:
         orders.database.command("aggregate", "orders", pipeline=[])  # no cursor option
     assert e.value.code == 9
+    with pytest.raises(OperationFailure) as e:
+        list(orders.database.aggregate([{"$match": {}}]))  # {aggregate: 1}: no collection
+    assert e.value.code == 73
     assert orders.count_documents({}) == 60
     assert orders.database.client.admin.command("ping")["ok"] == 1.0
 
