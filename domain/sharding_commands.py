@@ -300,7 +300,9 @@ class SplitRequest:
 
     ns: str
     at: list[dict[str, Any]] | None = None
-    find: dict[str, Any] | None = None  # a document in the chunk to halve (bounds: its min)
+    find: dict[str, Any] | None = None  # a document in the chunk to halve
+    chunk_min: dict[str, Any] | None = None  # or the chunk's min (Extended JSON): `bounds`
+    owner: str | None = None  # the shard that holds that chunk: it computes the median
 
 
 def split(ns: str, at: list[Any]) -> c.SplitChunk:
@@ -321,11 +323,10 @@ def parse_split(cmd: Mapping[str, Any], catalog: Catalog) -> SplitRequest:
         return SplitRequest(ns, at=[document(cmd, "middle")])
     if given[0] == "find":
         doc = document(cmd, "find")
-        chunk_holding(catalog, ns, doc)
-        return SplitRequest(ns, find=doc)
+        return SplitRequest(ns, find=doc, owner=chunk_holding(catalog, ns, doc).shard)
     lo, hi = bounds(cmd)
     chunk = chunk_with_bounds(catalog, ns, lo, hi)
-    return SplitRequest(ns, find=to_ejson(chunk.min))  # the chunk's min is a document of its range
+    return SplitRequest(ns, chunk_min=to_ejson(chunk.min), owner=chunk.shard)
 
 
 def median_points(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -16,6 +16,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
 from libs.commands import CommandError
@@ -68,7 +70,7 @@ async def balancer_state(edge: RouterEdge, request: b.GetBalancerState) -> dict[
         reply = await edge.requester.request(
             edge.settings.topics.balancer_commands, request, timeout=BALANCER_TIMEOUT_S
         )
-    except RequestTimeout:
+    except (RequestTimeout, KafkaError):  # not running, or never started (no topic yet)
         raise CommandError(
             ErrorCode.HostUnreachable, f"the balancer did not answer within {BALANCER_TIMEOUT_S:g} s: is it running?"
         ) from None
@@ -130,11 +132,10 @@ async def _split(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     req = sc.parse_split(_doc(cmd), edge.follower.catalog)
     at = req.at
     if at is None:  # find / bounds: the owner halves the chunk at its median
-        assert req.find is not None
-        owner = sc.chunk_holding(edge.follower.catalog, req.ns, req.find).shard
+        assert req.owner is not None
         reply = await edge.requester.request(
-            edge.settings.topics.shard_requests(owner),
-            s.SplitVector(ns=req.ns, find=req.find, median=True),
+            edge.settings.topics.shard_requests(req.owner),
+            s.SplitVector(ns=req.ns, find=req.find, chunkMin=req.chunk_min, median=True),
             timeout=_timeout(cmd),
         )
         if not reply.ok:
