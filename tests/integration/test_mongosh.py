@@ -15,6 +15,11 @@ from tests.unit.test_wire_mongosh import _mongosh
 pytestmark = pytest.mark.kafka
 
 NEEDS_CRUD = pytest.mark.xfail(strict=False, reason="needs wire-crud/aggregate merge")
+# sh.status() also needs BSON values (ObjectId, Timestamp, datetime) through find / aggregate
+# on config.* (the query engine and cursors): bson-types / bson-wire.
+NEEDS_BSON = pytest.mark.xfail(
+    strict=False, reason="needs wire-crud/aggregate merge and BSON values in the query engine"
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +84,17 @@ def test_sh_get_balancer_state(mongosh, data_cluster):
     assert run(mongosh, data_cluster, "print(sh.getBalancerState())").strip() == "false"
 
 
-@NEEDS_CRUD
+@NEEDS_BSON
 def test_sh_status_lists_shards_databases_and_chunks(mongosh, data_cluster):
     data_cluster.mongo_client().admin.command("shardCollection", "shop.orders", key={"o": 1})
     data_cluster.mongo_client().admin.command("split", "shop.orders", middle={"o": 50})
     out = run(mongosh, data_cluster, "sh.status()")
     for shard in ("s0", "s1", "s2"):
         assert f"_id: '{shard}'" in out, out
-    assert "database: { _id: 'shop'" in out, out
-    assert "shop.orders" in out and "shard key: { o: 1 }" in out, out
-    assert "{ o: MinKey() } -->> { o: 50 }" in out and "{ o: 50 } -->> { o: MaxKey() }" in out, out
+    # mongosh prints sh.status() as inspected objects (helpers.js getPrintableShardStatus)
+    assert "_id: 'shop'" in out and "'shop.orders'" in out and "shardKey: { o: 1 }" in out, out
+    assert "min: { o: MinKey() }, max: { o: 50 }, 'on shard': 's0'" in out, out
+    assert "min: { o: 50 }, max: { o: MaxKey() }, 'on shard': 's0'" in out, out
 
 
 @NEEDS_CRUD
