@@ -15,6 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from cli.context import CliContext, JsonOpt
+from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
 from schemas import balancer as b
 from schemas import config as c
@@ -74,7 +75,8 @@ def status(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     cx = CliContext.of(ctx)
     st = _state(cx, b.GetBalancerState())
     if cx.json:
-        cx.print_json(st)
+        # with mongos's balancerStatus fields (mode, inBalancerRound, numBalancerRounds)
+        cx.print_json({**st, **sc.balancer_status_reply(cx.catalog(), st)})
         return
     window = st["window"]
     cx.out.print(
@@ -105,8 +107,8 @@ def collection_status(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> 
     """Balanced or not, with every violation and its reason."""
     cx = CliContext.of(ctx)
     doc = _state(cx, b.GetBalancerState(ns=ns))["collection"]
-    if cx.json:
-        cx.print_json(doc)
+    if cx.json:  # with mongos's balancerCollectionStatus fields (chunkSize, balancerCompliant, ...)
+        cx.print_json({**doc, **cx.build(sc.collection_status_reply, cx.catalog(), ns, doc)})
         return
     cx.out.print(f"{ns}: {'compliant' if doc['compliant'] else 'not compliant'}")
     for v in doc["violations"]:
@@ -123,25 +125,29 @@ def take_snapshot(ctx: typer.Context) -> None:
 @balancer_app.command("start")
 def start(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """Balance the cluster (balancerEnabled true)."""
-    _setting(CliContext.of(ctx), "balancerEnabled", True, None, "balancer started")
+    cx = CliContext.of(ctx)
+    cx.send(sc.balancer_enabled(True), lambda r: cx.out.print("balancer started"))
 
 
 @balancer_app.command("stop")
 def stop(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
     """No new balancing round (migrations under way finish)."""
-    _setting(CliContext.of(ctx), "balancerEnabled", False, None, "balancer stopped")
+    cx = CliContext.of(ctx)
+    cx.send(sc.balancer_enabled(False), lambda r: cx.out.print("balancer stopped"))
 
 
 @balancer_app.command("enable")
 def enable(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> None:
     """Balance this collection."""
-    _setting(CliContext.of(ctx), "balancerEnabled", True, ns, f"balancing {ns}")
+    cx = CliContext.of(ctx)
+    cx.send(sc.balancer_enabled(True, ns), lambda r: cx.out.print(f"balancing {ns}"))
 
 
 @balancer_app.command("disable")
 def disable(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> None:
     """Leave this collection alone."""
-    _setting(CliContext.of(ctx), "balancerEnabled", False, ns, f"not balancing {ns}")
+    cx = CliContext.of(ctx)
+    cx.send(sc.balancer_enabled(False, ns), lambda r: cx.out.print(f"not balancing {ns}"))
 
 
 @balancer_app.command("window")

@@ -7,8 +7,8 @@ from typing import Any
 import typer
 
 from cli.context import CliContext, JsonOpt, bound
-from domain.protocol import ErrorCode
-from schemas import config as c
+from domain import sharding_commands as sc
+from libs.commands import CommandError
 from schemas import shard as s
 
 chunks_app = typer.Typer()
@@ -26,10 +26,8 @@ def shard_collection(
     """Shard a collection by a range, compound or hashed key."""
     cx = CliContext.of(ctx)
     pattern = cx.parse_json(key, "--key")
-    if not isinstance(pattern, dict):
-        cx.bad_value('--key must be a JSON object such as {"x": 1}')
     cx.send(
-        c.ShardCollection(ns=ns, key=pattern, unique=unique, numInitialChunks=num_initial_chunks),
+        cx.build(sc.shard_collection, ns, pattern, unique, num_initial_chunks),
         lambda r: cx.out.print(f"sharded {r['ns']}: {r['chunks']} chunk(s), epoch {r['epoch']}"),
     )
 
@@ -53,7 +51,7 @@ def split(
     else:
         cx.bad_value("give --at POINT (repeatable) or --find DOC")
     cx.send(
-        c.SplitChunk(ns=ns, at=points),
+        cx.build(sc.split, ns, points),
         lambda r: cx.out.print(
             f"split into {len(r['chunks'])} chunks: "
             + ", ".join(f"[{bound(x['min'])}, {bound(x['max'])})" for x in r["chunks"])
@@ -63,22 +61,12 @@ def split(
 
 def _median_point(cx: CliContext, ns: str, doc: Any) -> list[Any]:
     """Ask the chunk's owner for the median shard-key value of its documents (docs/reference/auto-split.md)."""
-    coll = cx.catalog().collections.get(ns)
-    if coll is None:
-        cx.fail(f"collection {ns!r} is not sharded", code=ErrorCode.NamespaceNotFound)
-    try:
-        owner = coll.chunks[coll.chunk_index(coll.pattern.encode_doc(doc))].shard
-    except Exception as e:
-        cx.bad_value(f"--find: {e}")
+    owner = cx.build(sc.chunk_holding, cx.catalog(), ns, doc).shard
     result = cx.request(cx.topics.shard_requests(owner), s.SplitVector(ns=ns, find=doc, median=True))
-    if not result["points"]:
-        why = (
-            "every document has the same shard key value (a jumbo chunk)"
-            if result["jumbo"]
-            else "the chunk holds no document"
-        )
-        cx.fail(f"cannot split the chunk: {why}", code=ErrorCode.CannotSplit)
-    points: list[Any] = result["points"]
+    try:
+        points: list[Any] = sc.median_points(result)
+    except CommandError as e:
+        cx.fail(e.message, code=e.code)
     return points
 
 
@@ -94,7 +82,7 @@ def merge(
     cx = CliContext.of(ctx)
     lo, hi = cx.parse_json(min, "--min"), cx.parse_json(max, "--max")
     cx.send(
-        c.MergeChunks(ns=ns, min=lo, max=hi),
+        cx.build(sc.merge, ns, lo, hi),
         lambda r: cx.out.print(
             f"merged {r['merged']} chunks into [{bound(r['chunk']['min'])}, {bound(r['chunk']['max'])})"
             if r["merged"]

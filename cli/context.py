@@ -26,6 +26,7 @@ from domain.protocol import ErrorCode
 from domain.shardkey import to_ejson
 from libs import kafka, tracing
 from libs.client import AsyncCluster, ShardlogError
+from libs.commands import CommandError
 from libs.requests import Requester, RequestTimeout
 from libs.topics import Topics
 from schemas import Record
@@ -78,6 +79,14 @@ class CliContext:
         """Fail with the reply's error if the service refused."""
         if not reply.ok:
             self.fail(reply.error or "", code=reply.code or "Error")
+
+    def build(self, make: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """A config record from domain/sharding_commands (the builder the wire edge shares);
+        input it refuses is bad input: its code, exit 2."""
+        try:
+            return make(*args, **kw)
+        except CommandError as e:
+            self.fail(e.message, code=e.code, exit_code=2)
 
     def parse_json(self, text: str, what: str) -> Any:
         try:

@@ -16,8 +16,9 @@ import typer
 from rich.live import Live
 
 from cli.context import CliContext, JsonOpt, bound
+from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
-from domain.shardkey import from_ejson, to_ejson
+from domain.shardkey import from_ejson
 from libs.requests import Requester, RequestTimeout
 from schemas import Record
 from schemas import config as c
@@ -47,7 +48,7 @@ def move_range(
     cx = CliContext.of(ctx)
     lo = cx.parse_json(min, "--min")
     hi = cx.parse_json(max, "--max") if max is not None else None
-    _move(cx, c.MoveRange(ns=ns, min=lo, max=hi, to=to, forceJumbo=force_jumbo, waitForDelete=wait_for_delete))
+    _move(cx, cx.build(sc.move_range, ns, lo, hi, to, force_jumbo=force_jumbo, wait_for_delete=wait_for_delete))
 
 
 @migrations_app.command("move-chunk")
@@ -62,8 +63,8 @@ def move_chunk(
 ) -> None:
     """Move the whole chunk holding a document's shard key."""
     cx = CliContext.of(ctx)
-    lo, hi = _chunk_holding(cx, ns, cx.parse_json(find, "--find"))
-    _move(cx, c.MoveRange(ns=ns, min=lo, max=hi, to=to, forceJumbo=force_jumbo, waitForDelete=wait_for_delete))
+    lo, hi = sc.bounds_of(cx.build(sc.chunk_holding, cx.catalog(), ns, cx.parse_json(find, "--find")))
+    _move(cx, cx.build(sc.move_range, ns, lo, hi, to, force_jumbo=force_jumbo, wait_for_delete=wait_for_delete))
 
 
 @migrations_app.command("move-primary")
@@ -75,7 +76,7 @@ def move_primary(
 ) -> None:
     """Move a database's primary, with its unsharded collections (writes to them wait meanwhile)."""
     cx = CliContext.of(ctx)
-    r = _start(cx, c.MovePrimary(db=db, to=to), "shardlog move-primary")
+    r = _start(cx, cx.build(sc.move_primary, db, to), "shardlog move-primary")
     if r is None:
         return
     summary = cx.run(_follow(cx, r["id"], r["donor"], False, None))
@@ -94,7 +95,7 @@ def set_allow_migrations(
     """Allow or stop migrations of a collection.  Stopping aborts those that have not
     committed and returns once none is running."""
     cx = CliContext.of(ctx)
-    cx.command(c.SetSetting(ns=ns, key="allowMigrations", value=allow), "shardlog set-allow-migrations")
+    cx.command(sc.allow_migrations(ns, allow), "shardlog set-allow-migrations")
     running = [] if allow else cx.run(_wait_none_running(cx, ns))
     if cx.json:
         cx.print_json({"ns": ns, "allowMigrations": allow, "waitedFor": running})
@@ -106,19 +107,6 @@ def set_allow_migrations(
 
 
 # ------------------------------------------------------------------ moving a range
-
-
-def _chunk_holding(cx: CliContext, ns: str, doc: Any) -> tuple[Any, Any]:
-    """The bounds (extended JSON) of the chunk holding the document's shard key."""
-    coll = cx.catalog().collections.get(ns)
-    if coll is None:
-        cx.fail(f"collection {ns!r} is not sharded", code=ErrorCode.NamespaceNotFound)
-    try:
-        key = coll.pattern.encode_doc(doc)
-    except Exception as e:
-        cx.bad_value(f"--find: {e}")
-    chunk = coll.chunks[coll.chunk_index(key)]
-    return to_ejson(chunk.min), to_ejson(chunk.max)
 
 
 def _start(cx: CliContext, command: Record, span_name: str) -> dict[str, Any] | None:

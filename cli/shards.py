@@ -11,6 +11,7 @@ import typer
 from aiokafka.structs import ConsumerRecord
 
 from cli.context import CLIENT_ID, CliContext, JsonOpt
+from domain import sharding_commands as sc
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.settings import in_window
@@ -25,7 +26,7 @@ shards_app = typer.Typer()
 def add_shard(ctx: typer.Context, shard: str, json_out: bool = JsonOpt) -> None:
     """Add a shard to the cluster."""
     cx = CliContext.of(ctx)
-    cx.send(c.AddShard(shard=shard), lambda r: cx.out.print(f"added shard {r['shardAdded']}"))
+    cx.send(cx.build(sc.add_shard, shard), lambda r: cx.out.print(f"added shard {sc.add_shard_reply(r)['shardAdded']}"))
 
 
 @shards_app.command("remove-shard")
@@ -42,17 +43,18 @@ def remove_shard(
         return _removal_status(cx, shard)
 
     def human(r: dict[str, Any]) -> None:
-        rem = r.get("remaining")
+        m = sc.remove_shard_reply(r)  # mongos's shape: state, what remains, dbsToMove
         msg = {
-            "completed": f"shard {r['shard']} removed",
-            "started": f"draining shard {r['shard']}",
-            "ongoing": f"shard {r['shard']} is still draining",
-        }[r["state"]]
-        if rem:
-            msg += f": {rem['chunks']} chunks left, primary of {len(rem['dbs'])} databases {rem['dbs']}"
+            "completed": f"shard {m['shard']} removed",
+            "started": f"draining shard {m['shard']}",
+            "ongoing": f"shard {m['shard']} is still draining",
+        }[m["state"]]
+        if m["state"] != "completed":
+            chunks = r.get("remaining", {}).get("chunks", 0)
+            msg += f": {chunks} chunks left, primary of {len(m['dbsToMove'])} databases {m['dbsToMove']}"
         cx.out.print(msg)
 
-    cx.send(c.RemoveShard(shard=shard), human)
+    cx.send(cx.build(sc.remove_shard, shard), human)
 
 
 @shards_app.command("create-database")

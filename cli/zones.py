@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from cli.context import CliContext, JsonOpt
-from schemas import config as c
+from domain import sharding_commands as sc
 
 zone_app = typer.Typer(help="Zones: tag shards, pin key ranges to them.", no_args_is_help=True)
 
@@ -24,14 +24,14 @@ def _print_zones(cx: CliContext) -> Callable[[dict[str, Any]], None]:
 def zone_add_shard(ctx: typer.Context, shard: str, zone: str, json_out: bool = JsonOpt) -> None:
     """Tag SHARD with ZONE."""
     cx = CliContext.of(ctx)
-    cx.send(c.AddShardToZone(shard=shard, zone=zone), _print_zones(cx))
+    cx.send(sc.add_shard_to_zone(shard, zone), _print_zones(cx))
 
 
 @zone_app.command("remove-shard")
 def zone_remove_shard(ctx: typer.Context, shard: str, zone: str, json_out: bool = JsonOpt) -> None:
     """Untag SHARD from ZONE."""
     cx = CliContext.of(ctx)
-    cx.send(c.RemoveShardFromZone(shard=shard, zone=zone), _print_zones(cx))
+    cx.send(sc.remove_shard_from_zone(shard, zone), _print_zones(cx))
 
 
 @zone_app.command("add-range")
@@ -47,7 +47,7 @@ def zone_add_range(
     cx = CliContext.of(ctx)
     lo, hi = cx.parse_json(min, "--min"), cx.parse_json(max, "--max")
     cx.send(
-        c.AssignZoneRange(ns=ns, min=lo, max=hi, zone=zone),
+        cx.build(sc.zone_range, ns, lo, hi, zone),
         lambda r: cx.out.print(f"{r['ns']} [{min}, {max}) -> zone {r['zone']}"),
     )
 
@@ -60,6 +60,6 @@ def zone_remove_range(
     cx = CliContext.of(ctx)
     lo, hi = cx.parse_json(min, "--min"), cx.parse_json(max, "--max")
     cx.send(
-        c.RemoveZoneRange(ns=ns, min=lo, max=hi),
+        cx.build(sc.zone_range, ns, lo, hi, None),
         lambda r: cx.out.print(f"{r['ns']} [{min}, {max}) no longer in zone {r['zone']}"),
     )

@@ -74,6 +74,7 @@ class ErrorCode(StrEnum):
     InvalidNamespace = ("InvalidNamespace", 73)
     CannotSplit = ("CannotSplit", 87)
     NetworkTimeout = ("NetworkTimeout", 89)
+    OperationFailed = ("OperationFailed", 96)
     ShutdownInProgress = ("ShutdownInProgress", 91)
     ConflictingOperationInProgress = ("ConflictingOperationInProgress", 117)
     NamespaceNotSharded = ("NamespaceNotSharded", 118)

@@ -57,7 +57,7 @@ def test_the_command_tree_and_its_order():
 REFUSED = [
     (("--cluster", "bad name", "status"), "BadValue", "invalid cluster name 'bad name'"),
     (("shard-collection", "a.b", "--key", "{bad"), "BadValue", "invalid JSON for --key"),
-    (("shard-collection", "a.b", "--key", "[1]"), "BadValue", "--key must be a JSON object"),
+    (("shard-collection", "a.b", "--key", "[1]"), "BadValue", "the shard key must be a non-empty object"),
     (("split", "a.b"), "BadValue", "give --at POINT (repeatable) or --find DOC"),
     (("find", "a.b", "[1]"), "BadValue", "a filter must be a JSON object"),
     (("balancer", "window", "--start", "01:00"), "BadValue", "give --start, --stop and --time-zone"),

@@ -1,4 +1,254 @@
 """Database and server introspection: listDatabases, listCollections, dbStats, collStats,
-serverStatus (a truthful subset), create / drop where the catalog allows."""
+serverStatus (a truthful subset).  What the router knows is the catalog: databases, the
+sharded collections and the unsharded ones it has seen written; sizes are not projected to
+routers, so they are reported as 0 where MongoDB has them (`sizeOnDisk`, `size`).
+
+`create` tracks a collection as a first insert does; `drop` and `dropDatabase` are DDL, not
+implemented yet (issue 13): they are refused with CommandNotFound (59), naming the command,
+as for anything else not implemented.
+"""
 
 from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from bson import Int64
+
+from domain.catalog import Catalog
+from domain.protocol import ErrorCode
+from domain.query import QueryError, compile_filter
+from domain.sharding_commands import GENERIC_FIELDS
+from libs.commands import CommandError
+from schemas.config import CreateCollection
+from services.router.wire.commands import COMPATIBLE_VERSION, SERVER_COMMANDS, Connection
+from services.router.wire.config_db import COLLECTIONS as CONFIG_COLLECTIONS
+from services.router.wire.config_db import this_router_id, uuid_value
+
+
+def _filter(flt: Any, what: str) -> Any:
+    if not isinstance(flt, dict):
+        raise CommandError(ErrorCode.TypeMismatch, f"{what} 'filter' must be an object")
+    try:
+        return compile_filter(flt)
+    except QueryError as e:
+        raise CommandError(ErrorCode.BadValue, str(e)) from None
+
+
+def collection_names(cat: Catalog, db: str) -> list[str]:
+    """The collections of `db` the catalog knows: sharded ones and tracked unsharded ones."""
+    names = {ns.partition(".")[2] for ns in cat.collections if ns.partition(".")[0] == db}
+    d = cat.databases.get(db)
+    if d is not None:
+        names |= {ns.partition(".")[2] for ns in d.collections}
+    return sorted(names)
+
+
+def database_names(cat: Catalog) -> list[str]:
+    return sorted({*cat.databases, *(ns.partition(".")[0] for ns in cat.collections)})
+
+
+# ------------------------------------------------------------------ listDatabases
+
+
+def list_databases(cat: Catalog, cmd: dict[str, Any]) -> dict[str, Any]:
+    name_only = bool(cmd.get("nameOnly"))
+    flt = _filter(cmd.get("filter") or {}, "listDatabases")
+    dbs: list[dict[str, Any]] = []
+    for name in ["admin", "config", *database_names(cat)]:
+        doc: dict[str, Any] = {"name": name}
+        if not name_only:
+            doc["sizeOnDisk"] = 0  # sizes live with the shards; routers do not project them
+            doc["empty"] = name not in cat.databases and name not in ("config",)
+            if name in cat.databases:
+                doc["shards"] = {cat.databases[name].primary: 0}
+        if flt.matches(doc):
+            dbs.append(doc if not name_only else {"name": name})
+    out: dict[str, Any] = {"databases": dbs}
+    if not name_only:
+        out["totalSize"] = 0
+        out["totalSizeMb"] = 0
+    return out
+
+
+@SERVER_COMMANDS.register("listDatabases", admin_only=True)
+async def _list_databases(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return list_databases(conn.cluster().follower.catalog, cmd)
+
+
+# ------------------------------------------------------------------ listCollections
+
+
+def collection_info(cat: Catalog, db: str, name: str) -> dict[str, Any]:
+    ns = f"{db}.{name}"
+    info: dict[str, Any] = {"readOnly": db == "config"}
+    coll = cat.collections.get(ns)
+    if coll is not None:
+        info["uuid"] = uuid_value(coll.uuid)
+    return {
+        "name": name,
+        "type": "collection",
+        "options": {},
+        "info": info,
+        "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+    }
+
+
+def list_collections(cat: Catalog, db: str, cmd: dict[str, Any]) -> list[dict[str, Any]]:
+    flt = _filter(cmd.get("filter") or {}, "listCollections")
+    names = list(CONFIG_COLLECTIONS) if db == "config" else collection_names(cat, db)
+    docs = [collection_info(cat, db, n) for n in sorted(names)]
+    docs = [d for d in docs if flt.matches(d)]
+    if cmd.get("nameOnly"):
+        docs = [{"name": d["name"], "type": d["type"]} for d in docs]
+    return docs
+
+
+@SERVER_COMMANDS.register("listCollections")
+async def _list_collections(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    edge = conn.cluster()
+    db = cmd["$db"]
+    docs = list_collections(edge.follower.catalog, db, cmd)
+    cursor = cmd.get("cursor") or {}
+    batch = cursor.get("batchSize") if isinstance(cursor, dict) else None
+    if isinstance(batch, int) and not isinstance(batch, bool) and 0 <= batch < len(docs):
+        # more than one batch: a router-held cursor, continued by getMore like any find
+        opened = edge.routing.open_cursor(docs, batch)
+        cursor_id = Int64(opened["cursorId"] or 0)
+        return {"cursor": {"id": cursor_id, "ns": f"{db}.$cmd.listCollections", "firstBatch": opened["docs"]}}
+    return {"cursor": {"id": 0, "ns": f"{db}.$cmd.listCollections", "firstBatch": docs}}
+
+
+# ------------------------------------------------------------------ dbStats / collStats
+
+
+def db_stats(cat: Catalog, db: str, scale: int) -> dict[str, Any]:
+    names = collection_names(cat, db)
+    return {
+        "db": db,
+        "collections": len(names),
+        "views": 0,
+        "objects": 0,  # counts and sizes live with the shards (not projected to routers)
+        "avgObjSize": 0,
+        "dataSize": 0,
+        "storageSize": 0,
+        "indexes": len(names),  # each has its _id index
+        "indexSize": 0,
+        "totalSize": 0,
+        "scaleFactor": scale,
+        "fileSize": 0,
+        "raw": {},
+    }
+
+
+def _scale(cmd: dict[str, Any]) -> int:
+    scale = cmd.get("scale", 1)
+    if not isinstance(scale, int | float) or isinstance(scale, bool) or scale < 1:
+        raise CommandError(ErrorCode.BadValue, "scale has to be >= 1")
+    return int(scale)
+
+
+@SERVER_COMMANDS.register("dbStats", "dbstats")
+async def _db_stats(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    return db_stats(conn.cluster().follower.catalog, cmd["$db"], _scale(cmd))
+
+
+def coll_stats(cat: Catalog, ns: str, scale: int) -> dict[str, Any]:
+    db, _, name = ns.partition(".")
+    coll = cat.collections.get(ns)
+    if coll is None and name not in collection_names(cat, db):
+        raise CommandError(ErrorCode.NamespaceNotFound, f"Collection [{ns}] not found.")
+    out: dict[str, Any] = {
+        "ns": ns,
+        "sharded": coll is not None,
+        "count": 0,  # counts and sizes live with the shards (not projected to routers)
+        "size": 0,
+        "storageSize": 0,
+        "totalIndexSize": 0,
+        "totalSize": 0,
+        "avgObjSize": 0,
+        "nindexes": 1,
+        "indexSizes": {"_id_": 0},
+        "scaleFactor": scale,
+    }
+    if coll is not None:
+        per_shard = coll.chunks_per_shard()
+        out["nchunks"] = len(coll.chunks)
+        out["shards"] = {sh: {"ns": ns, "count": 0, "size": 0, "nchunks": n} for sh, n in sorted(per_shard.items())}
+        out["primary"] = cat.databases[db].primary if db in cat.databases else None
+    else:
+        primary = cat.databases[db].primary if db in cat.databases else None
+        out["primary"] = primary
+        if primary is not None:
+            out["shards"] = {primary: {"ns": ns, "count": 0, "size": 0}}
+    return out
+
+
+@SERVER_COMMANDS.register("collStats", "collstats")
+async def _coll_stats(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    name = cmd["collStats"] if "collStats" in cmd else cmd["collstats"]
+    if not isinstance(name, str) or not name:
+        raise CommandError(ErrorCode.InvalidNamespace, "collStats needs a collection name")
+    return coll_stats(conn.cluster().follower.catalog, f"{cmd['$db']}.{name}", _scale(cmd))
+
+
+# ------------------------------------------------------------------ serverStatus
+
+
+@SERVER_COMMANDS.register("serverStatus", "serverstatus")
+async def _server_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    """What this router really knows: who it is, since when, its connections."""
+    edge = conn.cluster()
+    now = time.time()
+    return {
+        "host": socket.gethostname(),
+        "version": COMPATIBLE_VERSION,
+        "process": "mongos",
+        "pid": os.getpid(),
+        "uptime": float(int(now - edge.started)),
+        "uptimeMillis": int((now - edge.started) * 1000),
+        "uptimeEstimate": int(now - edge.started),
+        "localTime": datetime.now(UTC),
+        "shardlog": {"router": edge.instance, "address": this_router_id(edge)},
+        **edge.stats(),
+    }
+
+
+# ------------------------------------------------------------------ DDL: not yet
+
+
+async def _ddl_not_implemented(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    name = next(iter(cmd))
+    raise CommandError(
+        ErrorCode.CommandNotFound,
+        f"no such command: '{name}' (collection and database DDL is not implemented yet in shardlog)",
+    )
+
+
+for _ddl in ("drop", "dropDatabase"):
+    SERVER_COMMANDS.register(_ddl)(_ddl_not_implemented)
+
+
+@SERVER_COMMANDS.register("create")
+async def _create(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    """An explicit create is the implicit one a first insert makes: the catalog tracks the
+    collection on its database's primary.  Options (capped, views, validators, ...) are refused."""
+    from services.router.wire.admin import config_command  # the one way config commands go
+
+    name, db = cmd["create"], cmd["$db"]
+    if not isinstance(name, str) or not name:
+        raise CommandError(ErrorCode.InvalidNamespace, "create needs a collection name")
+    options = [k for k in cmd if k not in ("create", *GENERIC_FIELDS)]
+    if options:
+        raise CommandError(ErrorCode.InvalidOptions, f"create: options are not supported by shardlog: {options}")
+    if db in ("config", "admin", "local"):
+        raise CommandError(ErrorCode.InvalidNamespace, f"cannot create a collection in the {db!r} database")
+    ns = f"{db}.{name}"
+    edge = conn.cluster()
+    if name in collection_names(edge.follower.catalog, db):
+        raise CommandError(ErrorCode.NamespaceExists, f"Collection {ns} already exists.")
+    await config_command(edge, CreateCollection(ns=ns))
+    return {}

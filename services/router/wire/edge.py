@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from libs.service import ServiceSettings
     from services.router.route import OperationRouter
     from services.router.sessions import LogicalSessionCache
+    from services.router.wire.server import WireServer
+
+
+# serverStatus.connections.available: mongos's default maxIncomingConnections (no limit of
+# our own is enforced: asyncio holds them; the operating system's file limit is the bound).
+MAX_INCOMING_CONNECTIONS = 1_000_000
 
 
 @dataclass
@@ -29,7 +35,17 @@ class RouterEdge:
     sessions: LogicalSessionCache
     clock: VectorClock
     started: float  # time.time() at start (serverStatus uptime, config.mongos)
+    server: WireServer | None = None  # the wire server serving this edge (it sets itself here)
 
     def stats(self) -> dict[str, Any]:
-        """Counters for serverStatus (filled by the handlers that own them)."""
-        return {}
+        """Counters for serverStatus: the wire server's connections."""
+        if self.server is None:
+            return {"connections": {"current": 0, "available": 0, "totalCreated": 0}}
+        current = self.server.open_connections
+        return {
+            "connections": {
+                "current": current,
+                "available": max(MAX_INCOMING_CONNECTIONS - current, 0),
+                "totalCreated": self.server.connections_opened,
+            }
+        }

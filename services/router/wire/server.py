@@ -68,6 +68,8 @@ class WireServer:
         edge: RouterEdge | None = None,  # the router's parts: without, only server commands answer
     ) -> None:
         self.edge = edge
+        if edge is not None:
+            edge.server = self  # serverStatus and config.mongos read our counters and port
         self.host, self._port = host, port
         self.commands = commands
         self.compressors = compressors

@@ -1,0 +1,114 @@
+"""mongosh (MongoDB's shell, from the npm registry via `make mongosh`) against a live cluster:
+its sh.* helpers and, once find / aggregate are wired, sh.status() and CRUD.  Assertions are
+on what mongosh prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.unit.test_wire_mongosh import _mongosh
+
+pytestmark = pytest.mark.kafka
+
+NEEDS_CRUD = pytest.mark.xfail(strict=False, reason="needs wire-crud/aggregate merge")
+# sh.status() also needs BSON values (ObjectId, Timestamp, datetime) through find / aggregate
+# on config.* (the query engine and cursors): bson-types / bson-wire.
+NEEDS_BSON = pytest.mark.xfail(
+    strict=False, reason="needs wire-crud/aggregate merge and BSON values in the query engine"
+)
+
+
+@pytest.fixture(scope="module")
+def mongosh() -> str:
+    return _mongosh()
+
+
+def run(mongosh: str, cluster, script: str) -> str:
+    """Run `script` with mongosh --eval on the cluster's router; its stdout (exit 0 required)."""
+    done = subprocess.run(
+        [mongosh, cluster.uri + "?serverSelectionTimeoutMS=5000", "--quiet", "--norc", "--eval", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MONGOSH_FORCE_DISABLE_TELEMETRY_FOR_TESTING": "1"},
+    )
+    assert done.returncode == 0, f"mongosh failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def chunk_bounds(cluster, ns: str) -> list[tuple[str, str, str]]:
+    from cli.context import bound
+
+    return [(bound(c.min), bound(c.max), c.shard) for c in cluster.router.follower.catalog.collections[ns].chunks]
+
+
+def test_sh_helpers(mongosh, data_cluster):
+    out = run(
+        mongosh,
+        data_cluster,
+        """
+        const r = sh.shardCollection("shop.orders", {o: 1});
+        print("sharded", r.collectionsharded);
+        print("split", sh.splitAt("shop.orders", {o: 50}).ok);
+        print("moved", sh.moveRange("shop.orders", "s1", {o: 50}, {o: MaxKey()}).ok);
+        print("zone", sh.addShardToZone("s2", "EU").ok);
+        print("shards", JSON.stringify(db.adminCommand({listShards: 1}).shards.map(s => s._id)));
+        """,
+    )
+    lines = out.strip().splitlines()
+    assert lines == ["sharded shop.orders", "split 1", "moved 1", "zone 1", 'shards ["s0","s1","s2"]'], out
+    assert chunk_bounds(data_cluster, "shop.orders") == [
+        ('{"o":{"$minKey":1}}', '{"o":50}', "s0"),
+        ('{"o":50}', '{"o":{"$maxKey":1}}', "s1"),
+    ]
+    assert data_cluster.router.follower.catalog.shards["s2"].zones == {"EU"}
+
+    # an error reaches the shell as MongoDB's: code and codeName
+    out = run(
+        mongosh,
+        data_cluster,
+        'try { sh.shardCollection("shop.orders", {o: 1}) } catch (e) { print(e.code, e.codeName) }',
+    )
+    assert out.strip() == "23 AlreadyInitialized"
+
+
+@NEEDS_CRUD
+def test_sh_get_balancer_state(mongosh, data_cluster):
+    # reads config.settings with find
+    assert run(mongosh, data_cluster, "print(sh.getBalancerState())").strip() == "true"
+    run(mongosh, data_cluster, "sh.stopBalancer()")
+    assert run(mongosh, data_cluster, "print(sh.getBalancerState())").strip() == "false"
+
+
+@NEEDS_BSON
+def test_sh_status_lists_shards_databases_and_chunks(mongosh, data_cluster):
+    data_cluster.mongo_client().admin.command("shardCollection", "shop.orders", key={"o": 1})
+    data_cluster.mongo_client().admin.command("split", "shop.orders", middle={"o": 50})
+    out = run(mongosh, data_cluster, "sh.status()")
+    for shard in ("s0", "s1", "s2"):
+        assert f"_id: '{shard}'" in out, out
+    # mongosh prints sh.status() as inspected objects (helpers.js getPrintableShardStatus)
+    assert "_id: 'shop'" in out and "'shop.orders'" in out and "shardKey: { o: 1 }" in out, out
+    assert "min: { o: MinKey() }, max: { o: 50 }, 'on shard': 's0'" in out, out
+    assert "min: { o: 50 }, max: { o: MaxKey() }, 'on shard': 's0'" in out, out
+
+
+@NEEDS_CRUD
+def test_crud_from_the_shell(mongosh, data_cluster):
+    out = run(
+        mongosh,
+        data_cluster,
+        """
+        db.getSiblingDB("app").c.insertMany([{_id: 3, g: "a", n: 1}, {_id: 1, g: "b", n: 2}, {_id: 2, g: "a", n: 3}]);
+        print(JSON.stringify(db.getSiblingDB("app").c.find().sort({_id: 1}).toArray().map(d => d._id)));
+        print(JSON.stringify(db.getSiblingDB("app").c.aggregate([
+            {$group: {_id: "$g", total: {$sum: "$n"}}}, {$sort: {_id: 1}}]).toArray()));
+        """,
+    )
+    lines = out.strip().splitlines()
+    assert lines[0] == "[1,2,3]", out
+    assert json.loads(lines[1]) == [{"_id": "a", "total": 4}, {"_id": "b", "total": 2}], out
