@@ -10,6 +10,10 @@ import json
 from enum import StrEnum
 from typing import Any
 
+import bson
+from bson.errors import InvalidDocument
+
+from domain.bsonvalues import to_record
 from libs.commands import CommandError
 from libs.topics import SHARD_ID
 
@@ -20,14 +24,26 @@ CONFIG_TIME = "config-time"  # on a shard request: the ConfigTime the router rou
 
 # ------------------------------------------------------------------ limits
 
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # MongoDB's BSON document limit
-MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # MongoDB's BSON document limit, in doc_bytes
+MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit, in record_bytes
 CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes, on routers and shards alike
 
 
 def doc_bytes(doc: dict[str, Any]) -> int:
-    """A document's size as stored (compact JSON), the measure every limit above uses."""
-    return len(json.dumps(doc, separators=(",", ":")).encode())
+    """A document's size in BSON bytes (``bson.encode``), as MongoDB measures it for the
+    16 MB limit (docs/decisions/0016).  A document BSON cannot hold (an integer beyond
+    64 bits, a field name with a NUL: never from a driver) is measured by its record form."""
+    try:
+        return len(bson.encode(doc))
+    except (InvalidDocument, OverflowError, TypeError, ValueError):
+        return record_bytes(doc)
+
+
+def record_bytes(doc: dict[str, Any]) -> int:
+    """A document's size in a record: compact Extended JSON (``domain.bsonvalues``); for a
+    plain JSON document, its compact JSON.  Kafka's record limits are in these bytes, so
+    batches are measured with it (MAX_BATCH_BYTES)."""
+    return len(json.dumps(to_record(doc), separators=(",", ":")).encode())
 
 
 def check_document_size(doc: dict[str, Any]) -> None:

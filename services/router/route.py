@@ -28,7 +28,7 @@ from domain.protocol import (
     MAX_BATCH_BYTES,
     ErrorCode,
     check_document_size,
-    doc_bytes,
+    record_bytes,
     split_ns,
 )
 from domain.query import QueryError, apply_projection, compile_filter, merge_sorted
@@ -533,7 +533,7 @@ def _batch_length(docs: list[dict], size: int) -> int:
     """How many of `docs` make one reply: at most `size` and MAX_BATCH_BYTES, at least one."""
     total = 0
     for i, d in enumerate(docs[:size]):
-        total += doc_bytes(d)
+        total += record_bytes(d)
         if i and total > MAX_BATCH_BYTES:
             return i
     return min(len(docs), size)

@@ -22,7 +22,7 @@ from typing import Any
 from domain import clock as vclock
 from domain import targeting
 from domain.catalog import Catalog, Collection
-from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, doc_bytes
+from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, record_bytes
 from domain.query import (
     MISSING,
     QueryError,
@@ -300,7 +300,7 @@ class ShardDecider:
         out, total = [], 0
         rest: dict | None = None
         for d in docs:
-            n = doc_bytes(d)
+            n = record_bytes(d)
             if out and (len(out) >= size or total + n > MAX_BATCH_BYTES):
                 rest = d
                 break
@@ -370,7 +370,7 @@ class ShardDecider:
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
         docs = [
-            (to_ejson(coll.pattern.extract(d)), doc_bytes(d))
+            (to_ejson(coll.pattern.extract(d)), record_bytes(d))
             for _, d in self.documents.scan(req.ns, chunk.min_key, chunk.max_key)
         ]
         bounds = {"min": to_ejson(chunk.min), "max": to_ejson(chunk.max)}
