@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from bson import DatetimeMS, Decimal128, Int64, ObjectId, Regex, Timestamp
+from bson import Code, DatetimeMS, Decimal128, Int64, ObjectId, Regex, Timestamp
 from bson.decimal128 import create_decimal128_context
 
 from domain.shardkey import (
@@ -398,6 +398,8 @@ _LEAST_OBJECT_ID = ObjectId(bytes(12))
 _LEAST_DATE = DatetimeMS(INT64_MIN)
 _LEAST_TIMESTAMP = Timestamp(0, 0)
 _LEAST_REGEX: Regex[str] = Regex("")
+_LEAST_CODE = Code("")
+_LEAST_CODE_WITH_SCOPE = Code("", {})
 
 
 def _bracket(v: Any) -> Bounds:
@@ -410,6 +412,10 @@ def _bracket(v: Any) -> Bounds:
         return Bounds(False, True, True, True)  # booleans sort below dates
     if isinstance(v, (int, float, Decimal128)):  # NaN sorts lowest but only matches NaN operands
         return Bounds(v if _is_nan(v) else -math.inf, True, math.inf, True)
+    if isinstance(v, Code):  # before str: Code is a str subclass
+        if v.scope is None:
+            return Bounds(_LEAST_CODE, True, _LEAST_CODE_WITH_SCOPE, False)
+        return Bounds(_LEAST_CODE_WITH_SCOPE, True, MAX_KEY, False)
     if isinstance(v, str):
         return Bounds("", True, {}, False)
     if isinstance(v, dict):
@@ -423,7 +429,7 @@ def _bracket(v: Any) -> Bounds:
     if isinstance(v, Timestamp):
         return Bounds(_LEAST_TIMESTAMP, True, _LEAST_REGEX, False)
     if isinstance(v, Regex):
-        return Bounds(_LEAST_REGEX, True, MAX_KEY, False)
+        return Bounds(_LEAST_REGEX, True, _LEAST_CODE, False)
     return Bounds(_LEAST_DATE, True, _LEAST_TIMESTAMP, False)  # dates (encode_value checked the type)
 
 

@@ -5,7 +5,8 @@ package (docs/decisions/0016), of which plain JSON values are a subset.
 Ordering (MongoDB's BSON comparison order of canonical types)::
 
     MinKey < null < numbers < strings < objects < arrays < binData < ObjectId
-           < booleans < dates < timestamps < regular expressions < MaxKey
+           < booleans < dates < timestamps < regular expressions < code
+           < code with scope < MaxKey
 
 * numbers (int, ``bson.Int64``, float, ``bson.Decimal128``): by exact value, whatever
   the type (``2**53 + 1 > 2.0**53``, ``1 == 1.0 == Int64(1) == Decimal128("1.0")``,
@@ -22,6 +23,8 @@ Ordering (MongoDB's BSON comparison order of canonical types)::
 * dates (aware or naive-as-UTC ``datetime``, ``bson.DatetimeMS``): by signed
   milliseconds since the epoch.  timestamps (``bson.Timestamp``): by (time, inc).
 * regular expressions (``bson.Regex``): by pattern, then options, as C strings.
+* code (``bson.Code``): by its text; code with a scope after all code without, by
+  text and then scope.
 
 ``encode_value`` maps a value to bytes whose ``bytes`` order is exactly that order.
 The encodings are prefix-free, with one exception kept for compatibility: a number
@@ -216,6 +219,8 @@ _BOOL = 0x70
 _DATE = 0x78
 _TIMESTAMP = 0x80
 _REGEX = 0x88
+_CODE = 0x90  # JavaScript code (bson.Code without a scope)
+_CODE_WITH_SCOPE = 0x98  # bson.Code with a scope: the code, then the scope as an object
 _MAXKEY = 0xF0
 _CONTINUE = 0xFF  # a number's extra precision follows (decimals only)
 
@@ -242,6 +247,8 @@ def _tag_of(v: Any) -> int:
         return _BOOL
     if isinstance(v, (int, float, Decimal128)):  # int includes bson.Int64
         return _NUMBER
+    if isinstance(v, bson.Code):  # before str: Code is a str subclass
+        return _CODE if v.scope is None else _CODE_WITH_SCOPE
     if isinstance(v, str):
         return _STRING
     if isinstance(v, (dict, bson.DBRef)):
@@ -267,7 +274,7 @@ def _tag_of(v: Any) -> int:
         text = text[:77] + "..."
     raise ShardKeyError(
         f"unsupported shard key value of type {type(v).__name__}: {text} (expected null, bool, a number, "
-        "str, dict, list, binary, ObjectId, datetime, Timestamp, Regex, MinKey or MaxKey)"
+        "str, dict, list, binary, ObjectId, datetime, Timestamp, Regex, Code, MinKey or MaxKey)"
     )
 
 
@@ -404,6 +411,11 @@ def _write_body(out: bytearray, tag: int, v: Any, depth: int) -> None:
     elif tag == _REGEX:
         pattern, options = _regex_parts(v)
         out += _string_body(pattern) + _string_body(options)
+    elif tag == _CODE:
+        out += _string_body(v)
+    elif tag == _CODE_WITH_SCOPE:
+        out += _string_body(v)
+        _write_body(out, _OBJECT, v.scope, depth)
     # null, MinKey, MaxKey: the tag says it all.
 
 
@@ -428,7 +440,7 @@ def _md5_int64(data: bytes) -> int:
 
 
 # MongoDB's canonical type numbers (canonicalizeBSONType), which its hash starts with.
-_MONGO_CANONICAL = {_BINARY: 30, _OBJECTID: 35, _DATE: 45, _TIMESTAMP: 47, _REGEX: 50}
+_MONGO_CANONICAL = {_BINARY: 30, _OBJECTID: 35, _DATE: 45, _TIMESTAMP: 47, _REGEX: 50, _CODE: 60}
 
 
 def _mongo_hash(tag: int, v: Any) -> int:
@@ -444,6 +456,9 @@ def _mongo_hash(tag: int, v: Any) -> int:
         value = struct.pack("<q", _date_ms(v))
     elif tag == _TIMESTAMP:
         value = struct.pack("<II", v.inc, v.time)  # BSON: increment first
+    elif tag == _CODE:
+        raw = str(v).encode() + b"\x00"
+        value = struct.pack("<i", len(raw)) + raw  # a BSON string
     else:
         pattern, options = _regex_parts(v)
         value = pattern.encode() + b"\x00" + options.encode() + b"\x00"
@@ -455,9 +470,10 @@ def hash_value(v: Any) -> int:
     values that compare equal hash equal.  Chunk bounds of hashed shard keys live in
     this space.
 
-    The JSON types (and numbers of every type, objects and arrays of anything) hash as
-    md5 of the encoding, first 8 bytes little-endian.  binData, ObjectId, dates,
-    timestamps and regular expressions hash as MongoDB hashes them (``_mongo_hash``),
+    The JSON types (and numbers of every type, objects and arrays of anything, code
+    with a scope) hash as md5 of the encoding, first 8 bytes little-endian.  binData,
+    ObjectId, dates, timestamps, regular expressions and code hash as MongoDB hashes
+    them (``_mongo_hash``),
     so a hashed ``_id`` of ObjectIds has MongoDB's hash values."""
     tag = _tag_of(v)
     if tag in _MONGO_CANONICAL:

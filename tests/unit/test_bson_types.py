@@ -14,7 +14,7 @@ from typing import Any
 
 import bson
 import pytest
-from bson import Binary, DatetimeMS, DBRef, Decimal128, Int64, ObjectId, Regex, Timestamp
+from bson import Binary, Code, DatetimeMS, DBRef, Decimal128, Int64, ObjectId, Regex, Timestamp
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +54,8 @@ def ref_rank(v: Any) -> int:
         return 8
     if isinstance(v, (int, float, Decimal128)):
         return 2
+    if isinstance(v, Code):  # a str subclass
+        return 12 if v.scope is None else 13
     if isinstance(v, str):
         return 3
     if isinstance(v, dict):
@@ -71,7 +73,7 @@ def ref_rank(v: Any) -> int:
     if isinstance(v, Regex):
         return 11
     if isinstance(v, bson.MaxKey):
-        return 12
+        return 14
     raise TypeError(v)
 
 
@@ -125,6 +127,9 @@ def ref_compare(a: Any, b: Any) -> int:
         return cmp(a.binary, b.binary)
     if ra == 8:
         return cmp(a, b)
+    if ra in (12, 13):  # the text, then the scope
+        c = cmp(str(a).encode(), str(b).encode())
+        return c or (ref_compare(a.scope, b.scope) if ra == 13 else 0)
     if ra == 9:  # signed milliseconds
         return cmp(millis(a), millis(b))
     if ra == 10:
@@ -190,6 +195,10 @@ binaries = st.one_of(
 )
 object_ids = st.one_of(st.binary(min_size=12, max_size=12), st.sampled_from([bytes(12), b"\xff" * 12])).map(ObjectId)
 timestamps = st.builds(Timestamp, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+codes = st.one_of(
+    st.builds(Code, st.text(alphabet="ab\x00", max_size=3)),
+    st.builds(Code, st.text(alphabet="ab", max_size=2), st.dictionaries(st.sampled_from("xy"), st.integers(0, 2))),
+)
 regexes = st.builds(Regex, st.text(alphabet="ab.*é", max_size=3), st.sampled_from(["", "i", "m", "im", "imsx", "u"]))
 texts = st.text(alphabet="ab\x00é\U0001f600", max_size=4)
 names = st.text(alphabet="ab\x00é", max_size=3)
@@ -204,6 +213,7 @@ typed_scalars = st.one_of(
     far_dates,
     timestamps,
     regexes,
+    codes,
     st.sampled_from([MIN_KEY, MAX_KEY]),
 )
 values = st.recursive(
@@ -418,6 +428,10 @@ def test_type_order_of_one_value_each() -> None:
         Regex(""),
         Regex("a"),
         Regex("a", "i"),
+        Code(""),
+        Code("a"),
+        Code("", {}),
+        Code("", {"a": 1}),
         MAX_KEY,
     ]
     encodings = [encode_value(v) for v in ordered]
@@ -461,6 +475,7 @@ def test_dbref_compares_as_its_object() -> None:
         (datetime.datetime(1970, 1, 1, tzinfo=UTC), -1178696894582842035),
         (Regex("mongodb"), -7275792090268217043),
         (Regex(".*", "i"), 7095855029187981886),
+        (Code("func f() { return 1; }"), 6861638109178014270),
     ],
 )
 def test_new_types_hash_as_mongodb(value: Any, expected: int) -> None:
@@ -516,6 +531,13 @@ def test_filters_on_typed_values() -> None:
     assert ids({"n": {"$gt": Decimal128("5.4999")}}) == [1]
     assert ids({"n": {"$in": [Decimal128("5.5"), "x"]}}) == [1]
     assert compile_filter({"at": {"$gt": later}}).bounds_on("at") == (later, False, Timestamp(0, 0), False)
+
+
+def test_code_is_not_a_string() -> None:
+    m = compile_filter({"f": "x"})
+    assert m.matches({"f": "x"}) and not m.matches({"f": Code("x")})
+    assert compile_filter({"f": {"$gte": Code("")}}).matches({"f": Code("x")})
+    assert not compile_filter({"f": {"$gte": Code("")}}).matches({"f": Code("x", {})})
 
 
 def test_regex_values() -> None:
