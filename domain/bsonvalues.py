@@ -1,37 +1,18 @@
 """Documents as BSON values in memory and as Extended JSON in records (docs/decisions/0016).
 
-In memory a document is a dict of Python values of pymongo's ``bson`` package, as
-``bson.decode`` gives them at the wire edge: str, int (int32; an int outside the int32
-range is written as int64), ``bson.Int64``, float, ``bson.Decimal128``, bool, None, dict,
-list, ``bytes`` (binData subtype 0), ``bson.Binary``, ``bson.ObjectId``, aware UTC
-``datetime`` (``bson.DatetimeMS`` outside Python's range), ``bson.Timestamp``,
-``bson.Regex``, ``bson.DBRef``, ``bson.Code``, and ``domain.shardkey``'s MIN_KEY / MAX_KEY
-(which are ``bson.MinKey`` / ``bson.MaxKey``).  Plain JSON values are a subset.
-
-In a record (a Kafka message, a shard's store) the same document is relaxed Extended
-JSON, built by ``bson.json_util`` with the options below: JSON's own types as they are
-(so a plain JSON document is its own record form, byte for byte), a wrapper only where
-JSON has no type (``{"$oid": ...}``, ``{"$date": ...}``, ``{"$numberDecimal": ...}``,
-``{"$binary": ...}``, ``{"$timestamp": ...}``, ``{"$regularExpression": ...}``,
-``{"$minKey": 1}``, ...), and ``{"$numberLong": "5"}`` for every ``Int64`` (relaxed mode
-would write 5 and read back an int32).  ``to_record`` / ``from_record`` convert between
-the two; ``from_record(to_record(v)) == v`` with the same types.
+The codec is ``schemas.bsonjson`` (the bottom layer, so record shapes can use it); this
+module is what the domain and services import.  Its :func:`from_record` gives
+``{"$minKey": 1}`` / ``{"$maxKey": 1}`` as this domain's MIN_KEY / MAX_KEY singletons,
+which services compare by identity.
 """
 
 from __future__ import annotations
 
-import datetime
-import math
-from collections.abc import Mapping
 from typing import Any
 
-from bson import DBRef, Int64
-from bson.binary import UuidRepresentation
-from bson.codec_options import DatetimeConversion
-from bson.errors import InvalidId
-from bson.json_util import JSONMode, JSONOptions, default, object_pairs_hook
-
-from domain.shardkey import MAX_KEY, MAX_NESTING_DEPTH, MIN_KEY, is_max_key, is_min_key
+from domain.shardkey import MAX_KEY, MIN_KEY
+from schemas import bsonjson
+from schemas.bsonjson import LONG_JSON_OPTIONS, RECORD_JSON_OPTIONS, RecordFormError, to_record
 
 __all__ = [
     "LONG_JSON_OPTIONS",
@@ -42,94 +23,8 @@ __all__ = [
 ]
 
 
-class RecordFormError(ValueError):
-    """A value with no BSON type, or Extended JSON that does not parse."""
-
-
-# What records are written and read with: relaxed mode (plain JSON numbers, ISO-8601
-# dates from 1970 on), binary subtypes kept as they are (a subtype 4 UUID stays a
-# Binary, no UUID representation is imposed), dates read back aware in UTC, dates
-# outside Python's range as DatetimeMS rather than an error.
-RECORD_JSON_OPTIONS = JSONOptions(
-    json_mode=JSONMode.RELAXED,
-    uuid_representation=UuidRepresentation.UNSPECIFIED,
-    document_class=dict,
-    tz_aware=True,
-    tzinfo=datetime.UTC,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-)
-# Canonical mode, used for Int64 alone: {"$numberLong": "5"}.
-LONG_JSON_OPTIONS = JSONOptions(
-    json_mode=JSONMode.CANONICAL,
-    uuid_representation=UuidRepresentation.UNSPECIFIED,
-    document_class=dict,
-    tz_aware=True,
-    tzinfo=datetime.UTC,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-)
-
-_JSON_SCALARS = (str, bool, type(None))
-
-
-def _to(v: Any, depth: int) -> Any:
-    if depth > MAX_NESTING_DEPTH:
-        raise RecordFormError(f"value nested deeper than {MAX_NESTING_DEPTH} levels")
-    t = type(v)
-    if t in _JSON_SCALARS or t is int:
-        return v
-    if t is float:
-        return v if math.isfinite(v) else default(v, RECORD_JSON_OPTIONS)  # {"$numberDouble": "NaN"}
-    if isinstance(v, Mapping):
-        out = {}
-        for k, x in v.items():
-            if not isinstance(k, str):
-                raise RecordFormError(f"field names must be strings, got {k!r}")
-            out[k] = _to(x, depth + 1)
-        return out
-    if isinstance(v, (list, tuple)):
-        return [_to(x, depth + 1) for x in v]
-    if isinstance(v, Int64):
-        return default(v, LONG_JSON_OPTIONS)
-    if isinstance(v, DBRef):
-        return _to(dict(v.as_doc()), depth + 1)  # {"$ref", "$id", ...}: its $id may be a typed value
-    try:
-        return default(v, RECORD_JSON_OPTIONS)  # MinKey/MaxKey included: they are bson's
-    except (TypeError, ValueError):  # ValueError: a uuid.UUID, which needs a UUID representation
-        text = repr(v)
-        raise RecordFormError(
-            f"value of type {type(v).__name__} has no BSON type: {text[:77] + '...' if len(text) > 80 else text}"
-        ) from None
-
-
-def to_record(value: Any) -> Any:
-    """The record form (JSON-able: dict, list, str, int, float, bool, None) of a value
-    of ``bson`` types, at any depth.  Raises :class:`RecordFormError` for a value with
-    no BSON type (a set, an arbitrary object, a non-str field name)."""
-    return _to(value, 0)
-
-
-def _from(v: Any, depth: int) -> Any:
-    if isinstance(v, dict):
-        if depth > MAX_NESTING_DEPTH:
-            raise RecordFormError(f"record nested deeper than {MAX_NESTING_DEPTH} levels")
-        pairs = [(k, _from(x, depth + 1)) for k, x in v.items()]
-        try:
-            out = object_pairs_hook(pairs, RECORD_JSON_OPTIONS)
-        except (TypeError, ValueError, KeyError, InvalidId, OverflowError) as e:
-            raise RecordFormError(f"malformed Extended JSON {dict(pairs)!r:.200}: {e}") from None
-        if is_min_key(out):
-            return MIN_KEY
-        if is_max_key(out):
-            return MAX_KEY
-        return out
-    if isinstance(v, list):
-        return [_from(x, depth + 1) for x in v]
-    return v
-
-
 def from_record(value: Any) -> Any:
-    """The value of ``bson`` types a record form stands for (inverse of
-    :func:`to_record`).  Plain JSON comes back as it is; ``{"$minKey": 1}`` /
-    ``{"$maxKey": 1}`` become ``domain.shardkey``'s MIN_KEY / MAX_KEY.  Raises
-    :class:`RecordFormError` for a malformed wrapper (``{"$oid": "zz"}``)."""
-    return _from(value, 0)
+    """The value of ``bson`` types a record form stands for (inverse of ``to_record``);
+    MinKey / MaxKey as ``domain.shardkey``'s sentinels.  :class:`RecordFormError` for a
+    malformed Extended JSON wrapper (``{"$oid": "zz"}``)."""
+    return bsonjson.from_record(value, keys=(MIN_KEY, MAX_KEY))

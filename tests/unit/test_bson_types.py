@@ -34,6 +34,7 @@ from domain.shardkey import (
     to_ejson,
 )
 from libs.commands import CommandError
+from schemas import bsonjson
 
 PROPERTY = settings(max_examples=300, deadline=None)
 UTC = datetime.UTC
@@ -338,6 +339,14 @@ def test_record_form_errors() -> None:
         from_record({"x": {"$oid": "zz"}})
     with pytest.raises(RecordFormError, match="minKey"):
         from_record({"x": {"$minKey": 2}})
+
+
+def test_the_schemas_codec_gives_bson_keys_and_the_domain_its_sentinels() -> None:
+    record = {"lo": {"$minKey": 1}, "hi": [{"$maxKey": 1}]}
+    plain = bsonjson.from_record(record)
+    assert type(plain["lo"]) is bson.MinKey and type(plain["hi"][0]) is bson.MaxKey
+    assert from_ejson(plain) == {"lo": MIN_KEY, "hi": [MAX_KEY]}  # what services do with bounds
+    assert from_record(record)["lo"] is MIN_KEY and from_record(record)["hi"][0] is MAX_KEY
 
 
 def test_stored_chunk_bounds_read_the_same() -> None:
