@@ -61,6 +61,7 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal, NamedTuple
 
 from bson import Code, DatetimeMS, Decimal128, Int64, ObjectId, Regex, Timestamp
@@ -786,6 +787,15 @@ _DOUBLE_TO_DECIMAL = _DECIMAL128.copy()
 _DOUBLE_TO_DECIMAL.prec = 15  # MongoDB's Decimal128(double): 15 significant digits
 
 
+def _double_to_decimal(v: float) -> Any:
+    """MongoDB's Decimal128(double, kRoundTo15Digits): exactly 15 significant digits
+    (1.0 -> 1.00000000000000); zero, infinities and NaN as they are."""
+    d = _DOUBLE_TO_DECIMAL.create_decimal_from_float(v)
+    if not d.is_finite() or not d:
+        return d
+    return d.quantize(Decimal(1).scaleb(d.adjusted() - 14), context=_DOUBLE_TO_DECIMAL)
+
+
 def _is_long(v: int) -> bool:
     """An int64 in BSON: an Int64, or an int outside the int32 range (bson writes it as int64)."""
     return isinstance(v, Int64) or not _INT32_MIN <= v <= _INT32_MAX
@@ -799,7 +809,7 @@ def _add(current: Any, by: Any, path: str) -> Any:
             if isinstance(v, Decimal128):
                 return v.to_decimal()
             if isinstance(v, float):
-                return _DOUBLE_TO_DECIMAL.create_decimal_from_float(v)
+                return _double_to_decimal(v)
             return _DECIMAL128.create_decimal(int(v))
 
         return Decimal128(_DECIMAL128.add(as_decimal(current), as_decimal(by)))

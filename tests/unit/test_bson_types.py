@@ -571,6 +571,10 @@ def test_regex_values() -> None:
         (Decimal128("1"), 1, Decimal128("2")),
         (1, Decimal128("0.10"), Decimal128("1.10")),
         (Decimal128("1"), 0.1, Decimal128("1.100000000000000")),  # the double as 15 digits
+        (Decimal128("0"), 1.0, Decimal128("1.00000000000000")),  # exactly 15, trailing zeros kept
+        (Decimal128("0"), 123456.789, Decimal128("123456.789000000")),
+        (Decimal128("0"), 1e-20, Decimal128("1.00000000000000E-20")),
+        (Decimal128("1"), 0.0, Decimal128("1")),  # zero is not quantized
         (Decimal128("9.999999999999999999999999999999999E+6144"), Decimal128("1E+6144"), Decimal128("Infinity")),
     ],
 )
