@@ -23,17 +23,23 @@ the two; ``from_record(to_record(v)) == v`` with the same types.
 from __future__ import annotations
 
 import datetime
+import enum
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from bson import DBRef, Int64, MaxKey, MinKey
 from bson.binary import UuidRepresentation
 from bson.codec_options import DatetimeConversion
 from bson.errors import InvalidId
 from bson.json_util import JSONMode, JSONOptions, default, object_pairs_hook
+from pydantic import PlainSerializer, PlainValidator, ValidationInfo, WithJsonSchema
 
 __all__ = [
+    "BsonDoc",
+    "BsonValue",
+    "RECORD_CONTEXT",
+    "RecordForm",
     "LONG_JSON_OPTIONS",
     "RECORD_JSON_OPTIONS",
     "RecordFormError",
@@ -91,6 +97,8 @@ def _to(v: Any, depth: int) -> Any:
         return [_to(x, depth + 1) for x in v]
     if isinstance(v, Int64):
         return default(v, LONG_JSON_OPTIONS)
+    if isinstance(v, enum.Enum):  # a StrEnum (an error code) or IntEnum in a reply
+        return _to(v.value, depth)
     if isinstance(v, DBRef):
         return _to(dict(v.as_doc()), depth + 1)  # {"$ref", "$id", ...}: its $id may be a typed value
     try:
@@ -133,3 +141,53 @@ def from_record(value: Any, *, keys: tuple[Any, Any] | None = None) -> Any:
     values when given.  Raises :class:`RecordFormError` for a malformed wrapper
     (``{"$oid": "zz"}``)."""
     return _from(value, 0, keys)
+
+
+# ------------------------------------------------------------------ record shapes
+# Fields of records that carry documents (or values of documents) are declared with these
+# types: BSON values in memory, relaxed Extended JSON in the record.  Decoding a record
+# (pydantic's JSON mode, or Python mode with RECORD_CONTEXT: ``schemas.Codec``) applies
+# ``from_record``; building a record in Python keeps the values given (already BSON
+# values); ``model_dump_json`` applies ``to_record``.
+
+RECORD_CONTEXT = "record-form"  # validation context key: the input is a decoded record
+
+
+def _from_record_form(value: Any, info: ValidationInfo) -> bool:
+    return info.mode == "json" or bool(info.context and info.context.get(RECORD_CONTEXT))
+
+
+def _validate_doc(value: Any, info: ValidationInfo) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("must be an object (a document)")
+    out = from_record(value) if _from_record_form(value, info) else value
+    if not isinstance(out, dict):  # {"$oid": ...} where a document belongs
+        raise ValueError(f"must be a document, got a {type(out).__name__}")
+    return out
+
+
+def _validate_value(value: Any, info: ValidationInfo) -> Any:
+    return from_record(value) if _from_record_form(value, info) else value
+
+
+_serialize = PlainSerializer(to_record, return_type=Any, when_used="json")
+
+BsonDoc = Annotated[
+    dict[str, Any],
+    PlainValidator(_validate_doc),
+    _serialize,
+    WithJsonSchema({"type": "object", "additionalProperties": True, "description": "relaxed Extended JSON"}),
+]
+"""A document of BSON values (a document, filter, update, sort, projection, result)."""
+
+BsonValue = Annotated[
+    Any,
+    PlainValidator(_validate_value),
+    _serialize,
+    WithJsonSchema({"description": "a BSON value as relaxed Extended JSON"}),
+]
+"""Any one BSON value (a document's _id)."""
+
+RecordForm = Annotated[dict[str, Any], _serialize]
+"""A JSON object kept in its record form in memory (a chunk bound as ``{"x": {"$minKey": 1}}``,
+a config reply), which may also be given BSON values: they are written as Extended JSON."""
