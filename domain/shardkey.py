@@ -56,6 +56,8 @@ import bson.min_key
 from bson import Binary, DatetimeMS, Decimal128, ObjectId, Regex, Timestamp
 from bson.json_util import JSONOptions, default
 
+from schemas import bsonjson
+
 __all__ = [
     "INT64_MAX",
     "INT64_MIN",
@@ -164,9 +166,11 @@ def is_max_key(v: Any) -> bool:
 
 
 def from_ejson(value: Any) -> Any:
-    """Replace Extended JSON ``{"$minKey": 1}`` / ``{"$maxKey": 1}`` and ``bson.MinKey()``
-    / ``bson.MaxKey()`` (at any depth) by the sentinels; everything else is returned as
-    is (containers are copied)."""
+    """The in-memory value of a shard-key value or bound in Extended JSON (decision 0016):
+    ``{"$minKey": 1}`` / ``{"$maxKey": 1}`` and ``bson.MinKey()`` / ``bson.MaxKey()`` (at
+    any depth) become the sentinels, other wrappers (``{"$oid": ...}``, ``{"$date": ...}``)
+    their BSON values; values already BSON values are returned as they are (containers are
+    copied)."""
     if is_min_key(value):
         return MIN_KEY
     if is_max_key(value):
@@ -180,23 +184,32 @@ def from_ejson(value: Any) -> Any:
                 if type(one) not in (int, float) or one != 1:
                     raise ShardKeyError(f"Extended JSON {name} must be 1, got {one!r}")
                 return _EJSON_SENTINELS[name]
-        return {k: from_ejson(v) for k, v in value.items()}
+        out = {k: from_ejson(v) for k, v in value.items()}
+        if any(isinstance(k, str) and k.startswith("$") for k in out):  # maybe a wrapper
+            try:
+                return bsonjson.from_record(out)
+            except bsonjson.RecordFormError as e:
+                raise ShardKeyError(str(e)) from None
+        return out
     if isinstance(value, list):
         return [from_ejson(v) for v in value]
     return value
 
 
 def to_ejson(value: Any) -> Any:
-    """Inverse of :func:`from_ejson`: sentinels become ``{"$minKey": 1}`` etc."""
-    if is_min_key(value):
-        return {"$minKey": 1}
-    if is_max_key(value):
-        return {"$maxKey": 1}
+    """Inverse of :func:`from_ejson`: relaxed Extended JSON (``schemas.bsonjson.to_record``),
+    sentinels as ``{"$minKey": 1}`` etc.  A value with no BSON type (in an error message about
+    bad input) is left as it is."""
     if isinstance(value, dict):
         return {k: to_ejson(v) for k, v in value.items()}
     if isinstance(value, list):
         return [to_ejson(v) for v in value]
-    return value
+    if type(value) in (str, int, bool, type(None)):
+        return value
+    try:
+        return bsonjson.to_record(value)
+    except bsonjson.RecordFormError:
+        return value
 
 
 # ---------------------------------------------------------------------------- encoding

@@ -21,6 +21,7 @@ from typing import Any
 
 from domain import clock as vclock
 from domain import targeting
+from domain.bsonvalues import to_record
 from domain.catalog import Catalog, Collection
 from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, record_bytes
 from domain.query import (
@@ -463,7 +464,7 @@ class ShardDecider:
         if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
             raise CommandError(
                 ErrorCode.DuplicateKey,
-                f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(doc['_id'])} }}",
+                f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(to_record(doc['_id']))} }}",
             )
         seen.add(id_enc)
         return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
@@ -514,7 +515,7 @@ class ShardDecider:
         if any(_enc(get_path(old, f)) != _enc(get_path(new, f)) for f in coll.pattern.fields):
             raise CommandError(
                 ErrorCode.ImmutableField,
-                f"an update may not change the shard key {coll.pattern.spec} (document {json.dumps(old.get('_id'))})",
+                f"an update may not change the shard key {coll.pattern.spec} (document {json.dumps(to_record(old.get('_id')))})",
             )
 
     @on_request.register(s.Delete)
