@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 
 import bson
 import pytest
@@ -173,3 +174,24 @@ def test_sixteen_megabytes_of_bson(data_cluster):
     assert n == 1
     (err,) = refused["writeErrors"]
     assert err["code"] == ErrorCode.DocumentTooLarge and ErrorCode.DocumentTooLarge.number == 10334
+
+
+def test_cli_reads_and_prints_extended_json(data_cluster):
+    from tests.conftest import cli
+
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="cli", primary="s1"))
+    doc = '{"_id": {"$oid": "65a1b2c3d4e5f60718293a4b"}, "at": {"$date": "2024-01-02T03:04:05.678Z"}, "n": {"$numberLong": "7"}}'
+    out = cli(cl.settings, "insert", "cli.t", doc, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["insertedIds"] == [{"$oid": "65a1b2c3d4e5f60718293a4b"}]
+    (stored_doc,) = stored(cl, "s1", "cli.t")
+    assert stored_doc == {
+        "_id": ObjectId("65a1b2c3d4e5f60718293a4b"),
+        "at": datetime.datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
+        "n": Int64(7),
+    }
+    assert type(stored_doc["n"]) is Int64
+    out = cli(cl.settings, "find", "cli.t", '{"at": {"$gt": {"$date": "2024-01-01T00:00:00Z"}}}', "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["docs"] == [json.loads(doc)]
