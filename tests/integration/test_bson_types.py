@@ -126,6 +126,14 @@ def test_every_type_survives_store_migration_reply_and_restart(data_cluster):
     assert after["when"] == datetime.datetime(2025, 6, 1, tzinfo=UTC)
     assert isinstance(upserted["_id"], ObjectId) and type(upserted["x"]) is Int64  # a shard's ObjectId
 
+    # What the wire edge calls: the router's in-process routing.handle gives BSON values.
+    found = cl.call(
+        cl.router.routing.handle(s.Find(ns="b.t", filter={"_id": docs[2]["_id"], "re": {"$eq": docs[2]["re"]}}))
+    )
+    assert [same(d, docs[2]) for d in found["docs"]] == [True]
+    written = cl.call(cl.router.routing.handle(s.Insert(ns="b.t", docs=[{"k": 8, "t": Timestamp(5, 6)}])))
+    assert written["inserted"] == 1 and not written["writeErrors"]
+
     # The recipient restarts on its data directory: the types come back from its store.
     cl.call(restart_shard(cl, "s1"))
     again = run(cl, lambda client: client["b"]["t"].find({"k": 6}).to_list())
