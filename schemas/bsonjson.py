@@ -75,6 +75,7 @@ LONG_JSON_OPTIONS = JSONOptions(
 )
 
 _JSON_SCALARS = (str, bool, type(None))
+_PLAIN = frozenset((str, bool, type(None), int))  # their own record form, whatever the depth
 MAX_NESTING_DEPTH = 100  # MongoDB's nesting limit for documents (domain.shardkey's too)
 
 
@@ -89,12 +90,14 @@ def _to(v: Any, depth: int) -> Any:
     if isinstance(v, Mapping):
         out = {}
         for k, x in v.items():
-            if not isinstance(k, str):
-                raise RecordFormError(f"field names must be strings, got {k!r}")
-            out[k] = _to(x, depth + 1)
+            if type(k) is not str:
+                if not isinstance(k, str):
+                    raise RecordFormError(f"field names must be strings, got {k!r}")
+                k = str(k)  # a str subclass (a StrEnum) as its text
+            out[k] = x if type(x) in _PLAIN else _to(x, depth + 1)
         return out
     if isinstance(v, (list, tuple)):
-        return [_to(x, depth + 1) for x in v]
+        return [x if type(x) in _PLAIN else _to(x, depth + 1) for x in v]
     if isinstance(v, Int64):
         return default(v, LONG_JSON_OPTIONS)
     if isinstance(v, enum.Enum):  # a StrEnum (an error code) or IntEnum in a reply
@@ -121,7 +124,10 @@ def _from(v: Any, depth: int, keys: tuple[Any, Any] | None) -> Any:
     if isinstance(v, dict):
         if depth > MAX_NESTING_DEPTH:
             raise RecordFormError(f"record nested deeper than {MAX_NESTING_DEPTH} levels")
-        pairs = [(k, _from(x, depth + 1, keys)) for k, x in v.items()]
+        plain = {k: _from(x, depth + 1, keys) if isinstance(x, (dict, list)) else x for k, x in v.items()}
+        if not any(isinstance(k, str) and k.startswith("$") for k in plain):
+            return plain  # every wrapper has a "$" key: the common case skips json_util
+        pairs = list(plain.items())
         try:
             out = object_pairs_hook(pairs, RECORD_JSON_OPTIONS)
         except (TypeError, ValueError, KeyError, InvalidId, OverflowError) as e:
@@ -130,7 +136,9 @@ def _from(v: Any, depth: int, keys: tuple[Any, Any] | None) -> Any:
             return keys[0] if isinstance(out, MinKey) else keys[1]
         return out
     if isinstance(v, list):
-        return [_from(x, depth + 1, keys) for x in v]
+        if depth > MAX_NESTING_DEPTH:
+            raise RecordFormError(f"record nested deeper than {MAX_NESTING_DEPTH} levels")
+        return [_from(x, depth + 1, keys) if isinstance(x, (dict, list)) else x for x in v]
     return v
 
 
