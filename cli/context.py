@@ -20,6 +20,7 @@ import typer
 from aiokafka.errors import KafkaError
 from rich.console import Console
 
+from domain.bsonvalues import RecordFormError, from_record, to_record
 from domain.catalog import Catalog
 from domain.follower import replay_catalog
 from domain.protocol import ErrorCode
@@ -94,9 +95,22 @@ class CliContext:
         except json.JSONDecodeError as e:
             self.bad_value(f"invalid JSON for {what}: {e.msg} at column {e.colno}")
 
+    def parse_ejson(self, text: str, what: str) -> Any:
+        """A document, filter or value given as (relaxed or canonical) Extended JSON: ``{"$oid":
+        ...}``, ``{"$date": ...}``, ``{"$numberLong": ...}`` become BSON values (decision 0016)."""
+        value = self.parse_json(text, what)
+        try:
+            return from_record(value)
+        except RecordFormError as e:
+            self.bad_value(f"invalid Extended JSON for {what}: {e}")
+
     def print_json(self, doc: dict[str, Any]) -> None:
-        """The --json answer: one line, `ok` first."""
-        print(json.dumps({"ok": True, **doc}))
+        """The --json answer: one line, `ok` first; BSON values as relaxed Extended JSON."""
+        answer = {"ok": True, **doc}
+        try:
+            print(json.dumps(to_record(answer)))
+        except RecordFormError:  # not documents (e.g. int keys): plain JSON as before
+            print(json.dumps(answer))
 
     # ------------------------------------------------------------ talking to the cluster
 

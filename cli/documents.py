@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from cli.context import CliContext, JsonOpt
+from domain.bsonvalues import to_record
 from libs.client import AsyncCluster, AsyncCollection
 
 documents_app = typer.Typer()
@@ -19,7 +20,7 @@ def _collection(c: AsyncCluster, ns: str) -> AsyncCollection:
 
 
 def _filter(cx: CliContext, text: str) -> dict[str, Any]:
-    flt = cx.parse_json(text, "the filter")
+    flt = cx.parse_ejson(text, "the filter")
     if not isinstance(flt, dict):
         cx.bad_value('a filter must be a JSON object such as {"x": 1}')
     return flt
@@ -29,20 +30,20 @@ def _filter(cx: CliContext, text: str) -> dict[str, Any]:
 def insert(
     ctx: typer.Context,
     ns: str,
-    docs: str = typer.Argument(..., help="a JSON document, or an array of them"),
+    docs: str = typer.Argument(..., help="a document in (relaxed) Extended JSON, or an array of them"),
     unordered: bool = typer.Option(False, help="keep going past a refused document"),
     json_out: bool = JsonOpt,
 ) -> None:
     """Insert documents through a router."""
     cx = CliContext.of(ctx)
-    value = cx.parse_json(docs, "the document")
+    value = cx.parse_ejson(docs, "the document")
     many = value if isinstance(value, list) else [value]
     ids = cx.with_client(lambda c: _collection(c, ns).insert_many(many, ordered=not unordered))
     if cx.json:
         cx.print_json({"inserted": len(ids), "insertedIds": ids})
     else:
         cx.out.print(
-            f"inserted {len(ids)} document(s): {', '.join(json.dumps(i) for i in ids[:10])}"
+            f"inserted {len(ids)} document(s): {', '.join(json.dumps(to_record(i)) for i in ids[:10])}"
             f"{' …' if len(ids) > 10 else ''}"
         )
 
@@ -61,8 +62,8 @@ def find(
     """Query documents through a router (merge-sorted across shards with --sort)."""
     cx = CliContext.of(ctx)
     flt = _filter(cx, filter)
-    srt = cx.parse_json(sort, "--sort") if sort else None
-    proj = cx.parse_json(projection, "--projection") if projection else None
+    srt = cx.parse_ejson(sort, "--sort") if sort else None
+    proj = cx.parse_ejson(projection, "--projection") if projection else None
 
     async def go(c: AsyncCluster) -> list[dict[str, Any]]:
         return await _collection(c, ns).find(flt, sort=srt, skip=skip, limit=limit, projection=proj).to_list()
@@ -72,7 +73,7 @@ def find(
         cx.print_json({"docs": docs})
     else:
         for d in docs:
-            cx.out.print_json(json.dumps(d))
+            cx.out.print_json(json.dumps(to_record(d)))
         cx.out.print(f"[dim]{len(docs)} document(s)[/dim]")
 
 

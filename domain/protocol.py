@@ -10,6 +10,10 @@ import json
 from enum import StrEnum
 from typing import Any
 
+import bson
+from bson.errors import InvalidDocument
+
+from domain.bsonvalues import to_record
 from libs.commands import CommandError
 from libs.topics import SHARD_ID
 
@@ -20,21 +24,50 @@ CONFIG_TIME = "config-time"  # on a shard request: the ConfigTime the router rou
 
 # ------------------------------------------------------------------ limits
 
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # MongoDB's BSON document limit
-MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # MongoDB's BSON document limit, in doc_bytes
+# A record carries a document as relaxed Extended JSON, which can be larger than its BSON:
+# ~1.33x for binary (base64), ~2.7x for many doubles, 6x for strings of control characters
+# (JSON escapes each as \u00XX).  Every document under 16 MB of BSON whose record form is at
+# most 6x that fits; a document dense with tiny typed values under 4-byte control-character
+# names (a regex is 4 bytes of BSON, ~48 of Extended JSON) can grow more and is refused
+# (DocumentTooLarge) rather than failing in Kafka.  libs.kafka.MAX_RECORD_BYTES leaves room
+# for this plus one batch (MAX_BATCH_BYTES) and the envelope.
+MAX_DOCUMENT_RECORD_BYTES = 6 * MAX_DOCUMENT_BYTES
+_MAX_RECORD_GROWTH = 16  # no document's record form is more than this many times its BSON
+MAX_BATCH_BYTES = 8 * 1024 * 1024  # a reply batch stays well below Kafka's record limit, in record_bytes
 CURSOR_TIMEOUT_S = 600  # MongoDB's cursorTimeoutMillis: 10 minutes, on routers and shards alike
 
 
 def doc_bytes(doc: dict[str, Any]) -> int:
-    """A document's size as stored (compact JSON), the measure every limit above uses."""
-    return len(json.dumps(doc, separators=(",", ":")).encode())
+    """A document's size in BSON bytes (``bson.encode``), as MongoDB measures it for the
+    16 MB limit (docs/decisions/0016).  A document BSON cannot hold (an integer beyond
+    64 bits, a field name with a NUL: never from a driver) is measured by its record form."""
+    try:
+        return len(bson.encode(doc))
+    except (InvalidDocument, OverflowError, TypeError, ValueError):
+        return record_bytes(doc)
+
+
+def record_bytes(doc: dict[str, Any]) -> int:
+    """A document's size in a record: compact Extended JSON (``domain.bsonvalues``); for a
+    plain JSON document, its compact JSON.  Kafka's record limits are in these bytes, so
+    batches are measured with it (MAX_BATCH_BYTES)."""
+    return len(json.dumps(to_record(doc), separators=(",", ":")).encode())
 
 
 def check_document_size(doc: dict[str, Any]) -> None:
+    """DocumentTooLarge (MongoDB's BSONObjectTooLarge, 10334) for a document over 16 MB of BSON,
+    or one whose record form would not fit a record (MAX_DOCUMENT_RECORD_BYTES)."""
     size = doc_bytes(doc)
     if size > MAX_DOCUMENT_BYTES:
         raise CommandError(
             ErrorCode.DocumentTooLarge, f"document is {size} bytes; the limit is {MAX_DOCUMENT_BYTES} (16 MB)"
+        )
+    if size * _MAX_RECORD_GROWTH > MAX_DOCUMENT_RECORD_BYTES and (n := record_bytes(doc)) > MAX_DOCUMENT_RECORD_BYTES:
+        raise CommandError(
+            ErrorCode.DocumentTooLarge,
+            f"document is {size} bytes, but {n} as Extended JSON; shardlog's limit for that is "
+            f"{MAX_DOCUMENT_RECORD_BYTES} (6 x 16 MB)",
         )
 
 

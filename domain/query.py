@@ -11,8 +11,9 @@ Supported
   an array ``a`` (not over nested arrays, not over scalar elements); a numeric
   component indexes an array.  ``$ne``/``$nin``/``$not`` negate the whole path, so
   ``{a: {$ne: 1}}`` does not match ``a: [1, 2]``.  Equality is value equality
-  (``1 == 1.0``, ``true != 1``); ``$gt``-style operators only match values of the
-  operand's canonical type (numbers with numbers, ...), except MinKey/MaxKey operands.
+  (``1 == 1.0 == Int64(1) == Decimal128("1")``, ``true != 1``); ``$gt``-style operators
+  only match values of the operand's canonical type (numbers with numbers, dates with
+  dates, ObjectIds with ObjectIds, ...), except MinKey/MaxKey operands.
   NaN equals NaN and is neither below nor above anything.  A missing field (or a
   path through a scalar) equals null for ``$eq``/``$in``/``$gte``/``$lte``; ``$exists``
   tells them apart.
@@ -21,11 +22,18 @@ Supported
 * Projection (:func:`apply_projection`): inclusion or exclusion, dotted paths, ``_id``.
 * Updates (:func:`apply_update`, :func:`upsert_document`): ``$set $unset $inc
   $setOnInsert``, replacement documents, ``_id`` immutability, upsert seeding.
+  ``$inc`` widens as MongoDB does: int32 + int32 stays int32 unless it overflows (then
+  ``Int64``); with an ``Int64`` it is an ``Int64``; with a double a double; with a
+  ``Decimal128`` a ``Decimal128`` (a double rounded to 15 digits first); an int64
+  overflow is refused.
 * :func:`get_path`: plain dotted lookup (objects only) returning :data:`MISSING`.
 
 Not supported (refused with :class:`QueryError`)
 ------------------------------------------------
 ``$regex $elemMatch $size $all $type $mod $expr $where $text $jsonSchema``, geo and
+bitwise operators; a regular expression (``bson.Regex``) as an implicit equality or in
+``$in``/``$nin``/``$ne`` (MongoDB matches it as a pattern there; ``{$eq: regex}``, which
+compares regex values, is supported);
 bitwise operators; update operators other than the four above (``$push $pull
 $addToSet $pop $rename $min $max $mul $currentDate``...), positional ``$``/``$[]``
 paths, aggregation-pipeline updates, updates through arrays; projection operators
@@ -53,7 +61,11 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal, NamedTuple
+
+from bson import Code, DatetimeMS, Decimal128, Int64, ObjectId, Regex, Timestamp
+from bson.decimal128 import create_decimal128_context
 
 from domain.shardkey import (
     INT64_MAX,
@@ -64,9 +76,12 @@ from domain.shardkey import (
     ShardKeyError,
     compare_values,
     encode_value,
+    is_max_key,
+    is_min_key,
 )
 
-# A document, filter, update, sort or projection: a JSON object (Extended JSON values).
+# A document, filter, update, sort or projection: a dict of ``bson`` values
+# (docs/decisions/0016; plain JSON values are a subset).
 Document = dict[str, Any]
 
 __all__ = [
@@ -201,7 +216,7 @@ _OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exist
 
 
 def _is_nan(v: Any) -> bool:
-    return isinstance(v, float) and v != v
+    return (isinstance(v, float) and v != v) or (isinstance(v, Decimal128) and v.to_decimal().is_nan())
 
 
 def _hit(op: str, cand: Any, cenc: bytes | None, v: Any, venc: bytes) -> bool:
@@ -209,9 +224,9 @@ def _hit(op: str, cand: Any, cenc: bytes | None, v: Any, venc: bytes) -> bool:
     if cenc is None:  # missing behaves as null, for the operators that admit equality
         return v is None and op in ("$eq", "$gte", "$lte")
     if cenc[0] != venc[0]:  # the first byte is the canonical type
-        if v is MIN_KEY:
+        if is_min_key(v):
             return op in ("$gt", "$gte")
-        if v is MAX_KEY:
+        if is_max_key(v):
             return op in ("$lt", "$lte")
         return False
     if _is_nan(cand) != _is_nan(v):
@@ -314,9 +329,20 @@ def _parse(flt: Any, depth: int = 0) -> _Logic:
             if _is_operator_object(value):
                 tests = _parse_operators(key, value)
             else:
+                _no_regex(key, "equality", value)
                 tests = (_Cmp("$eq", value, _encode(value, f"value of {key!r}")),)
             nodes.append(_Field(key, parts, tests))
     return _Logic("$and", tuple(nodes))
+
+
+def _no_regex(path: str, where: str, v: Any) -> None:
+    """MongoDB matches a regex in these places as a pattern, which is not supported; an
+    equality on the regex value would give different answers, so refuse it."""
+    if isinstance(v, Regex):
+        raise QueryError(
+            f"{where} on {path!r}: regular expression matching is not supported, got {_short(v)} "
+            "(use {'$eq': regex} to compare regex values)"
+        )
 
 
 def _parse_in(path: str, op: str, arg: Any) -> _In:
@@ -325,6 +351,7 @@ def _parse_in(path: str, op: str, arg: Any) -> _In:
     for v in arg:
         if _is_operator_object(v):
             raise QueryError(f"{op} on {path!r}: cannot nest operators inside {op}, got {_short(v)}")
+        _no_regex(path, op, v)
     return _In(tuple(arg), frozenset(_encode(v, f"{op} on {path!r}") for v in arg))
 
 
@@ -334,6 +361,7 @@ def _parse_operators(path: str, ops: Document) -> tuple[Any, ...]:
         if op in _CMP:
             tests.append(_Cmp(op, arg, _encode(arg, f"{op} on {path!r}")))
         elif op == "$ne":
+            _no_regex(path, op, arg)
             tests.append(_Not((_Cmp("$eq", arg, _encode(arg, f"$ne on {path!r}")),)))
         elif op in ("$in", "$nin"):
             test = _parse_in(path, op, arg)
@@ -365,21 +393,45 @@ class Bounds(NamedTuple):
     hi_inclusive: bool
 
 
+# The smallest value of each BSON-only type, in MongoDB's order: the ends of brackets.
+_LEAST_BINARY = b""
+_LEAST_OBJECT_ID = ObjectId(bytes(12))
+_LEAST_DATE = DatetimeMS(INT64_MIN)
+_LEAST_TIMESTAMP = Timestamp(0, 0)
+_LEAST_REGEX: Regex[str] = Regex("")
+_LEAST_CODE = Code("")
+_LEAST_CODE_WITH_SCOPE = Code("", {})
+
+
 def _bracket(v: Any) -> Bounds:
     """The range of ``v``'s canonical type: where ``$gt/$lt v`` can match."""
-    if v is MIN_KEY or v is MAX_KEY:
+    if is_min_key(v) or is_max_key(v):
         return Bounds(MIN_KEY, True, MAX_KEY, True)
     if v is None:
         return Bounds(None, True, None, True)
     if isinstance(v, bool):
-        return Bounds(False, True, True, True)
-    if isinstance(v, (int, float)):  # NaN sorts lowest but only matches NaN operands
+        return Bounds(False, True, True, True)  # booleans sort below dates
+    if isinstance(v, (int, float, Decimal128)):  # NaN sorts lowest but only matches NaN operands
         return Bounds(v if _is_nan(v) else -math.inf, True, math.inf, True)
+    if isinstance(v, Code):  # before str: Code is a str subclass
+        if v.scope is None:
+            return Bounds(_LEAST_CODE, True, _LEAST_CODE_WITH_SCOPE, False)
+        return Bounds(_LEAST_CODE_WITH_SCOPE, True, MAX_KEY, False)
     if isinstance(v, str):
         return Bounds("", True, {}, False)
     if isinstance(v, dict):
         return Bounds({}, True, [], False)
-    return Bounds([], True, False, False)  # arrays sort below booleans
+    if isinstance(v, list):
+        return Bounds([], True, _LEAST_BINARY, False)  # arrays sort below binData
+    if isinstance(v, bytes):
+        return Bounds(_LEAST_BINARY, True, _LEAST_OBJECT_ID, False)
+    if isinstance(v, ObjectId):
+        return Bounds(_LEAST_OBJECT_ID, True, False, False)
+    if isinstance(v, Timestamp):
+        return Bounds(_LEAST_TIMESTAMP, True, _LEAST_REGEX, False)
+    if isinstance(v, Regex):
+        return Bounds(_LEAST_REGEX, True, _LEAST_CODE, False)
+    return Bounds(_LEAST_DATE, True, _LEAST_TIMESTAMP, False)  # dates (encode_value checked the type)
 
 
 def _within(v: Any, b: Bounds) -> bool:
@@ -575,17 +627,19 @@ def sort_key(spec: Document) -> Callable[[Document], tuple[bytes, ...]]:
     """A ``key=`` function for ``sorted()`` ordering documents by ``spec`` in MongoDB
     order; a missing field sorts as null.
 
-    Each field is its ``encode_value`` bytes, complemented when descending.  The
-    encoding is prefix-free (no encoding is a proper prefix of another), so two
-    different encodings differ at a byte both have and complementing exactly
-    reverses their order."""
+    Each field is its ``encode_value`` bytes and a 0x00, complemented when
+    descending.  The only encodings that are a proper prefix of another continue with
+    0xFF (a decimal's extra precision), so with the 0x00 two different fields differ
+    at a byte both have and complementing exactly reverses their order."""
     fields = _sort_fields(spec)
 
     def key(doc: Document) -> tuple[bytes, ...]:
         out = []
         for path, descending in fields:
             v = get_path(doc, path)
-            enc = encode_value(None if v is MISSING else v)
+            # The 0x00 terminator: a decimal's encoding may extend a nearby number's with
+            # bytes above 0x00 (domain.shardkey), so the reversal must not see a prefix.
+            enc = encode_value(None if v is MISSING else v) + b"\x00"
             out.append(enc.translate(_COMPLEMENT) if descending else enc)
         return tuple(out)
 
@@ -723,7 +777,50 @@ def _id_first(doc: Document) -> Document:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, (int, float, Decimal128)) and not isinstance(v, bool)
+
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# Decimal128 arithmetic as MongoDB does it: 34 digits, ties to even, overflow to infinity.
+_DECIMAL128 = create_decimal128_context()
+_DOUBLE_TO_DECIMAL = _DECIMAL128.copy()
+_DOUBLE_TO_DECIMAL.prec = 15  # MongoDB's Decimal128(double): 15 significant digits
+
+
+def _double_to_decimal(v: float) -> Any:
+    """MongoDB's Decimal128(double, kRoundTo15Digits): exactly 15 significant digits
+    (1.0 -> 1.00000000000000); zero, infinities and NaN as they are."""
+    d = _DOUBLE_TO_DECIMAL.create_decimal_from_float(v)
+    if not d.is_finite() or not d:
+        return d
+    return d.quantize(Decimal(1).scaleb(d.adjusted() - 14), context=_DOUBLE_TO_DECIMAL)
+
+
+def _is_long(v: int) -> bool:
+    """An int64 in BSON: an Int64, or an int outside the int32 range (bson writes it as int64)."""
+    return isinstance(v, Int64) or not _INT32_MIN <= v <= _INT32_MAX
+
+
+def _add(current: Any, by: Any, path: str) -> Any:
+    """``current + by`` with MongoDB's type widening (SafeNum)."""
+    if isinstance(current, Decimal128) or isinstance(by, Decimal128):
+
+        def as_decimal(v: Any) -> Any:
+            if isinstance(v, Decimal128):
+                return v.to_decimal()
+            if isinstance(v, float):
+                return _double_to_decimal(v)
+            return _DECIMAL128.create_decimal(int(v))
+
+        return Decimal128(_DECIMAL128.add(as_decimal(current), as_decimal(by)))
+    if isinstance(current, float) or isinstance(by, float):
+        return float(current) + float(by)
+    result = int(current) + int(by)
+    if not INT64_MIN <= result <= INT64_MAX:
+        raise QueryError(f"$inc on {path!r} overflows a signed 64-bit integer")
+    if _is_long(current) or _is_long(by) or not _INT32_MIN <= result <= _INT32_MAX:
+        return Int64(result)
+    return result
 
 
 def _parent_for_write(doc: Document, parts: tuple[str, ...]) -> Document:
@@ -769,10 +866,7 @@ def _inc(doc: Document, parts: tuple[str, ...], by: int | float) -> None:
             f"Cannot apply $inc to a value of non-numeric type: field {'.'.join(parts)!r} "
             f"holds {type(current).__name__} {_short(current)}"
         )
-    result = current + by
-    if isinstance(result, int) and not INT64_MIN <= result <= INT64_MAX:
-        raise QueryError(f"$inc on {'.'.join(parts)!r} overflows a signed 64-bit integer")
-    parent[name] = result
+    parent[name] = _add(current, by, ".".join(parts))
 
 
 _APPLY: dict[str, Callable[[Document, tuple[str, ...], Any], None]] = {

@@ -1,32 +1,62 @@
 """Shard keys: MongoDB's value ordering, an order-preserving byte encoding, hashing
-and key patterns.  Pure: standard library only, no I/O.
+and key patterns.  Pure, no I/O; values are Python values of pymongo's ``bson``
+package (docs/decisions/0016), of which plain JSON values are a subset.
 
-Ordering (MongoDB's BSON comparison, restricted to the JSON values we support)::
+Ordering (MongoDB's BSON comparison order of canonical types)::
 
-    MinKey < null < numbers < strings < objects < arrays < booleans < MaxKey
+    MinKey < null < numbers < strings < objects < arrays < binData < ObjectId
+           < booleans < dates < timestamps < regular expressions < code
+           < code with scope < MaxKey
 
-* numbers: int and float compare by exact value (``2**53 + 1 > 2.0**53``,
-  ``1 == 1.0``, ``-0.0 == 0.0``); NaN equals NaN and sorts below every other number.
-  Integers must fit in signed 64 bits, as in MongoDB (NumberLong).
+* numbers (int, ``bson.Int64``, float, ``bson.Decimal128``): by exact value, whatever
+  the type (``2**53 + 1 > 2.0**53``, ``1 == 1.0 == Int64(1) == Decimal128("1.0")``,
+  ``-0.0 == 0.0``, ``Decimal128("0.1") != 0.1``); NaN (double or decimal) equals NaN
+  and sorts below every other number.  Integers must fit in signed 64 bits, as in
+  MongoDB (NumberLong).
 * strings: by their UTF-8 bytes (simple binary collation).
 * objects: field by field in insertion order; per field first the canonical type of
-  the value, then the field name, then the value; a prefix sorts first.
+  the value, then the field name, then the value; a prefix sorts first.  A
+  ``bson.DBRef`` is the object it stands for.
 * arrays: element by element; a prefix sorts first.
-* booleans: false < true.
+* binData (``bytes`` is subtype 0, ``bson.Binary``): by length, then subtype, then bytes.
+* ObjectId: by its 12 bytes.  booleans: false < true.
+* dates (aware or naive-as-UTC ``datetime``, ``bson.DatetimeMS``): by signed
+  milliseconds since the epoch.  timestamps (``bson.Timestamp``): by (time, inc).
+* regular expressions (``bson.Regex``): by pattern, then options, as C strings.
+* code (``bson.Code``): by its text; code with a scope after all code without, by
+  text and then scope.
 
-``encode_value`` maps a value to bytes whose ``bytes`` order is exactly that order
-and which are prefix-free, so the concatenated encodings of a compound key sort like
-the tuple of its values.  Chunk ranges are therefore plain byte ranges:
+``encode_value`` maps a value to bytes whose ``bytes`` order is exactly that order.
+The encodings are prefix-free, with one exception kept for compatibility: a number
+that needs more precision than a double and an integer tie (a decimal such as
+``Decimal128("0.1")``) continues the encoding of a nearby number with a byte 0xFF,
+which is above every tag and ``_END``; so in any concatenation (compound keys,
+objects, arrays, shard key + ``_id``) the order is still the tuple order.  Only a
+reversal of the bytes (``domain.query.sort_key`` descending) must terminate each
+encoding first.  Chunk ranges are therefore plain byte ranges:
 ``encode_bound(min) <= encode_doc(doc) < encode_bound(max)``.  The encoding is
-persisted and hashed (``hash_value``), so changing it changes chunk ownership.
+persisted and hashed (``hash_value``), so changing the bytes of an existing encoding
+changes chunk ownership: new types only ever get new tags.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import hashlib
+import math
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any
+
+import bson
+import bson.max_key
+import bson.min_key
+from bson import Binary, DatetimeMS, Decimal128, ObjectId, Regex, Timestamp
+from bson.json_util import JSONOptions, default
+
+from schemas import bsonjson
 
 __all__ = [
     "INT64_MAX",
@@ -46,6 +76,8 @@ __all__ = [
     "encode_value",
     "from_ejson",
     "hash_value",
+    "is_max_key",
+    "is_min_key",
     "to_ejson",
     "to_ejson_bound",
 ]
@@ -101,20 +133,21 @@ class _Sentinel:
         return self
 
 
-class MinKey(_Sentinel):
-    """Sorts below every other value (MongoDB's MinKey)."""
+class MinKey(_Sentinel, bson.min_key.MinKey):
+    """Sorts below every other value (MongoDB's MinKey).  A ``bson.MinKey`` too, so
+    ``bson.encode`` writes it and it equals ``bson.MinKey()`` (and hashes alike)."""
 
     __slots__ = ()
     _name = "MIN_KEY"
-    _hash = -0x6D696E6B6579  # "minkey"
+    _hash = hash(bson.min_key.MinKey())  # equal values hash equal
 
 
-class MaxKey(_Sentinel):
-    """Sorts above every other value (MongoDB's MaxKey)."""
+class MaxKey(_Sentinel, bson.max_key.MaxKey):
+    """Sorts above every other value (MongoDB's MaxKey); a ``bson.MaxKey`` too."""
 
     __slots__ = ()
     _name = "MAX_KEY"
-    _hash = 0x6D61786B6579  # "maxkey"
+    _hash = hash(bson.max_key.MaxKey())
 
 
 MIN_KEY = MinKey()
@@ -123,9 +156,25 @@ MAX_KEY = MaxKey()
 _EJSON_SENTINELS: dict[str, _Sentinel] = {"$minKey": MIN_KEY, "$maxKey": MAX_KEY}
 
 
+def is_min_key(v: Any) -> bool:
+    """MIN_KEY or any ``bson.MinKey()`` (what the wire decodes)."""
+    return isinstance(v, bson.min_key.MinKey)
+
+
+def is_max_key(v: Any) -> bool:
+    return isinstance(v, bson.max_key.MaxKey)
+
+
 def from_ejson(value: Any) -> Any:
-    """Replace Extended JSON ``{"$minKey": 1}`` / ``{"$maxKey": 1}`` (at any depth)
-    by the sentinels; everything else is returned as is (containers are copied)."""
+    """The in-memory value of a shard-key value or bound in Extended JSON (decision 0016):
+    ``{"$minKey": 1}`` / ``{"$maxKey": 1}`` and ``bson.MinKey()`` / ``bson.MaxKey()`` (at
+    any depth) become the sentinels, other wrappers (``{"$oid": ...}``, ``{"$date": ...}``)
+    their BSON values; values already BSON values are returned as they are (containers are
+    copied)."""
+    if is_min_key(value):
+        return MIN_KEY
+    if is_max_key(value):
+        return MAX_KEY
     if isinstance(value, dict):
         if len(value) == 1:
             ((name, one),) = value.items()
@@ -135,29 +184,41 @@ def from_ejson(value: Any) -> Any:
                 if type(one) not in (int, float) or one != 1:
                     raise ShardKeyError(f"Extended JSON {name} must be 1, got {one!r}")
                 return _EJSON_SENTINELS[name]
-        return {k: from_ejson(v) for k, v in value.items()}
+        out = {k: from_ejson(v) for k, v in value.items()}
+        if any(isinstance(k, str) and k.startswith("$") for k in out):  # maybe a wrapper
+            try:
+                return bsonjson.from_record(out)
+            except bsonjson.RecordFormError as e:
+                raise ShardKeyError(str(e)) from None
+        return out
     if isinstance(value, list):
         return [from_ejson(v) for v in value]
     return value
 
 
 def to_ejson(value: Any) -> Any:
-    """Inverse of :func:`from_ejson`: sentinels become ``{"$minKey": 1}`` etc."""
-    if value is MIN_KEY:
-        return {"$minKey": 1}
-    if value is MAX_KEY:
-        return {"$maxKey": 1}
+    """Inverse of :func:`from_ejson`: relaxed Extended JSON (``schemas.bsonjson.to_record``),
+    sentinels as ``{"$minKey": 1}`` etc.  A value with no BSON type (in an error message about
+    bad input) is left as it is."""
     if isinstance(value, dict):
         return {k: to_ejson(v) for k, v in value.items()}
     if isinstance(value, list):
         return [to_ejson(v) for v in value]
-    return value
+    if type(value) in (str, int, bool, type(None)):
+        return value
+    try:
+        return bsonjson.to_record(value)
+    except bsonjson.RecordFormError:
+        return value
 
 
 # ---------------------------------------------------------------------------- encoding
 
 # One tag byte per value, in canonical-type order.  _END closes objects and arrays and
-# sorts below every tag, so a prefix object/array sorts first.
+# sorts below every tag, so a prefix object/array sorts first.  The tags of the JSON
+# types are persisted (chunk bounds, store keys, hashes); the BSON-only types were given
+# tags in the gaps, in MongoDB's order (docs/decisions/0016).  Every tag stays below
+# _CONTINUE.
 _END = 0x00
 _MINKEY = 0x10
 _NULL = 0x20
@@ -165,14 +226,31 @@ _NUMBER = 0x30
 _STRING = 0x40
 _OBJECT = 0x50
 _ARRAY = 0x60
+_BINARY = 0x64
+_OBJECTID = 0x68
 _BOOL = 0x70
+_DATE = 0x78
+_TIMESTAMP = 0x80
+_REGEX = 0x88
+_CODE = 0x90  # JavaScript code (bson.Code without a scope)
+_CODE_WITH_SCOPE = 0x98  # bson.Code with a scope: the code, then the scope as an object
 _MAXKEY = 0xF0
+_CONTINUE = 0xFF  # a number's extra precision follows (decimals only)
 
 _SIGN_BIT = 1 << 63
 _ALL_BITS = (1 << 64) - 1
 _TIE_BIAS = 0x8000
 # Below the image of -inf (0x000F_FFFF_...), i.e. below every other number.
 _NAN_BODY = bytes(8) + _TIE_BIAS.to_bytes(2, "big")
+_DOUBLE_MAX = sys.float_info.max
+# Exact decimal arithmetic: x - image spans at most ~12,400 digits for a Decimal128.
+_EXACT = decimal.Context(
+    prec=20000, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX, traps=[decimal.Inexact, decimal.InvalidOperation]
+)
+_DATE_BIAS = 1 << 63
+
+# The options the regex options string is read with (json_util writes MongoDB's letters).
+_JSON_OPTIONS = JSONOptions()
 
 
 def _tag_of(v: Any) -> int:
@@ -180,25 +258,45 @@ def _tag_of(v: Any) -> int:
         return _NULL
     if v is True or v is False:  # before int: bool is an int subclass
         return _BOOL
-    if isinstance(v, (int, float)):
+    if isinstance(v, (int, float, Decimal128)):  # int includes bson.Int64
         return _NUMBER
+    if isinstance(v, bson.Code):  # before str: Code is a str subclass
+        return _CODE if v.scope is None else _CODE_WITH_SCOPE
     if isinstance(v, str):
         return _STRING
-    if isinstance(v, dict):
+    if isinstance(v, (dict, bson.DBRef)):
         return _OBJECT
     if isinstance(v, list):
         return _ARRAY
-    if v is MIN_KEY:
+    if isinstance(v, bytes):  # bson.Binary is a bytes subclass
+        return _BINARY
+    if isinstance(v, ObjectId):
+        return _OBJECTID
+    if isinstance(v, (datetime.datetime, DatetimeMS)):
+        return _DATE
+    if isinstance(v, Timestamp):
+        return _TIMESTAMP
+    if isinstance(v, Regex):
+        return _REGEX
+    if is_min_key(v):
         return _MINKEY
-    if v is MAX_KEY:
+    if is_max_key(v):
         return _MAXKEY
     text = repr(v)
     if len(text) > 80:
         text = text[:77] + "..."
     raise ShardKeyError(
-        f"unsupported shard key value of type {type(v).__name__}: {text} "
-        "(expected null, bool, int, float, str, dict, list, MinKey or MaxKey)"
+        f"unsupported shard key value of type {type(v).__name__}: {text} (expected null, bool, a number, "
+        "str, dict, list, binary, ObjectId, datetime, Timestamp, Regex, Code, MinKey or MaxKey)"
     )
+
+
+def _image_bytes(image: float) -> bytes:
+    bits: int
+    (bits,) = struct.unpack(">Q", struct.pack(">d", image))
+    # Negative: invert all bits (larger magnitude sorts lower); positive: set the sign.
+    bits = bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT
+    return bits.to_bytes(8, "big")
 
 
 def _number_body(v: int | float) -> bytes:
@@ -215,11 +313,69 @@ def _number_body(v: int | float) -> bytes:
             raise ShardKeyError(f"integer {v} is outside the signed 64-bit range MongoDB can store")
         image = float(v)
         tie = v - int(image)
-    bits: int
-    (bits,) = struct.unpack(">Q", struct.pack(">d", image))
-    # Negative: invert all bits (larger magnitude sorts lower); positive: set the sign.
-    bits = bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT
-    return bits.to_bytes(8, "big") + (tie + _TIE_BIAS).to_bytes(2, "big")
+    return _image_bytes(image) + (tie + _TIE_BIAS).to_bytes(2, "big")
+
+
+def _tie_bytes(k: int) -> bytes:
+    """The integer part of a tie: two bytes ``k + 0x8000`` as for int64 (|k| <= 512
+    there), 0xFFFF / 0x0000 and a length-prefixed magnitude beyond 15 bits."""
+    if -0x7FFF <= k <= 0x7FFE:
+        return (k + _TIE_BIAS).to_bytes(2, "big")
+    m = abs(k)
+    raw = m.to_bytes((m.bit_length() + 7) // 8, "big")
+    if k > 0:
+        return b"\xff\xff" + len(raw).to_bytes(2, "big") + raw
+    return b"\x00\x00" + (0xFFFF - len(raw)).to_bytes(2, "big") + bytes(255 - b for b in raw)
+
+
+def _fraction_bytes(f: decimal.Decimal) -> bytes:
+    """A fraction 0 < f < 1 as its decimal digits, two per byte (1..100), then 0x00:
+    no trailing zeros, so byte order is numeric order and no encoding is a prefix."""
+    sign, digits, exponent = f.as_tuple()
+    assert sign == 0 and isinstance(exponent, int) and exponent < 0
+    text = "".join(map(str, digits)).rjust(-exponent, "0").rstrip("0")
+    if len(text) % 2:
+        text += "0"
+    return bytes(int(text[i : i + 2]) + 1 for i in range(0, len(text), 2)) + b"\x00"
+
+
+def _decimal_body(v: Decimal128) -> bytes:
+    """A Decimal128 as a number: the same image and tie as the equal int or double
+    (so equal values encode equal), extended where neither holds it exactly: the tie
+    is x - image = k + f with an integer k and a fraction 0 < f < 1, written as the
+    integer tie of k, then 0xFF and the digits of f.  Beyond the double range the
+    image is +-DBL_MAX and the tie an integer as large as needed."""
+    x = v.to_decimal()
+    if x.is_nan():
+        return _NAN_BODY
+    if x.is_infinite():
+        return _image_bytes(-math.inf if x.is_signed() else math.inf) + _TIE_BIAS.to_bytes(2, "big")
+    image = float(x)  # correctly rounded, as float(int)
+    if math.isinf(image):
+        image = math.copysign(_DOUBLE_MAX, image)
+    if image == 0.0:
+        image = 0.0  # -0.0 == 0.0
+    r = _EXACT.subtract(x, decimal.Decimal(image))
+    k = int(r.to_integral_value(rounding=decimal.ROUND_FLOOR))
+    f = _EXACT.subtract(r, decimal.Decimal(k))
+    body = _image_bytes(image) + _tie_bytes(k)
+    return body + bytes([_CONTINUE]) + _fraction_bytes(f) if f else body
+
+
+def _date_ms(v: datetime.datetime | DatetimeMS) -> int:
+    """Milliseconds since the epoch, as BSON stores a date (a naive datetime is UTC)."""
+    return int(v if isinstance(v, DatetimeMS) else DatetimeMS(v))
+
+
+def _binary_parts(v: bytes) -> tuple[int, bytes]:
+    return (v.subtype if isinstance(v, Binary) else 0), bytes(v)
+
+
+def _regex_parts(v: Regex[Any]) -> tuple[str, str]:
+    if not isinstance(v.pattern, str):
+        raise ShardKeyError(f"regular expression patterns must be str, got {v.pattern!r}")
+    options: str = default(v, _JSON_OPTIONS)["$regularExpression"]["options"]
+    return v.pattern, options
 
 
 def _string_body(s: str) -> bytes:
@@ -233,7 +389,7 @@ def _string_body(s: str) -> bytes:
 
 def _write_body(out: bytearray, tag: int, v: Any, depth: int) -> None:
     if tag == _NUMBER:
-        out += _number_body(v)
+        out += _decimal_body(v) if isinstance(v, Decimal128) else _number_body(v)
     elif tag == _STRING:
         out += _string_body(v)
     elif tag == _BOOL:
@@ -242,7 +398,7 @@ def _write_body(out: bytearray, tag: int, v: Any, depth: int) -> None:
         if depth >= MAX_NESTING_DEPTH:
             raise ShardKeyError(f"value nested deeper than {MAX_NESTING_DEPTH} levels")
         if tag == _OBJECT:
-            for name, x in v.items():
+            for name, x in (v.as_doc() if isinstance(v, bson.DBRef) else v).items():
                 if not isinstance(name, str):
                     raise ShardKeyError(f"object field names must be strings, got {name!r}")
                 # MongoDB compares type, then field name, then value.
@@ -256,6 +412,23 @@ def _write_body(out: bytearray, tag: int, v: Any, depth: int) -> None:
                 out.append(t)
                 _write_body(out, t, x, depth + 1)
         out.append(_END)
+    elif tag == _BINARY:
+        subtype, raw = _binary_parts(v)
+        out += len(raw).to_bytes(4, "big") + bytes([subtype]) + raw  # self-delimiting
+    elif tag == _OBJECTID:
+        out += v.binary
+    elif tag == _DATE:
+        out += (_date_ms(v) + _DATE_BIAS).to_bytes(8, "big")
+    elif tag == _TIMESTAMP:
+        out += v.time.to_bytes(4, "big") + v.inc.to_bytes(4, "big")
+    elif tag == _REGEX:
+        pattern, options = _regex_parts(v)
+        out += _string_body(pattern) + _string_body(options)
+    elif tag == _CODE:
+        out += _string_body(v)
+    elif tag == _CODE_WITH_SCOPE:
+        out += _string_body(v)
+        _write_body(out, _OBJECT, v.scope, depth)
     # null, MinKey, MaxKey: the tag says it all.
 
 
@@ -274,12 +447,51 @@ def compare_values(a: Any, b: Any) -> int:
     return (ea > eb) - (ea < eb)
 
 
-def hash_value(v: Any) -> int:
-    """Deterministic signed 64-bit hash, stable across processes and releases (md5 of
-    the encoding, first 8 bytes little-endian), so values that compare equal hash
-    equal.  Chunk bounds of hashed shard keys live in this space."""
-    digest = hashlib.md5(encode_value(v), usedforsecurity=False).digest()
+def _md5_int64(data: bytes) -> int:
+    digest = hashlib.md5(data, usedforsecurity=False).digest()
     return int.from_bytes(digest[:8], "little", signed=True)
+
+
+# MongoDB's canonical type numbers (canonicalizeBSONType), which its hash starts with.
+_MONGO_CANONICAL = {_BINARY: 30, _OBJECTID: 35, _DATE: 45, _TIMESTAMP: 47, _REGEX: 50, _CODE: 60}
+
+
+def _mongo_hash(tag: int, v: Any) -> int:
+    """MongoDB's BSONElementHasher::hash64 of a top-level scalar, seed 0: md5 of the
+    seed (int32), the canonical type (int32) and the element's BSON value bytes, the
+    first 8 bytes of the digest little-endian."""
+    if tag == _BINARY:
+        subtype, raw = _binary_parts(v)
+        value = struct.pack("<i", len(raw)) + bytes([subtype]) + raw
+    elif tag == _OBJECTID:
+        value = v.binary
+    elif tag == _DATE:
+        value = struct.pack("<q", _date_ms(v))
+    elif tag == _TIMESTAMP:
+        value = struct.pack("<II", v.inc, v.time)  # BSON: increment first
+    elif tag == _CODE:
+        raw = str(v).encode() + b"\x00"
+        value = struct.pack("<i", len(raw)) + raw  # a BSON string
+    else:
+        pattern, options = _regex_parts(v)
+        value = pattern.encode() + b"\x00" + options.encode() + b"\x00"
+    return _md5_int64(struct.pack("<ii", 0, _MONGO_CANONICAL[tag]) + value)
+
+
+def hash_value(v: Any) -> int:
+    """Deterministic signed 64-bit hash, stable across processes and releases, so
+    values that compare equal hash equal.  Chunk bounds of hashed shard keys live in
+    this space.
+
+    The JSON types (and numbers of every type, objects and arrays of anything, code
+    with a scope) hash as md5 of the encoding, first 8 bytes little-endian.  binData,
+    ObjectId, dates, timestamps, regular expressions and code hash as MongoDB hashes
+    them (``_mongo_hash``),
+    so a hashed ``_id`` of ObjectIds has MongoDB's hash values."""
+    tag = _tag_of(v)
+    if tag in _MONGO_CANONICAL:
+        return _mongo_hash(tag, v)
+    return _md5_int64(encode_value(v))
 
 
 def check_size(key: dict[str, Any]) -> None:
@@ -378,7 +590,7 @@ class KeyPattern:
         result = {name: from_ejson(v) for name, v in bound.items()}
         for name, v in result.items():
             if name == self.hashed_field:
-                if not (v is MIN_KEY or v is MAX_KEY or (type(v) is int and INT64_MIN <= v <= INT64_MAX)):
+                if not (v is MIN_KEY or v is MAX_KEY or (type(v) in (int, bson.Int64) and INT64_MIN <= v <= INT64_MAX)):
                     raise ShardKeyError(
                         f"bound value for hashed field {name!r} must be a signed 64-bit "
                         f"integer (a hash) or MinKey/MaxKey, got {v!r}"

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from libs.ids import new_object_id
+from libs.ids import new_hex_id
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class ChunkVersion:
 
 def new_epoch() -> str:
     """An ObjectId-like epoch."""
-    return new_object_id()
+    return new_hex_id()
 
 
 def new_uuid() -> str:

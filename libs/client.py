@@ -45,9 +45,11 @@ from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import Record
 from schemas import shard as s
+from schemas.bsonjson import from_record
 from schemas.reply import Reply
 
-# Documents, filters, updates, sorts, projections and results are JSON objects (Extended JSON values).
+# Documents, filters, updates, sorts, projections and results are dicts of BSON values (pymongo's
+# bson package: ObjectId, datetime, Int64, Decimal128, ...), as pymongo gives them (decision 0016).
 Document = dict[str, Any]
 T = TypeVar("T")
 
@@ -337,8 +339,9 @@ class AsyncCluster:
                 continue  # a router may have died with it: send it again
             self._gossip_out(reply, session)
             if reply.ok:
-                return reply.result or {}
-            raise error_for(reply.code or "Error", reply.error or "", reply.result)
+                result: Document = from_record(reply.result or {})  # BSON values back (decision 0016)
+                return result
+            raise error_for(reply.code or "Error", reply.error or "", from_record(reply.result))
 
 
 class AsyncDatabase:

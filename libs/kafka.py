@@ -20,11 +20,16 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 from aiokafka.structs import ConsumerRecord
 
+from libs.topics import MAX_RECORD_BYTES as MAX_RECORD_BYTES  # re-exported: set with the topics' configs
 from libs.topics import TopicSpec
 
 log = logging.getLogger(__name__)
 
-MAX_RECORD_BYTES = 16 * 1024 * 1024 + 64 * 1024  # a 16 MB document plus its envelope
+# MAX_RECORD_BYTES: the largest record a producer sends and a consumer fetches, and every document-carrying topic's
+# max.message.bytes (libs.topics.LARGE_RECORDS): one document's record form (at most
+# domain.protocol.MAX_DOCUMENT_RECORD_BYTES, 96 MiB: 6x a 16 MiB BSON document, docs/decisions/0016)
+# plus a batch of others (a 2 MiB migration clone batch) and the envelope.  It stays below the
+# brokers' socket.request.max.bytes (Kafka's default, 100 MiB), which caps a whole produce request.
 
 
 def producer(

@@ -21,8 +21,10 @@ class TopicSpec:
 
 
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
-# Records that carry documents must fit a 16 MB document plus its envelope (the broker's default is 1 MB).
-LARGE_RECORDS = {"max.message.bytes": str(17 * 1024 * 1024)}
+# Records that carry documents must fit a 16 MB BSON document as Extended JSON, up to 6x larger,
+# plus its envelope (the broker's default is 1 MB): libs.kafka.MAX_RECORD_BYTES, 99 MiB.
+MAX_RECORD_BYTES = 99 * 1024 * 1024
+LARGE_RECORDS = {"max.message.bytes": str(MAX_RECORD_BYTES)}
 ROUTER_PARTITIONS = 4  # at most this many routers share the client load
 SHORT_LIVED = {
     "retention.ms": str(3600_000),

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, NoReturn, Typ
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from schemas.bsonjson import RECORD_CONTEXT
+
 __all__ = ["Record", "RecordError", "Codec", "Tombstone"]
 
 
@@ -96,7 +98,7 @@ class Codec(Generic[R]):
         if obj.get("v") != want:
             raise RecordError(f"{self.name}: {kind} has schema version {obj.get('v')!r}, this build reads v{want}")
         try:
-            return self._adapter.validate_python(obj)
+            return self._adapter.validate_python(obj, context={RECORD_CONTEXT: True})
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"][1:]) or "record"

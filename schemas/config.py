@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from schemas import Codec, Record
+from schemas.bsonjson import RecordForm
 
-Bound = dict[str, Any]  # a full shard-key document, Extended JSON
+Bound = RecordForm  # a full shard-key document, Extended JSON (BSON values given are written as it)
 
 
 class ChunkDoc(Record):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from schemas import Codec, Record
+from schemas.bsonjson import RecordForm
 
 
 class Reply(Record):
@@ -24,7 +25,10 @@ class Reply(Record):
     # << 32 | increment) and the router's signed $clusterTime.
     operationTime: int | None = None
     clusterTime: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
+    # Kept in record form when decoded (a config reply's bounds stay {"$minKey": 1}); a data
+    # reply's documents are BSON values when built and read back with from_record by the
+    # router and libs.client (docs/decisions/0016).
+    result: RecordForm | None = None
 
 
 replies: Codec[Reply] = Codec("reply", Reply, (Reply,))

@@ -17,8 +17,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import Codec, Record
+from schemas.bsonjson import BsonDoc, BsonValue, RecordForm
 
-Doc = dict[str, Any]
+# Documents, filters, updates, sorts, projections and results: BSON values in memory, relaxed
+# Extended JSON in the record (docs/decisions/0016).
+Doc = BsonDoc
+# Shard-key bounds: Extended JSON in memory too (``{"x": {"$minKey": 1}}``), read with
+# domain.shardkey.from_ejson, as the config server's chunk bounds.
+Bound = RecordForm
 
 # Session fields of client operations (docs/decisions/0014, 0015).  They are typed loosely here on
 # purpose: a malformed lsid, txnNumber or $clusterTime must get MongoDB's error (TypeMismatch,
@@ -185,8 +191,8 @@ class StartDonation(Record):
     id: str
     ns: str
     epoch: str
-    min: Doc
-    max: Doc
+    min: Bound
+    max: Bound
     recipient: str
 
 
@@ -196,8 +202,8 @@ class StartReceipt(Record):
     id: str
     ns: str
     epoch: str
-    min: Doc
-    max: Doc
+    min: Bound
+    max: Bound
     donor: str
 
 
@@ -319,7 +325,7 @@ class SplitVector(Record):
     v: Literal[1] = 1
     ns: str
     find: Doc | None = None
-    chunkMin: Doc | None = None
+    chunkMin: Bound | None = None
     maxChunkSizeBytes: int = Field(128 * 1024 * 1024, ge=1)
     median: bool = False
     # the chunk is the collection's first/last of an ordered key: MongoDB's top-chunk optimisation
@@ -422,7 +428,7 @@ class DocumentRemoved(Record):
     ts: int | None = None
     ns: str
     skey: str
-    id: Any
+    id: BsonValue
 
 
 class RetryableWriteRecorded(Record):
@@ -450,8 +456,8 @@ class MigrationRecorded(Record):
     role: Literal["donor", "recipient", "primary-donor", "primary-recipient"]
     ns: str
     epoch: str
-    min: Doc
-    max: Doc
+    min: Bound
+    max: Bound
     peer: str  # the other shard
     # A donor's: cloning, critical, committing, decided; a recipient's: cloning, clone-committed
     # (services/shard/protocol: DonorState, RecipientState).
@@ -475,8 +481,8 @@ class RangeDeletionRecorded(Record):
     id: str  # the migration's id
     ns: str
     epoch: str
-    min: Doc
-    max: Doc
+    min: Bound
+    max: Bound
     pending: bool = True
     readyAt: float | None = None  # unix time the task became ready
     configTime: int = 0  # queries routed before this ConfigTime may still read the range

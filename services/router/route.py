@@ -20,6 +20,7 @@ from typing import Any
 
 from domain import clock as vclock
 from domain import targeting
+from domain.bsonvalues import from_record
 from domain.follower import CatalogFollower
 from domain.logical_sessions import check_lsids, session_id
 from domain.protocol import (
@@ -28,7 +29,7 @@ from domain.protocol import (
     MAX_BATCH_BYTES,
     ErrorCode,
     check_document_size,
-    doc_bytes,
+    record_bytes,
     split_ns,
 )
 from domain.query import QueryError, apply_projection, compile_filter, merge_sorted
@@ -239,7 +240,8 @@ class OperationRouter:
             box[0] = reply.operationTime
         self._topology_news()
         if reply.ok:
-            return reply.result or {}
+            result: dict = from_record(reply.result or {})  # documents' BSON values back (decision 0016)
+            return result
         if reply.code == ErrorCode.StaleConfig:
             info = reply.result or {}
             if info.get("critical"):
@@ -247,7 +249,7 @@ class OperationRouter:
                 # we routed at (the commit or abort), which may have arrived meanwhile.
                 raise Stale(max(int(info.get("configTime") or 0), routed_at + 1), True)
             raise Stale(int(info.get("configTime") or 0))
-        raise CommandError(reply.code or "Error", reply.error or "", reply.result)
+        raise CommandError(reply.code or "Error", reply.error or "", from_record(reply.result))
 
     async def _ask_all(self, parts: list[tuple[str, Any]]) -> list[dict]:
         results = await asyncio.gather(*(self._ask(shard, req) for shard, req in parts), return_exceptions=True)
@@ -540,7 +542,7 @@ def _batch_length(docs: list[dict], size: int) -> int:
     """How many of `docs` make one reply: at most `size` and MAX_BATCH_BYTES, at least one."""
     total = 0
     for i, d in enumerate(docs[:size]):
-        total += doc_bytes(d)
+        total += record_bytes(d)
         if i and total > MAX_BATCH_BYTES:
             return i
     return min(len(docs), size)

@@ -21,8 +21,9 @@ from typing import Any
 
 from domain import clock as vclock
 from domain import targeting
+from domain.bsonvalues import to_record
 from domain.catalog import Catalog, Collection
-from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, doc_bytes
+from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, record_bytes
 from domain.query import (
     MISSING,
     QueryError,
@@ -300,7 +301,7 @@ class ShardDecider:
         out, total = [], 0
         rest: dict | None = None
         for d in docs:
-            n = doc_bytes(d)
+            n = record_bytes(d)
             if out and (len(out) >= size or total + n > MAX_BATCH_BYTES):
                 rest = d
                 break
@@ -370,7 +371,7 @@ class ShardDecider:
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
         docs = [
-            (to_ejson(coll.pattern.extract(d)), doc_bytes(d))
+            (to_ejson(coll.pattern.extract(d)), record_bytes(d))
             for _, d in self.documents.scan(req.ns, chunk.min_key, chunk.max_key)
         ]
         bounds = {"min": to_ejson(chunk.min), "max": to_ejson(chunk.max)}
@@ -463,7 +464,7 @@ class ShardDecider:
         if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
             raise CommandError(
                 ErrorCode.DuplicateKey,
-                f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(doc['_id'])} }}",
+                f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(to_record(doc['_id']))} }}",
             )
         seen.add(id_enc)
         return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
@@ -514,7 +515,7 @@ class ShardDecider:
         if any(_enc(get_path(old, f)) != _enc(get_path(new, f)) for f in coll.pattern.fields):
             raise CommandError(
                 ErrorCode.ImmutableField,
-                f"an update may not change the shard key {coll.pattern.spec} (document {json.dumps(old.get('_id'))})",
+                f"an update may not change the shard key {coll.pattern.spec} (document {json.dumps(to_record(old.get('_id')))})",
             )
 
     @on_request.register(s.Delete)

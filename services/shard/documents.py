@@ -2,7 +2,7 @@
 ordered range scans by (collection, shard-key value, _id), with an index to
 find a document by _id.
 
-    d/<ns>\\0<shard key><_id>  -> the document (JSON)
+    d/<ns>\\0<shard key><_id>  -> the document (relaxed Extended JSON: decision 0016)
     i/<ns>\\0<_id>             -> its shard key (to find it by _id)
     x/<lsid>/<txnNumber>/<part> -> a transactions-table record (retryable writes apply once)
     m/<migration id>          -> this shard's migration document (donor or recipient)
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.bsonvalues import from_record, to_record
 from domain.clock import VectorClock
 from domain.shardkey import encode_value
 from libs.dispatch import Dispatch
@@ -37,6 +38,18 @@ TXN_KEY = b"txn/"  # changelog keys of transactions-table records: txn/<lsid>/<t
 # encoded shard key (tags start at 0x10): a collection sharded later finds them there.
 UNSHARDED_KEY, UNSHARDED_END = b"\x00", b"\x01"
 CLOCK = META + b"clock"
+
+
+def encode_doc(doc: dict[str, Any]) -> bytes:
+    """A document as stored: its record form, compact (a plain JSON document is its own JSON,
+    as stores written before BSON types hold it)."""
+    return json.dumps(to_record(doc), separators=(",", ":")).encode()
+
+
+def decode_doc(raw: bytes) -> dict[str, Any]:
+    """The document a stored value holds, its BSON values back."""
+    doc: dict[str, Any] = from_record(json.loads(raw))
+    return doc
 
 
 def shard_key_part(key: bytes, doc: dict) -> bytes:
@@ -160,7 +173,7 @@ class ShardDocuments:
         old = self.get(id_key(event.ns, id_enc))
         if old is not None and old != skey:
             self._changes[doc_key(event.ns, old, id_enc)] = None
-        self._changes[doc_key(event.ns, skey, id_enc)] = json.dumps(event.doc, separators=(",", ":")).encode()
+        self._changes[doc_key(event.ns, skey, id_enc)] = encode_doc(event.doc)
         self._changes[id_key(event.ns, id_enc)] = skey
         if event.ts is not None:
             self._stamped(event.ts)
@@ -256,7 +269,7 @@ class ShardDocuments:
         if skey is None:
             return None
         raw = self.get(doc_key(ns, skey, id_enc))
-        return (skey, json.loads(raw)) if raw is not None else None
+        return (skey, decode_doc(raw)) if raw is not None else None
 
     def stored_sessions(self) -> Iterator[SessionEntry]:
         """The transactions table as committed (no pending records of the open batch): what a
@@ -291,16 +304,16 @@ class ShardDocuments:
         for k, v in stored:
             while p < len(pending) and pending[p][0] < k:
                 if pending[p][1] is not None:
-                    yield pending[p][0][len(base) :], json.loads(pending[p][1])
+                    yield pending[p][0][len(base) :], decode_doc(pending[p][1])
                 p += 1
             if p < len(pending) and pending[p][0] == k:
                 v = pending[p][1]
                 p += 1
             if v is not None:
-                yield k[len(base) :], json.loads(v)
+                yield k[len(base) :], decode_doc(v)
         for k, v in pending[p:]:
             if v is not None:
-                yield k[len(base) :], json.loads(v)
+                yield k[len(base) :], decode_doc(v)
 
     def count_range(self, ns: str, lo: bytes, hi: bytes) -> int:
         """Documents with a shard key in [lo, hi), pending writes included, without decoding them."""
@@ -316,7 +329,7 @@ class ShardDocuments:
         for k, v in self._stored(base + after, base + hi):
             if not inclusive and k == base + after:
                 continue
-            yield k[len(base) :], json.loads(v)
+            yield k[len(base) :], decode_doc(v)
 
     def _stored(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self.store.db.iter()

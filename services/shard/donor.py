@@ -35,7 +35,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from domain.catalog import Catalog, Migration
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
-from domain.protocol import doc_bytes as _size
+from domain.protocol import record_bytes as _size
 from libs import kafka
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from domain.catalog import Catalog
-from domain.protocol import MAX_BATCH_BYTES, doc_bytes
+from domain.protocol import MAX_BATCH_BYTES, record_bytes
 from libs.commands import CommandError
 from libs.store import Store
 from schemas import config as c
@@ -63,12 +63,12 @@ def test_reply_batches_stay_under_the_byte_cap_and_the_cursor_returns_the_rest(s
     big = "x" * (3 * 1024 * 1024)
     shard.run(s.Insert(ns="d.big", docs=[{"_id": i, "pad": big} for i in range(5)], routing=shard.routing("d.big")))
     _, first = shard.run(s.Find(ns="d.big", filter={}, batchSize=100, routing=shard.routing("d.big")))
-    assert sum(doc_bytes(d) for d in first["docs"]) <= MAX_BATCH_BYTES
+    assert sum(record_bytes(d) for d in first["docs"]) <= MAX_BATCH_BYTES
     assert first["cursorId"] != 0 and len(first["docs"]) == 2
     seen, cursor = [d["_id"] for d in first["docs"]], first["cursorId"]
     while cursor:
         _, more = shard.run(s.GetMore(cursorId=cursor, batchSize=100))
-        assert sum(doc_bytes(d) for d in more["docs"]) <= MAX_BATCH_BYTES
+        assert sum(record_bytes(d) for d in more["docs"]) <= MAX_BATCH_BYTES
         seen += [d["_id"] for d in more["docs"]]
         cursor = more["cursorId"]
     assert seen == list(range(5))

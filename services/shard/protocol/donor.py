@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from domain.catalog import Migration
-from domain.protocol import ErrorCode, doc_bytes
+from domain.protocol import ErrorCode, record_bytes
 from domain.shardkey import from_ejson, to_ejson
 from libs.commands import CommandError
 from schemas import Record
@@ -128,7 +128,7 @@ def donation_range(shard: Shard, m: Migration, stored_size: StoredSize) -> Donat
         skey = shard_key_part(k, doc)
         if total >= limit and skey != prev_key:
             return DonatedRange(lo, skey, m.min, to_ejson(coll.pattern.extract(doc)))
-        total += doc_bytes(doc)
+        total += record_bytes(doc)
         prev_key = skey
     if total > 2 * limit and not m.force_jumbo:
         one_key = prev_key is not None and all(
