@@ -78,6 +78,7 @@ def _raw_op_msg(flags: int, sections: bytes, request_id: int = 1) -> bytes:
 
 def test_op_msg_errors():
     body = b"\x00" + bson.encode({"ping": 1, "$db": "admin"})
+
     def seq(name: str) -> bytes:
         payload = name.encode() + b"\x00" + bson.encode({"a": 1})
         return b"\x01" + struct.pack("<i", 4 + len(payload)) + payload
@@ -156,7 +157,9 @@ def test_a_document_over_the_internal_limit_is_refused_before_decoding():
 
 def test_a_sequence_may_pass_16_mib_in_total_but_no_document_may():
     nine_mib = {"_id": 1, "pad": "x" * (9 * 1024 * 1024)}
-    frame = f.build_op_msg(1, 0, {"insert": "c", "$db": "t"}, sequences={"documents": [nine_mib, {**nine_mib, "_id": 2}]})
+    frame = f.build_op_msg(
+        1, 0, {"insert": "c", "$db": "t"}, sequences={"documents": [nine_mib, {**nine_mib, "_id": 2}]}
+    )
     assert len(frame) > f.MAX_BSON_OBJECT_SIZE
     _, msg = f.parse_reply(frame)
     assert isinstance(msg, f.OpMsg) and [d["_id"] for d in msg.sequences["documents"]] == [1, 2]
@@ -331,7 +334,9 @@ _docs = st.dictionaries(_keys, _values, max_size=5)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=_docs,
-    sequences=st.dictionaries(st.sampled_from(["documents", "updates", "ops"]), st.lists(_docs, max_size=4), max_size=2),
+    sequences=st.dictionaries(
+        st.sampled_from(["documents", "updates", "ops"]), st.lists(_docs, max_size=4), max_size=2
+    ),
     flags=st.sampled_from([0, f.MSG_MORE_TO_COME, f.MSG_EXHAUST_ALLOWED, f.MSG_EXHAUST_ALLOWED | (1 << 30)]),
     checksum=st.booleans(),
     compressor=st.sampled_from([None, "noop", "zlib"]),

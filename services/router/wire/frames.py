@@ -349,7 +349,9 @@ def _parse_op_msg(header: Header, body: bytes | memoryview) -> OpMsg:
             main, offset = decode_document(body, offset, end, "OP_MSG body")
         elif kind == 1:
             if len(sequences) >= MAX_DOCUMENT_SEQUENCES:
-                raise ProtocolError("Too many document sequences in OP_MSG", code=TOO_MANY_DOCUMENT_SEQUENCES, close=True)
+                raise ProtocolError(
+                    "Too many document sequences in OP_MSG", code=TOO_MANY_DOCUMENT_SEQUENCES, close=True
+                )
             if end - offset < 4:
                 raise ProtocolError("OP_MSG: truncated document sequence")
             (size,) = _I32.unpack_from(body, offset)
