@@ -12,12 +12,13 @@ holds either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
 import resource
 import socket
 import struct
 import threading
+import tracemalloc
 import zlib
 from itertools import count
 from typing import Any
@@ -125,19 +126,19 @@ def _seed(data_cluster) -> None:
     asyncio.run(go())
 
 
-def _inserted_ids(frame: bytes) -> set[Any]:
+def _inserted_ids(frame: bytes) -> list[Any]:
     """The `_id`s a frame would insert into NS if it runs: empty unless it parses whole (our
     parser, which the server uses) into an insert on NS."""
     try:
         _, msg = f.parse_reply(frame)
         if not isinstance(msg, f.OpMsg):
-            return set()
+            return []
         cmd = msg.command()
     except f.ProtocolError:
-        return set()
+        return []
     if cmd.get("insert") != COLL or cmd.get("$db") != DB or not isinstance(cmd.get("documents"), list):
-        return set()
-    return {d.get("_id") for d in cmd["documents"] if isinstance(d, dict)}
+        return []
+    return [d.get("_id") for d in cmd["documents"] if isinstance(d, dict)]
 
 
 def _wire_counts(data_cluster) -> tuple[int, int]:
@@ -306,12 +307,21 @@ def test_each_kind_of_bad_input_gets_mongods_answer_and_writes_nothing(data_clus
 _ids = count()
 
 
+def _zlib_stored(frame: bytes) -> bytes:
+    """`frame` in OP_COMPRESSED with zlib at level 0 (stored blocks): a valid zlib stream whose
+    size does not depend on the content, so every run draws the same mutations (hypothesis
+    insists); deflate-coded streams are fuzzed by the unit tests."""
+    header = f.parse_header(frame)
+    body = struct.pack("<iiB", header.op_code, len(frame) - 16, 2) + zlib.compress(frame[16:], 0)
+    return struct.pack("<iiii", 16 + len(body), header.request_id, 0, f.OP_COMPRESSED) + body
+
+
 def _templates() -> list[bytes]:
     """Valid insert frames on NS in the shapes drivers send them, each with `_id`s never used
     before (so a document found later names the one frame it came from)."""
 
     def ids(k: int) -> list[str]:
-        return [f"t{next(_ids)}" for _ in range(k)]
+        return [f"t{next(_ids):07d}" for _ in range(k)]  # fixed width: same frame sizes each run
 
     as_array = f.build_op_msg(
         1, 0, {"insert": COLL, "documents": [{"_id": i, "fz": True} for i in ids(3)], "ordered": True, "$db": DB}
@@ -321,7 +331,7 @@ def _templates() -> list[bytes]:
         _insert(2, ids(2), checksum=True),
         _insert(3, ids(2), flags=f.MSG_MORE_TO_COME),  # w:0
         as_array,
-        f.compress(_insert(4, ids(2)), "zlib"),
+        _zlib_stored(_insert(4, ids(2))),
         f.build_op_query(5, {"insert": COLL, "documents": [{"_id": i} for i in ids(1)]}, collection=f"{DB}.$cmd"),
     ]
 
@@ -377,6 +387,30 @@ def _throw(addr: tuple[str, int], frame: bytes) -> None:
             pass
 
 
+@contextlib.contextmanager
+def _wire_insert(wire):
+    """The wire's `insert`: the real one once wire CRUD is merged, else a minimal stand-in for
+    this test (the documents straight to `routing.handle(Insert)`), so that frames which
+    parse whole really write and the "nothing of a refused frame" check has teeth today."""
+    from schemas import shard as s
+
+    if wire.commands.handles("insert"):
+        yield False
+        return
+
+    async def insert(conn, cmd):
+        ns = f"{cmd['$db']}.{cmd['insert']}"
+        ordered = cmd.get("ordered", True) is not False
+        result = await conn.cluster().routing.handle(s.Insert(ns=ns, docs=cmd["documents"], ordered=ordered))
+        return {"n": result.get("n", 0)}
+
+    wire.commands.register("insert")(insert)
+    try:
+        yield True
+    finally:
+        del wire.commands.table["insert"]
+
+
 def test_fuzzed_insert_frames_hurt_nothing_and_write_only_what_parsed(data_cluster, caplog):
     caplog.set_level(logging.INFO, logger="services.router.wire")
     _seed(data_cluster)
@@ -387,30 +421,36 @@ def test_fuzzed_insert_frames_hurt_nothing_and_write_only_what_parsed(data_clust
     bystander = _connect(addr)
     assert _command(bystander, {"ping": 1, "$db": "admin"})["ok"] == 1.0
     _, serving_before = _wire_counts(data_cluster)
-    may_exist: set[Any] = {"seed"}
+    may_exist: list[Any] = ["seed"]  # the _ids of frames that parsed whole (they may have run)
     thrown = 0
 
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(_mutated_inserts())
     def throw(frame):
         nonlocal thrown
-        may_exist.update(_inserted_ids(frame))
+        may_exist.extend(_inserted_ids(frame))
         _throw(addr, frame)
         thrown += 1
 
-    throw()
-    assert thrown >= 100
-    # A normal client still works, an open connection too, and the Kafka path.
+    with _wire_insert(wire) as stand_in:
+        throw()
+        # the stand-in writes: the valid templates did insert (so the check below can fail)
+        valid = [i for i in may_exist if isinstance(i, str) and i.startswith("t")]
+        found = [d["_id"] for d in _documents(data_cluster)]
+        if stand_in:
+            assert len(valid) >= 10 and any(i in valid for i in found), (len(valid), found[:5])
+    assert thrown == 200
+    # A normal client still works, an open connection too, and the Kafka path (which read `found`).
     assert client.admin.command("ping")["ok"] == 1.0
     assert _command(bystander, {"ping": 1, "$db": "admin"}, 2)["ok"] == 1.0
     bystander.close()
-    found = {d["_id"] for d in _documents(data_cluster)}
     assert "seed" in found
-    # Only documents of frames that parsed whole (and so may have run) exist: nothing of a
-    # refused frame, no partial write of one.
-    assert found <= may_exist, found - may_exist
-    if wire.commands.handles("insert"):  # wire CRUD merged: a driver reads what the Kafka path sees
-        assert {d["_id"] for d in client[DB][COLL].find({})} == found
+    # Only documents of frames that parsed whole exist: nothing of a refused frame, no partial
+    # write of one.  (Compared with ==: a mutated _id may be of any type.)
+    unexplained = [i for i in found if not any(i == m and type(i) is type(m) for m in may_exist)]
+    assert unexplained == []
+    if not stand_in:  # wire CRUD merged: a driver reads what the Kafka path sees
+        assert sorted(map(str, (d["_id"] for d in client[DB][COLL].find({})))) == sorted(map(str, found))
     wait_until(lambda: _wire_counts(data_cluster)[1] <= serving_before, 10, "fuzz connections to close")
     assert wire.protocol_errors > 0
     assert _wire_warnings(caplog) == []
@@ -422,11 +462,6 @@ def test_fuzzed_insert_frames_hurt_nothing_and_write_only_what_parsed(data_clust
 def _threads() -> int:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 IDLE, BUSY = 1000, 64
@@ -441,7 +476,8 @@ def test_a_thousand_idle_and_64_busy_connections_leak_no_thread_or_task(data_clu
     wire = data_cluster.router.wire
     tasks_before, serving_before = _wire_counts(data_cluster)
     threads_before, py_threads_before = _threads(), threading.active_count()
-    rss_before = _rss()
+    tracemalloc.start()  # Python allocations: RSS barely moves (the allocator reuses freed pages)
+    traced_before, _ = tracemalloc.get_traced_memory()
 
     idle: list[socket.socket] = []
     try:
@@ -452,8 +488,9 @@ def test_a_thousand_idle_and_64_busy_connections_leak_no_thread_or_task(data_clu
         for i, sock in enumerate(idle):
             body = _reply(sock, i + 1)
             assert body is not None and body["ok"] == 1.0
-        rss_idle = _rss()
-        per_idle = (rss_idle - rss_before) / IDLE
+        traced_idle, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        per_idle = (traced_idle - traced_before) / IDLE
 
         # 64 busy connections, driven by one client thread (asyncio), while the idle ones stay.
         stop = threading.Event()
@@ -516,8 +553,8 @@ def test_a_thousand_idle_and_64_busy_connections_leak_no_thread_or_task(data_clu
     assert wire.open_connections == serving_before
     print(
         f"\n{IDLE} idle + {BUSY} busy connections: {tasks_held - tasks_before} more tasks, "
-        f"{threads_held - threads_before} more OS threads; RSS per idle connection "
-        f"~{per_idle / 1024:.1f} KiB (server task, streams and transport, and this test's socket)"
+        f"{threads_held - threads_before} more OS threads; Python memory per idle connection "
+        f"~{per_idle / 1024:.1f} KiB (server task, streams, transport, Connection; and this test's socket)"
     )
     assert per_idle < 64 * 1024, f"{per_idle:.0f} bytes per idle connection"
 
