@@ -594,3 +594,22 @@ def test_clients_that_disconnect_mid_operation_leave_no_task(data_cluster):
         assert data_cluster.mongo_client().admin.command("ping")["ok"] == 1.0
     finally:
         del wire.commands.table[name]
+
+
+def test_the_router_offers_zlib_by_default_and_pymongo_uses_it(data_cluster):
+    wire = data_cluster.router.wire
+    assert wire.compressors == ("zlib",)  # SHARDLOG_ROUTER_COMPRESSORS unset: the default
+    before = wire.compressed_requests
+    zipped = data_cluster.mongo_client(compressors="zlib")
+    assert zipped.admin.command("ping")["ok"] == 1.0
+    assert zipped.server_info()["version"] == "8.0.0"
+    assert wire.compressed_requests >= before + 2  # ping and buildinfo arrived zlib-compressed
+    zipped_count = wire.compressed_requests
+    plain = data_cluster.mongo_client()  # a client that asks for nothing sends nothing compressed
+    assert plain.admin.command("ping")["ok"] == 1.0 and plain.server_info()["ok"] == 1.0
+    assert wire.compressed_requests == zipped_count
+    with _connect(_address(data_cluster)) as sock:
+        hello = _command(sock, {"hello": 1, "compression": ["snappy", "zstd", "zlib"], "$db": "admin"})
+        assert hello["compression"] == ["zlib"]  # the intersection, in the client's order
+    with _connect(_address(data_cluster)) as sock:
+        assert "compression" not in _command(sock, {"hello": 1, "compression": ["none"], "$db": "admin"})
