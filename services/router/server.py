@@ -33,7 +33,7 @@ from schemas.reply import Reply
 from services.router.route import OperationRouter
 from services.router.sessions import LogicalSessionCache
 from services.router.wire.edge import RouterEdge
-from services.router.wire.server import DEFAULT_PORT, WireServer
+from services.router.wire.server import DEFAULT_PORT, WireServer, WireSettings
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,12 @@ class RouterServer:
         self.wire_host, wire_port = wire_address(port, bind)
         self.wire: WireServer | None = None
         if wire_port is not None:
+            wire_settings = WireSettings.from_env()
             self.wire = WireServer(
                 self.wire_host,
                 wire_port,
+                compressors=wire_settings.compressors,
+                max_connections=wire_settings.max_connections,
                 edge=RouterEdge(
                     settings=settings,
                     instance=self.instance,

@@ -78,18 +78,29 @@ def _raw_op_msg(flags: int, sections: bytes, request_id: int = 1) -> bytes:
 
 def test_op_msg_errors():
     body = b"\x00" + bson.encode({"ping": 1, "$db": "admin"})
+
+    def seq(name: str) -> bytes:
+        payload = name.encode() + b"\x00" + bson.encode({"a": 1})
+        return b"\x01" + struct.pack("<i", 4 + len(payload)) + payload
+
+    # (frame, code, close, answer): mongod's codes; 223 / 233 / 288 are its "connection fatal"
+    # parse errors (closed, no reply); an unknown section kind is answered, then closed (spec).
     cases = {
-        "two bodies": (_raw_op_msg(0, body + body), 17, False),
-        "no body": (_raw_op_msg(0, b""), 17, False),
-        "unknown section kind": (_raw_op_msg(0, body + b"\x02" + bson.encode({})), 17, True),
-        "unknown required flag": (_raw_op_msg(1 << 5, body), 223, False),
-        "invalid BSON": (_raw_op_msg(0, b"\x00\x0c\x00\x00\x00\x10a\x00\x01\x00\x00\x00\x01"), 22, False),
-        "document overruns": (_raw_op_msg(0, b"\x00\xff\x00\x00\x00\x00"), 22, False),
+        "two bodies": (_raw_op_msg(0, body + body), 40430, False, True),
+        "no sections": (_raw_op_msg(0, b""), 40587, False, True),
+        "only a sequence": (_raw_op_msg(0, seq("documents")), 40587, False, True),
+        "duplicate sequence": (_raw_op_msg(0, body + seq("documents") + seq("documents")), 40431, False, True),
+        "three sequences": (_raw_op_msg(0, body + seq("a") + seq("b") + seq("c")), 233, True, False),
+        "unknown section kind": (_raw_op_msg(0, body + b"\x02" + bson.encode({})), 40432, True, True),
+        "unknown required flag": (_raw_op_msg(1 << 5, body), 223, True, False),
+        "checksum flag, no room": (_raw_op_msg(f.MSG_CHECKSUM_PRESENT, b"\x00\x00\x00\x00"), 51251, False, True),
+        "invalid BSON": (_raw_op_msg(0, b"\x00\x0c\x00\x00\x00\x10a\x00\x01\x00\x00\x00\x01"), 22, False, True),
+        "document overruns": (_raw_op_msg(0, b"\x00\xff\x00\x00\x00\x00"), 22, False, True),
     }
-    for name, (frame, code, close) in cases.items():
+    for name, (frame, code, close, answer) in cases.items():
         with pytest.raises(f.ProtocolError) as e:
             f.parse_reply(frame)
-        assert (e.value.code, e.value.close) == (code, close), name
+        assert (e.value.code, e.value.close, e.value.answer) == (code, close, answer), name
 
 
 def test_optional_flag_bits_are_ignored_and_exhaust_allowed_is_read():
@@ -98,20 +109,22 @@ def test_optional_flag_bits_are_ignored_and_exhaust_allowed_is_read():
     assert isinstance(msg, f.OpMsg) and msg.exhaust_allowed and not msg.more_to_come
 
 
-def test_a_wrong_checksum_is_refused_but_the_stream_stays_in_step():
+def test_a_wrong_checksum_closes_the_connection():
     frame = bytearray(f.build_op_msg(3, 0, {"ping": 1, "$db": "admin"}, checksum=True))
     frame[-1] ^= 0xFF
-    with pytest.raises(f.ProtocolError, match="checksum mismatch") as e:
+    with pytest.raises(f.ProtocolError, match="checksum does not match") as e:
         f.parse_reply(bytes(frame))
-    assert not e.value.close
+    # ChecksumMismatch (288) is fatal to the connection in mongod: closed, no reply.
+    assert (e.value.code, e.value.close, e.value.answer) == (288, True, False)
 
 
 def test_a_sequence_named_like_a_body_field_is_refused():
     frame = f.build_op_msg(1, 0, {"insert": "c", "documents": [], "$db": "t"}, sequences={"documents": [{"a": 1}]})
     _, msg = f.parse_reply(frame)
     assert isinstance(msg, f.OpMsg)
-    with pytest.raises(f.ProtocolError, match="duplicates"):
+    with pytest.raises(f.ProtocolError, match="Duplicate field between body and document sequence") as e:
         msg.command()
+    assert e.value.code == 40433 and not e.value.close
 
 
 # ------------------------------------------------------------------ headers and limits
@@ -140,6 +153,40 @@ def test_a_document_over_the_internal_limit_is_refused_before_decoding():
     with pytest.raises(f.ProtocolError) as e:
         f.decode_document(big + b"\x00" * (f.MAX_DOCUMENT_INTERNAL_SIZE + 1), 0, f.MAX_DOCUMENT_INTERNAL_SIZE + 5, "x")
     assert e.value.code == 10334
+
+
+def test_a_sequence_may_pass_16_mib_in_total_but_no_document_may():
+    nine_mib = {"_id": 1, "pad": "x" * (9 * 1024 * 1024)}
+    frame = f.build_op_msg(
+        1, 0, {"insert": "c", "$db": "t"}, sequences={"documents": [nine_mib, {**nine_mib, "_id": 2}]}
+    )
+    assert len(frame) > f.MAX_BSON_OBJECT_SIZE
+    _, msg = f.parse_reply(frame)
+    assert isinstance(msg, f.OpMsg) and [d["_id"] for d in msg.sequences["documents"]] == [1, 2]
+    too_big = {"_id": 3, "pad": "x" * f.MAX_DOCUMENT_INTERNAL_SIZE}
+    with pytest.raises(f.ProtocolError) as e:
+        f.parse_reply(f.build_op_msg(1, 0, {"insert": "c", "$db": "t"}, sequences={"documents": [too_big]}))
+    assert e.value.code == 10334 and not e.value.close
+
+
+def test_more_to_come_is_read_from_the_raw_flags_even_when_the_message_is_broken():
+    broken = _raw_op_msg(f.MSG_MORE_TO_COME, b"\x00\xff\xff")
+    header = f.parse_header(broken)
+    assert f.wants_no_reply(header, broken[16:])
+    with pytest.raises(f.ProtocolError):
+        f.parse_message(header, broken[16:])
+    plain = _raw_op_msg(0, b"\x00")
+    assert not f.wants_no_reply(f.parse_header(plain), plain[16:])
+    query = f.build_op_query(1, {"isMaster": 1}, flags=f.MSG_MORE_TO_COME)
+    assert not f.wants_no_reply(f.parse_header(query), query[16:])  # OP_QUERY has no such flag
+
+
+def test_the_inflated_size_of_a_compressed_message_is_held_to_the_limit():
+    frame = f.compress(f.build_op_msg(1, 0, {"ping": 1, "pad": "x" * 2000, "$db": "admin"}), "zlib")
+    header = f.parse_header(frame)
+    assert isinstance(f.parse_message(header, frame[16:], max_message_size=4096), f.OpMsg)
+    with pytest.raises(f.ProtocolError, match="uncompressed size"):
+        f.parse_message(header, frame[16:], max_message_size=1024)
 
 
 # ------------------------------------------------------------------ OP_QUERY / OP_REPLY
@@ -260,3 +307,62 @@ def _mutated(draw):
 @given(_mutated())
 def test_mutated_frames_raise_only_protocol_errors(frame):
     _parse_anything(frame)
+
+
+# ------------------------------------------------------------------ build -> parse round trips
+
+_keys = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]), max_size=8).filter(
+    lambda k: not k.startswith("$")
+)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**63), 2**63 - 1).map(Int64),
+    st.floats(allow_nan=False),
+    st.text(st.characters(blacklist_categories=["Cs"]), max_size=20),
+    st.binary(max_size=20).map(lambda b: Binary(b, 0)),
+    st.builds(ObjectId),
+    st.sampled_from([MinKey(), MaxKey(), Decimal128("1.10"), Decimal128("-0")]),
+)
+_values = st.recursive(
+    _scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_keys, inner, max_size=4), max_leaves=12
+)
+_docs = st.dictionaries(_keys, _values, max_size=5)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=_docs,
+    sequences=st.dictionaries(
+        st.sampled_from(["documents", "updates", "ops"]), st.lists(_docs, max_size=4), max_size=2
+    ),
+    flags=st.sampled_from([0, f.MSG_MORE_TO_COME, f.MSG_EXHAUST_ALLOWED, f.MSG_EXHAUST_ALLOWED | (1 << 30)]),
+    checksum=st.booleans(),
+    compressor=st.sampled_from([None, "noop", "zlib"]),
+    request_id=st.integers(-(2**31), 2**31 - 1),
+)
+def test_built_op_msg_frames_parse_back(body, sequences, flags, checksum, compressor, request_id):
+    body = {"cmd": 1, **body, "$db": "t"}
+    frame = f.build_op_msg(request_id, 0, body, sequences=sequences, flags=flags, checksum=checksum)
+    if compressor is not None:
+        frame = f.compress(frame, compressor)
+    header, msg = f.parse_reply(frame)
+    assert header.request_id == request_id and header.length == len(frame)
+    assert isinstance(msg, f.OpMsg) and msg.compressor == compressor
+    assert bson.encode(msg.body) == bson.encode(body)  # byte-equal: types and key order kept
+    assert {k: [bson.encode(d) for d in v] for k, v in msg.sequences.items()} == {
+        k: [bson.encode(d) for d in v] for k, v in sequences.items()
+    }
+    assert msg.flags & ~f.MSG_CHECKSUM_PRESENT == flags and (msg.checksum is not None) is checksum
+
+
+@settings(max_examples=100, deadline=None)
+@given(docs=st.lists(_docs, max_size=4), request_id=st.integers(0, 2**31 - 2))
+def test_built_op_query_and_op_reply_frames_parse_back(docs, request_id):
+    query = {"isMaster": 1, **(docs[0] if docs else {})}
+    _, q = f.parse_reply(f.build_op_query(request_id, query))
+    assert isinstance(q, f.OpQuery) and bson.encode(q.query) == bson.encode(query)
+    header, r = f.parse_reply(f.build_op_reply(request_id + 1, request_id, docs))
+    assert header.response_to == request_id and isinstance(r, f.OpReply)
+    assert [bson.encode(d) for d in r.documents] == [bson.encode(d) for d in docs]

@@ -58,3 +58,29 @@ def test_mongosh_pings_the_skeleton(mongosh):
         assert done.stdout.strip() == "isdbgrid 25 8.0.0", done.stderr
     finally:
         running.stop()
+
+
+def test_mongosh_talks_zlib_when_the_router_offers_it(mongosh):
+    running = Running(compressors=("zlib",))
+    try:
+        script = "print(db.runCommand({ping: 1}).ok, db.adminCommand({buildInfo: 1}).version)"
+        done = subprocess.run(
+            [
+                mongosh,
+                f"mongodb://127.0.0.1:{running.port}/?serverSelectionTimeoutMS=5000&compressors=zlib",
+                "--quiet",
+                "--norc",
+                "--eval",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "MONGOSH_FORCE_DISABLE_TELEMETRY_FOR_TESTING": "1"},
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "1 8.0.0"
+        # the Node driver negotiated zlib and compressed its commands (not the handshake)
+        assert running.server.compressed_requests >= 2
+    finally:
+        running.stop()

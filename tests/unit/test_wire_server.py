@@ -20,7 +20,7 @@ from pymongo.errors import ConfigurationError, OperationFailure
 
 from services.router.wire import frames as f
 from services.router.wire.commands import SERVER_COMMANDS, CommandTable
-from services.router.wire.server import WireServer
+from services.router.wire.server import WireServer, WireSettings
 
 
 class Running:
@@ -70,6 +70,13 @@ def _send(sock: socket.socket, frame: bytes) -> None:
 
 def _recv_frame(sock: socket.socket) -> bytes | None:
     """One whole frame, or None if the server closed the connection."""
+    try:
+        return _read_frame(sock)
+    except ConnectionResetError:  # closed with our request unread
+        return None
+
+
+def _read_frame(sock: socket.socket) -> bytes | None:
     head = b""
     while len(head) < 16:
         chunk = sock.recv(16 - len(head))
@@ -151,6 +158,37 @@ def test_server_commands_answer_as_mongos(wire):
         assert e.value.code == 59 and "insert" in str(e.value)
 
 
+def test_wire_settings_from_the_environment():
+    assert WireSettings.from_env({}) == WireSettings(("zlib",), 1_000_000)
+    assert WireSettings.from_env({"SHARDLOG_ROUTER_COMPRESSORS": "disabled"}).compressors == ()
+    assert WireSettings.from_env({"SHARDLOG_ROUTER_COMPRESSORS": ""}).compressors == ()
+    assert WireSettings.from_env({"SHARDLOG_ROUTER_COMPRESSORS": "noop, zlib"}).compressors == ("noop", "zlib")
+    assert WireSettings.from_env({"SHARDLOG_ROUTER_MAX_CONNECTIONS": "7"}).max_connections == 7
+    for bad in ({"SHARDLOG_ROUTER_COMPRESSORS": "snappy"}, {"SHARDLOG_ROUTER_MAX_CONNECTIONS": "0"}):
+        with pytest.raises(ValueError):
+            WireSettings.from_env(bad)
+
+
+def test_a_connection_over_the_limit_is_closed_at_once():
+    running = Running(max_connections=2)
+    try:
+        with _connect(running.port) as a, _connect(running.port) as b:
+            assert _command(a, {"ping": 1, "$db": "admin"})["ok"] == 1.0
+            assert _command(b, {"ping": 1, "$db": "admin"})["ok"] == 1.0
+            with _connect(running.port) as c:
+                _send(c, f.build_op_msg(1, 0, {"ping": 1, "$db": "admin"}))
+                assert _recv_frame(c) is None
+            assert running.server.connections_rejected == 1
+            assert _command(a, {"ping": 1, "$db": "admin"}, 2)["ok"] == 1.0
+        with _connect(running.port) as d:  # room again once they closed
+            deadline = time.monotonic() + 5
+            while running.server.open_connections > 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _command(d, {"ping": 1, "$db": "admin"})["ok"] == 1.0
+    finally:
+        running.stop()
+
+
 def test_zlib_is_negotiated_when_offered():
     running = Running(compressors=("zlib",))
     try:
@@ -188,13 +226,18 @@ def test_more_to_come_gets_no_reply_and_checksums_are_checked(wire):
         _send(sock, f.build_op_msg(21, 0, {"ping": 1, "$db": "admin"}, flags=f.MSG_MORE_TO_COME))
         assert _command(sock, {"ping": 1, "$db": "admin"}, 22)["ok"] == 1.0  # the first reply answers 22
         assert _command(sock, {"ping": 1, "$db": "admin"}, 23, checksum=True)["ok"] == 1.0
-        bad = bytearray(f.build_op_msg(24, 0, {"ping": 1, "$db": "admin"}, checksum=True))
+        # a request with a checksum gets a reply with one (as from mongod)
+        _send(sock, f.build_op_msg(24, 0, {"ping": 1, "$db": "admin"}, checksum=True))
+        header, msg = f.parse_reply(_recv_frame(sock))
+        assert isinstance(msg, f.OpMsg) and msg.checksum is not None and msg.body["ok"] == 1.0
+        # a broken message with moreToCome gets no reply either
+        _send(sock, struct.pack("<iiiiI", 23, 25, 0, f.OP_MSG, f.MSG_MORE_TO_COME) + b"\x00\xff\xff")
+        assert _command(sock, {"ping": 1}, 26)["code"] == 40571  # no $db
+        assert _command(sock, {"ping": 1, "$db": "admin"}, 27)["ok"] == 1.0  # still in step
+        bad = bytearray(f.build_op_msg(28, 0, {"ping": 1, "$db": "admin"}, checksum=True))
         bad[-2] ^= 0x40
         _send(sock, bytes(bad))
-        header, msg = f.parse_reply(_recv_frame(sock))
-        assert header.response_to == 24 and isinstance(msg, f.OpMsg) and msg.body["code"] == 17
-        assert _command(sock, {"ping": 1}, 25)["code"] == 40571  # no $db
-        assert _command(sock, {"ping": 1, "$db": "admin"}, 26)["ok"] == 1.0  # still in step
+        assert _recv_frame(sock) is None  # ChecksumMismatch: mongod closes the connection
 
 
 def test_a_bad_frame_closes_only_its_connection(wire):

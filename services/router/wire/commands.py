@@ -141,12 +141,12 @@ class CommandTable:
         if not cmd:
             return error_reply(*numbered(ErrorCode.FailedToParse), "empty command document")
         name = next(iter(cmd))
+        db = cmd.get("$db")  # checked first, as mongod does while parsing the request
+        if not isinstance(db, str) or not db:
+            return error_reply(*MISSING_DB, "OP_MSG requests require a $db argument")
         entry = self.table.get(name)
         if entry is None:
             return error_reply(*numbered(ErrorCode.CommandNotFound), f"no such command: '{name}'")
-        db = cmd.get("$db")
-        if not isinstance(db, str) or not db:
-            return error_reply(*MISSING_DB, "OP_MSG requests require a $db argument")
         if entry.admin_only and db != "admin":
             return error_reply(*UNAUTHORIZED, f"{name} may only be run against the admin database.")
         try:

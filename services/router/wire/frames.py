@@ -52,6 +52,7 @@ __all__ = [
     "parse_header",
     "parse_message",
     "parse_reply",
+    "wants_no_reply",
 ]
 
 # ------------------------------------------------------------------ constants
@@ -93,11 +94,21 @@ CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_AUTO,
 )
 
-# MongoDB's numbers for the protocol-level errors this module raises.
+# MongoDB's numbers for the protocol-level errors this module raises (error_codes.yml, and
+# the Location codes mongod's OpMsg::parse raises for the same faults).
 PROTOCOL_ERROR = (17, "ProtocolError")
 INVALID_BSON = (22, "InvalidBSON")
 ILLEGAL_OP_MSG_FLAG = (223, "IllegalOpMsgFlag")
+TOO_MANY_DOCUMENT_SEQUENCES = (233, "TooManyDocumentSequences")
+CHECKSUM_MISMATCH = (288, "ChecksumMismatch")
 BSON_OBJECT_TOO_LARGE = (10334, "BSONObjectTooLarge")
+MULTIPLE_BODIES = (40430, "Location40430")
+DUPLICATE_SEQUENCE = (40431, "Location40431")
+UNKNOWN_SECTION_KIND = (40432, "Location40432")
+DUPLICATE_SEQUENCE_FIELD = (40433, "Location40433")
+NO_BODY = (40587, "Location40587")
+CHECKSUM_TOO_SHORT = (51251, "Location51251")
+MAX_DOCUMENT_SEQUENCES = 2  # mongod refuses a third kind-1 section (bulkWrite needs two)
 
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -107,15 +118,25 @@ _COMPRESSED_PREFIX = struct.Struct("<iiB")  # originalOpcode, uncompressedSize, 
 
 
 class ProtocolError(Exception):
-    """A frame or message that cannot be accepted.  ``close``: the stream is out of step (or
-    the spec says to drop the connection) and must be closed; otherwise the frame was read
-    whole and an error reply with ``code`` / ``code_name`` answers it."""
+    """A frame or message that cannot be accepted.  Three outcomes, as in mongod:
 
-    def __init__(self, message: str, *, code: tuple[int, str] = PROTOCOL_ERROR, close: bool = False) -> None:
+    - ``close=False``: the frame was read whole; an error reply with ``code`` / ``code_name``
+      answers it and the connection goes on;
+    - ``close=True, answer=False``: the connection is closed with no reply: the stream is out
+      of step (a bad length), or the fault is one mongod counts as fatal to the connection
+      (its ConnectionFatalMessageParseError category: IllegalOpMsgFlag, ChecksumMismatch,
+      TooManyDocumentSequences), so a driver sees a network error and may retry elsewhere;
+    - ``close=True, answer=True``: answer with the error, then close (an unknown section
+      kind: mongod answers 40432, the OP_MSG spec says the socket MUST be closed)."""
+
+    def __init__(
+        self, message: str, *, code: tuple[int, str] = PROTOCOL_ERROR, close: bool = False, answer: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code, self.code_name = code
         self.close = close
+        self.answer = (not close) if answer is None else answer
 
 
 # ------------------------------------------------------------------ records
@@ -156,7 +177,9 @@ class OpMsg:
         doc = dict(self.body)
         for ident, docs in self.sequences.items():
             if ident in doc:
-                raise ProtocolError(f"OP_MSG document sequence {ident!r} duplicates a field of the command body")
+                raise ProtocolError(
+                    f"Duplicate field between body and document sequence {ident}", code=DUPLICATE_SEQUENCE_FIELD
+                )
             doc[ident] = docs
         return doc
 
@@ -248,7 +271,11 @@ def parse_header(data: bytes | memoryview, max_message_size: int = MAX_MESSAGE_S
 
 
 def parse_message(
-    header: Header, body: bytes | memoryview, *, accept_compressed: bool = True
+    header: Header,
+    body: bytes | memoryview,
+    *,
+    accept_compressed: bool = True,
+    max_message_size: int = MAX_MESSAGE_SIZE_BYTES,
 ) -> OpMsg | OpQuery | OpReply:
     """The message whose ``header`` was read and whose ``body`` (``header.length - 16`` bytes)
     follows.  OP_COMPRESSED is unwrapped (one level).  An unknown opcode closes the connection:
@@ -264,8 +291,16 @@ def parse_message(
     if header.op_code == OP_REPLY:
         return _parse_op_reply(body)
     if header.op_code == OP_COMPRESSED and accept_compressed:
-        return _parse_compressed(header, body)
+        return _parse_compressed(header, body, max_message_size)
     raise ProtocolError(f"unsupported opcode {header.op_code}", close=True)
+
+
+def wants_no_reply(header: Header, body: bytes | memoryview) -> bool:
+    """An OP_MSG whose (readable) flags say moreToCome: its sender reads no reply, not even
+    an error reply to a message that failed to parse (mongod sends none either)."""
+    if header.op_code != OP_MSG or len(body) < 4:
+        return False
+    return bool(_U32.unpack_from(body, 0)[0] & MSG_MORE_TO_COME)
 
 
 def parse_reply(frame: bytes) -> tuple[Header, OpMsg | OpQuery | OpReply]:
@@ -283,30 +318,40 @@ def _parse_op_msg(header: Header, body: bytes | memoryview) -> OpMsg:
     (flags,) = _U32.unpack_from(body, 0)
     unknown = flags & _MSG_REQUIRED_BITS & ~_MSG_KNOWN_REQUIRED
     if unknown:
-        raise ProtocolError(f"OP_MSG: unrecognized required flag bits {unknown:#x}", code=ILLEGAL_OP_MSG_FLAG)
+        raise ProtocolError(
+            f"OP_MSG: message contains illegal flags value: {flags:#034b}", code=ILLEGAL_OP_MSG_FLAG, close=True
+        )
     checksum: int | None = None
     if flags & MSG_CHECKSUM_PRESENT:
-        if end < 8:
-            raise ProtocolError("OP_MSG: checksum flag set but no room for a checksum")
+        if end <= 8:
+            raise ProtocolError("Invalid message size for an OpMsg containing a checksum", code=CHECKSUM_TOO_SHORT)
         end -= 4
         (checksum,) = _U32.unpack_from(body, end)
         head = _HEADER.pack(header.length, header.request_id, header.response_to, OP_MSG)
         actual = crc32c(head + bytes(body[:end]))
         if actual != checksum:
-            raise ProtocolError(f"OP_MSG: checksum mismatch: message says {checksum:#010x}, computed {actual:#010x}")
+            raise ProtocolError(
+                f"OP_MSG checksum does not match contents: message says {checksum:#010x}, computed {actual:#010x}",
+                code=CHECKSUM_MISMATCH,
+                close=True,
+            )
     offset = 4
     main: dict[str, Any] | None = None
     sequences: dict[str, list[dict[str, Any]]] = {}
     if offset >= end:
-        raise ProtocolError("OP_MSG: no sections")
+        raise ProtocolError("OP_MSG messages must have a body", code=NO_BODY)
     while offset < end:
         kind = body[offset]
         offset += 1
         if kind == 0:
             if main is not None:
-                raise ProtocolError("OP_MSG: more than one section of kind 0")
+                raise ProtocolError("Multiple body sections in message", code=MULTIPLE_BODIES)
             main, offset = decode_document(body, offset, end, "OP_MSG body")
         elif kind == 1:
+            if len(sequences) >= MAX_DOCUMENT_SEQUENCES:
+                raise ProtocolError(
+                    "Too many document sequences in OP_MSG", code=TOO_MANY_DOCUMENT_SEQUENCES, close=True
+                )
             if end - offset < 4:
                 raise ProtocolError("OP_MSG: truncated document sequence")
             (size,) = _I32.unpack_from(body, offset)
@@ -315,7 +360,7 @@ def _parse_op_msg(header: Header, body: bytes | memoryview) -> OpMsg:
             seq_end = offset + size
             ident, pos = _cstring(body, offset + 4, seq_end, "OP_MSG document sequence identifier")
             if ident in sequences:
-                raise ProtocolError(f"OP_MSG: two document sequences named {ident!r}")
+                raise ProtocolError(f"Duplicate document sequence: {ident}", code=DUPLICATE_SEQUENCE)
             docs: list[dict[str, Any]] = []
             while pos < seq_end:
                 doc, pos = decode_document(body, pos, seq_end, f"OP_MSG document sequence {ident!r}")
@@ -324,9 +369,9 @@ def _parse_op_msg(header: Header, body: bytes | memoryview) -> OpMsg:
             offset = seq_end
         else:
             # The spec: an unknown payload type MUST be an error and the socket MUST be closed.
-            raise ProtocolError(f"OP_MSG: unknown section kind {kind}", close=True)
+            raise ProtocolError(f"Unknown section kind {kind}", code=UNKNOWN_SECTION_KIND, close=True, answer=True)
     if main is None:
-        raise ProtocolError("OP_MSG: no section of kind 0 (the command body)")
+        raise ProtocolError("OP_MSG messages must have a body", code=NO_BODY)
     return OpMsg(flags, main, sequences, checksum)
 
 
@@ -363,14 +408,14 @@ def _parse_op_reply(body: bytes | memoryview) -> OpReply:
     return OpReply(flags, cursor_id, starting_from, docs)
 
 
-def _parse_compressed(header: Header, body: bytes | memoryview) -> OpMsg | OpQuery | OpReply:
+def _parse_compressed(header: Header, body: bytes | memoryview, max_message_size: int) -> OpMsg | OpQuery | OpReply:
     if len(body) < _COMPRESSED_PREFIX.size:
         raise ProtocolError("OP_COMPRESSED: truncated")
     original, size, compressor_id = _COMPRESSED_PREFIX.unpack_from(body, 0)
     name = _COMPRESSOR_NAMES.get(compressor_id)
     if name is None:
         raise ProtocolError(f"OP_COMPRESSED: unsupported compressor id {compressor_id}")
-    if size < 0 or size > MAX_MESSAGE_SIZE_BYTES - HEADER_SIZE:
+    if size < 0 or size > max_message_size - HEADER_SIZE:  # the limit holds for the inflated message
         raise ProtocolError(f"OP_COMPRESSED: uncompressed size {size} is invalid")
     payload = bytes(body[_COMPRESSED_PREFIX.size :])
     if name == "noop":

@@ -1,7 +1,6 @@
 """The router's TCP edge: an asyncio streams server (one task per connection, no threads)
 that reads frames, answers commands from a :class:`~services.router.wire.commands.CommandTable`
-and writes replies.  No Kafka here yet: issue 14 gives the table CRUD handlers that call the
-router.
+and writes replies.  The handlers reach the cluster through the router's parts (`edge`).
 
 Per connection, requests are answered in order, one at a time (the protocol is
 request-response; a driver never pipelines on one connection).  A frame that cannot be read
@@ -16,7 +15,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from domain.protocol import ErrorCode
@@ -30,6 +31,7 @@ from services.router.wire.commands import (
     numbered,
 )
 from services.router.wire.frames import (
+    COMPRESSORS,
     HEADER_SIZE,
     MAX_MESSAGE_SIZE_BYTES,
     OP_QUERY,
@@ -43,6 +45,7 @@ from services.router.wire.frames import (
     compress,
     parse_header,
     parse_message,
+    wants_no_reply,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +55,37 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 27017
 OP_QUERY_COMMANDS = frozenset({"isMaster", "ismaster"})  # what a current mongos still takes over OP_QUERY
+# mongos's default net.maxIncomingConnections: in practice the file-descriptor limit decides.
+DEFAULT_MAX_CONNECTIONS = 1_000_000
+# Offered to a client that asks for compression (pymongo `compressors=zlib`, mongosh
+# `?compressors=zlib`).  mongos offers its compressors by default too; a client that asks for
+# none gets uncompressed replies, so offering costs nothing.
+DEFAULT_COMPRESSORS = ("zlib",)
+
+
+@dataclass(frozen=True)
+class WireSettings:
+    """The wire edge's knobs (README, "Settings"): SHARDLOG_ROUTER_COMPRESSORS (comma-separated,
+    "zlib" or "noop"; "disabled" or empty: none) and SHARDLOG_ROUTER_MAX_CONNECTIONS (like
+    mongos's net.maxIncomingConnections: a connection over it is closed at once)."""
+
+    compressors: tuple[str, ...] = DEFAULT_COMPRESSORS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WireSettings:
+        env = os.environ if env is None else env
+        raw = env.get("SHARDLOG_ROUTER_COMPRESSORS", ",".join(DEFAULT_COMPRESSORS)).strip()
+        names = () if raw in ("", "disabled") else tuple(c.strip() for c in raw.split(",") if c.strip())
+        unknown = [c for c in names if c not in COMPRESSORS]
+        if unknown:
+            raise ValueError(
+                f"SHARDLOG_ROUTER_COMPRESSORS: unsupported compressor {unknown[0]!r} (supported: zlib, noop)"
+            )
+        max_connections = int(env.get("SHARDLOG_ROUTER_MAX_CONNECTIONS", str(DEFAULT_MAX_CONNECTIONS)))
+        if max_connections < 1:
+            raise ValueError("SHARDLOG_ROUTER_MAX_CONNECTIONS must be at least 1")
+        return cls(names, max_connections)
 
 
 class WireServer:
@@ -65,6 +99,7 @@ class WireServer:
         commands: CommandTable = SERVER_COMMANDS,
         compressors: tuple[str, ...] = (),  # offered in the handshake: "zlib", "noop" or none
         max_message_size: int = MAX_MESSAGE_SIZE_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         edge: RouterEdge | None = None,  # the router's parts: without, only server commands answer
     ) -> None:
         self.edge = edge
@@ -74,11 +109,13 @@ class WireServer:
         self.commands = commands
         self.compressors = compressors
         self.max_message_size = max_message_size
+        self.max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._conn_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
         self._handlers: set[asyncio.Task[Any]] = set()
         self.connections_opened = 0
+        self.connections_rejected = 0  # over max_connections
         self.protocol_errors = 0
         self.compressed_requests = 0
 
@@ -116,6 +153,14 @@ class WireServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._handlers) >= self.max_connections:
+            # As mongos over net.maxIncomingConnections: close the new connection, read nothing.
+            self.connections_rejected += 1
+            log.warning("wire: connection refused: %d connections open (the limit)", len(self._handlers))
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
         self._handlers.add(task)
         self.connections_opened += 1
         peer = writer.get_extra_info("peername")
@@ -133,13 +178,19 @@ class WireServer:
                     return  # the client went away (between frames or mid-header)
                 header = parse_header(head, self.max_message_size)
                 body = await reader.readexactly(header.length - HEADER_SIZE)
-                reply = await self._answer(conn, header, body)
+                try:
+                    reply = await self._answer(conn, header, body)
+                except ProtocolError as e:
+                    if e.answer and not wants_no_reply(header, body):
+                        writer.write(self._error_frame(header, e))
+                        await writer.drain()
+                    raise
                 if reply is not None:
                     writer.write(reply)
                     await writer.drain()
         except ProtocolError as e:
             self.protocol_errors += 1
-            log.info("wire: closing connection %d from %s: %s", conn.id, conn.peer, e.message)
+            log.info("wire: closing connection %d from %s: %s (%s)", conn.id, conn.peer, e.message, e.code_name)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
@@ -157,15 +208,12 @@ class WireServer:
         the connection must be closed."""
         request_id = header.request_id
         try:
-            message = parse_message(header, body)
+            message = parse_message(header, body, max_message_size=self.max_message_size)
         except ProtocolError as e:
             if e.close:
                 raise
             self.protocol_errors += 1
-            doc = error_reply(e.code, e.code_name, e.message)
-            if header.op_code == OP_QUERY:
-                return build_op_reply(self._reply_id(), request_id, [doc])
-            return build_op_msg(self._reply_id(), request_id, doc)
+            return None if wants_no_reply(header, body) else self._error_frame(header, e)
         if isinstance(message, OpReply):
             raise ProtocolError("a client sent OP_REPLY", close=True)
         if message.compressor is not None:
@@ -181,8 +229,18 @@ class WireServer:
             doc = await self._run(conn, cmd)
         if message.more_to_come:
             return None  # the sender wants no reply; errors are dropped (OP_MSG spec)
-        # exhaustAllowed: one reply without moreToCome is always allowed (OP_MSG spec).
-        return self._maybe_compress(conn, self._frame(build_op_msg, request_id, doc), message)
+        # exhaustAllowed: one reply without moreToCome is always allowed (OP_MSG spec).  A request
+        # that carried a checksum gets one back, as from mongod.
+        checksum = message.checksum is not None
+        return self._maybe_compress(conn, self._frame(build_op_msg, request_id, doc, checksum=checksum), message)
+
+    def _error_frame(self, header: Header, e: ProtocolError) -> bytes:
+        """MongoDB's error reply to a message that could not be parsed, in the reply format
+        its opcode expects (OP_REPLY for OP_QUERY)."""
+        doc = error_reply(e.code, e.code_name, e.message)
+        if header.op_code == OP_QUERY:
+            return build_op_reply(self._reply_id(), header.request_id, [doc])
+        return build_op_msg(self._reply_id(), header.request_id, doc)
 
     async def _op_query(self, conn: Connection, q: OpQuery) -> dict[str, Any]:
         db, dot, coll = q.full_collection_name.partition(".")
@@ -215,15 +273,15 @@ class WireServer:
             return frame
         return compress(frame, conn.compressor)
 
-    def _frame(self, build: Callable[..., bytes], request_id: int, doc: dict[str, Any]) -> bytes:
+    def _frame(self, build: Callable[..., bytes], request_id: int, doc: dict[str, Any], **kw: Any) -> bytes:
         """The reply frame; a reply BSON cannot carry (a handler's bug) becomes InternalError."""
         payload: Any = [doc] if build is build_op_reply else doc
         try:
-            return build(self._reply_id(), request_id, payload)
+            return build(self._reply_id(), request_id, payload, **kw)
         except Exception as e:
             log.exception("wire: reply to request %d cannot be encoded", request_id)
             error = error_reply(*numbered(ErrorCode.InternalError), f"reply cannot be encoded as BSON: {e}")
-            return build(self._reply_id(), request_id, [error] if build is build_op_reply else error)
+            return build(self._reply_id(), request_id, [error] if build is build_op_reply else error, **kw)
 
     def _reply_id(self) -> int:
         return next(self._request_ids) & 0x7FFFFFFF
