@@ -145,7 +145,7 @@ class OperationRouter:
                 except TimeoutError:
                     pass
             except QueryError as e:
-                raise CommandError(ErrorCode.BadValue, str(e)) from None
+                raise CommandError(e.code, str(e)) from None
         raise CommandError(
             ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
         )

@@ -298,7 +298,7 @@ class ShardDecider:
                 docs = (apply_projection(d, req.projection) for d in docs)
             return Decision([], self._batch(docs, req.batchSize, req.ns))
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
 
     def _batch(self, docs: Iterator[dict], size: int, ns: str = "", config_time: int | None = None) -> dict:
         """Up to `size` documents and MAX_BATCH_BYTES (at least one document); the rest stays
@@ -512,7 +512,7 @@ class ShardDecider:
                     event.skey
                 )
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
         return Decision(events, {"matched": matched, "modified": modified}), first
 
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
@@ -555,7 +555,7 @@ class ShardDecider:
                 apply_projection({}, req.fields)  # a bad projection is refused before writing
             decision, skey, image, last_error = self._find_and_modify(coll, req)
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
         self._executed(0, req.ns, skey, last_error, image)
         decision.result = _fam_reply(image, last_error, req.fields)
         return decision

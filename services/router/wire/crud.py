@@ -479,7 +479,7 @@ async def _find_docs(conn: Connection, record: s.Find) -> list[dict[str, Any]]:
             docs = docs[record.skip : record.skip + record.limit if record.limit else None]
             return [query.apply_projection(d, record.projection) for d in docs] if record.projection else docs
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
     return await _drain(conn, await _run(conn, record.model_copy(update={"batchSize": DRAIN_BATCH})))
 
 
@@ -532,7 +532,7 @@ async def _count(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         try:
             n = len(await _config_docs(conn, record.ns, record.filter))
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
     else:
         n = (await _run(conn, record))["n"]
     return {"n": counted(n, skip, limit)}
