@@ -99,12 +99,16 @@ class Connection:
     compressor: str | None = None  # negotiated: what the server compresses replies with
     opened: float = field(default_factory=time.monotonic)
     edge: RouterEdge | None = None  # the router's parts; None in the Kafka-less skeleton
+    command: str = ""  # the name of the command being answered
     operation_time: int = 0  # the command being answered: the largest operationTime of what it ran
 
     def cluster(self) -> RouterEdge:
         """The router's parts, for a command that needs the cluster."""
         if self.edge is None:
-            raise WireCommandError.of(ErrorCode.CommandNotFound, "this wire server is not attached to a cluster")
+            raise WireCommandError.of(
+                ErrorCode.CommandNotFound,
+                f"no such command: '{self.command}' (this wire server is not attached to a cluster)",
+            )
         return self.edge
 
 
@@ -151,7 +155,7 @@ class CommandTable:
             return error_reply(*MISSING_DB, "OP_MSG requests require a $db argument")
         if entry.admin_only and db != "admin":
             return error_reply(*UNAUTHORIZED, f"{name} may only be run against the admin database.")
-        conn.operation_time = 0
+        conn.command, conn.operation_time = name, 0
         try:
             if conn.edge is not None and "$clusterTime" in cmd:
                 # Gossip in once per command, before it runs: a refused time refuses the command.

@@ -299,17 +299,28 @@ def distinct_record(cmd: dict[str, Any]) -> tuple[s.Find, str]:
     return record, key
 
 
+def _leaves(value: Any, parts: list[str], out: list[Any]) -> None:
+    """The values at a dotted path, fanning out over arrays of subdocuments; a leaf array
+    gives its elements (MongoDB's distinct counts the elements, not the array)."""
+    if not parts:
+        out.extend(value if isinstance(value, list) else [value])
+    elif isinstance(value, dict):
+        if parts[0] in value:
+            _leaves(value[parts[0]], parts[1:], out)
+    elif isinstance(value, list):
+        for element in value:
+            if isinstance(element, dict):
+                _leaves(element, parts, out)
+
+
 def distinct_values(docs: list[dict[str, Any]], key: str) -> list[Any]:
-    """MongoDB's distinct: the values at `key` (an array's elements counted one by one; a
-    missing field counts nothing), each once by MongoDB equality, sorted."""
+    """MongoDB's distinct: the values at `key` (arrays unwound; a missing field counts
+    nothing), each once by MongoDB equality, in MongoDB order."""
     seen: dict[bytes, Any] = {}
     for doc in docs:
-        value = query.get_path(doc, key)
-        if value is query.MISSING:
-            continue
-        for v in value if isinstance(value, list) else [value]:
-            if v is query.MISSING:
-                continue
+        found: list[Any] = []
+        _leaves(doc, key.split("."), found)
+        for v in found:
             seen.setdefault(encode_value(v), v)
     return [seen[k] for k in sorted(seen)]
 
@@ -393,7 +404,9 @@ async def _run(conn: Connection, record: Any) -> dict[str, Any]:
         conn.operation_time = max(conn.operation_time, routing.operation_time())
 
 
-async def _statements(conn: Connection, records: list[Any], ordered: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def _statements(
+    conn: Connection, records: list[Any], ordered: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run a batch's statements one after another: (index, result) per success, writeErrors;
     ordered stops at the first error.  A command-level failure is raised as it is."""
     results: list[dict[str, Any]] = []
