@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 from bson import Int64, ObjectId
-from pymongo import DeleteOne, InsertOne, ReplaceOne, ReturnDocument, UpdateOne
+from pymongo import DeleteOne, InsertOne, ReplaceOne, ReturnDocument, UpdateOne, WriteConcern
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, WriteError
 
 from schemas import config as c
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -256,6 +257,12 @@ def test_find_options_and_the_config_database(data_cluster):
     assert bad.value.code == 2
     explained = db.command("explain", {"find": "sharded", "filter": {"_id": 3}})
     assert explained["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"
+    with pytest.raises(OperationFailure) as local:
+        db.client.local.oplog.find_one()
+    assert local.value.code == 20
+    # an unacknowledged write (OP_MSG moreToCome: no reply) is applied all the same
+    plain.with_options(write_concern=WriteConcern(w=0)).insert_one({"_id": "w0"})
+    wait_until(lambda: plain.find_one({"_id": "w0"}) is not None, 10, "the unacknowledged insert to apply")
     # config reads go through config_db.documents (filled by another module): at least they answer
     assert isinstance(list(db.client.config.shards.find()), list)
     assert db.client.config.chunks.estimated_document_count() >= 0

@@ -153,6 +153,8 @@ class CommandTable:
         db = cmd.get("$db")
         if not isinstance(db, str) or not db:
             return error_reply(*MISSING_DB, "OP_MSG requests require a $db argument")
+        if db == "local":  # mongos's own check, before any command runs
+            return error_reply(*numbered(ErrorCode.IllegalOperation), "Can't use 'local' database through mongos")
         if entry.admin_only and db != "admin":
             return error_reply(*UNAUTHORIZED, f"{name} may only be run against the admin database.")
         conn.command, conn.operation_time = name, 0
