@@ -8,6 +8,11 @@ another branch's work (`bson-wire`); the one ObjectId test is an xfail that flip
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
+
+import pymongo
 import pytest
 from bson import Int64, ObjectId
 from pymongo import DeleteOne, InsertOne, ReplaceOne, ReturnDocument, UpdateOne, WriteConcern
@@ -274,3 +279,88 @@ def test_object_ids_from_the_driver_round_trip(data_cluster):
     oid = coll.insert_one({"a": 1}).inserted_id
     assert isinstance(oid, ObjectId)
     assert coll.find_one({"_id": oid}) == {"_id": oid, "a": 1}
+
+
+class DroppingProxy:
+    """A TCP relay between a driver and the router that, once armed, forwards the next request
+    naming `command` and closes the client's connection instead of relaying the reply: the
+    router has applied the write, the driver sees a network error (as after a lost reply)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed: bytes | None = None
+        self.dropped = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, command: str) -> None:
+        self.armed = b"\x02" + command.encode() + b"\x00"  # the command's first element: a string
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _message(sock: socket.socket) -> bytes:
+        head = b""
+        while len(head) < 16:
+            chunk = sock.recv(16 - len(head))
+            if not chunk:
+                raise ConnectionError("closed")
+            head += chunk
+        body, want = b"", struct.unpack("<i", head[:4])[0] - 16
+        while len(body) < want:
+            chunk = sock.recv(want - len(body))
+            if not chunk:
+                raise ConnectionError("closed")
+            body += chunk
+        return head + body
+
+    def _relay(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        try:
+            while True:
+                request = self._message(client)
+                upstream.sendall(request)
+                reply = self._message(upstream)  # (no moreToCome requests in these tests)
+                if self.armed is not None and self.armed in request[16:64]:
+                    self.armed, self.dropped = None, self.dropped + 1
+                    return  # the reply is lost
+                client.sendall(reply)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            client.close()
+            upstream.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_the_drivers_own_retry_after_a_lost_reply_applies_once(data_cluster):
+    db, colls = _collections(data_cluster)
+    proxy = DroppingProxy(data_cluster.router.wire.port)
+    client = pymongo.MongoClient(
+        f"mongodb://127.0.0.1:{proxy.port}/", directConnection=True, serverSelectionTimeoutMS=10_000
+    )
+    try:
+        for name in ("plain", "sharded"):
+            coll = client.app[name]
+            proxy.arm("insert")
+            assert coll.insert_one({"_id": "r", "n": 0}).inserted_id == "r"  # not DuplicateKeyError
+            proxy.arm("update")
+            assert coll.update_one({"_id": "r"}, {"$inc": {"n": 1}}).modified_count == 1
+            proxy.arm("findAndModify")
+            assert coll.find_one_and_update({"_id": "r"}, {"$inc": {"n": 10}})["n"] == 1
+            proxy.arm("delete")
+            assert coll.delete_one({"_id": "gone"}).deleted_count == 0
+            assert coll.find_one({"_id": "r"}) == {"_id": "r", "n": 11}  # each applied once
+        assert proxy.dropped == 8
+    finally:
+        client.close()
+        proxy.close()
