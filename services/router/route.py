@@ -191,6 +191,15 @@ class OperationRouter:
                 f"for a read after {vclock.LogicalTime.unpack(after)}",
             ) from None
 
+    def begin_operation(self) -> None:
+        """A new client command starts (the wire edge: one task per connection runs many)."""
+        _operation_time.set([0])
+
+    def reached_time(self) -> int:
+        """The largest operationTime of the shards the last operation reached (0: none)."""
+        box = _operation_time.get()
+        return box[0] if box else 0
+
     def operation_time(self) -> int:
         """This operation's operationTime: the largest of the shards it reached, else our ClusterTime."""
         box = _operation_time.get()

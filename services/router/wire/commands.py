@@ -158,6 +158,8 @@ class CommandTable:
         if entry.admin_only and db != "admin":
             return error_reply(*UNAUTHORIZED, f"{name} may only be run against the admin database.")
         conn.command, conn.operation_time = name, 0
+        if conn.edge is not None:
+            conn.edge.routing.begin_operation()
         try:
             if conn.edge is not None and "$clusterTime" in cmd:
                 # Gossip in once per command, before it runs: a refused time refuses the command.
@@ -181,7 +183,8 @@ class CommandTable:
         if conn.edge is None:
             return reply
         routing = conn.edge.routing
-        reply["operationTime"] = reply_timestamp(conn.operation_time or routing.clock.cluster_time)
+        reached = max(conn.operation_time, routing.reached_time())
+        reply["operationTime"] = reply_timestamp(reached or routing.clock.cluster_time)
         reply["$clusterTime"] = reply_cluster_time(routing.signed_cluster_time())
         return reply
 

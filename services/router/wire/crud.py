@@ -401,7 +401,7 @@ async def _run(conn: Connection, record: Any) -> dict[str, Any]:
     try:
         return await routing.handle(record)
     finally:
-        conn.operation_time = max(conn.operation_time, routing.operation_time())
+        conn.operation_time = max(conn.operation_time, routing.reached_time())
 
 
 async def _statements(
