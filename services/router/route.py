@@ -146,12 +146,16 @@ class OperationRouter:
                 except TimeoutError:
                     pass
             except QueryError as e:
-                raise CommandError(ErrorCode.BadValue, str(e)) from None
+                raise CommandError(e.code, str(e)) from None
         raise CommandError(
             ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
         )
 
     # ------------------------------------------------------------ the clock
+
+    def gossip_in(self, raw: Any) -> None:
+        """A client's $clusterTime, for an edge that checks it once per command (the wire)."""
+        self._gossip_in(raw)
 
     def _gossip_in(self, raw: Any) -> None:
         """Advance to a client's $clusterTime: above ours only if signed by a key of the cluster,
@@ -187,6 +191,15 @@ class OperationRouter:
                 f"the router's catalog did not reach the end of config.events within {AFTER_CLUSTER_TIME_WAIT_S:g}s "
                 f"for a read after {vclock.LogicalTime.unpack(after)}",
             ) from None
+
+    def begin_operation(self) -> None:
+        """A new client command starts (the wire edge: one task per connection runs many)."""
+        _operation_time.set([0])
+
+    def reached_time(self) -> int:
+        """The largest operationTime of the shards the last operation reached (0: none)."""
+        box = _operation_time.get()
+        return box[0] if box else 0
 
     def operation_time(self) -> int:
         """This operation's operationTime: the largest of the shards it reached, else our ClusterTime."""
@@ -379,9 +392,10 @@ class OperationRouter:
         the shard key)."""
 
         def part(shard):
-            # A single-document write is statement 0 on every shard it tries: each records it, so
-            # a retry finds no match the first attempt did not.
-            return req.model_copy(update={"routing": self._routing(req.ns, shard), **_session_fields(req, [0])})
+            # A single-document write is the same statement (0, or its index in a wire batch) on every
+            # shard it tries: each records it, so a retry finds no match the first attempt did not.
+            stmt = getattr(req, "stmtId", 0)
+            return req.model_copy(update={"routing": self._routing(req.ns, shard), **_session_fields(req, [stmt])})
 
         if getattr(req, "multi", False):
             results = await self._ask_all([(shard, part(shard)) for shard in t.shards])
@@ -489,6 +503,13 @@ class OperationRouter:
         if rest:
             self.cursors[req.cursorId] = RouterCursor(rest, cur.created, cur.session)
         return {"docs": batch, "cursorId": req.cursorId if rest else 0, "cursorTopic": self.cursor_topic}
+
+    def kill_cursors(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """MongoDB's killCursors on this router's cursors: (killed, not found), in the order asked."""
+        killed, missing = [], []
+        for cid in ids:
+            (killed if self.cursors.pop(cid, None) is not None else missing).append(cid)
+        return killed, missing
 
     def _expire(self) -> None:
         now = time.monotonic()
