@@ -43,7 +43,11 @@ SOURCES = [HERE / "pom.xml", *sorted((HERE / "src").rglob("*.java"))]
 DEFAULT_URL = "mongodb://127.0.0.1:27017/ycsb?w=1"
 DEFAULT_DB = "shardlog.ycsb.MongoWireClient"
 DEFAULT_WORKLOAD = HERE / "workloads" / "workloada"
-JAVA_OPTS = os.environ.get("YCSB_JAVA_OPTS", "-Xms128m -Xmx512m").split()
+# The driver's own log (slf4j-simple, stderr): warnings and errors only; YCSB_JAVA_OPTS replaces it all.
+JAVA_OPTS = os.environ.get(
+    "YCSB_JAVA_OPTS",
+    "-Xms128m -Xmx512m -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dorg.slf4j.simpleLogger.showDateTime=true",
+).split()
 
 
 def cache_dir() -> Path:
