@@ -42,7 +42,7 @@ print-mongosh:
 # + demo cluster (config, 3 shards, router, balancer, range-deleter).  Starts whatever is not
 # running; every service resumes from its checkpoint.
 up: venv jars
-	$(PY) -m infra.cluster up --data $(DATA) $(if $(BROKERS),--brokers $(BROKERS))
+	$(PY) -m infra.cluster up --data $(DATA) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(ROUTERS),--routers $(ROUTERS))
 
 # Stop everything; every document, the catalog and the brokers' logs stay for the next `make up`.
 down:

@@ -113,11 +113,9 @@ def _statements(req: Any) -> int:
     return len(docs) if isinstance(docs, list) else 1
 
 
-def client_session(req: Any) -> RetryableWrite | None:
-    """A client's write: validated session fields; the write to record (stmtIds still empty:
-    the router assigns them), or None when it is not a retryable write."""
-    if getattr(req, "stmtIds", None) is not None:
-        raise CommandError(ErrorCode.BadValue, "stmtIds are assigned by the router; a client may not send them")
+def _session_of(req: Any) -> tuple[str, int] | None:
+    """(lsid, txnNumber) of a retryable write, None without a txnNumber; refuses a txnNumber
+    without an lsid and a multi write with one."""
     lsid = parse_lsid(getattr(req, "lsid", None))
     txn = parse_txn_number(getattr(req, "txnNumber", None))
     if txn is None:
@@ -128,20 +126,23 @@ def client_session(req: Any) -> RetryableWrite | None:
         # MongoDB's words for an update (a delete says limit=0).
         what = "limit=0" if req.type == "Delete" else "multi=true"
         raise CommandError(ErrorCode.InvalidOptions, f"Cannot use (or request) retryable writes with {what}")
-    return RetryableWrite(lsid, txn)
+    return lsid, txn
+
+
+def client_session(req: Any) -> RetryableWrite | None:
+    """A client's write: validated session fields; the write to record (stmtIds still empty:
+    the router assigns them), or None when it is not a retryable write."""
+    if getattr(req, "stmtIds", None) is not None:
+        raise CommandError(ErrorCode.BadValue, "stmtIds are assigned by the router; a client may not send them")
+    found = _session_of(req)
+    return RetryableWrite(*found) if found is not None else None
 
 
 def shard_session(req: Any) -> RetryableWrite | None:
     """A router's part for a shard: the write to record, or None (no lsid or no txnNumber)."""
-    lsid = parse_lsid(getattr(req, "lsid", None))
-    txn = parse_txn_number(getattr(req, "txnNumber", None))
-    if txn is None:
+    found = _session_of(req)
+    if found is None:
         if getattr(req, "stmtIds", None) is not None:
             raise CommandError(ErrorCode.BadValue, "stmtIds without a txnNumber")
         return None
-    if lsid is None:
-        raise CommandError(ErrorCode.InvalidOptions, "Transaction number requires a session ID to also be specified")
-    if getattr(req, "multi", False):
-        what = "limit=0" if req.type == "Delete" else "multi=true"
-        raise CommandError(ErrorCode.InvalidOptions, f"Cannot use (or request) retryable writes with {what}")
-    return RetryableWrite(lsid, txn, parse_stmt_ids(getattr(req, "stmtIds", None), _statements(req)))
+    return RetryableWrite(*found, parse_stmt_ids(getattr(req, "stmtIds", None), _statements(req)))

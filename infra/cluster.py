@@ -31,12 +31,20 @@ SHARDS = ("s0", "s1", "s2")
 KAFKA_PORT = int(os.environ.get("KAFKA_PORT", "9092"))  # the first broker's port, chosen when formatting
 
 
-def services() -> dict[str, list[str]]:
+ROUTER_PORT = int(os.environ.get("SHARDLOG_ROUTER_PORT", "27017"))  # the first router's wire port; 0: any free one
+
+
+def services(routers: int = 1) -> dict[str, list[str]]:
+    """Service name -> `python -m` arguments.  Router i listens on ROUTER_PORT + i (its own
+    port, as each mongos has); the first is `router`, the others `router-2`, `router-3`, ..."""
     out = {"config": ["services.config"]}
     out.update({f"shard-{s}": ["services.shard", "--shard-id", s] for s in SHARDS})
-    out.update(
-        {"router": ["services.router"], "balancer": ["services.balancer"], "range-deleter": ["services.range_deleter"]}
-    )
+    for i in range(routers):
+        port = str(ROUTER_PORT + i if ROUTER_PORT else 0)
+        out["router" if i == 0 else f"router-{i + 1}"] = ["services.router", "--port", port] + (
+            ["--instance", str(i + 1)] if i else []
+        )
+    out.update({"balancer": ["services.balancer"], "range-deleter": ["services.range_deleter"]})
     return out
 
 
@@ -110,7 +118,7 @@ def _why(log: Path, lines: int = 4) -> str:
     return "\n".join(f"    {line[:4000]}" for line in tail)
 
 
-def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 180.0) -> None:
+def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 180.0, routers: int = 1) -> None:
     data = data.resolve()
     t0 = time.monotonic()
     bootstrap = _bootstrap(data, brokers)
@@ -125,10 +133,14 @@ def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 18
     }
     asyncio.run(_ensure_core_topics(bootstrap, cluster))
     started: dict[str, tuple[int, float]] = {}
-    for name, argv in services().items():
+    uris: dict[str, str] = {}
+    for name, argv in services(routers).items():
         pidfile = data / "pids" / f"{name}.pid"
         if (pid := _pid(pidfile)) is not None:
-            print(f"  {name:14} already running (pid {pid})")
+            info = _ready(data, name, pid) or {}
+            if info.get("uri"):
+                uris[name] = info["uri"]
+            print(f"  {name:14} already running (pid {pid}{', ' + info['uri'] if info.get('uri') else ''})")
             continue
         (data / "services" / f"{name}.ready").unlink(missing_ok=True)
         with open(data / "logs" / f"{name}.log", "ab") as log:
@@ -165,11 +177,17 @@ def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 18
                 )
             time.sleep(0.1)
         at = f", ConfigTime {info['configTime']}" if "configTime" in info else ""
+        if info.get("uri"):
+            uris[name] = info["uri"]
+            at += f", {info['uri']}"
         print(f"  {name:14} ready (pid {pid}, {time.monotonic() - since:.1f}s{at})")
     asyncio.run(_add_shards(bootstrap, cluster))
     print(f"""
 shardlog cluster {cluster!r} is up in {time.monotonic() - t0:.1f}s: Kafka at {bootstrap}, config server,
-shards {", ".join(SHARDS)}, router, balancer, range-deleter.  Logs: {data / "logs"}
+shards {", ".join(SHARDS)}, {len(uris) or routers} router(s), balancer, range-deleter.  Logs: {data / "logs"}
+
+  MongoDB clients (pymongo, mongosh, drivers) connect to a router: {"  ".join(uris.values()) or "(see make status)"}
+  mongosh {next(iter(uris.values()), "mongodb://127.0.0.1:27017/")} --eval 'sh.status()'
 
   export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}
   .venv/bin/shardlog status
@@ -246,7 +264,8 @@ def reset(data: Path) -> None:
 def status(data: Path, as_json: bool) -> None:
     data = data.resolve()
     out = {"services": {}, "kafka": None}
-    for name in services():
+    extra = sorted(f.stem for f in (data / "pids").glob("router-*.pid")) if (data / "pids").exists() else []
+    for name in [*services(), *extra]:
         out["services"][name] = _pid(data / "pids" / f"{name}.pid")
     if _external() is None:
         st = subprocess.run(
@@ -271,10 +290,11 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=ROOT / ".shardlog")
     p.add_argument("--cluster", default=os.environ.get("SHARDLOG_CLUSTER", "shardlog"))
     p.add_argument("--brokers", type=int, help="local Kafka brokers, when the data directory is new (default 1)")
+    p.add_argument("--routers", type=int, default=1, help="routers to start, each on its own wire port (default 1)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     if a.action == "up":
-        up(a.data, a.cluster, a.brokers)
+        up(a.data, a.cluster, a.brokers, routers=a.routers)
     elif a.action == "down":
         down(a.data)
     elif a.action == "reset":

@@ -19,6 +19,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Every router a test starts (in process, as a child process or through `make up`) listens for
+# MongoDB clients on a free port, never on 27017: tests run side by side and next to a dev cluster.
+os.environ["SHARDLOG_ROUTER_PORT"] = "0"
+
 
 def pytest_collection_modifyitems(config, items):
     """The layout is the rule: tests/unit never needs a broker, tests/integration always does
@@ -267,6 +271,7 @@ class InProcessCluster:
         self.shards = {sid: ShardServer(settings, sid) for sid in shards}
         self.router = RouterServer(settings)
         self.tasks = []
+        self.clients: list = []  # pymongo clients from mongo_client()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.call(self._start())
@@ -292,6 +297,9 @@ class InProcessCluster:
             lambda: all(s.processor.active.is_set() for s in self.shards.values()), 60, "every shard active"
         )
         await async_wait_until(lambda: self.router.follower._tail is not None, 60, "the router to follow the catalog")
+        await async_wait_until(
+            lambda: self.router.wire is None or self.router.wire._server is not None, 60, "the router's wire edge"
+        )
 
     def command(self, cmd):
         """Send a config command and wait until the router and shards have seen its effect."""
@@ -322,10 +330,28 @@ class InProcessCluster:
 
         return self.call(go())
 
+    @property
+    def uri(self) -> str:
+        """The router's MongoDB connection string (pymongo, mongosh)."""
+        uri = self.router.mongodb_uri
+        assert uri is not None, "the router has no wire edge"
+        return uri
+
+    def mongo_client(self, **kw):
+        """A pymongo MongoClient on the router, closed by stop()."""
+        import pymongo
+
+        client = pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=10_000, **kw)
+        self.clients.append(client)
+        return client
+
     def served(self, kind: str, ns: str) -> dict:
         return {sid: s.decider.served[(kind, ns)] for sid, s in self.shards.items()}
 
     def stop(self):
+        for client in self.clients:
+            client.close()
+
         async def stop_all():
             for t in self.tasks:
                 t.cancel()

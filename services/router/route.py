@@ -468,6 +468,13 @@ class OperationRouter:
         self.cursors[cid] = RouterCursor(docs[n:], time.monotonic(), session)
         return {"docs": docs[:n], "cursorId": cid, "cursorTopic": self.cursor_topic, "shards": list(t.shards)}
 
+    def open_cursor(
+        self, docs: list[dict], batch_size: int, shards: tuple[str, ...] = (), session: str | None = None
+    ) -> dict:
+        """A cursor over results the router made itself (an aggregation's merge, the config
+        database): the first batch, and the rest for getMore, as find's."""
+        return self._first_batch(docs, batch_size, targeting.Targets(shards, "router", False), session)
+
     def get_more(self, req: s.GetMore) -> dict:
         cur = self.cursors.pop(req.cursorId, None)
         if cur is None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 import uuid
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -30,10 +32,23 @@ from schemas import shard as schema
 from schemas.reply import Reply
 from services.router.route import OperationRouter
 from services.router.sessions import LogicalSessionCache
+from services.router.wire.edge import RouterEdge
+from services.router.wire.server import DEFAULT_PORT, WireServer
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 256
+
+
+def wire_address(port: int | None = None, bind: str | None = None) -> tuple[str, int | None]:
+    """Where the router listens for MongoDB clients: the arguments, else SHARDLOG_ROUTER_BIND
+    (default 127.0.0.1) and SHARDLOG_ROUTER_PORT (default 27017; 0 picks a free port; "off"
+    runs the Kafka front alone)."""
+    host = bind if bind is not None else os.environ.get("SHARDLOG_ROUTER_BIND", "127.0.0.1")
+    if port is not None:
+        return host, port
+    raw = os.environ.get("SHARDLOG_ROUTER_PORT", str(DEFAULT_PORT))
+    return host, None if raw == "off" else int(raw)
 
 
 class Progress(ConsumerRebalanceListener):
@@ -71,7 +86,14 @@ class Progress(ConsumerRebalanceListener):
 
 
 class RouterServer:
-    def __init__(self, settings: ServiceSettings, instance: str | None = None):
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        instance: str | None = None,
+        *,
+        port: int | None = None,  # the wire port (see wire_address); tests pass 0
+        bind: str | None = None,
+    ):
         self.settings = settings
         self.instance = instance or uuid.uuid4().hex[:8]
         self.name = "router" if instance is None else f"router-{self.instance}"
@@ -88,6 +110,30 @@ class RouterServer:
             t, self.follower, self.requester, self.cursor_topic, self.sessions, clock=self.clock
         )
         self.served = 0
+        self.wire_host, wire_port = wire_address(port, bind)
+        self.wire: WireServer | None = None
+        if wire_port is not None:
+            self.wire = WireServer(
+                self.wire_host,
+                wire_port,
+                edge=RouterEdge(
+                    settings=settings,
+                    instance=self.instance,
+                    routing=self.routing,
+                    follower=self.follower,
+                    requester=self.requester,
+                    sessions=self.sessions,
+                    clock=self.clock,
+                    started=time.time(),
+                ),
+            )
+
+    @property
+    def mongodb_uri(self) -> str | None:
+        """The connection string of this router's wire edge, once it listens."""
+        if self.wire is None:
+            return None
+        return f"mongodb://{self.wire_host}:{self.wire.port}/"
 
     async def run(self) -> None:
         s, t = self.settings, self.settings.topics
@@ -112,7 +158,9 @@ class RouterServer:
                 cursors,
                 _,
             ):
-                report_ready(s, self.name, configTime=at, inbox=self.inbox)
+                if self.wire is not None:  # after the catalog: the first client sees routing tables
+                    await self.wire.start()
+                report_ready(s, self.name, configTime=at, inbox=self.inbox, uri=self.mongodb_uri)
                 cursor_task = supervised(
                     asyncio.create_task(self._serve(cursors, progress=None)), f"{self.name} cursors"
                 )
@@ -124,6 +172,8 @@ class RouterServer:
                     refresh.cancel()
         finally:
             clear_ready(s, self.name)
+            if self.wire is not None:
+                await self.wire.close()
             await asyncio.gather(
                 requests.stop(),
                 self.producer.stop(),

@@ -54,9 +54,7 @@ def test_a_causal_session_reads_its_write_through_a_router_that_is_behind(data_c
     async def scenario(cl: AsyncCluster):
         session = cl.start_session(causal_consistency=True)
         # The write goes through R1 (its own topic: whatever the group's assignment of router.requests).
-        await cl.call(
-            s.Insert(ns="fresh.c", docs=[{"_id": 1, "v": "mine"}]), topic=r1.cursor_topic, session=session
-        )
+        await cl.call(s.Insert(ns="fresh.c", docs=[{"_id": 1, "v": "mine"}]), topic=r1.cursor_topic, session=session)
         written = session.operation_time
         assert written and cl.cluster_time["signature"]["keyId"] > 0  # a signed $clusterTime came back
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_stop(data_cluster, r1_task), data_cluster.loop))

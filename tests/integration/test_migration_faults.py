@@ -96,22 +96,34 @@ class Cluster:
         return reply
 
 
-@pytest.fixture(scope="module")
-def procs(bootstrap, tmp_path_factory):
+def two_shard_cluster(bootstrap, data_dir, name: str, *setup) -> Cluster:
+    """Config server, shards s0 and s1 (donor and recipient), a router and the range deleter,
+    each its own process, on a fresh cluster `name`; `setup` commands go to the config server
+    before the shards start."""
     from libs import kafka
     from libs.topics import Topics
 
-    name = f"tf{next(_numbers)}{int(time.time()) % 100000}"
     asyncio.run(kafka.ensure_topics(bootstrap, Topics(name).core()))
-    settings = ServiceSettings(bootstrap, name, tmp_path_factory.mktemp("faults") / "data", session_timeout_ms=6000)
-    cl = Cluster(settings)
+    cl = Cluster(ServiceSettings(bootstrap, name, data_dir, session_timeout_ms=6000))
     cl.start("config")
     for sid in ("s0", "s1"):
         cl.config(c.AddShard(shard=sid))
-    cl.config(c.SetSetting(key="orphanCleanupDelaySecs", value=0))
-    cl.config(c.SetSetting(key="rangeDeleterBatchSize", value=40))
-    for name in ("donor", "recipient", "router", "range-deleter"):
-        cl.start(name)
+    for cmd in setup:
+        cl.config(cmd)
+    for service in ("donor", "recipient", "router", "range-deleter"):
+        cl.start(service)
+    return cl
+
+
+@pytest.fixture(scope="module")
+def procs(bootstrap, tmp_path_factory):
+    cl = two_shard_cluster(
+        bootstrap,
+        tmp_path_factory.mktemp("faults") / "data",
+        f"tf{next(_numbers)}{int(time.time()) % 100000}",
+        c.SetSetting(key="orphanCleanupDelaySecs", value=0),
+        c.SetSetting(key="rangeDeleterBatchSize", value=40),
+    )
     yield cl
     cl.stop_all()
 

@@ -21,11 +21,10 @@ import pytest
 
 from libs.client import AsyncCluster, ReturnDocument, ShardlogError
 from libs.requests import RequestTimeout
-from libs.service import ServiceSettings
 from schemas import config as c
 from schemas import shard as s
 from tests.conftest import async_wait_until, read_records, wait_until
-from tests.integration.test_migration_faults import Cluster
+from tests.integration.test_migration_faults import Cluster, two_shard_cluster
 
 pytestmark = pytest.mark.kafka
 
@@ -34,20 +33,13 @@ _numbers = itertools.count()
 
 @pytest.fixture(scope="module")
 def procs(bootstrap, tmp_path_factory):
-    from libs import kafka
-    from libs.topics import Topics
-
-    name = f"rw{next(_numbers)}{int(time.time()) % 100000}"
-    asyncio.run(kafka.ensure_topics(bootstrap, Topics(name).core()))
-    settings = ServiceSettings(bootstrap, name, tmp_path_factory.mktemp("rw") / "data", session_timeout_ms=6000)
-    cl = Cluster(settings)
-    cl.start("config")
-    for sid in ("s0", "s1"):
-        cl.config(c.AddShard(shard=sid))
-    cl.config(c.CreateDatabase(db="rw", primary="s0"))
-    cl.config(c.SetSetting(key="orphanCleanupDelaySecs", value=0))  # an aborted clone's orphans go at once
-    for name in ("donor", "recipient", "router", "range-deleter"):
-        cl.start(name)
+    cl = two_shard_cluster(
+        bootstrap,
+        tmp_path_factory.mktemp("rw") / "data",
+        f"rw{next(_numbers)}{int(time.time()) % 100000}",
+        c.CreateDatabase(db="rw", primary="s0"),
+        c.SetSetting(key="orphanCleanupDelaySecs", value=0),  # an aborted clone's orphans go at once
+    )
     yield cl
     cl.stop_all()
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from domain.protocol import ErrorCode
 from libs.commands import CommandError
@@ -31,6 +31,9 @@ from services.router.wire.frames import (
     MAX_MESSAGE_SIZE_BYTES,
     MAX_WRITE_BATCH_SIZE,
 )
+
+if TYPE_CHECKING:
+    from services.router.wire.edge import RouterEdge
 
 # What we tell drivers we are.  Wire version 25 is MongoDB 8.0 (the current long-term-support
 # release): every driver that can talk to 8.0 can talk to us, and nothing newer is promised.
@@ -94,6 +97,13 @@ class Connection:
     client: dict[str, Any] | None = None  # the handshake's client metadata
     compressor: str | None = None  # negotiated: what the server compresses replies with
     opened: float = field(default_factory=time.monotonic)
+    edge: RouterEdge | None = None  # the router's parts; None in the Kafka-less skeleton
+
+    def cluster(self) -> RouterEdge:
+        """The router's parts, for a command that needs the cluster."""
+        if self.edge is None:
+            raise WireCommandError.of(ErrorCode.CommandNotFound, "this wire server is not attached to a cluster")
+        return self.edge
 
 
 Handler = Callable[[Connection, dict[str, Any]], Awaitable[dict[str, Any]]]

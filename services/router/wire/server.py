@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from domain.protocol import ErrorCode
 from services.router.wire.commands import (
@@ -45,6 +45,9 @@ from services.router.wire.frames import (
     parse_message,
 )
 
+if TYPE_CHECKING:
+    from services.router.wire.edge import RouterEdge
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 27017
@@ -62,7 +65,9 @@ class WireServer:
         commands: CommandTable = SERVER_COMMANDS,
         compressors: tuple[str, ...] = (),  # offered in the handshake: "zlib", "noop" or none
         max_message_size: int = MAX_MESSAGE_SIZE_BYTES,
+        edge: RouterEdge | None = None,  # the router's parts: without, only server commands answer
     ) -> None:
+        self.edge = edge
         self.host, self._port = host, port
         self.commands = commands
         self.compressors = compressors
@@ -116,6 +121,7 @@ class WireServer:
             id=next(self._conn_ids),
             peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
             compressors=self.compressors,
+            edge=self.edge,
         )
         try:
             while True:
