@@ -163,8 +163,18 @@ class WireCluster:
     """config + 3 shards + router r1 (its wire edge on a free port) + the raw echo (tcp-front and
     3 backs), every one a process; `ycsb.usertable` sharded on hashed _id."""
 
-    def __init__(self, bootstrap: str, cluster: str, tmp: Path, chunks: int | None = None):
+    def __init__(
+        self,
+        bootstrap: str,
+        cluster: str,
+        tmp: Path,
+        chunks: int | None = None,
+        *,
+        raw: bool = True,
+        collections: tuple[str, ...] = (NS_COLL,),
+    ):
         self.bootstrap, self.cluster, self.tmp, self.chunks_wanted = bootstrap, cluster, tmp, chunks
+        self.raw, self.collections = raw, collections
         self.t = Topics(cluster)
         self.data, self.logs = tmp / "data", tmp / "logs"
         self.data.mkdir(parents=True)
@@ -178,7 +188,7 @@ class WireCluster:
             "PYTHONPATH": str(ROOT),
         }
         self.procs: dict[str, Proc] = {}
-        self.raw_backs = [f"{cluster}.raw.back{i}.requests" for i in range(len(SHARDS))]
+        self.raw_backs = [f"{cluster}.raw.back{i}.requests" for i in range(len(SHARDS))] if raw else []
         self.uri = ""
         self.raw_port = 0
         self.chunks = None
@@ -204,11 +214,11 @@ class WireCluster:
     async def start(self) -> None:
         t = self.t
         raw_topics = [
-            TopicSpec(t.inbox("raw-tcp-front"), config=SHORT_LIVED),
+            *([TopicSpec(t.inbox("raw-tcp-front"), config=SHORT_LIVED)] if self.raw else []),
             *(TopicSpec(b, config=SHORT_LIVED) for b in self.raw_backs),
             *(
                 TopicSpec(f"{self.cluster}.raw.back{i}.events", config={"cleanup.policy": "compact", **LARGE_RECORDS})
-                for i in range(len(SHARDS))
+                for i in range(len(self.raw_backs))
             ),
         ]
         await kafka.ensure_topics(
@@ -245,17 +255,29 @@ class WireCluster:
             self.chunks = reply.result["chunks"]
         shards = [self.spawn(f"shard-{s}", ["-m", "services.shard", "--shard-id", s]) for s in SHARDS]
         router = self.spawn("router-r1", ["-m", "services.router", "--instance", "r1"])
-        front = self.echo(
-            "echo-tcp-front", "tcp-front", "--backs", ",".join(self.raw_backs), "--inbox", t.inbox("raw-tcp-front")
+        fronts = (
+            [
+                self.echo(
+                    "echo-tcp-front",
+                    "tcp-front",
+                    "--backs",
+                    ",".join(self.raw_backs),
+                    "--inbox",
+                    t.inbox("raw-tcp-front"),
+                )
+            ]
+            if self.raw
+            else []
         )
-        await wait_ready([*shards, router, *backs, front], lambda p: "active" if p.name.startswith("shard") else None)
+        await wait_ready([*shards, router, *backs, *fronts], lambda p: "active" if p.name.startswith("shard") else None)
         await wait_group(self.bootstrap, f"{self.cluster}.router", 1)
         self.uri = router.info()["uri"]
-        self.raw_port = front.info()["port"]
+        self.raw_port = fronts[0].info()["port"] if fronts else 0
+        raw = f", raw tcp-front (port {self.raw_port}) + {len(backs)} echo backs" if self.raw else ""
         say(
-            f"  config, {len(SHARDS)} shards, router r1 ({self.uri}), raw tcp-front (port {self.raw_port}) + "
-            f"{len(backs)} echo backs up in {time.monotonic() - t0:.1f}s "
-            f"({self.chunks} chunks of {NS_DB}.{NS_COLL} over {len(SHARDS)} shards)"
+            f"  config, {len(SHARDS)} shards, router r1 ({self.uri}){raw} up in {time.monotonic() - t0:.1f}s "
+            f"({self.chunks} chunks each of {', '.join(NS_DB + '.' + c for c in self.collections)} "
+            f"over {len(SHARDS)} shards)"
         )
 
     def stop(self) -> None:
