@@ -70,7 +70,7 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
-test: venv jars
+test: venv jars ycsb-java
 	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
 # Pure logic, no broker: tests/unit (under a minute).
