@@ -71,7 +71,8 @@ class Runner:
         return [*SHARDLOG, "workload", *args, "--ns", f"{NS_DB}.{NS_COLL}", "--json"]
 
     def ycsb(self, phase: str, *args: str) -> list[str]:
-        return [*YCSB, phase, "--url", self.url, "-p", f"table={JAVA_COLL}", "--json", *args]
+        props = ["-p", f"table={JAVA_COLL}", "-p", "hdrhistogram.percentiles=50,95,99"]
+        return [*YCSB, phase, "--url", self.url, *props, "--json", *args]
 
 
 def finish(name: str, p: subprocess.Popen, log: Path) -> dict:
