@@ -87,7 +87,12 @@ __all__ = [
 
 
 class QueryError(ValueError):
-    """A malformed filter, sort, projection or update, or an update that cannot apply."""
+    """A malformed filter, sort, projection or update, or an update that cannot apply.
+    `code`: MongoDB's name for it (BadValue, or ImmutableField for an update of `_id`)."""
+
+    def __init__(self, message: str, code: str = "BadValue") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _Marker:
@@ -813,7 +818,9 @@ def _apply_operators(base: Document, update: Document, is_upsert_insert: bool) -
         if op != "$setOnInsert" or is_upsert_insert:
             _APPLY[op](result, parts, arg)
     if "_id" in base and ("_id" not in result or compare_values(result["_id"], base["_id"]) != 0):
-        raise QueryError("Performing an update on the path '_id' would modify the immutable field '_id'")
+        raise QueryError(
+            "Performing an update on the path '_id' would modify the immutable field '_id'", "ImmutableField"
+        )
     return result
 
 
@@ -825,7 +832,8 @@ def _replace(base: Document, replacement: Document) -> Document:
         elif compare_values(result["_id"], base["_id"]) != 0:
             raise QueryError(
                 "After applying the update, the (immutable) field '_id' was found to have "
-                f"been altered to _id: {_short(result['_id'])}"
+                f"been altered to _id: {_short(result['_id'])}",
+                "ImmutableField",
             )
     return _id_first(result)
 

@@ -110,6 +110,9 @@ class Update(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
+    # the statement's index in its client's batch (the wire protocol's update/delete command):
+    # its retryable-write statement id, which the router sends the shard in stmtIds
+    stmtId: int = Field(0, ge=0, le=2**31 - 1)
 
 
 class Delete(Record):
@@ -123,6 +126,9 @@ class Delete(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
+    # the statement's index in its client's batch (the wire protocol's update/delete command):
+    # its retryable-write statement id, which the router sends the shard in stmtIds
+    stmtId: int = Field(0, ge=0, le=2**31 - 1)
 
 
 class FindAndModify(Record):

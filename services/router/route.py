@@ -145,12 +145,16 @@ class OperationRouter:
                 except TimeoutError:
                     pass
             except QueryError as e:
-                raise CommandError(ErrorCode.BadValue, str(e)) from None
+                raise CommandError(e.code, str(e)) from None
         raise CommandError(
             ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
         )
 
     # ------------------------------------------------------------ the clock
+
+    def gossip_in(self, raw: Any) -> None:
+        """A client's $clusterTime, for an edge that checks it once per command (the wire)."""
+        self._gossip_in(raw)
 
     def _gossip_in(self, raw: Any) -> None:
         """Advance to a client's $clusterTime: above ours only if signed by a key of the cluster,
@@ -377,9 +381,10 @@ class OperationRouter:
         the shard key)."""
 
         def part(shard):
-            # A single-document write is statement 0 on every shard it tries: each records it, so
-            # a retry finds no match the first attempt did not.
-            return req.model_copy(update={"routing": self._routing(req.ns, shard), **_session_fields(req, [0])})
+            # A single-document write is the same statement (0, or its index in a wire batch) on every
+            # shard it tries: each records it, so a retry finds no match the first attempt did not.
+            stmt = getattr(req, "stmtId", 0)
+            return req.model_copy(update={"routing": self._routing(req.ns, shard), **_session_fields(req, [stmt])})
 
         if getattr(req, "multi", False):
             results = await self._ask_all([(shard, part(shard)) for shard in t.shards])
@@ -487,6 +492,13 @@ class OperationRouter:
         if rest:
             self.cursors[req.cursorId] = RouterCursor(rest, cur.created, cur.session)
         return {"docs": batch, "cursorId": req.cursorId if rest else 0, "cursorTopic": self.cursor_topic}
+
+    def kill_cursors(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """MongoDB's killCursors on this router's cursors: (killed, not found), in the order asked."""
+        killed, missing = [], []
+        for cid in ids:
+            (killed if self.cursors.pop(cid, None) is not None else missing).append(cid)
+        return killed, missing
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -109,6 +109,12 @@ class ShardDecider:
         finally:
             self._begun, self._statements = None, []
 
+    def _statement(self) -> int:
+        """The statement id of a single-statement write being decided (its index in a wire
+        batch of updates or deletes; 0 otherwise)."""
+        ids = self._begun.write.stmt_ids if self._begun is not None else ()
+        return ids[0] if ids else 0
+
     def _retried(self, stmt_id: int) -> s.Statement | None:
         """The recorded statement if the write being decided is a retry of an executed one."""
         return self._begun.executed.get(stmt_id) if self._begun is not None else None
@@ -292,7 +298,7 @@ class ShardDecider:
                 docs = (apply_projection(d, req.projection) for d in docs)
             return Decision([], self._batch(docs, req.batchSize, req.ns))
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
 
     def _batch(self, docs: Iterator[dict], size: int, ns: str = "", config_time: int | None = None) -> dict:
         """Up to `size` documents and MAX_BATCH_BYTES (at least one document); the rest stays
@@ -471,10 +477,11 @@ class ShardDecider:
     @on_request.register(s.Update)
     def update(self, req: s.Update) -> Decision:
         coll = self._placement(req.ns, req.routing)
-        if (done := self._retried(0)) is not None:
+        stmt = self._statement()
+        if (done := self._retried(stmt)) is not None:
             return Decision([], {**done.result, "retried": True})
         decision, skey = self._update(coll, req)
-        self._executed(0, req.ns, skey, dict(decision.result or {}))
+        self._executed(stmt, req.ns, skey, dict(decision.result or {}))
         return decision
 
     def _update(self, coll: Collection | None, req: s.Update) -> tuple[Decision, bytes | None]:
@@ -505,7 +512,7 @@ class ShardDecider:
                     event.skey
                 )
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
         return Decision(events, {"matched": matched, "modified": modified}), first
 
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
@@ -520,7 +527,8 @@ class ShardDecider:
     @on_request.register(s.Delete)
     def delete(self, req: s.Delete) -> Decision:
         coll = self._placement(req.ns, req.routing)
-        if (done := self._retried(0)) is not None:
+        stmt = self._statement()
+        if (done := self._retried(stmt)) is not None:
             return Decision([], {**done.result, "retried": True})
         events: list[s.DocumentRemoved] = []
         blocked = self._write_blocked(coll, req.ns)
@@ -531,7 +539,7 @@ class ShardDecider:
             if not req.multi:
                 break
         result = {"deleted": len(events)}
-        self._executed(0, req.ns, bytes.fromhex(events[0].skey) if events else None, result)
+        self._executed(stmt, req.ns, bytes.fromhex(events[0].skey) if events else None, result)
         return Decision(list(events), result)
 
     @on_request.register(s.FindAndModify)
@@ -547,7 +555,7 @@ class ShardDecider:
                 apply_projection({}, req.fields)  # a bad projection is refused before writing
             decision, skey, image, last_error = self._find_and_modify(coll, req)
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, str(e)) from None
+            raise CommandError(e.code, str(e)) from None
         self._executed(0, req.ns, skey, last_error, image)
         decision.result = _fam_reply(image, last_error, req.fields)
         return decision

@@ -3,3 +3,122 @@ shards ($match first, as a find filter) is pushed down, the rest runs on the rou
 merged stream (`domain/aggregation.py`, pure)."""
 
 from __future__ import annotations
+
+from typing import Any
+
+from bson.int64 import Int64
+
+from domain.aggregation import PipelineError, ShardPart, parse, run, split
+from domain.protocol import ErrorCode
+from schemas import shard as s
+from services.router.wire import config_db
+from services.router.wire.commands import SERVER_COMMANDS, Connection, WireCommandError
+from services.router.wire.edge import RouterEdge
+
+DEFAULT_BATCH_SIZE = 101  # MongoDB's first batch when cursor.batchSize is not given
+DRAIN_BATCH_SIZE = 10_000  # the router reads the shards' find in batches this large
+INVALID_BSON_FIELD_VALUE = (51024, "Location51024")
+
+
+def _batch_size(cmd: dict[str, Any]) -> int:
+    """cursor.batchSize, checked as MongoDB's IDL checks it."""
+    cursor = cmd.get("cursor")
+    if cursor is None:
+        if cmd.get("explain"):
+            return DEFAULT_BATCH_SIZE
+        raise WireCommandError.of(
+            ErrorCode.FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument"
+        )
+    if not isinstance(cursor, dict):
+        raise WireCommandError.of(
+            ErrorCode.TypeMismatch,
+            f"BSON field 'aggregate.cursor' is the wrong type '{type(cursor).__name__}', expected type 'object'",
+        )
+    size = cursor.get("batchSize", DEFAULT_BATCH_SIZE)
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        raise WireCommandError.of(
+            ErrorCode.TypeMismatch,
+            f"BSON field 'cursor.batchSize' is the wrong type '{type(size).__name__}', expected types '[long, int, "
+            "decimal, double]'",
+        )
+    if size < 0:
+        raise WireCommandError(
+            INVALID_BSON_FIELD_VALUE, f"BSON field 'batchSize' value must be >= 0, actual value '{size}'"
+        )
+    return int(size)
+
+
+def _stages(cmd: dict[str, Any]) -> Any:
+    if "pipeline" not in cmd:
+        raise WireCommandError.of(
+            ErrorCode.IDLFailedToParse, "BSON field 'aggregate.pipeline' is missing but a required field"
+        )
+    try:
+        return parse(cmd["pipeline"])
+    except PipelineError as e:
+        raise WireCommandError((e.code, e.code_name), e.message) from None
+
+
+async def _shard_docs(edge: RouterEdge, ns: str, part: ShardPart) -> tuple[list[dict[str, Any]], list[str]]:
+    """The shards' answer to the pushed-down part: one find through the router, drained."""
+    first = await edge.routing.handle(
+        s.Find(
+            ns=ns,
+            filter=part.filter,
+            sort=part.sort,
+            skip=part.skip,
+            limit=part.limit,
+            projection=part.projection,
+            batchSize=DRAIN_BATCH_SIZE,
+        )
+    )
+    docs, cursor = list(first["docs"]), first["cursorId"]
+    while cursor:
+        more = await edge.routing.handle(s.GetMore(cursorId=cursor, batchSize=DRAIN_BATCH_SIZE))
+        docs += more["docs"]
+        cursor = more["cursorId"]
+    return docs, list(first.get("shards", []))
+
+
+@SERVER_COMMANDS.register("aggregate")
+async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    db: str = cmd["$db"]
+    coll = cmd["aggregate"]
+    stages = _stages(cmd)
+    if not isinstance(coll, str):
+        if coll == 1 and not isinstance(coll, bool):
+            # Database-level aggregates ($currentOp, $listLocalSessions, ...) need stages we do not have.
+            first = stages[0].name if stages else "aggregate"
+            raise WireCommandError.of(
+                ErrorCode.InvalidNamespace, f"{{aggregate: 1}} is not valid for '{first}'; a collection is required."
+            )
+        raise WireCommandError.of(
+            ErrorCode.TypeMismatch,
+            "Invalid command format: the 'aggregate' field must specify a collection name or 1",
+        )
+    if not coll:
+        raise WireCommandError.of(ErrorCode.InvalidNamespace, f"Invalid namespace specified '{db}.'")
+    ns = f"{db}.{coll}"
+    batch_size = _batch_size(cmd)
+    shard_part, merge_part = split(stages)
+    edge = conn.cluster()
+    if cmd.get("explain"):
+        targets = (
+            [] if db == "config" else (await edge.routing.handle(s.Explain(ns=ns, filter=shard_part.filter)))["shards"]
+        )
+        return {
+            "mergeType": "mongos",
+            "splitPipeline": {"shardsPart": shard_part.as_pipeline(), "mergerPart": merge_part.as_pipeline()},
+            "shards": {shard: {} for shard in targets},
+        }
+    shards: list[str] = []
+    try:
+        if db == "config":  # the router's own catalog projection: the whole pipeline runs here
+            docs = run(stages, await config_db.documents(edge, coll))
+        else:
+            raw, shards = await _shard_docs(edge, ns, shard_part)
+            docs = merge_part.run(raw)
+    except PipelineError as e:
+        raise WireCommandError((e.code, e.code_name), e.message) from None
+    first = edge.routing.open_cursor(docs, batch_size, tuple(shards))
+    return {"cursor": {"firstBatch": first["docs"], "id": Int64(first["cursorId"]), "ns": ns}}

@@ -31,6 +31,7 @@ from services.router.wire.frames import (
     MAX_MESSAGE_SIZE_BYTES,
     MAX_WRITE_BATCH_SIZE,
 )
+from services.router.wire.gossip import reply_cluster_time, reply_timestamp, wire_cluster_time
 
 if TYPE_CHECKING:
     from services.router.wire.edge import RouterEdge
@@ -98,11 +99,16 @@ class Connection:
     compressor: str | None = None  # negotiated: what the server compresses replies with
     opened: float = field(default_factory=time.monotonic)
     edge: RouterEdge | None = None  # the router's parts; None in the Kafka-less skeleton
+    command: str = ""  # the name of the command being answered
+    operation_time: int = 0  # the command being answered: the largest operationTime of what it ran
 
     def cluster(self) -> RouterEdge:
         """The router's parts, for a command that needs the cluster."""
         if self.edge is None:
-            raise WireCommandError.of(ErrorCode.CommandNotFound, "this wire server is not attached to a cluster")
+            raise WireCommandError.of(
+                ErrorCode.CommandNotFound,
+                f"no such command: '{self.command}' (this wire server is not attached to a cluster)",
+            )
         return self.edge
 
 
@@ -147,21 +153,74 @@ class CommandTable:
         db = cmd.get("$db")
         if not isinstance(db, str) or not db:
             return error_reply(*MISSING_DB, "OP_MSG requests require a $db argument")
+        if db == "local":  # mongos's own check, before any command runs
+            return error_reply(*numbered(ErrorCode.IllegalOperation), "Can't use 'local' database through mongos")
         if entry.admin_only and db != "admin":
             return error_reply(*UNAUTHORIZED, f"{name} may only be run against the admin database.")
+        conn.command, conn.operation_time = name, 0
         try:
+            if conn.edge is not None and "$clusterTime" in cmd:
+                # Gossip in once per command, before it runs: a refused time refuses the command.
+                conn.edge.routing.gossip_in(wire_cluster_time(cmd["$clusterTime"]))
             reply = await entry.handler(conn, cmd)
+            reply = {**reply, "ok": 1.0} if "ok" not in reply else reply
         except WireCommandError as e:
-            return error_reply(e.code, e.code_name, e.message)
+            reply = error_reply(e.code, e.code_name, e.message)
         except CommandError as e:
             number, code_name = command_error_code(e.code)
-            return error_reply(number, code_name, e.message if code_name == e.code else f"{e.code}: {e.message}")
-        return {**reply, "ok": 1.0} if "ok" not in reply else reply
+            reply = error_reply(number, code_name, e.message if code_name == e.code else f"{e.code}: {e.message}")
+        if not reply["ok"] and retryable_write_error(name, cmd, reply["code"]):
+            reply["errorLabels"] = ["RetryableWriteError"]
+        return self._times(conn, reply)
+
+    @staticmethod
+    def _times(conn: Connection, reply: dict[str, Any]) -> dict[str, Any]:
+        """Every reply of a router on a cluster carries operationTime and $clusterTime, as the
+        Kafka front's replies do (docs/decisions/0014): the largest time of the shards the
+        command reached, else the router's ClusterTime; the ClusterTime signed."""
+        if conn.edge is None:
+            return reply
+        routing = conn.edge.routing
+        reply["operationTime"] = reply_timestamp(conn.operation_time or routing.clock.cluster_time)
+        reply["$clusterTime"] = reply_cluster_time(routing.signed_cluster_time())
+        return reply
+
+
+# Retryable writes (docs/decisions/0015): the commands, and the codes of failures a driver
+# retries with the same txnNumber (MongoDB's RetriableError category, and the network-like
+# failures of our own Kafka hops: a shard or Kafka that did not answer applied the statement
+# at most once, and the retry is answered from the shard's record if it did).
+RETRYABLE_WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify"})
+RETRYABLE_CODES = frozenset({6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436})
+
+
+def retryable_write_error(name: str, cmd: dict[str, Any], code: int) -> bool:
+    """Whether mongos labels this failure RetryableWriteError: a retryable write (a txnNumber
+    outside a transaction) that failed with a retryable code."""
+    return (
+        name in RETRYABLE_WRITE_COMMANDS
+        and cmd.get("txnNumber") is not None
+        and "startTransaction" not in cmd
+        and "autocommit" not in cmd
+        and code in RETRYABLE_CODES
+    )
+
+
+# Our codes whose MongoDB counterpart has another name: what mongos answers in their place.
+# A shard or Kafka that did not answer in time is mongos's NetworkTimeout to a shard host.
+WIRE_NAMES: dict[str, tuple[int, str]] = {
+    ErrorCode.DocumentTooLarge: (10334, "BSONObjectTooLarge"),
+    ErrorCode.ShardUnavailable: (89, "NetworkTimeout"),
+    ErrorCode.Timeout: (89, "NetworkTimeout"),
+    ErrorCode.KafkaUnavailable: (6, "HostUnreachable"),
+}
 
 
 def command_error_code(code: str) -> tuple[int, str]:
     """MongoDB's (number, name) for a `CommandError` code; shardlog's own codes (no number)
     go out as InternalError (our name leads the message), never as a made-up number."""
+    if code in WIRE_NAMES:
+        return WIRE_NAMES[code]
     try:
         known = ErrorCode(code)
     except ValueError:
@@ -182,10 +241,10 @@ SERVER_COMMANDS = CommandTable("router wire command")
 
 
 def hello_reply(conn: Connection, cmd: dict[str, Any], legacy: bool) -> dict[str, Any]:
-    """mongos's answer to hello / isMaster.  Not advertised: `logicalSessionTimeoutMinutes`
-    (sessions are not wired through yet: a driver told they exist would send lsid/txnNumber
-    and retry writes expecting exactly-once), `topologyVersion` (so drivers poll every 10 s
-    instead of streaming awaitable hellos), `saslSupportedMechs` (no authentication)."""
+    """mongos's answer to hello / isMaster.  `logicalSessionTimeoutMinutes` only on a cluster
+    (the Kafka-less skeleton keeps no sessions).  Not advertised: `topologyVersion` (so drivers
+    poll every 10 s instead of streaming awaitable hellos), `saslSupportedMechs` (no
+    authentication)."""
     first = not conn.handshake_done
     if "client" in cmd and not first:
         raise WireCommandError(
@@ -206,6 +265,11 @@ def hello_reply(conn: Connection, cmd: dict[str, Any], legacy: bool) -> dict[str
         maxWireVersion=MAX_WIRE_VERSION,
         readOnly=False,
     )
+    if conn.edge is not None:
+        # Sessions and retryable writes are honoured on a cluster (docs/decisions/0015).
+        reply["logicalSessionTimeoutMinutes"] = session_timeout_minutes(
+            conn.edge.follower.catalog.settings.logicalSessionTimeoutMinutes
+        )
     if first:
         conn.handshake_done = True
         client = cmd.get("client")
@@ -217,6 +281,12 @@ def hello_reply(conn: Connection, cmd: dict[str, Any], legacy: bool) -> dict[str
                 reply["compression"] = common
                 conn.compressor = common[0]
     return reply
+
+
+def session_timeout_minutes(minutes: float) -> int:
+    """hello's logicalSessionTimeoutMinutes is an int32: a setting below a minute says 1 (a
+    driver then expires its pooled sessions later than the cluster, which only costs a fresh lsid)."""
+    return max(1, int(minutes))
 
 
 @SERVER_COMMANDS.register("hello")
@@ -300,11 +370,6 @@ async def _get_log(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     if which not in ("global", "startupWarnings"):
         raise WireCommandError.of(ErrorCode.InvalidOptions, f"no RamLog named: {which}")
     return {"totalLinesWritten": 0, "log": []}
-
-
-@SERVER_COMMANDS.register("endSessions")
-async def _end_sessions(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
-    return {}  # no sessions are kept (none are advertised); MongoDB too answers ok for unknown ones
 
 
 @SERVER_COMMANDS.register("hostInfo", admin_only=True)
