@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars mongosh print-mongosh up down reset clean-data lint format test unit schemas bench status
+.PHONY: venv jars mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -70,7 +70,7 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
-test: venv jars
+test: venv jars ycsb-java
 	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
 # Pure logic, no broker: tests/unit (under a minute).
@@ -83,3 +83,11 @@ schemas: venv
 
 bench: venv jars
 	PY=$(PY) bash infra/with-kafka.sh bash -c 'for b in bench/bench_*.py; do echo "== $$b"; $(PY) "$$b" || exit 1; done'
+
+# YCSB's core workload engine (site.ycsb:core 0.17.0) + the MongoDB Java driver from Maven Central,
+# with our binding shardlog.ycsb.MongoWireClient (infra/ycsb/) built against them, into
+# ~/.cache/shardlog/ycsb-0.17.0-<digest of the pom and sources> like Kafka's jars: a second run (or
+# a run offline afterwards) is a no-op.  `python3 infra/ycsb/ycsb.py load|run --url mongodb://...`
+# runs site.ycsb.Client on it (see bench/README.md, "YCSB through the Java driver").
+ycsb-java:
+	$(PYTHON) infra/ycsb/ycsb.py fetch

@@ -1,8 +1,9 @@
-"""The raw request/reply echo of bench_e2e.py: two kinds of plain aiokafka
+"""The raw request/reply echo of bench_e2e.py and bench_wire.py: plain aiokafka
 processes with the same Kafka hops as a router in front of shards.
 
     python bench/_echo.py front --bootstrap B --requests A --backs B0,B1,B2 --inbox I --group G --ready F
     python bench/_echo.py back  --bootstrap B --requests Bi --events Ei --group Gi --ready F
+    python bench/_echo.py tcp-front --bootstrap B --backs B0,B1,B2 --inbox I --port P --ready F
 
 A request's value is `R<key>` (read) or `W<key>\\n<fields JSON>` (update).
 
@@ -15,6 +16,16 @@ back's reply on the inbox, then produce the reply bytes unchanged to the client'
 reply-to topic (not waiting for that ack); when the whole batch is answered,
 commit its offsets to the group.  That is the router's loop, minus decoding,
 targeting, pydantic and tracing.
+
+tcp-front (like a router's wire edge, for bench_wire.py): an asyncio TCP server (one task
+per connection, requests answered in order, one at a time, as a driver uses a connection)
+speaking a minimal framing: a request is a 4-byte big-endian length then the same `R…` /
+`W…` value; the reply is a 4-byte length then the back's reply bytes.  Per request: pick
+the back by crc32(key), produce the request there with reply-to = its inbox and a fresh
+correlation id, waiting for the ack, await the reply on the inbox, write it to the socket.
+Two Kafka hops per request (front -> back -> front), like router -> shard -> router; no
+decoding, no BSON.  Ready = {"pid": ..., "port": ...} once listening and the inbox is
+positioned (--port 0 picks a free port).
 
 back (like a shard's command processor): a member of consumer group Gi on Bi (one
 partition) with a transactional producer, transactional.id `Gi.0`.  Per fetched
@@ -126,6 +137,59 @@ async def front(a) -> None:
         await asyncio.gather(consumer.stop(), inbox_consumer.stop(), producer.stop(), return_exceptions=True)
 
 
+async def tcp_front(a) -> None:
+    backs = a.backs.split(",")
+    inbox_consumer = kafka.consumer(a.bootstrap, client_id="echo-tcp-front")
+    producer = kafka.producer(a.bootstrap, client_id="echo-tcp-front", linger_ms=0)
+    await asyncio.gather(inbox_consumer.start(), producer.start())
+    waiting: dict[bytes, asyncio.Future] = {}
+    itp = TopicPartition(a.inbox, 0)
+    inbox_consumer.assign([itp])
+    inbox_consumer.seek(itp, (await inbox_consumer.end_offsets([itp]))[itp])
+    inbox = a.inbox.encode()
+
+    async def read_inbox():
+        while True:
+            batch = await inbox_consumer.getmany(itp, timeout_ms=500)
+            for rec in batch.get(itp, []):
+                fut = waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)
+                if fut is not None and not fut.done():
+                    fut.set_result(rec.value)
+
+    async def forward(value: bytes) -> bytes:
+        back = backs[zlib.crc32(key_of(value)) % len(backs)]
+        c = uuid.uuid4().hex.encode()
+        fut = asyncio.get_running_loop().create_future()
+        waiting[c] = fut
+        await producer.send_and_wait(back, value, headers=[(REPLY_TO, inbox), (CORRELATION_ID, c)])
+        return await asyncio.wait_for(fut, 30)
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                n = int.from_bytes(await reader.readexactly(4), "big")
+                reply = await forward(await reader.readexactly(n))
+                writer.write(len(reply).to_bytes(4, "big") + reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    reader_task = asyncio.create_task(read_inbox())
+    server = await asyncio.start_server(connection, "127.0.0.1", a.port)
+    port = server.sockets[0].getsockname()[1]
+    tmp = Path(a.ready + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "port": port}))
+    tmp.replace(a.ready)
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        reader_task.cancel()
+        await asyncio.gather(inbox_consumer.stop(), producer.stop(), return_exceptions=True)
+
+
 async def back(a) -> None:
     tp = TopicPartition(a.requests, 0)
     consumer = kafka.consumer(a.bootstrap, group_id=a.group, client_id="echo-back")
@@ -170,11 +234,12 @@ async def back(a) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="raw aiokafka echo for bench_e2e.py")
-    p.add_argument("role", choices=["front", "back"])
+    p = argparse.ArgumentParser(description="raw aiokafka echo for bench_e2e.py and bench_wire.py")
+    p.add_argument("role", choices=["front", "back", "tcp-front"])
     p.add_argument("--bootstrap", required=True)
-    p.add_argument("--requests", required=True, help="the topic consumed")
-    p.add_argument("--group", required=True)
+    p.add_argument("--requests", help="front, back: the topic consumed")
+    p.add_argument("--group", help="front, back: the consumer group")
+    p.add_argument("--port", type=int, default=0, help="tcp-front: the TCP port (0: a free one)")
     p.add_argument("--ready", required=True)
     p.add_argument("--backs", help="front: the back topics, comma-separated")
     p.add_argument("--inbox", help="front: its reply inbox")
@@ -183,7 +248,8 @@ def main() -> None:
     a = p.parse_args()
 
     async def guarded():
-        task = asyncio.create_task(front(a) if a.role == "front" else back(a))
+        role = {"front": front, "back": back, "tcp-front": tcp_front}[a.role]
+        task = asyncio.create_task(role(a))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
