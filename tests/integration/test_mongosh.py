@@ -1,5 +1,5 @@
 """mongosh (MongoDB's shell, from the npm registry via `make mongosh`) against a live cluster:
-its sh.* helpers and, once find / aggregate are wired, sh.status() and CRUD.  Assertions are
+its sh.* helpers, sh.status() and CRUD.  Assertions are
 on what mongosh prints."""
 
 from __future__ import annotations
@@ -13,13 +13,6 @@ import pytest
 from tests.unit.test_wire_mongosh import _mongosh
 
 pytestmark = pytest.mark.kafka
-
-NEEDS_CRUD = pytest.mark.xfail(strict=False, reason="needs wire-crud/aggregate merge")
-# sh.status() also needs BSON values (ObjectId, Timestamp, datetime) through find / aggregate
-# on config.* (the query engine and cursors): bson-types / bson-wire.
-NEEDS_BSON = pytest.mark.xfail(
-    strict=False, reason="needs wire-crud/aggregate merge and BSON values in the query engine"
-)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +69,6 @@ def test_sh_helpers(mongosh, data_cluster):
     assert out.strip() == "23 AlreadyInitialized"
 
 
-@NEEDS_CRUD
 def test_sh_get_balancer_state(mongosh, data_cluster):
     # reads config.settings with find
     assert run(mongosh, data_cluster, "print(sh.getBalancerState())").strip() == "true"
@@ -84,7 +76,6 @@ def test_sh_get_balancer_state(mongosh, data_cluster):
     assert run(mongosh, data_cluster, "print(sh.getBalancerState())").strip() == "false"
 
 
-@NEEDS_BSON
 def test_sh_status_lists_shards_databases_and_chunks(mongosh, data_cluster):
     data_cluster.mongo_client().admin.command("shardCollection", "shop.orders", key={"o": 1})
     data_cluster.mongo_client().admin.command("split", "shop.orders", middle={"o": 50})
@@ -97,7 +88,6 @@ def test_sh_status_lists_shards_databases_and_chunks(mongosh, data_cluster):
     assert "min: { o: 50 }, max: { o: MaxKey() }, 'on shard': 's0'" in out, out
 
 
-@NEEDS_CRUD
 def test_crud_from_the_shell(mongosh, data_cluster):
     out = run(
         mongosh,

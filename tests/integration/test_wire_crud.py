@@ -2,19 +2,20 @@
 reads, cursors, write results and errors in the drivers' shapes, and sessions (retryable
 writes apply once; operationTime and $clusterTime advance).
 
-Documents carry explicit non-ObjectId `_id`s: BSON values through records and shards are
-another branch's work (`bson-wire`); the one ObjectId test is an xfail that flips with it.
+Most documents carry explicit `_id`s; the driver's own ObjectIds and other BSON types are
+checked to come back as the types they were written as.
 """
 
 from __future__ import annotations
 
+import datetime
 import socket
 import struct
 import threading
 
 import pymongo
 import pytest
-from bson import Int64, ObjectId
+from bson import Binary, Decimal128, Int64, ObjectId, Timestamp
 from pymongo import DeleteOne, InsertOne, ReplaceOne, ReturnDocument, UpdateOne, WriteConcern
 from pymongo.errors import BulkWriteError, DuplicateKeyError, OperationFailure, WriteError
 
@@ -273,12 +274,27 @@ def test_find_options_and_the_config_database(data_cluster):
     assert db.client.config.chunks.estimated_document_count() >= 0
 
 
-@pytest.mark.xfail(strict=True, reason="bson-wire: BSON values through records and shards")
-def test_object_ids_from_the_driver_round_trip(data_cluster):
-    coll = data_cluster.mongo_client().app.oids
+def test_bson_types_from_the_driver_round_trip(data_cluster):
+    coll = data_cluster.mongo_client(tz_aware=True).app.oids
     oid = coll.insert_one({"a": 1}).inserted_id
     assert isinstance(oid, ObjectId)
     assert coll.find_one({"_id": oid}) == {"_id": oid, "a": 1}
+    when = datetime.datetime(2026, 11, 24, 12, 30, 1, 250000, tzinfo=datetime.UTC)
+    typed = {
+        "_id": "typed",
+        "when": when,
+        "long": Int64(2**40),
+        "dec": Decimal128("1.10"),
+        "bin": Binary(b"\x00\xff", 128),  # subtype 0 decodes as bytes in pymongo
+        "ts": Timestamp(1_700_000_000, 7),
+        "nested": {"ids": [ObjectId(), ObjectId()]},
+    }
+    coll.insert_one(typed)
+    back = coll.find_one({"_id": "typed"})
+    assert back == typed
+    assert type(back["long"]) is Int64 and type(back["dec"]) is Decimal128 and type(back["ts"]) is Timestamp
+    # typed values compare as MongoDB compares them
+    assert coll.count_documents({"when": {"$gt": when - datetime.timedelta(seconds=1)}}) == 1
 
 
 class DroppingProxy:
