@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.bsonvalues import type_name as bson_type_name
 from domain.query import MISSING, QueryError, apply_projection, compile_filter, get_path, sort_key
 from domain.shardkey import INT64_MAX, INT64_MIN, ShardKeyError, encode_value
 
@@ -85,24 +86,8 @@ def _fail(code: int | tuple[int, str], message: str) -> PipelineError:
 
 
 def type_name(v: Any) -> str:
-    """MongoDB's name of a value's BSON type, for error messages."""
-    if v is MISSING:
-        return "missing"
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int" if -(2**31) <= v < 2**31 else "long"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, dict):
-        return "object"
-    if isinstance(v, list):
-        return "array"
-    return type(v).__name__
+    """MongoDB's name of a value's BSON type, for error messages ("missing" for no value)."""
+    return "missing" if v is MISSING else bson_type_name(v)
 
 
 def _is_number(v: Any) -> bool:

@@ -8,7 +8,11 @@ which services compare by identity.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+
+from bson import Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from bson.datetime_ms import DatetimeMS
 
 from domain.shardkey import MAX_KEY, MIN_KEY
 from schemas import bsonjson
@@ -20,6 +24,7 @@ __all__ = [
     "RecordFormError",
     "from_record",
     "to_record",
+    "type_name",
 ]
 
 
@@ -28,3 +33,36 @@ def from_record(value: Any) -> Any:
     MinKey / MaxKey as ``domain.shardkey``'s sentinels.  :class:`RecordFormError` for a
     malformed Extended JSON wrapper (``{"$oid": "zz"}``)."""
     return bsonjson.from_record(value, keys=(MIN_KEY, MAX_KEY))
+
+
+def type_name(value: Any) -> str:
+    """MongoDB's alias of a value's BSON type (as `$type` names it), for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, Int64):
+        return "long"
+    if isinstance(value, int):
+        return "int" if -(2**31) <= value < 2**31 else "long"
+    for kind, name in _TYPE_NAMES:
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (float, "double"),
+    (str, "string"),
+    (dict, "object"),
+    (list, "array"),
+    (ObjectId, "objectId"),
+    (datetime, "date"),
+    (DatetimeMS, "date"),
+    (Decimal128, "decimal"),
+    (Timestamp, "timestamp"),
+    (Regex, "regex"),
+    (MinKey, "minKey"),
+    (MaxKey, "maxKey"),
+    (bytes, "binData"),
+)

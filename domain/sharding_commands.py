@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from domain.bsonvalues import type_name
 from domain.catalog import Catalog, Chunk, Collection
 from domain.protocol import ErrorCode, check_db_name, check_shard_name
 from domain.settings import MB
@@ -77,24 +78,6 @@ def typed(cmd: Mapping[str, Any], field: str, kind: type | tuple[type, ...], wha
             ErrorCode.TypeMismatch, f"BSON field '{name}.{field}' is the wrong type '{type_name(v)}', expected {what}"
         )
     return v
-
-
-def type_name(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, dict):
-        return "object"
-    if isinstance(v, list):
-        return "array"
-    return type(v).__name__
 
 
 def namespace(cmd: Mapping[str, Any]) -> str:

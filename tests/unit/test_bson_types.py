@@ -636,3 +636,30 @@ def test_every_value_encodes_and_sizes(v: Any) -> None:
     assume(not isinstance(v, (dict, list)) or v)
     encode_value(v)
     doc_bytes({"v": v})
+
+
+def test_type_names_are_mongodbs_aliases():
+    import datetime as dt
+
+    from bson import Binary, Decimal128, Int64, ObjectId, Regex, Timestamp
+
+    from domain.bsonvalues import type_name
+
+    cases = [
+        (None, "null"),
+        (True, "bool"),
+        (1, "int"),
+        (2**31, "long"),
+        (Int64(1), "long"),
+        (1.5, "double"),
+        ("s", "string"),
+        (ObjectId(), "objectId"),
+        (dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "date"),
+        (Decimal128("1"), "decimal"),
+        (Timestamp(1, 1), "timestamp"),
+        (Regex("a"), "regex"),
+        (Binary(b"x", 4), "binData"),
+    ]
+    for value, name in cases:
+        assert type_name(value) == name, value
+    assert type_name({}) == "object" and type_name([]) == "array"

@@ -18,6 +18,7 @@ from typing import Any
 from bson import Int64
 
 from domain import query
+from domain.bsonvalues import type_name
 from domain.protocol import ErrorCode
 from domain.query import QueryError
 from domain.shardkey import encode_value
@@ -64,30 +65,10 @@ def session_fields(cmd: dict[str, Any], *, write: bool) -> dict[str, Any]:
 # ------------------------------------------------------------------ field checks (pure)
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, Int64):
-        return "long"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
 def _wrong_type(command: str, name: str, value: Any, expected: str) -> CommandError:
     return CommandError(
         ErrorCode.TypeMismatch,
-        f"BSON field '{command}.{name}' is the wrong type '{_type_name(value)}', expected type '{expected}'",
+        f"BSON field '{command}.{name}' is the wrong type '{type_name(value)}', expected type '{expected}'",
     )
 
 
@@ -134,7 +115,7 @@ def namespace(cmd: dict[str, Any]) -> str:
     name = next(iter(cmd))
     coll = cmd[name]
     if not isinstance(coll, str):
-        raise CommandError(ErrorCode.InvalidNamespace, f"collection name has invalid type {_type_name(coll)}")
+        raise CommandError(ErrorCode.InvalidNamespace, f"collection name has invalid type {type_name(coll)}")
     return f"{cmd['$db']}.{coll}"
 
 
