@@ -135,10 +135,7 @@ def _batch(cmd: dict[str, Any], command: str, name: str) -> list[Any]:
 
 def _reject_config_write(cmd: dict[str, Any], ns: str) -> None:
     if cmd["$db"] == "config":
-        raise CommandError(
-            ErrorCode.IllegalOperation,
-            f"cannot write to '{ns}': shardlog's config database is read-only (served from the router's catalog)",
-        )
+        raise config_db.refuse_write(ns.partition(".")[2])
 
 
 # ------------------------------------------------------------------ command -> record (pure)
