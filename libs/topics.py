@@ -113,6 +113,11 @@ class Topics:
         return self.inbox(f"shard-{shard}-sessions")
 
     @property
+    def ddl_inbox(self) -> str:
+        """Replies to the config server's DDL coordinators (from the shards and from itself)."""
+        return self.inbox("config-ddl")
+
+    @property
     def balancer_inbox(self) -> str:
         return self.inbox("balancer")
 

@@ -12,6 +12,21 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from schemas import Codec, Record
+from schemas.ddl import (
+    AdvanceDDL,
+    CollectionDropped,
+    CollectionRenamed,
+    DatabaseDropped,
+    DDLFinished,
+    DDLPhaseReached,
+    DDLStarted,
+    DropCollection,
+    DropDatabase,
+    GetDDL,
+    RefineCollectionShardKey,
+    RenameCollection,
+    ShardKeyRefined,
+)
 from schemas.bsonjson import RecordForm
 
 Bound = RecordForm  # a full shard-key document, Extended JSON (BSON values given are written as it)
@@ -239,7 +254,13 @@ ConfigCommand = Annotated[
     | CommitPrimaryMove
     | AbortPrimaryMove
     | MarkJumbo
-    | RotateClusterTimeKeys,
+    | RotateClusterTimeKeys
+    | DropCollection
+    | DropDatabase
+    | RenameCollection
+    | RefineCollectionShardKey
+    | AdvanceDDL
+    | GetDDL,
     Field(discriminator="type"),
 ]
 COMMANDS = (
@@ -264,6 +285,12 @@ COMMANDS = (
     AbortPrimaryMove,
     MarkJumbo,
     RotateClusterTimeKeys,
+    DropCollection,
+    DropDatabase,
+    RenameCollection,
+    RefineCollectionShardKey,
+    AdvanceDDL,
+    GetDDL,
 )
 
 # ------------------------------------------------------------------ events
@@ -307,6 +334,7 @@ class CollectionCreated(Record):
     v: Literal[1] = 1
     ts: int | None = None
     ns: str
+    uuid: str | None = None  # None in logs older than the field
 
 
 class CollectionSharded(Record):
@@ -502,7 +530,14 @@ ConfigEvent = Annotated[
     | PrimaryMoveRequested
     | PrimaryMoved
     | PrimaryMoveAborted
-    | ClusterTimeKeyCreated,
+    | ClusterTimeKeyCreated
+    | DDLStarted
+    | DDLPhaseReached
+    | DDLFinished
+    | CollectionDropped
+    | DatabaseDropped
+    | CollectionRenamed
+    | ShardKeyRefined,
     Field(discriminator="type"),
 ]
 EVENTS = (
@@ -527,6 +562,13 @@ EVENTS = (
     PrimaryMoved,
     PrimaryMoveAborted,
     ClusterTimeKeyCreated,
+    DDLStarted,
+    DDLPhaseReached,
+    DDLFinished,
+    CollectionDropped,
+    DatabaseDropped,
+    CollectionRenamed,
+    ShardKeyRefined,
 )
 
 commands: Codec[ConfigCommand] = Codec("config.commands", ConfigCommand, COMMANDS)

@@ -18,6 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas import Codec, Record
 from schemas.bsonjson import BsonDoc, BsonValue, RecordForm
+from schemas.ddl import (
+    DDLCriticalSectionRecorded,
+    DDLCriticalSectionRemoved,
+    DropLocalData,
+    EnterDDLCriticalSection,
+    ExitDDLCriticalSection,
+    LocalDataDropped,
+    RekeyLocalBatch,
+    RenameLocalBatch,
+)
 
 # Documents, filters, updates, sorts, projections and results: BSON values in memory, relaxed
 # Extended JSON in the record (docs/decisions/0016).
@@ -368,6 +378,8 @@ MIGRATION_REQUESTS = (
     SplitVector,
 )
 SESSION_REQUESTS = (ForgetSessions,)
+# A DDL coordinator's requests to the shards that take part (schemas/ddl.py).
+DDL_REQUESTS = (EnterDDLCriticalSection, ExitDDLCriticalSection, DropLocalData, RenameLocalBatch, RekeyLocalBatch)
 
 
 ShardRequest = Annotated[
@@ -394,7 +406,12 @@ ShardRequest = Annotated[
     | ListMigrations
     | DeleteRangeBatch
     | SplitVector
-    | ForgetSessions,
+    | ForgetSessions
+    | EnterDDLCriticalSection
+    | ExitDDLCriticalSection
+    | DropLocalData
+    | RenameLocalBatch
+    | RekeyLocalBatch,
     Field(discriminator="type"),
 ]
 REQUESTS = (
@@ -410,6 +427,7 @@ REQUESTS = (
     KillSessions,
     *MIGRATION_REQUESTS,
     *SESSION_REQUESTS,
+    *DDL_REQUESTS,
 )
 # What clients may send to a router (the rest is between services).
 
@@ -509,7 +527,10 @@ ShardEvent = Annotated[
     | MigrationRecorded
     | MigrationForgotten
     | RangeDeletionRecorded
-    | RangeDeletionRemoved,
+    | RangeDeletionRemoved
+    | DDLCriticalSectionRecorded
+    | DDLCriticalSectionRemoved
+    | LocalDataDropped,
     Field(discriminator="type"),
 ]
 EVENTS = (
@@ -520,6 +541,9 @@ EVENTS = (
     MigrationForgotten,
     RangeDeletionRecorded,
     RangeDeletionRemoved,
+    DDLCriticalSectionRecorded,
+    DDLCriticalSectionRemoved,
+    LocalDataDropped,
 )
 
 requests: Codec[ShardRequest] = Codec("shard.requests", ShardRequest, REQUESTS)
