@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.clock import ClusterTimeKey, VectorClock
+from domain.ddl import Coordinator, Phase, extend_bound
 from domain.settings import ClusterSettings, CollectionSettings
 from domain.shardkey import KeyPattern, from_ejson, to_ejson
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
@@ -24,6 +25,7 @@ from libs.dispatch import Dispatch
 from libs.store import Store
 from schemas import Record
 from schemas import config as ev
+from schemas import ddl as dd
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class Database:
     primary: str
     version: DatabaseVersion
     collections: set[str] = field(default_factory=set)  # tracked unsharded collections (full ns)
+    uuids: dict[str, str] = field(default_factory=dict)  # their uuids (none in logs older than them)
 
 
 on_event: Dispatch[Catalog, None] = Dispatch("catalog event")
@@ -186,6 +189,8 @@ class Catalog:
         self.config_ts = 0
         self.topology_ts = 0
         self.keys: dict[int, ClusterTimeKey] = {}  # cluster-time signing keys, every one ever made
+        self.ddl: dict[str, Coordinator] = {}  # running DDL coordinators, by id (domain/ddl.py)
+        self.ddl_outcomes: dict[str, dict[str, Any]] = {}  # finished ones: ok, code, reason, result
         self._vector_dirty = False
         self._changes: dict[bytes, bytes | None] = {}
 
@@ -203,6 +208,21 @@ class Catalog:
     def migration_of(self, shard: str) -> Migration | None:
         """The active migration (or primary move) this shard takes part in, if any."""
         return next((m for m in self.migrations.values() if shard in (m.donor, m.recipient)), None)
+
+    def ddl_holding(self, ns: str) -> Coordinator | None:
+        """The running DDL coordinator that holds `ns` (a namespace or a database), if any."""
+        return next((c for c in self.ddl.values() if c.covers(ns)), None)
+
+    def ddl_of_database(self, db: str) -> Coordinator | None:
+        """The running DDL coordinator of database `db` (one at a time per database)."""
+        return next((c for c in self.ddl.values() if c.db == db), None)
+
+    def uuid_of(self, ns: str) -> str | None:
+        """The uuid of a collection, sharded or tracked unsharded."""
+        if (coll := self.collections.get(ns)) is not None:
+            return coll.uuid
+        db = self.databases.get(ns.partition(".")[0])
+        return db.uuids.get(ns) if db is not None else None
 
     def zone_in_use(self, zone: str) -> bool:
         return any(z.zone == zone for c in self.collections.values() for z in c.zones)
@@ -258,7 +278,11 @@ class Catalog:
         for _k, v in store.scan(b"db/"):
             d = json.loads(v)
             self.databases[d["name"]] = Database(
-                d["name"], d["primary"], DatabaseVersion(d["uuid"], d["lastMod"]), set(d.get("collections", ()))
+                d["name"],
+                d["primary"],
+                DatabaseVersion(d["uuid"], d["lastMod"]),
+                set(d.get("collections", ())),
+                dict(d.get("uuids", {})),
             )
         for k, v in store.scan(b"coll/"):
             d = json.loads(v)
@@ -299,6 +323,11 @@ class Catalog:
         for k, v in store.scan(b"abort/"):
             d = json.loads(v)
             self.aborts[k[6:].decode()] = MigrationOutcome(False, d["code"], d["reason"])
+        for _k, v in store.scan(b"ddl/"):
+            c = Coordinator.from_record(json.loads(v))
+            self.ddl[c.id] = c
+        for k, v in store.scan(b"ddlout/"):
+            self.ddl_outcomes[k[7:].decode()] = json.loads(v)
         if (raw := store.get(b"settings")) is not None:
             self.settings = ClusterSettings.model_validate_json(raw)
         for _k, v in store.scan(b"ckey/"):
@@ -383,6 +412,7 @@ class Catalog:
                 "uuid": d.version.uuid,
                 "lastMod": d.version.last_mod,
                 "collections": sorted(d.collections),
+                "uuids": d.uuids,
             },
         )
 
@@ -390,6 +420,8 @@ class Catalog:
     def _on_CollectionCreated(self, e: ev.CollectionCreated) -> None:
         db = self.databases[e.ns.partition(".")[0]]
         db.collections.add(e.ns)
+        if e.uuid is not None:
+            db.uuids[e.ns] = e.uuid
         self._put_database(db)
 
     @on_event.register(ev.CollectionSharded)
@@ -401,6 +433,7 @@ class Catalog:
                 self._put(self._zone_key(e.ns, z.min_key), None)
         if (db := self.databases.get(e.ns.partition(".")[0])) is not None and e.ns in db.collections:
             db.collections.discard(e.ns)  # tracked as sharded from now on
+            db.uuids.pop(e.ns, None)
             self._put_database(db)
         coll = Collection(e.ns, KeyPattern.parse(e.key), e.unique, e.epoch, e.uuid)
         coll.replace_chunks(0, 0, [self._chunk(coll, d) for d in e.chunks])
@@ -534,6 +567,112 @@ class Catalog:
             data.pop(e.key) if e.value is None else data.__setitem__(e.key, e.value)
             coll.settings = CollectionSettings.model_validate(data)
             self._put_collection(coll)
+
+    # ------------------------------------------------------ DDL coordinators
+
+    @on_event.register(dd.DDLStarted)
+    def _on_DDLStarted(self, e: dd.DDLStarted) -> None:
+        c = self.ddl[e.id] = Coordinator.started(e)
+        self._put(b"ddl/" + e.id.encode(), c.state())
+
+    @on_event.register(dd.DDLPhaseReached)
+    def _on_DDLPhaseReached(self, e: dd.DDLPhaseReached) -> None:
+        c = self.ddl[e.id]
+        c.phase, c.code, c.reason = Phase(e.phase), e.code, e.reason
+        self._put(b"ddl/" + e.id.encode(), c.state())
+
+    @on_event.register(dd.DDLFinished)
+    def _on_DDLFinished(self, e: dd.DDLFinished) -> None:
+        c = self.ddl.pop(e.id)
+        self._put(b"ddl/" + e.id.encode(), None)
+        out = {**c.record(), "state": "done", "phase": "done", "ok": e.ok, "code": e.code, "reason": e.reason}
+        out["result"] = e.result
+        self.ddl_outcomes[e.id] = out
+        self._put(b"ddlout/" + e.id.encode(), out)
+
+    def _forget_collection(self, ns: str) -> None:
+        """`ns` gone from the catalog, sharded (with its chunks and zones) or tracked unsharded."""
+        if (coll := self.collections.pop(ns, None)) is not None:
+            for ch in coll.chunks:
+                self._put(self._chunk_key(ns, ch.min_key), None)
+            for z in coll.zones:
+                self._put(self._zone_key(ns, z.min_key), None)
+            self._put(b"coll/" + ns.encode(), None)
+        if (db := self.databases.get(ns.partition(".")[0])) is not None and ns in db.collections:
+            db.collections.discard(ns)
+            db.uuids.pop(ns, None)
+            self._put_database(db)
+
+    @on_event.register(dd.CollectionDropped)
+    def _on_CollectionDropped(self, e: dd.CollectionDropped) -> None:
+        self._forget_collection(e.ns)
+
+    @on_event.register(dd.DatabaseDropped)
+    def _on_DatabaseDropped(self, e: dd.DatabaseDropped) -> None:
+        for ns in [n for n in self.collections if n.partition(".")[0] == e.db]:
+            self._forget_collection(ns)
+        if self.databases.pop(e.db, None) is not None:
+            self._put(b"db/" + e.db.encode(), None)
+
+    def _replace_collection(
+        self, old: Collection, new: Collection, chunks: list[Chunk], zones: list[ZoneRange]
+    ) -> None:
+        self._forget_collection(old.ns)
+        new.replace_chunks(0, 0, chunks)
+        new.zones = sorted(zones, key=lambda z: z.min_key)
+        self.collections[new.ns] = new
+        self._put_collection(new)
+        for ch in new.chunks:
+            self._put_chunk(new.ns, ch, ch.doc())
+        for z in new.zones:
+            self._put(
+                self._zone_key(new.ns, z.min_key), {"min": to_ejson(z.min), "max": to_ejson(z.max), "zone": z.zone}
+            )
+
+    @on_event.register(dd.CollectionRenamed)
+    def _on_CollectionRenamed(self, e: dd.CollectionRenamed) -> None:
+        self._forget_collection(e.to)  # dropTarget (the decision checked it was asked for)
+        if (coll := self.collections.get(e.ns)) is not None:
+            epoch = e.epoch or coll.epoch
+            new = Collection(e.to, coll.pattern, coll.unique, epoch, coll.uuid, settings=coll.settings)
+            chunks = [
+                Chunk(
+                    c.min,
+                    c.max,
+                    c.min_key,
+                    c.max_key,
+                    c.shard,
+                    ChunkVersion(c.version.major, c.version.minor, epoch),
+                    c.jumbo,
+                )
+                for c in coll.chunks
+            ]
+            self._replace_collection(coll, new, chunks, list(coll.zones))
+            return
+        db = self.databases[e.ns.partition(".")[0]]
+        uuid = db.uuids.get(e.ns)
+        self._forget_collection(e.ns)
+        db.collections.add(e.to)
+        if uuid is not None:
+            db.uuids[e.to] = uuid
+        self._put_database(db)
+
+    @on_event.register(dd.ShardKeyRefined)
+    def _on_ShardKeyRefined(self, e: dd.ShardKeyRefined) -> None:
+        coll = self.collections[e.ns]
+        pattern = KeyPattern.parse(e.key)
+        added = pattern.fields[len(coll.pattern.fields) :]
+        new = Collection(e.ns, pattern, coll.unique, e.epoch, coll.uuid, settings=coll.settings)
+        chunks = []
+        for c in coll.chunks:
+            lo, hi = extend_bound(c.min, added), extend_bound(c.max, added)
+            version = ChunkVersion(c.version.major, c.version.minor, e.epoch)
+            chunks.append(Chunk(lo, hi, pattern.encode_bound(lo), pattern.encode_bound(hi), c.shard, version, c.jumbo))
+        zones = []
+        for z in coll.zones:
+            lo, hi = extend_bound(z.min, added), extend_bound(z.max, added)
+            zones.append(ZoneRange(lo, hi, pattern.encode_bound(lo), pattern.encode_bound(hi), z.zone))
+        self._replace_collection(coll, new, chunks, zones)
 
     # --------------------------------------------------------------- views
 

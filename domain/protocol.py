@@ -110,6 +110,7 @@ class ErrorCode(StrEnum):
     OperationFailed = ("OperationFailed", 96)
     ShutdownInProgress = ("ShutdownInProgress", 91)
     ConflictingOperationInProgress = ("ConflictingOperationInProgress", 117)
+    CommandFailed = ("CommandFailed", 125)
     NamespaceNotSharded = ("NamespaceNotSharded", 118)
     StaleEpoch = ("StaleEpoch", 150)
     ChunkTooBig = ("ChunkTooBig", 153)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from schemas import Codec, Record
+from schemas.bsonjson import RecordForm
 from schemas.ddl import (
     AdvanceDDL,
     CollectionDropped,
@@ -27,7 +28,6 @@ from schemas.ddl import (
     RenameCollection,
     ShardKeyRefined,
 )
-from schemas.bsonjson import RecordForm
 
 Bound = RecordForm  # a full shard-key document, Extended JSON (BSON values given are written as it)
 

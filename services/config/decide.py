@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, cast
 
-from domain import clock
+from domain import clock, ddl
 from domain.catalog import Catalog, Chunk, Collection, Migration, MigrationOutcome, Shard
 from domain.protocol import ErrorCode, check_db_name, check_shard_name, check_zone_name, split_ns
 from domain.settings import ClusterSettings, CollectionSettings, validated
@@ -34,6 +34,7 @@ from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from schemas import Record
 from schemas import config as c
+from schemas import ddl as d
 
 MAX_INITIAL_CHUNKS_PER_SHARD = 8192
 
@@ -78,7 +79,10 @@ def _shard(catalog: Catalog, shard: str) -> Shard:
 
 
 def _collection(catalog: Catalog, ns: str) -> Collection:
+    """The sharded collection `ns`, for a change of its chunks, zones or settings: none while a
+    DDL coordinator holds it."""
     split_ns(ns)
+    _not_in_ddl(catalog, ns)
     coll = catalog.collections.get(ns)
     if coll is None:
         raise CommandError(ErrorCode.NamespaceNotFound, f"collection {ns!r} is not sharded")
@@ -169,6 +173,7 @@ def _create_database_events(catalog: Catalog, db: str, primary: str | None) -> l
 @on_command.register(c.CreateDatabase)
 def create_database(catalog: Catalog, cmd: c.CreateDatabase) -> Decision:
     check_db_name(cmd.db)
+    _not_in_ddl(catalog, cmd.db)
     existing = catalog.databases.get(cmd.db)
     if existing is not None:
         if cmd.primary not in (None, existing.primary):
@@ -188,16 +193,18 @@ def create_collection(catalog: Catalog, cmd: c.CreateCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
     if cmd.ns in catalog.collections or (db in catalog.databases and cmd.ns in catalog.databases[db].collections):
         return Decision([], {"ns": cmd.ns, "created": False})
+    _not_in_ddl(catalog, cmd.ns)
     events: list[Record] = []
     if db not in catalog.databases:
         events += _create_database_events(catalog, db, None)
-    events.append(c.CollectionCreated(ns=cmd.ns))
+    events.append(c.CollectionCreated(ns=cmd.ns, uuid=new_uuid()))
     return Decision(events, {"ns": cmd.ns, "created": True})
 
 
 @on_command.register(c.ShardCollection)
 def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
+    _not_in_ddl(catalog, cmd.ns)
     if cmd.ns in catalog.collections:
         raise CommandError(ErrorCode.AlreadyInitialized, f"collection {cmd.ns!r} is already sharded")
     try:
@@ -520,6 +527,7 @@ def commit_migration(catalog: Catalog, cmd: c.CommitMigration) -> Decision:
     coll = catalog.collections.get(m.ns)
     if coll is None or coll.epoch != m.epoch:
         raise CommandError(ErrorCode.StaleEpoch, f"{m.ns} was dropped or resharded during migration {m.id}")
+    _not_in_ddl(catalog, m.ns)  # a DDL froze the collection's migrations: this one aborts
     if not coll.settings.allowMigrations:
         raise CommandError(
             ErrorCode.ConflictingOperationInProgress, f"migrations of {m.ns} were disallowed during {m.id}"
@@ -620,6 +628,11 @@ def move_primary(catalog: Catalog, cmd: c.MovePrimary) -> Decision:
     db = catalog.databases.get(cmd.db)
     if db is None:
         raise CommandError(ErrorCode.NamespaceNotFound, f"database {cmd.db!r} does not exist")
+    if (running := catalog.ddl_of_database(cmd.db)) is not None:
+        raise CommandError(
+            ErrorCode.ConflictingOperationInProgress,
+            f"{running.op} of {running.ns} ({running.id}) holds database {cmd.db}; try again when it is done",
+        )
     target = _shard(catalog, cmd.to)
     if db.primary == cmd.to:
         return Decision([], {"db": cmd.db, "moved": False, "reason": f"{cmd.to} is already the primary"})
@@ -653,6 +666,11 @@ def commit_primary_move(catalog: Catalog, cmd: c.CommitPrimaryMove) -> Decision:
         if outcome == "committed":
             return Decision([], {"id": cmd.id, "outcome": outcome})
         raise CommandError(ErrorCode.NoSuchMigration, f"primary move {cmd.id} is not active ({outcome or 'unknown'})")
+    if (running := catalog.ddl_of_database(m.ns)) is not None:
+        raise CommandError(
+            ErrorCode.ConflictingOperationInProgress,
+            f"{running.op} of {running.ns} ({running.id}) froze {m.ns}'s moves",
+        )
     db = catalog.databases[m.ns]
     v = moved_primary(db.version)
     return Decision(
@@ -687,3 +705,147 @@ def rotate_cluster_time_keys(catalog: Catalog, cmd: c.RotateClusterTimeKeys, now
         for key_id, expires in due
     ]
     return Decision(events, {"created": [e.keyId for e in events]})  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------- DDL coordinators
+
+
+def _not_in_ddl(catalog: Catalog, ns: str) -> None:
+    """Catalog changes to a namespace (or database) a DDL coordinator holds wait for it: the
+    caller retries (ConflictingOperationInProgress), as MongoDB's operations wait for the DDL lock."""
+    c = catalog.ddl_holding(ns)
+    if c is not None:
+        raise CommandError(
+            ErrorCode.ConflictingOperationInProgress,
+            f"{c.op} of {c.ns} ({c.id}, phase {c.phase}) holds {ns}; try again when it is done",
+        )
+
+
+def _exists(catalog: Catalog, ns: str) -> bool:
+    db = catalog.databases.get(ns.partition(".")[0])
+    return ns in catalog.collections or (db is not None and ns in db.collections)
+
+
+@on_command.register(d.DropCollection, d.DropDatabase, d.RenameCollection, d.RefineCollectionShardKey)
+def start_ddl(catalog: Catalog, cmd: Record, now: float | None = None) -> Decision:
+    """A DDL request: a new coordinator (its state document first), the running one joined, a
+    no-op, or refused — before anything is recorded."""
+    req = ddl.request_of(cmd)
+    running = catalog.ddl_of_database(req.locks[0])
+    reply: dict[str, Any] = {"op": req.op, "ns": req.ns}
+    if running is not None:
+        if running.same_request(req.op, req.ns, req.params):
+            return Decision([], {**reply, "id": running.id, "started": True, "joined": True})
+        raise CommandError(
+            ErrorCode.ConflictingOperationInProgress,
+            f"{running.op} of {running.ns} ({running.id}, phase {running.phase}) holds database "
+            f"{running.db}; one DDL runs at a time per database: try again when it is done",
+        )
+    if req.op == "dropCollection" and not _exists(catalog, req.ns):
+        return Decision([], {**reply, "id": None, "started": False, "dropped": False})  # MongoDB answers ok
+    if req.op == "dropDatabase" and req.ns not in catalog.databases:
+        return Decision([], {**reply, "id": None, "started": False, "dropped": False})
+    if req.op == "renameCollection":
+        _check_rename(catalog, req.ns, req.params["to"], req.params["dropTarget"])
+    if req.op == "refineCollectionShardKey":
+        _check_refine(catalog, req.ns, req.params["key"])
+    cid = new_uuid()
+    event = d.DDLStarted(
+        id=cid,
+        op=req.op,  # type: ignore[arg-type]
+        ns=req.ns,
+        params=req.params,
+        locks=req.locks,
+        phase=ddl.Phase.FREEZE,
+        shards=sorted(catalog.shards),
+        startedAt=time.time() if now is None else now,
+    )
+    return Decision([event], {**reply, "id": cid, "started": True, "joined": False})
+
+
+def _check_rename(catalog: Catalog, ns: str, to: str, drop_target: bool) -> None:
+    if not _exists(catalog, ns):
+        raise CommandError(ErrorCode.NamespaceNotFound, f"source namespace {ns} does not exist")
+    if _exists(catalog, to) and not drop_target:
+        raise CommandError(ErrorCode.NamespaceExists, f"target namespace {to} exists (use dropTarget to replace it)")
+
+
+def _check_refine(catalog: Catalog, ns: str, key: dict[str, Any]) -> KeyPattern:
+    coll = catalog.collections.get(ns)
+    if coll is None:
+        if _exists(catalog, ns):
+            raise CommandError(ErrorCode.NamespaceNotSharded, f"{ns} is not sharded: there is no shard key to refine")
+        raise CommandError(ErrorCode.NamespaceNotFound, f"collection {ns} does not exist")
+    return ddl.refined_pattern(coll.pattern, key)
+
+
+def _commit_events(catalog: Catalog, c: ddl.Coordinator) -> list[Record]:
+    """The catalog change at the coordinator's point of no return (re-checked: a DDL that can
+    no longer commit rolls back)."""
+    if c.op == "dropCollection":
+        return [d.CollectionDropped(ns=c.ns)] if _exists(catalog, c.ns) else []
+    if c.op == "dropDatabase":
+        return [d.DatabaseDropped(db=c.ns)] if c.ns in catalog.databases else []
+    if c.op == "renameCollection":
+        to = c.params["to"]
+        _check_rename(catalog, c.ns, to, c.params["dropTarget"])
+        epoch = new_epoch() if c.ns in catalog.collections else None
+        return [d.CollectionRenamed(ns=c.ns, to=to, epoch=epoch)]
+    pattern = _check_refine(catalog, c.ns, c.params["key"])
+    return [d.ShardKeyRefined(ns=c.ns, key=pattern.spec, epoch=new_epoch())]
+
+
+def _ddl_result(c: ddl.Coordinator) -> dict[str, Any]:
+    if c.op == "dropCollection":
+        return {"ns": c.ns, "dropped": True}
+    if c.op == "dropDatabase":
+        return {"db": c.ns, "dropped": True}
+    if c.op == "renameCollection":
+        return {"ns": c.ns, "to": c.params["to"]}
+    return {"ns": c.ns, "key": c.params["key"]}
+
+
+@on_command.register(d.AdvanceDDL)
+def advance_ddl(catalog: Catalog, cmd: d.AdvanceDDL) -> Decision:
+    """The coordinator's checkpoint (domain/ddl.py's table).  A checkpoint already recorded
+    answers with the phase the coordinator is in (a retry, or a restarted driver)."""
+    c = catalog.ddl.get(cmd.id)
+    if c is None:
+        if (out := catalog.ddl_outcomes.get(cmd.id)) is not None:
+            return Decision([], {"id": cmd.id, "phase": ddl.Phase.DONE, "ok": out["ok"]})
+        raise CommandError(ErrorCode.NoSuchKey, f"no DDL coordinator {cmd.id}")
+    try:
+        at, to = ddl.Phase(cmd.phase), ddl.Phase(cmd.to)
+    except ValueError:
+        raise CommandError(ErrorCode.BadValue, f"unknown DDL phase in {cmd.phase!r} -> {cmd.to!r}") from None
+    if c.phase != at:  # recorded already: say where the coordinator is
+        return Decision([], {"id": c.id, "phase": c.phase})
+    if to == ddl.Phase.ROLLBACK:
+        if not ddl.before_point_of_no_return(at):
+            raise CommandError(
+                ErrorCode.IllegalOperation, f"{c.id} is past its point of no return: it only goes forward"
+            )
+        event = d.DDLPhaseReached(id=c.id, phase=to, code=cmd.code, reason=cmd.reason)
+        return Decision([event], {"id": c.id, "phase": to})
+    if to != ddl.next_phase(at):
+        raise CommandError(ErrorCode.IllegalOperation, f"{c.id} is in phase {at}: the next is {ddl.next_phase(at)}")
+    if to == ddl.Phase.DONE:
+        if at == ddl.Phase.ROLLBACK:
+            done = d.DDLFinished(id=c.id, ok=False, code=c.code, reason=c.reason)
+        else:
+            done = d.DDLFinished(id=c.id, ok=True, result=_ddl_result(c))
+        return Decision([done], {"id": c.id, "phase": to, "ok": done.ok})
+    events: list[Record] = _commit_events(catalog, c) if to == ddl.POINT_OF_NO_RETURN else []
+    events.append(d.DDLPhaseReached(id=c.id, phase=to))
+    return Decision(events, {"id": c.id, "phase": to})
+
+
+@on_command.register(d.GetDDL)
+def get_ddl(catalog: Catalog, cmd: d.GetDDL) -> Decision:
+    if cmd.id is None:
+        return Decision([], {"running": [c.record() for c in catalog.ddl.values()]})
+    if (c := catalog.ddl.get(cmd.id)) is not None:
+        return Decision([], c.record())
+    if (out := catalog.ddl_outcomes.get(cmd.id)) is not None:
+        return Decision([], out)
+    return Decision([], {"id": cmd.id, "state": "unknown"})

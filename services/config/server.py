@@ -12,9 +12,11 @@ from domain.catalog import Catalog
 from libs import kafka
 from libs.commands import CommandProcessor
 from libs.projection import Projection
+from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
 from schemas import config as schema
+from services.config.coordinator import DDLDriver
 from services.config.decide import decide
 
 NAME = "config"
@@ -49,6 +51,13 @@ class ConfigServer:
             clock=self.clock,
         )
         self.instance = instance
+        self.ddl = DDLDriver(
+            bootstrap=settings.bootstrap,
+            topics=t,
+            catalog=self.catalog,
+            requester=Requester(settings.bootstrap, t.ddl_inbox, client_id=f"{NAME}-ddl", clock=self.clock),
+            active=self.processor.active,
+        )
 
     def _report(self, role: str) -> None:
         report_ready(self.settings, self.ready_name, role=role, configTime=self.projection.position)
@@ -64,11 +73,13 @@ class ConfigServer:
         # Ready = replayed and in the group; active or standing by.
         report_ready(self.settings, self.ready_name, role="standby", configTime=at)
         keys = supervised(asyncio.create_task(self._rotate_keys()), f"{NAME} key rotation")
+        ddl = supervised(asyncio.create_task(self.ddl.run()), f"{NAME} DDL coordinators")
         try:
             await self.processor.run()
         finally:
             keys.cancel()
-            await asyncio.gather(keys, return_exceptions=True)
+            ddl.cancel()
+            await asyncio.gather(keys, ddl, return_exceptions=True)
             clear_ready(self.settings, self.ready_name)
             await self.projection.stop()
             self.store.close()

@@ -161,6 +161,13 @@ def test_every_command_has_a_decision():
         c.AbortPrimaryMove: None,  # below
         c.MarkJumbo: c.MarkJumbo(ns="d.x", min={"k": MINK}),
         c.RotateClusterTimeKeys: c.RotateClusterTimeKeys(),  # makes the first two keys
+        # The DDL coordinators' commands: tests/unit/test_ddl_coordinator.py
+        c.DropCollection: None,
+        c.DropDatabase: None,
+        c.RenameCollection: None,
+        c.RefineCollectionShardKey: None,
+        c.AdvanceDDL: None,
+        c.GetDDL: c.GetDDL(),
     }
     assert set(samples) == set(c.COMMANDS)
     for cmd in samples.values():

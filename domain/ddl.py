@@ -1,0 +1,207 @@
+"""The DDL coordinator (seed 001, "Sharding DDL Coordinator"; docs/decisions/0018): one state
+machine for every DDL — dropCollection, dropDatabase, renameCollection, refineCollectionShardKey.
+
+The state document is `DDLStarted` in `config.events`; every checkpoint is `DDLPhaseReached`;
+completion is `DDLFinished`, which releases the locks.  All three are folded by the catalog, so
+a restarted (or standby) config server finds every unfinished coordinator at the phase it had
+checkpointed and runs that phase again: each phase's work is idempotent.
+
+    phase              expects (entering it)                   work (then AdvanceDDL to the next)
+    freezeMigrations   the database's lock held (DDLStarted)   wait until no migration of the locked
+                                                               namespaces runs (the catalog refuses
+                                                               new ones and their commits)
+    blockCRUD          no migration of the namespaces          every shard enters a critical section:
+                                                               CRUD on the namespaces waits
+    commit             CRUD blocked everywhere                 nothing: the advance to applyOnShards
+                                                               carries the catalog change, in the
+                                                               same transaction (point of no return)
+    applyOnShards      the catalog changed                     every shard drops / renames / rekeys
+                                                               its documents
+    releaseCRUD        the shards' documents match             every shard leaves the critical section
+    done               (DDLFinished: the locks released, in reverse order)
+    rollback           before the point of no return, an       every shard leaves the critical section,
+                       error the coordinator cannot retry      then DDLFinished with the error
+
+Pure: the catalog and a request in, events (or a CommandError) out.  The async driver that does
+each phase's work is services/config/coordinator.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from domain.protocol import ErrorCode, check_db_name, split_ns
+from domain.shardkey import MAX_KEY, MIN_KEY, InvalidKeyPattern, KeyPattern
+from libs.commands import CommandError
+from schemas import Record
+from schemas import ddl as d
+
+
+class Phase(StrEnum):
+    FREEZE = "freezeMigrations"
+    BLOCK_CRUD = "blockCRUD"
+    COMMIT = "commit"
+    APPLY = "applyOnShards"
+    RELEASE = "releaseCRUD"
+    DONE = "done"
+    ROLLBACK = "rollback"
+
+
+ORDER = [Phase.FREEZE, Phase.BLOCK_CRUD, Phase.COMMIT, Phase.APPLY, Phase.RELEASE, Phase.DONE]
+POINT_OF_NO_RETURN = Phase.APPLY  # reached: the catalog has changed, the DDL only goes forward
+
+
+def next_phase(phase: Phase) -> Phase:
+    if phase == Phase.ROLLBACK:
+        return Phase.DONE
+    return ORDER[ORDER.index(phase) + 1]
+
+
+def before_point_of_no_return(phase: Phase) -> bool:
+    return phase in (Phase.FREEZE, Phase.BLOCK_CRUD, Phase.COMMIT)
+
+
+@dataclass
+class Coordinator:
+    """A running DDL coordinator: its state document and the phase it last checkpointed."""
+
+    id: str
+    op: str
+    ns: str  # the namespace; the database for dropDatabase
+    params: dict[str, Any]
+    locks: list[str]  # the database, then the namespaces
+    phase: Phase
+    shards: list[str]
+    started_at: float
+    code: str | None = None  # why it rolls back
+    reason: str | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def db(self) -> str:
+        return self.locks[0]
+
+    def namespaces(self) -> list[str]:
+        """The collections it changes (empty for dropDatabase: the whole database)."""
+        return self.locks[1:]
+
+    def covers(self, ns: str) -> bool:
+        """Does this coordinator hold `ns` (a namespace, or a database name)?"""
+        if "." not in ns:
+            return ns == self.db
+        return ns in self.locks[1:] or (self.op == "dropDatabase" and ns.partition(".")[0] == self.db)
+
+    def same_request(self, op: str, ns: str, params: dict[str, Any]) -> bool:
+        return (self.op, self.ns, self.params) == (op, ns, params)
+
+    def record(self) -> dict[str, Any]:
+        """As GetDDL and the status commands show it."""
+        return {
+            "id": self.id,
+            "op": self.op,
+            "ns": self.ns,
+            "params": self.params,
+            "state": "running",
+            "phase": str(self.phase),
+            "shards": self.shards,
+            "startedAt": self.started_at,
+            **({"code": self.code, "reason": self.reason} if self.phase == Phase.ROLLBACK else {}),
+        }
+
+    def state(self) -> dict[str, Any]:
+        """The persisted state document (the config server's store: restarts without replay)."""
+        return {
+            "id": self.id,
+            "op": self.op,
+            "ns": self.ns,
+            "params": self.params,
+            "locks": self.locks,
+            "phase": str(self.phase),
+            "shards": self.shards,
+            "startedAt": self.started_at,
+            "code": self.code,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> Coordinator:
+        return cls(
+            r["id"],
+            r["op"],
+            r["ns"],
+            r["params"],
+            r["locks"],
+            Phase(r["phase"]),
+            r["shards"],
+            r["startedAt"],
+            r.get("code"),
+            r.get("reason"),
+        )
+
+    @classmethod
+    def started(cls, e: d.DDLStarted) -> Coordinator:
+        return cls(e.id, e.op, e.ns, dict(e.params), list(e.locks), Phase(e.phase), list(e.shards), e.startedAt)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A client's DDL request, normalised: what joins a running coordinator is the same op on
+    the same namespace with the same params."""
+
+    op: str
+    ns: str
+    params: dict[str, Any]
+    locks: list[str]
+
+
+def request_of(cmd: Record) -> Request:
+    """The request a DDL command asks for, with its names checked (InvalidNamespace)."""
+    if isinstance(cmd, d.DropCollection):
+        db, _ = split_ns(cmd.ns)
+        return Request("dropCollection", cmd.ns, {}, [db, cmd.ns])
+    if isinstance(cmd, d.DropDatabase):
+        check_db_name(cmd.db)
+        return Request("dropDatabase", cmd.db, {}, [cmd.db])
+    if isinstance(cmd, d.RenameCollection):
+        db, _ = split_ns(cmd.ns)
+        to_db, _ = split_ns(cmd.to)
+        if to_db != db:
+            raise CommandError(
+                ErrorCode.CommandFailed,
+                f"source and destination collections must be on the same database ({cmd.ns} -> {cmd.to})",
+            )
+        if cmd.to == cmd.ns:
+            raise CommandError(ErrorCode.IllegalOperation, f"cannot rename {cmd.ns} to itself")
+        return Request("renameCollection", cmd.ns, {"to": cmd.to, "dropTarget": cmd.dropTarget}, [db, cmd.ns, cmd.to])
+    if isinstance(cmd, d.RefineCollectionShardKey):
+        db, _ = split_ns(cmd.ns)
+        return Request("refineCollectionShardKey", cmd.ns, {"key": dict(cmd.key)}, [db, cmd.ns])
+    raise CommandError(ErrorCode.CommandNotFound, f"{cmd.type} is not a DDL")
+
+
+def refined_pattern(old: KeyPattern, spec: dict[str, Any]) -> KeyPattern:
+    """The refined key, checked: a valid pattern that extends `old` with at least one field
+    (InvalidOptions otherwise, as MongoDB answers)."""
+    try:
+        new = KeyPattern.parse(spec)
+    except InvalidKeyPattern as e:
+        raise CommandError(ErrorCode.InvalidOptions, f"invalid shard key: {e}") from None
+    old_items, new_items = list(old.spec.items()), list(new.spec.items())
+    if len(new_items) <= len(old_items) or new_items[: len(old_items)] != old_items:
+        raise CommandError(
+            ErrorCode.InvalidOptions,
+            f"the new shard key {new.spec} must extend the current one {old.spec} with at least one field",
+        )
+    return new
+
+
+def extend_bound(bound: dict[str, Any], new_fields: Sequence[str]) -> dict[str, Any]:
+    """A chunk or zone bound of the old key as a bound of the refined key: MinKey for the new
+    fields (seed 001's version table: refining keeps every chunk, bounds extended), except the
+    global max, which stays the global max (MaxKey in every field), so the chunks still cover
+    the whole key space."""
+    fill = MAX_KEY if bound and all(v == MAX_KEY for v in bound.values()) else MIN_KEY
+    return {**bound, **{f: fill for f in new_fields}}
