@@ -174,7 +174,7 @@ def test_every_command_has_a_decision():
         if cmd is None:
             continue
         events, result = ok(cat, cmd)
-        assert events or cmd.type == "GetMigration", f"{cmd.type} decided nothing"
+        assert events or cmd.type in ("GetMigration", "GetDDL"), f"{cmd.type} decided nothing"
     (mid,) = cat.migrations
     events, _ = ok(cat, c.CommitMigration(id=mid, min={"k": MINK}, max={"k": MAXK}))
     assert events
