@@ -28,6 +28,7 @@ each phase's work is services/config/coordinator.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -205,3 +206,16 @@ def extend_bound(bound: dict[str, Any], new_fields: Sequence[str]) -> dict[str, 
     the whole key space."""
     fill = MAX_KEY if bound and all(v == MAX_KEY for v in bound.values()) else MIN_KEY
     return {**bound, **{f: fill for f in new_fields}}
+
+
+DDL_LOCK_WAIT_S = 30.0
+
+
+def ddl_lock_wait() -> float:
+    """How long a caller waits for a database's DDL lock (a running coordinator) before giving
+    up with ConflictingOperationInProgress: SHARDLOG_DDL_LOCK_WAIT seconds (default 30)."""
+    raw = os.environ.get("SHARDLOG_DDL_LOCK_WAIT", "")
+    try:
+        return max(0.0, float(raw)) if raw else DDL_LOCK_WAIT_S
+    except ValueError:
+        return DDL_LOCK_WAIT_S

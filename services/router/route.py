@@ -21,6 +21,7 @@ from typing import Any
 from domain import clock as vclock
 from domain import targeting
 from domain.bsonvalues import from_record
+from domain.ddl import ddl_lock_wait
 from domain.follower import CatalogFollower
 from domain.logical_sessions import check_lsids, session_id
 from domain.protocol import (
@@ -289,9 +290,16 @@ class OperationRouter:
                 self._creating.pop(ns, None)
 
     async def _create_collection(self, ns: str) -> None:
-        reply = await self.requester.request(
-            self.topics.config_commands, cfg.CreateCollection(ns=ns), timeout=SHARD_TIMEOUT_S
-        )
+        # A DDL coordinator holding the namespace (a drop under way) makes the first write wait
+        # for it, as MongoDB's writes wait for the DDL lock: bounded by SHARDLOG_DDL_LOCK_WAIT.
+        deadline = time.monotonic() + ddl_lock_wait()
+        while True:
+            reply = await self.requester.request(
+                self.topics.config_commands, cfg.CreateCollection(ns=ns), timeout=SHARD_TIMEOUT_S
+            )
+            if reply.code != ErrorCode.ConflictingOperationInProgress or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         if not reply.ok:
             raise CommandError(reply.code or "Error", reply.error or "")
         await self.follower.wait_for(reply.configTime or 0, SHARD_TIMEOUT_S)

@@ -195,6 +195,11 @@ class DonorCoordinator:
         coll = self.catalog.collections.get(m.ns) if m is not None else None
         if m is not None and (coll is None or not coll.settings.allowMigrations):
             raise MigrationAborted(f"migrations of {m.ns} were disallowed (set-allow-migrations)")
+        if m is not None and (c := self.catalog.ddl_holding(m.ns)) is not None:
+            raise MigrationAborted(
+                f"{c.op} of {c.ns} ({c.id}) froze the collection's migrations",
+                code=ErrorCode.ConflictingOperationInProgress,
+            )
 
     def _progress(self, mid: str, **kw) -> None:
         self.progress.setdefault(mid, {}).update(kw)
