@@ -24,7 +24,11 @@ log = logging.getLogger(__name__)
 
 class State(Protocol):
     """What a projection folds into.  `apply` must be deterministic.  A null value in the log
-    (a compaction tombstone) arrives as `schemas.Tombstone(key)`, as its writer decided it."""
+    (a compaction tombstone) arrives as `schemas.Tombstone(key)`, as its writer decided it.
+
+    A state that deletes whole key ranges (a dropped collection's documents) also has
+    `drain_range_deletions() -> list[tuple[bytes, bytes]]`: the [start, stop) ranges deleted
+    since the last call, written before the batch's changes (`Store.commit`)."""
 
     def load(self, store: Store) -> None: ...
 
@@ -163,8 +167,12 @@ class Projection:
     def advance(self, next_offset: int, last_fingerprint: int | None) -> None:
         """Persist the state's pending changes with the new position, in one batch."""
         self.position, self.last_fingerprint = next_offset, last_fingerprint
+        drain_ranges = getattr(self.state, "drain_range_deletions", None)
+        ranges: list[tuple[bytes, bytes]] = drain_ranges() if drain_ranges is not None else []
         self.store.commit(
-            self.state.drain_changes().items(), Checkpoint(self.topic, self.tp.partition, next_offset, last_fingerprint)
+            self.state.drain_changes().items(),
+            Checkpoint(self.topic, self.tp.partition, next_offset, last_fingerprint),
+            ranges,
         )
         asyncio.get_running_loop().call_soon(self._notify)
 

@@ -80,9 +80,18 @@ class Store:
             yield k, it.value()
             it.next()
 
-    def commit(self, changes: Iterable[tuple[bytes, bytes | None]], checkpoint: Checkpoint | None) -> None:
-        """Apply `changes` (value None deletes) and move the checkpoint, atomically."""
+    def commit(
+        self,
+        changes: Iterable[tuple[bytes, bytes | None]],
+        checkpoint: Checkpoint | None,
+        range_deletions: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """Delete every key in each [start, stop) of `range_deletions`, then apply `changes`
+        (value None deletes) and move the checkpoint, atomically.  The ranges go first: a key
+        written in the same batch after its range was deleted survives."""
         wb = WriteBatch(raw_mode=True)
+        for start, stop in range_deletions:
+            wb.delete_range(start, stop)
         for k, v in changes:
             if v is None:
                 wb.delete(k)

@@ -40,7 +40,10 @@ from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from libs.ids import new_object_id
 from schemas import Record
+from schemas import ddl as dd
 from schemas import shard as s
+from services.shard.ddl import REQUESTS as DDL_REQUESTS
+from services.shard.ddl import DDLDecider
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, shard_key_part
 from services.shard.migrations import REQUESTS as MIGRATION_REQUESTS
 from services.shard.migrations import MigrationDecider
@@ -81,6 +84,8 @@ class ShardDecider:
         self._keyed: set[tuple[str, str]] = set()  # (ns, epoch) known to hold no unsharded-layout documents
         # The migration and range-deletion requests (range deletion waits for our older queries).
         self.migrations = MigrationDecider(shard_id, catalog, documents, open_queries=self._queries_open_before)
+        # The DDL coordinators' requests (critical sections, drops, renames, refines).
+        self.ddl = DDLDecider(shard_id, catalog, documents)
 
     @property
     def progress(self) -> dict[str, dict[str, Any]]:
@@ -96,7 +101,8 @@ class ShardDecider:
             # TransactionTooOld here; a retry learns which of its statements ran already.
             self._begun = retryable.begin(self.documents.sessions.get(write.lsid), write)
         try:
-            rekey = self._rekey_events(getattr(req, "ns", None))
+            # A DDL request reads the documents as they are (RekeyLocalBatch rewrites any layout).
+            rekey = [] if self.ddl.handles(req) else self._rekey_events(getattr(req, "ns", None))
             if rekey:
                 decision = self._after(rekey, req)
             else:
@@ -166,12 +172,28 @@ class ShardDecider:
     def _migration_request(self, req: Record) -> Decision:
         return self.migrations.decide(req)
 
+    @on_request.register(*DDL_REQUESTS)
+    def _ddl_request(self, req: Record) -> Decision:
+        decision = self.ddl.decide(req)
+        # Cursors of a dropped or renamed-away collection end, as MongoDB kills them.
+        if isinstance(req, dd.DropLocalData):
+            self._forget_cursors(lambda ns: ns == req.ns if req.ns is not None else ns.partition(".")[0] == req.db)
+        elif isinstance(req, dd.RenameLocalBatch):
+            self._forget_cursors(lambda ns: ns == req.ns)
+        return decision
+
+    def _forget_cursors(self, of: Callable[[str], bool]) -> None:
+        for cid in [cid for cid, c in self.cursors.items() if of(c.ns)]:
+            del self.cursors[cid]
+
     # ---------------------------------------------------------------- routing
 
     def _placement(self, ns: str, routing: s.Routing | None) -> Collection | None:
         """The sharded collection (None: unsharded, on this primary) if the router's view is current."""
         if routing is None:
             raise CommandError(ErrorCode.BadValue, "a shard serves only routed requests (send this to a router)")
+        if (held := self.ddl.critical_section_wait(ns)) is not None:
+            raise held  # every CRUD request passes here: a DDL holding `ns` refuses it
         coll = self.catalog.collections.get(ns)
         if coll is None:
             db = self.catalog.databases.get(ns.partition(".")[0])

@@ -7,10 +7,18 @@ find a document by _id.
     x/<lsid>/<txnNumber>/<part> -> a transactions-table record (retryable writes apply once)
     m/<migration id>          -> this shard's migration document (donor or recipient)
     t/<migration id>          -> a range-deletion task
+    c/<ddl id>                -> a DDL coordinator's critical section on this shard
+    r/<ddl id>\\0<ns or db>    -> a DropLocalData done for that DDL (a retry drops nothing again)
     \x00meta/clock            -> the largest ClusterTime stamped on a write (the clock resumes there)
 
-Migration documents, range-deletion tasks and the transactions table (one entry per live
-session, its latest txnNumber's records) are also kept in memory.
+Migration documents, range-deletion tasks, DDL critical sections and drops, and the
+transactions table (one entry per live session, its latest txnNumber's records) are also
+kept in memory.
+
+A dropped collection (LocalDataDropped) is deleted as ranges of keys, `d/<ns>\\0...` and
+`i/<ns>\\0...` (for a database, every `d/<db>.` and `i/<db>.` key): its pending writes leave
+the overlay, the ranges stay pending until the batch commits, where they are deleted before
+the batch's writes (`drain_range_deletions`, `Store.commit`), and reads meanwhile skip them.
 
 Shard keys and _ids are `domain.shardkey` order-preserving encodings, so a
 chunk [min, max) is one contiguous key range.  Writes decided in the current
@@ -30,9 +38,11 @@ from domain.shardkey import encode_value
 from libs.dispatch import Dispatch
 from libs.store import META, Store
 from schemas import Record, Tombstone
+from schemas import ddl as dd
 from schemas import shard as ev
 
 DOCS, IDS, SESSIONS, MIGRATIONS, TASKS = b"d/", b"i/", b"x/", b"m/", b"t/"
+SECTIONS, DROPS = b"c/", b"r/"
 TXN_KEY = b"txn/"  # changelog keys of transactions-table records: txn/<lsid>/<txnNumber>/<part>
 # Documents of unsharded collections are ordered by _id alone, under a prefix below every
 # encoded shard key (tags start at 0x10): a collection sharded later finds them there.
@@ -67,6 +77,18 @@ def doc_key(ns: str, skey: bytes, id_enc: bytes) -> bytes:
 
 def id_key(ns: str, id_enc: bytes) -> bytes:
     return IDS + ns_prefix(ns) + id_enc
+
+
+def dropped_target(event: dd.LocalDataDropped) -> str:
+    """What a LocalDataDropped dropped: a namespace, or a database (whose name has no dot)."""
+    return event.ns if event.ns is not None else event.db or ""
+
+
+def dropped_ranges(ns: str | None = None, db: str | None = None) -> list[tuple[bytes, bytes]]:
+    """The [start, stop) key ranges holding the documents (and their _id index) of `ns`, or of
+    every collection of `db`."""
+    name = ns_prefix(ns) if ns is not None else f"{db}.".encode()
+    return [(p + name, _after_prefix(p + name)) for p in (DOCS, IDS)]
 
 
 def record_suffix(lsid: str, txn_number: int, part: str) -> bytes:
@@ -116,6 +138,11 @@ def changelog_key(event: Record) -> bytes | None:
         return b"mig/" + event.id.encode()
     if isinstance(event, (ev.RangeDeletionRecorded, ev.RangeDeletionRemoved)):
         return b"rdel/" + event.id.encode()
+    if isinstance(event, (dd.DDLCriticalSectionRecorded, dd.DDLCriticalSectionRemoved)):
+        return b"ddlcs/" + event.id.encode()
+    if isinstance(event, dd.LocalDataDropped):
+        # One key per drop, never written again: compaction keeps it after the documents it deletes.
+        return b"drop/" + event.id.encode() + b"/" + dropped_target(event).encode()
     return None
 
 
@@ -130,6 +157,9 @@ class ShardDocuments:
         self.migrations: dict[str, ev.MigrationRecorded] = {}
         self.range_tasks: dict[str, ev.RangeDeletionRecorded] = {}
         self.sessions: dict[str, SessionEntry] = {}  # the transactions table, by lsid
+        self.ddl_sections: dict[str, dd.DDLCriticalSectionRecorded] = {}  # by DDL id
+        self.ddl_drops: dict[str, frozenset[str]] = {}  # DDL id -> the namespaces and databases it dropped here
+        self._range_deletions: list[tuple[bytes, bytes]] = []  # pending, for the open batch
         self.clock: VectorClock | None = None  # advanced by every stamp folded (docs/decisions/0014)
         self.max_ts = 0  # the largest stamp folded, persisted with the fold
 
@@ -150,17 +180,41 @@ class ShardDocuments:
         self.sessions = {}
         for _, v in store.scan(SESSIONS):
             self._remember(ev.RetryableWriteRecorded.model_validate_json(v))
+        self.ddl_sections = {
+            k[len(SECTIONS) :].decode(): dd.DDLCriticalSectionRecorded.model_validate_json(v)
+            for k, v in store.scan(SECTIONS)
+        }
+        drops: dict[str, set[str]] = {}
+        for k, _ in store.scan(DROPS):
+            ddl_id, _, target = k[len(DROPS) :].decode().partition("\0")
+            drops.setdefault(ddl_id, set()).add(target)
+        self.ddl_drops = {ddl_id: frozenset(targets) for ddl_id, targets in drops.items()}
+        self._range_deletions = []
 
     def tentative(self):
         """The batch's pending state as it is, to `restore` if a tentative apply is abandoned."""
-        return dict(self._changes), dict(self.migrations), dict(self.range_tasks), dict(self.sessions)
+        return (
+            dict(self._changes),
+            dict(self.migrations),
+            dict(self.range_tasks),
+            dict(self.sessions),
+            dict(self.ddl_sections),
+            dict(self.ddl_drops),
+            list(self._range_deletions),
+        )
 
     def restore(self, saved) -> None:
-        changes, migrations, tasks, sessions = saved
+        changes, migrations, tasks, sessions, sections, drops, deletions = saved
         self._changes, self.migrations, self.range_tasks, self.sessions = changes, migrations, tasks, sessions
+        self.ddl_sections, self.ddl_drops, self._range_deletions = sections, drops, deletions
 
     def drain_changes(self) -> dict[bytes, bytes | None]:
         out, self._changes = self._changes, {}
+        return out
+
+    def drain_range_deletions(self) -> list[tuple[bytes, bytes]]:
+        """The key ranges deleted in the open batch: `Store.commit` deletes them before its changes."""
+        out, self._range_deletions = self._range_deletions, []
         return out
 
     def apply(self, event: Record, offset: int) -> None:
@@ -255,11 +309,37 @@ class ShardDocuments:
         self.range_tasks.pop(event.id, None)
         self._changes[TASKS + event.id.encode()] = None
 
+    @on_event.register(dd.DDLCriticalSectionRecorded)
+    def _ddl_section_recorded(self, event: dd.DDLCriticalSectionRecorded) -> None:
+        self.ddl_sections[event.id] = event
+        self._changes[SECTIONS + event.id.encode()] = event.model_dump_json().encode()
+
+    @on_event.register(dd.DDLCriticalSectionRemoved)
+    def _ddl_section_removed(self, event: dd.DDLCriticalSectionRemoved) -> None:
+        """The DDL is over here: its section, and the memory of what it dropped, go."""
+        self.ddl_sections.pop(event.id, None)
+        self._changes[SECTIONS + event.id.encode()] = None
+        for target in self.ddl_drops.pop(event.id, frozenset()):
+            self._changes[_drop_key(event.id, target)] = None
+
+    @on_event.register(dd.LocalDataDropped)
+    def _local_data_dropped(self, event: dd.LocalDataDropped) -> None:
+        ranges = dropped_ranges(event.ns, event.db)
+        self._changes = {k: v for k, v in self._changes.items() if not _within(k, ranges)}
+        self._range_deletions += ranges
+        target = dropped_target(event)
+        self.ddl_drops[event.id] = self.ddl_drops.get(event.id, frozenset()) | {target}
+        self._changes[_drop_key(event.id, target)] = b""
+        if event.ts is not None:
+            self._stamped(event.ts)
+
     # ------------------------------------------------------------------- reads
 
     def get(self, key: bytes) -> bytes | None:
         if key in self._changes:
             return self._changes[key]
+        if self._range_deletions and _within(key, self._range_deletions):
+            return None
         return self.store.get(key)
 
     def find_by_id(self, ns: str, doc_id: Any) -> tuple[bytes, dict] | None:
@@ -326,20 +406,35 @@ class ShardDocuments:
     def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]:
         """Like `scan`, but only what is committed (no pending writes), from `after` on."""
         base = DOCS + ns_prefix(ns)
-        for k, v in self._stored(base + after, base + hi):
+        for k, v in self._stored(base + after, base + hi, committed=True):
             if not inclusive and k == base + after:
                 continue
             yield k[len(base) :], decode_doc(v)
 
-    def _stored(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def _stored(self, start: bytes, stop: bytes, *, committed: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        """The store's keys in [start, stop); unless `committed`, without those the open batch
+        deleted as ranges."""
+        deleted = [] if committed else [(lo, hi) for lo, hi in self._range_deletions if lo < stop and start < hi]
         it = self.store.db.iter()
         it.seek(start)
         while it.valid():
             k = it.key()
             if k >= stop:
                 break
+            if deleted and _within(k, deleted):
+                # Skip to the end of the deleted range rather than read through it.
+                it.seek(max(hi for lo, hi in deleted if lo <= k < hi))
+                continue
             yield k, it.value()
             it.next()
+
+
+def _within(key: bytes, ranges: list[tuple[bytes, bytes]]) -> bool:
+    return any(lo <= key < hi for lo, hi in ranges)
+
+
+def _drop_key(ddl_id: str, target: str) -> bytes:
+    return DROPS + ddl_id.encode() + b"\0" + target.encode()
 
 
 def _after_prefix(prefix: bytes) -> bytes:

@@ -35,6 +35,7 @@ from libs import kafka
 from libs.service import ServiceSettings
 from libs.store import Store
 from schemas import Codec, Record
+from schemas import ddl as dd
 from schemas import shard as ev
 from schemas import stats as schema
 from services.shard.documents import DOCS, ShardDocuments, doc_key, ns_prefix
@@ -77,6 +78,10 @@ class CountingDocuments(ShardDocuments):
 
     def apply(self, event: Record, offset: int) -> None:
         super().apply(event, offset)
+        if isinstance(event, dd.LocalDataDropped):  # the collection is gone: nothing of it to report
+            for counts in (self._pending_written, self._written):
+                for k in [k for k in counts if _dropped(event, k[0])]:
+                    del counts[k]
         if offset < 0 and isinstance(event, ev.DocumentWritten):  # decided here, not replayed
             skey = bytes.fromhex(event.skey)
             raw = self._changes.get(doc_key(event.ns, skey, encode_value(event.doc["_id"])))
@@ -254,6 +259,10 @@ class StatisticsPublisher:
             chunks=chunks,
             collections=collections,
         )
+
+
+def _dropped(event: dd.LocalDataDropped, ns: str) -> bool:
+    return ns == event.ns if event.ns is not None else ns.partition(".")[0] == event.db
 
 
 def _attribute(written: list[tuple[bytes, int]], mine: list[Chunk]) -> list[int]:

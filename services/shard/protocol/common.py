@@ -13,6 +13,7 @@ from domain.protocol import ErrorCode
 from domain.shardkey import from_ejson
 from libs.commands import CommandError
 from schemas import Record
+from schemas import ddl as d
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry
 
@@ -44,6 +45,12 @@ class Documents(Protocol):
 
     @property
     def sessions(self) -> Mapping[str, SessionEntry]: ...
+
+    @property
+    def ddl_sections(self) -> Mapping[str, d.DDLCriticalSectionRecorded]: ...
+
+    @property
+    def ddl_drops(self) -> Mapping[str, frozenset[str]]: ...
 
     def find_by_id(self, ns: str, doc_id: Any) -> tuple[bytes, Doc] | None: ...
 
