@@ -170,9 +170,6 @@ class Bench:
 
     async def start(self) -> None:
         t0 = time.monotonic()
-        await kafka.ensure_topics(
-            self.bootstrap, [*self.t.core(), *(sp for sh in SHARDS for sp in self.t.for_shard(sh))]
-        )
         config = self.service("config", "services.config")
         await wait_ready([config], lambda p: "active")
         for sid in SHARDS:
@@ -570,6 +567,9 @@ class Bench:
             f"DDL benchmark: cluster {self.cluster}; dropCollection of {a.docs:,} documents (~{a.doc_bytes} bytes) "
             f"on {len(SHARDS)} shards; side workload {a.rate:g} ops/s",
             flush=True,
+        )
+        await kafka.ensure_topics(
+            self.bootstrap, [*self.t.core(), *(sp for sh in SHARDS for sp in self.t.for_shard(sh))]
         )
         async with Requester(self.bootstrap, self.t.cli_replies, client_id="bench-ddl") as self.req:
             print("1. load", flush=True)
