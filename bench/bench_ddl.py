@@ -31,15 +31,16 @@ $KAFKA_BOOTSTRAP, under a fresh cluster name.  The client is this process
              Each timed from the start to the last write returned; each store then checked empty.
              ratio = the drop's time / raw time.
 
-    KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_ddl.py [--docs 1000000] [--rate 100]
+    KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_ddl.py [--docs 1000000] [--rate 100] [--json]
 
-Ends with one JSON line, as the other benchmarks.
+Ends with one JSON line, as the other benchmarks (`--json`: the only line on stdout).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -523,7 +524,7 @@ class Bench:
             print(
                 f"  ({'a' if mode == 'delete_range' else 'b'}) {mode}: {2 * a.docs:,} keys ({size / 1e6:.0f} MB of "
                 f"documents) deleted in {secs * 1000:,.2f} ms ({writes} WriteBatch{'es' if writes > 1 else ''}"
-                + (f" of {a.delete_batch:,}" if mode == "key_by_key" else "")
+                + (f" of up to {a.delete_batch:,}" if mode == "key_by_key" else "")
                 + f"); then iterating the prefixes found {left} keys in {check_s * 1000:,.1f} ms "
                 f"(store built in {load_s:.1f}s)",
                 flush=True,
@@ -633,7 +634,21 @@ def main() -> None:
     p.add_argument("--delete-batch", type=int, default=10_000, help="raw key-by-key deletes per WriteBatch")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="keep the temp dir (service logs, stores)")
+    p.add_argument("--json", action="store_true", help="stdout is only the JSON result line (figures to stderr)")
     args = p.parse_args()
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        bench = run(args)
+    E.result_line(
+        "ddl",
+        docs=args.docs,
+        doc_bytes=args.doc_bytes,
+        shards=len(SHARDS),
+        problems=bench.problems,
+        **bench.figures,
+    )
+
+
+def run(args) -> Bench:
     bootstrap, cluster = E.bootstrap(), E.cluster_name("benchddl")
     tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-ddl-"))
     bench = Bench(args, bootstrap, cluster, tmp)
@@ -651,14 +666,8 @@ def main() -> None:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     summary(bench, time.monotonic() - t0)
-    E.result_line(
-        "ddl",
-        docs=args.docs,
-        doc_bytes=args.doc_bytes,
-        shards=len(SHARDS),
-        problems=bench.problems,
-        **bench.figures,
-    )
+    sys.stdout.flush()
+    return bench
 
 
 if __name__ == "__main__":
