@@ -135,3 +135,50 @@ def test_a_renamed_sharded_collection_keeps_its_documents_and_its_orphans_go(dat
 async def _ddl_state(cl, sid: str) -> tuple[list, list, list]:
     docs = cl.shards[sid].documents
     return list(docs.range_tasks), list(docs.ddl_sections), list(docs.ddl_drops)
+
+
+def test_a_refined_key_rekeys_every_document_where_it_lives(data_cluster):
+    """End to end: documents with and without the new field (null in the key) are rewritten
+    under the refined key on both shards; targeted reads on the new key find them."""
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="f", primary="s0"))
+    cl.command(c.ShardCollection(ns="f.c", key={"k": 1}))
+    cl.command(c.SplitChunk(ns="f.c", at=[{"k": 50}]))
+    mid = cl.command(c.MoveRange(ns="f.c", min={"k": 50}, max={"k": {"$maxKey": 1}}, to="s1")).result["id"]
+    wait_until(lambda: config_ask(cl, c.GetMigration(id=mid)).result["state"] == "committed", 90, "the move")
+    client = cl.mongo_client()
+    client["f"]["c"].insert_many([{"_id": i, "k": i, **({"j": i % 4} if i % 2 else {})} for i in range(100)])
+
+    started = config_ask(cl, d.RefineCollectionShardKey(ns="f.c", key={"k": 1, "j": 1}))
+    assert started.ok and started.result["started"] is True, started
+    assert finished(cl, started.result["id"])["ok"] is True
+
+    coll = client["f"]["c"]
+    assert coll.count_documents({}) == 100
+    assert coll.find_one({"k": 7, "j": 3}) == {"_id": 7, "k": 7, "j": 3}
+    assert coll.find_one({"k": 8, "j": None}) == {"_id": 8, "k": 8}
+    for sid, n in (("s0", 50), ("s1", 50)):
+        keys = stored_keys(cl, sid, b"d/f.c\x00")
+        assert len(keys) == n, sid  # one key per document: no copy left under its old key
+
+
+def test_a_dropped_database_leaves_nothing_on_any_shard_and_can_be_created_again(data_cluster):
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="g", primary="s1"))
+    cl.command(c.ShardCollection(ns="g.c", key={"k": "hashed"}))
+    cl.command(c.CreateCollection(ns="g.u"))
+    client = cl.mongo_client()
+    client["g"]["c"].insert_many([{"_id": i, "k": i} for i in range(60)])
+    client["g"]["u"].insert_many([{"_id": i} for i in range(10)])
+    assert sum(len(stored_keys(cl, sid, b"d/g.")) for sid in cl.shards) == 70
+
+    started = config_ask(cl, d.DropDatabase(db="g"))
+    assert started.ok, started
+    result = finished(cl, started.result["id"])
+    assert result["ok"] is True and result["result"]["dropped"] is True, result
+    for sid in cl.shards:
+        assert stored_keys(cl, sid, b"d/g.") == stored_keys(cl, sid, b"i/g.") == [], sid
+        drops = [k for k, e in changelog(cl, sid) if isinstance(e, d.LocalDataDropped)]
+        assert drops == [f"drop/{started.result['id']}/g".encode()], sid
+    client["g"]["u"].insert_one({"_id": 1, "again": True})
+    assert list(client["g"]["u"].find()) == [{"_id": 1, "again": True}]

@@ -5,7 +5,12 @@ the catalog's DDL changes applied as the coordinator's commit leaves them."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
@@ -403,3 +408,70 @@ def test_a_rekey_of_an_unsharded_collection_is_refused(shard):
     with pytest.raises(CommandError) as err:
         shard.run(d.RekeyLocalBatch(id=DDL, ns=UNSHARDED))
     assert err.value.code == ErrorCode.NamespaceNotSharded
+
+
+# --------------------------------------------------------- drops and replay, generated
+
+NAMESPACES = ("d.a", "d.b", "e.a")
+OP = st.one_of(
+    st.tuples(st.just("write"), st.sampled_from(NAMESPACES), st.integers(0, 3), st.integers(0, 9)),
+    st.tuples(st.just("remove"), st.sampled_from(NAMESPACES), st.integers(0, 3)),
+    st.tuples(st.just("drop"), st.sampled_from(NAMESPACES)),
+    st.tuples(st.just("dropdb"), st.sampled_from(("d", "e"))),
+)
+
+
+def as_events(ops) -> tuple[list[Record], dict[tuple[str, int], int]]:
+    """The changelog the operations leave, and the documents (ns, _id) -> v a model says remain."""
+    log: list[Record] = []
+    model: dict[tuple[str, int], int] = {}
+    for i, op in enumerate(ops):
+        if op[0] == "write":
+            _, ns, doc_id, v = op
+            log.append(s.DocumentWritten(ns=ns, skey=UNSHARDED_KEY.hex(), doc={"_id": doc_id, "v": v}))
+            model[(ns, doc_id)] = v
+        elif op[0] == "remove":
+            _, ns, doc_id = op
+            log.append(s.DocumentRemoved(ns=ns, skey=UNSHARDED_KEY.hex(), id=doc_id))
+            model.pop((ns, doc_id), None)
+        elif op[0] == "drop":
+            log.append(d.LocalDataDropped(id=f"x{i}", ns=op[1]))
+            model = {k: v for k, v in model.items() if k[0] != op[1]}
+        else:
+            log.append(d.LocalDataDropped(id=f"x{i}", db=op[1]))
+            model = {k: v for k, v in model.items() if k[0].partition(".")[0] != op[1]}
+    return log, model
+
+
+def folded(path, log: list[Record], commits: set[int]) -> tuple[dict[tuple[str, int], int], dict[bytes, bytes]]:
+    """The documents (read back, during the last batch and after it) and the store a fold of
+    `log` leaves, committing after the events whose index is in `commits`."""
+    store = Store(path)
+    try:
+        docs = ShardDocuments()
+        docs.load(store)
+        for i, e in enumerate(log):
+            docs.apply(e, i)
+            if i in commits:
+                store.commit(docs.drain_changes().items(), None, docs.drain_range_deletions())
+        pending = {(ns, doc["_id"]): doc["v"] for ns in NAMESPACES for _, doc in docs.scan(ns)}
+        for (ns, doc_id), v in pending.items():  # the _id index agrees, before the commit too
+            assert docs.find_by_id(ns, doc_id) == (UNSHARDED_KEY, {"_id": doc_id, "v": v})
+        store.commit(docs.drain_changes().items(), None, docs.drain_range_deletions())
+        after = {(ns, doc["_id"]): doc["v"] for ns in NAMESPACES for _, doc in docs.scan(ns)}
+        assert after == pending
+        return after, {k: v for k, v in store.scan(b"") if not k.startswith(META)}
+    finally:
+        store.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(OP, max_size=25), commits=st.sets(st.integers(0, 24)))
+def test_any_fold_of_writes_and_drops_replays_to_the_same_store(ops, commits):
+    log, model = as_events(ops)
+    with tempfile.TemporaryDirectory() as tmp:
+        docs, want = folded(Path(tmp) / "live", log, commits)
+        assert docs == model
+        # A replay in one batch, and one of what compaction may leave, give the same store.
+        assert folded(Path(tmp) / "replay", log, set())[1] == want
+        assert folded(Path(tmp) / "compacted", compacted(log), set(range(25)))[1] == want
