@@ -7,11 +7,14 @@ config server with its DDL coordinators, shards s0..s2, one router, the real bro
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from pymongo.errors import OperationFailure
 
-from tests.conftest import cli
+from tests.conftest import cli, wait_until
 from tests.integration.test_mongosh import run as mongosh_run
 from tests.unit.test_wire_mongosh import _mongosh
 
@@ -26,6 +29,27 @@ def refused(fn, *args, **kw) -> int:
 
 def catalog(cluster):
     return cluster.router.follower.catalog
+
+
+def held_at_block_crud(cluster) -> threading.Event:
+    """Hold every coordinator at blockCRUD (its driver fails there and resumes from the phase)
+    while the returned event is set: a running coordinator to look at."""
+    hold = threading.Event()
+    hold.set()
+
+    def fault(point: str, tag: str | None = None) -> None:
+        if hold.is_set() and point == "ddl.blockCRUD":
+            raise RuntimeError("held at blockCRUD by the test")
+
+    cluster.config.ddl.fault = fault
+    return hold
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    return t, out
 
 
 def test_ddl_through_pymongo(data_cluster):
@@ -86,6 +110,30 @@ def test_ddl_through_pymongo(data_cluster):
     client.drop_database("shop")  # missing: ok
     assert refused(client.admin.command, "dropDatabase") == 20
 
+    # currentOp: a coordinator held at blockCRUD is listed as mongos lists one; the drop
+    # waiting on it returns once it is let go
+    app.held.insert_one({"_id": 1})
+    hold = held_at_block_crud(data_cluster)
+    t, out = in_thread(lambda: app.command("drop", "held"))
+    wait_until(lambda: admin.command("currentOp")["inprog"], 30, "the coordinator in currentOp")
+    [entry] = admin.command("currentOp")["inprog"]
+    assert entry["desc"] == "DropCollectionCoordinator" and entry["ns"] == "app.held", entry
+    assert entry["command"] == {"dropCollection": "app.held"} and entry["currentPhase"] == "blockCRUD"
+    assert entry["type"] == "op" and entry["op"] == "command" and entry["active"] is True
+    assert entry["shards"] == ["s0", "s1", "s2"] and entry["secs_running"] >= 0
+    assert [e["opid"] for e in admin.command("currentOp", ns="app.held")["inprog"]] == [entry["opid"]]
+    assert admin.command("currentOp", ns="app.other")["inprog"] == []
+    [agg] = list(admin.aggregate([{"$currentOp": {"allUsers": True}}, {"$match": {"desc": {"$regex": "Drop"}}}]))
+    assert agg["opid"] == entry["opid"]
+    # the same drop again joins it (and returns with it); nothing returns while it is held
+    t2, out2 = in_thread(lambda: client.app.command("drop", "held"))
+    assert not out
+    hold.clear()
+    t.join(60)
+    t2.join(60)
+    assert out == [{"ns": "app.held", "nIndexesWas": 1, "ok": 1.0}] and out2 and out2[0]["ok"] == 1.0
+    assert app.held.count_documents({}) == 0
+
     # currentOp: nothing running once every DDL returned; filters apply to the entries
     assert admin.command("currentOp")["inprog"] == []
     assert admin.command("currentOp", desc={"$regex": "Coordinator"})["inprog"] == []
@@ -98,32 +146,31 @@ def test_ddl_through_mongosh(data_cluster):
         mongosh,
         data_cluster,
         """
-        db = db.getSiblingDB('sh1');
-        db.a.insertMany([{_id: 1}, {_id: 2}]);
-        db.t.insertOne({_id: 't'});
-        print(JSON.stringify(db.a.renameCollection('b')));
-        print(db.b.countDocuments({}), db.a.countDocuments({}));
-        try { db.b.renameCollection('t') } catch (e) { print('refused', e.code) }
-        db.b.renameCollection('t', true);
-        print(db.t.countDocuments({}));
-        print(db.t.drop(), db.gone.drop());
+        const r = {};
+        const d = db.getSiblingDB('sh1');
+        d.a.insertMany([{_id: 1}, {_id: 2}]);
+        d.t.insertOne({_id: 't'});
+        r.rename = d.a.renameCollection('b');
+        r.counts = [d.b.countDocuments({}), d.a.countDocuments({})];
+        try { d.b.renameCollection('t'); r.onto = 'renamed' } catch (e) { r.onto = e.code }
+        r.dropTarget = d.b.renameCollection('t', true);
+        r.renamedOnto = d.t.countDocuments({});
+        r.drops = [d.t.drop(), d.gone.drop()];
         sh.enableSharding('sh2'); sh.shardCollection('sh2.k', {k: 1});
-        print(JSON.stringify(db.adminCommand({refineCollectionShardKey: 'sh2.k', key: {k: 1, j: 1}})));
-        print(JSON.stringify(db.getSiblingDB('sh2').dropDatabase()));
-        print(JSON.stringify(db.currentOp().inprog));
+        r.refine = db.adminCommand({refineCollectionShardKey: 'sh2.k', key: {k: 1, j: 1}});
+        r.dropDatabase = db.getSiblingDB('sh2').dropDatabase();
+        r.inprog = db.currentOp().inprog;
+        r.filtered = db.currentOp({desc: 'DropCollectionCoordinator'}).inprog;
+        print(JSON.stringify(r));
         """,
     )
-    lines = out.strip().splitlines()
-    assert lines == [
-        '{"ok":1}',
-        "2 0",
-        "refused 48",
-        "2",
-        "true false",
-        '{"ok":1}',
-        '{"ok":1,"dropped":"sh2"}',
-        "[]",
-    ], out
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["rename"] == {"ok": 1} and r["dropTarget"] == {"ok": 1}, out
+    assert r["counts"] == [2, 0] and r["onto"] == 48 and r["renamedOnto"] == 2
+    assert r["drops"] == [True, True]  # a missing collection drops ok (MongoDB 7.0)
+    assert r["refine"]["ok"] == 1 and r["dropDatabase"] == {"ok": 1, "dropped": "sh2"}
+    assert r["inprog"] == [] and r["filtered"] == []
+    assert data_cluster.router.follower.catalog.collections.get("sh2.k") is None
 
 
 def test_ddl_through_the_cli(data_cluster):
@@ -156,9 +203,19 @@ def test_ddl_through_the_cli(data_cluster):
     gone = json.loads(cli(settings, "drop-database", "cl", "--json").stdout)
     assert gone["ok"] is True and gone["db"] == "cl" and gone["dropped"] is True
 
-    running = cli(settings, "ddl", "status", "--json")
-    assert (
-        json.loads(running.stdout) == {"ok": True, "running": [], "configTime": None}
-        or json.loads(running.stdout).get("running") == []
-    )
+    client.cl.h.insert_one({"_id": 1})
+    hold = held_at_block_crud(data_cluster)
+    t, out = in_thread(lambda: client.cl.command("drop", "h"))
+    wait_until(lambda: json.loads(cli(settings, "ddl", "status", "--json").stdout)["running"], 30, "running")
+    [c] = json.loads(cli(settings, "ddl", "status", "--json").stdout)["running"]
+    assert (c["op"], c["ns"], c["phase"], c["state"]) == ("dropCollection", "cl.h", "blockCRUD", "running")
+    table = cli(settings, "ddl", "status").stdout
+    assert "dropCollection" in table and "cl.h" in table and "blockCRUD" in table, table
+    one = cli(settings, "ddl", "status", c["id"]).stdout
+    assert f"{c['id']}: dropCollection cl.h" in one and "running: phase blockCRUD" in one, one
+    hold.clear()
+    t.join(60)
+    assert out and out[0]["ok"] == 1.0
+
+    assert json.loads(cli(settings, "ddl", "status", "--json").stdout) == {"ok": True, "running": []}
     assert "no DDL coordinator running" in cli(settings, "ddl", "status").stdout
