@@ -158,7 +158,7 @@ class CliContext:
             self.out.print(f"[dim]ConfigTime {reply.configTime}[/dim]")
 
     async def _config_request(self, command: Record, span_name: str) -> Reply:
-        await self._check_cluster()
+        await self.check_cluster()
         tracing.setup("shardlog-cli")
         with tracing.tracer.start_as_current_span(span_name, attributes={"shardlog.command": command.type}):
             async with self.requester() as r:
@@ -167,7 +167,7 @@ class CliContext:
                 finally:
                     tracing.shutdown()
 
-    async def _check_cluster(self) -> None:
+    async def check_cluster(self) -> None:
         """Fail at once, clearly, if the cluster's topics do not exist (rather than wait on them)."""
         missing = await kafka.missing_topics(self.bootstrap, [self.topics.config_commands, self.topics.cli_replies])
         if missing:

@@ -15,6 +15,7 @@ One Typer app per command group, each in its own module, all added here:
     sessions         sessions
     migrations       move-range, move-chunk, move-primary, set-allow-migrations
     defragment       defragment
+    ddl              drop-collection, drop-database, rename-collection, refine-shard-key, ddl status
     zones            zone add-shard | remove-shard | add-range | remove-range
     settings         settings set | get
     topics           topics create
@@ -31,6 +32,7 @@ import typer
 from cli import (
     balancer,
     chunks,
+    ddl,
     dead_letters,
     defragment,
     documents,
@@ -73,6 +75,7 @@ for commands in (
     sessions.sessions_app,
     migrations.migrations_app,
     defragment.defragment_app,
+    ddl.ddl_app,
 ):
     app.add_typer(commands)
 app.add_typer(zones.zone_app, name="zone")
@@ -80,6 +83,7 @@ app.add_typer(settings.settings_app, name="settings")
 app.add_typer(topics.topics_app, name="topics")
 app.add_typer(workload.workload_app, name="workload")
 app.add_typer(balancer.balancer_app, name="balancer")
+app.add_typer(ddl.ddl_status_app, name="ddl")
 
 if __name__ == "__main__":
     app()

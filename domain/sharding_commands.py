@@ -15,14 +15,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from domain import ddl
 from domain.bsonvalues import type_name
 from domain.catalog import Catalog, Chunk, Collection
-from domain.protocol import ErrorCode, check_db_name, check_shard_name
+from domain.protocol import RESERVED_DBS, ErrorCode, check_db_name, check_shard_name
 from domain.settings import MB
-from domain.shardkey import ShardKeyError, from_ejson, to_ejson
+from domain.shardkey import InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
 from libs.commands import CommandError
 from schemas import Record
 from schemas import config as c
+from schemas import ddl as d
 
 # Fields any command may carry (MongoDB's generic arguments): never "unknown".
 GENERIC_FIELDS = frozenset(
@@ -532,3 +534,160 @@ SIMPLE: dict[str, tuple[Parser, Callable[[dict[str, Any]], dict[str, Any]] | Non
     "removeShardFromZone": (parse_remove_shard_from_zone, None),
     "updateZoneKeyRange": (parse_update_zone_key_range, None),
 }
+
+
+# ------------------------------------------------------------------ DDL (domain/ddl.py's coordinators)
+#
+# Each DDL is one request record (schemas/ddl.py); the caller then awaits the coordinator it
+# started (domain/ddl_client.py).  Names are checked here, as the config server checks them
+# (domain.ddl.request_of), so bad input is refused before anything is sent.
+
+# mongos's currentOp `desc` of each coordinator (ShardingDDLCoordinator's subclasses).
+COORDINATOR_DESC = {
+    "dropCollection": "DropCollectionCoordinator",
+    "dropDatabase": "DropDatabaseCoordinator",
+    "renameCollection": "RenameCollectionCoordinator",
+    "refineCollectionShardKey": "RefineCollectionShardKeyCoordinator",
+}
+
+
+def _checked(record: Record) -> Record:
+    ddl.request_of(record)  # InvalidNamespace, rename across databases / to itself
+    return record
+
+
+def drop_collection(ns: str) -> d.DropCollection:
+    return _checked(d.DropCollection(ns=ns))  # type: ignore[return-value]
+
+
+def drop_database(db: str) -> d.DropDatabase:
+    if db in RESERVED_DBS:
+        raise CommandError(ErrorCode.IllegalOperation, f"Cannot drop '{db}' database")
+    return _checked(d.DropDatabase(db=db))  # type: ignore[return-value]
+
+
+def rename_collection(ns: str, to: str, drop_target: bool = False) -> d.RenameCollection:
+    return _checked(d.RenameCollection(ns=ns, to=to, dropTarget=drop_target))  # type: ignore[return-value]
+
+
+def refine_shard_key(ns: str, key: Any) -> d.RefineCollectionShardKey:
+    if not isinstance(key, dict) or not key:
+        raise CommandError(ErrorCode.BadValue, 'the new shard key must be a non-empty object such as {"x": 1, "y": 1}')
+    try:
+        KeyPattern.parse(key)
+    except InvalidKeyPattern as e:
+        raise CommandError(ErrorCode.InvalidOptions, f"invalid shard key: {e}") from None
+    return _checked(d.RefineCollectionShardKey(ns=ns, key=key))  # type: ignore[return-value]
+
+
+def parse_drop(cmd: Mapping[str, Any]) -> d.DropCollection:
+    """`{drop: "<collection>", $db}` (collectionUUID is not checked: refused)."""
+    only_fields(cmd, set())
+    name = cmd["drop"]
+    if not isinstance(name, str):
+        raise CommandError(ErrorCode.InvalidNamespace, f"collection name has invalid type {type_name(name)}")
+    if not name:
+        raise CommandError(ErrorCode.InvalidNamespace, f"Invalid namespace specified '{cmd['$db']}.'")
+    return drop_collection(f"{cmd['$db']}.{name}")
+
+
+def drop_reply(result: dict[str, Any]) -> dict[str, Any]:
+    """mongos's: the namespace and how many indexes it had (only `_id_` in shardlog); a
+    missing collection is ok with nothing to say (MongoDB 7.0)."""
+    if not result.get("dropped"):
+        return {}
+    return {"ns": result["ns"], "nIndexesWas": 1}
+
+
+def parse_drop_database(cmd: Mapping[str, Any]) -> d.DropDatabase:
+    """`{dropDatabase: 1, $db}`."""
+    only_fields(cmd, set())
+    v = cmd["dropDatabase"]
+    if not isinstance(v, int | float) or isinstance(v, bool) and not v:
+        raise CommandError(ErrorCode.TypeMismatch, f"'dropDatabase' must be 1, not {type_name(v)}")
+    return drop_database(cmd["$db"])
+
+
+def drop_database_reply(result: dict[str, Any]) -> dict[str, Any]:
+    if not result.get("dropped"):
+        return {"info": "database does not exist"}
+    return {"dropped": result["db"]}
+
+
+def parse_rename_collection(cmd: Mapping[str, Any]) -> d.RenameCollection:
+    """`{renameCollection: "db.a", to: "db.b", dropTarget?, stayTemp?}` on admin."""
+    only_fields(cmd, {"to", "dropTarget", "stayTemp"})
+    ns = namespace(cmd)
+    to = required(cmd, "to")
+    if not isinstance(to, str):
+        raise CommandError(
+            ErrorCode.TypeMismatch,
+            f"BSON field 'renameCollection.to' is the wrong type '{type_name(to)}', expected type 'string'",
+        )
+    namespace({"to": to})
+    drop_target = typed(cmd, "dropTarget", bool, "bool", False)
+    typed(cmd, "stayTemp", bool, "bool", False)  # no temporary collections here: accepted, nothing to keep
+    return rename_collection(ns, to, drop_target)
+
+
+def parse_refine_collection_shard_key(cmd: Mapping[str, Any]) -> d.RefineCollectionShardKey:
+    """`{refineCollectionShardKey: ns, key: {...}}` on admin."""
+    only_fields(cmd, {"key"})
+    ns = namespace(cmd)
+    return refine_shard_key(ns, document(cmd, "key"))
+
+
+def ddl_outcome(state: dict[str, Any]) -> dict[str, Any]:
+    """A finished coordinator (GetDDL's answer once done): its result, or its error as MongoDB
+    names it (a rolled-back DDL changed nothing)."""
+    if state.get("ok"):
+        result: dict[str, Any] = state.get("result") or {}
+        return result
+    code = state.get("code") or ErrorCode.OperationFailed
+    raise CommandError(code, f"{state.get('op')} of {state.get('ns')} failed: {state.get('reason') or code}")
+
+
+def coordinator_command(state: dict[str, Any]) -> dict[str, Any]:
+    """The request a coordinator runs, as its currentOp `command` shows it."""
+    return {state["op"]: state["ns"], **(state.get("params") or {})}
+
+
+def current_op_entry(state: dict[str, Any], now: float) -> dict[str, Any]:
+    """One running coordinator (GetDDL's record) as mongos's currentOp shows a DDL coordinator."""
+    secs = max(0.0, now - float(state.get("startedAt") or now))
+    return {
+        "type": "op",
+        "desc": COORDINATOR_DESC.get(state["op"], "ShardingDDLCoordinator"),
+        "op": "command",
+        "ns": state["ns"],
+        "command": coordinator_command(state),
+        "currentPhase": state.get("phase"),
+        "active": True,
+        "secs_running": int(secs),
+        "microsecs_running": int(secs * 1_000_000),
+        "opid": state["id"],
+        "shards": state.get("shards") or [],
+    }
+
+
+# currentOp's options (not filter fields): `$all`, `$ownOps`, and $currentOp's stage options.
+CURRENT_OP_OPTIONS = frozenset(
+    {
+        "$all",
+        "$ownOps",
+        "allUsers",
+        "idleConnections",
+        "idleCursors",
+        "idleSessions",
+        "localOps",
+        "truncateOps",
+        "backtrace",
+        "targetAllNodes",
+    }
+)
+
+
+def current_op_filter(cmd: Mapping[str, Any]) -> dict[str, Any]:
+    """`{currentOp: 1, $all?, $ownOps?, <filter>...}`: the rest is a query on the entries."""
+    name = next(iter(cmd))
+    return {k: v for k, v in cmd.items() if k != name and k not in CURRENT_OP_OPTIONS and k not in GENERIC_FIELDS}

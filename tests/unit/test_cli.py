@@ -34,11 +34,16 @@ TOP_LEVEL = [
     "move-primary",
     "set-allow-migrations",
     "defragment",
+    "drop-collection",
+    "drop-database",
+    "rename-collection",
+    "refine-shard-key",
     "zone",
     "settings",
     "topics",
     "workload",
     "balancer",
+    "ddl",
 ]
 
 

@@ -17,6 +17,7 @@ Writes:  replies on the same connections: OP_MSG, OP_REPLY (to OP_QUERY); to Kaf
 - `admin.py`     sharding administration (addShard, shardCollection, moveRange, balancer, zones)
 - `config_db.py` the read-only `config` database from the catalog projection
 - `databases.py` listDatabases, listCollections, dbStats, collStats, serverStatus
+- `ddl.py`       drop, dropDatabase, renameCollection, refineCollectionShardKey, currentOp
 - `server.py`    the asyncio streams server: one task per connection, no threads
 - `__main__.py`  `python -m services.router.wire --port 27017`: the skeleton alone, for trying a client
 
@@ -24,4 +25,4 @@ Design note: docs/design/wire-protocol.md.
 """
 
 # Each module registers its commands in commands.SERVER_COMMANDS when imported.
-from services.router.wire import admin, aggregate, config_db, crud, databases  # noqa: E402, F401
+from services.router.wire import admin, aggregate, config_db, crud, databases, ddl  # noqa: E402, F401

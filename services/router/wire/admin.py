@@ -37,7 +37,7 @@ BALANCER_TIMEOUT_S = float(os.environ.get("SHARDLOG_WIRE_BALANCER_TIMEOUT", "3")
 POLL_S = 0.02  # how often a migration's outcome is looked up in the router's catalog
 
 
-def _timeout(cmd: Mapping[str, Any]) -> float:
+def command_timeout(cmd: Mapping[str, Any]) -> float:
     ms = cmd.get("maxTimeMS")
     if isinstance(ms, int | float) and not isinstance(ms, bool) and ms > 0:
         return float(ms) / 1000
@@ -109,7 +109,7 @@ def _simple(name: str) -> None:
     async def handler(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         edge = conn.cluster()
         record = parse(_doc(cmd))
-        result = await config_command(edge, record, _timeout(cmd))
+        result = await config_command(edge, record, command_timeout(cmd))
         return shape(result) if shape is not None else {}
 
     SERVER_COMMANDS.register(name, admin_only=True)(handler)
@@ -122,7 +122,7 @@ for _name in sc.SIMPLE:
 @SERVER_COMMANDS.register("shardCollection", "shardcollection", admin_only=True)
 async def _shard_collection(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record = sc.parse_shard_collection(_doc(cmd))
-    result = await config_command(conn.cluster(), record, _timeout(cmd))
+    result = await config_command(conn.cluster(), record, command_timeout(cmd))
     return sc.shard_collection_reply(record, result)
 
 
@@ -136,12 +136,12 @@ async def _split(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         reply = await edge.requester.request(
             edge.settings.topics.shard_requests(req.owner),
             s.SplitVector(ns=req.ns, find=req.find, chunkMin=req.chunk_min, median=True),
-            timeout=_timeout(cmd),
+            timeout=command_timeout(cmd),
         )
         if not reply.ok:
             raise CommandError(reply.code or ErrorCode.InternalError, reply.error or "refused")
         at = sc.median_points(reply.result or {})
-    await config_command(edge, sc.split(req.ns, at), _timeout(cmd))
+    await config_command(edge, sc.split(req.ns, at), command_timeout(cmd))
     return {}
 
 
@@ -157,20 +157,20 @@ async def _move_chunk(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     edge = conn.cluster()
     loop = asyncio.get_running_loop()
     began = loop.time()
-    await _move(edge, sc.parse_move_chunk(_doc(cmd), edge.follower.catalog), _timeout(cmd))
+    await _move(edge, sc.parse_move_chunk(_doc(cmd), edge.follower.catalog), command_timeout(cmd))
     return {"millis": int((loop.time() - began) * 1000)}
 
 
 @SERVER_COMMANDS.register("moveRange", admin_only=True)
 async def _move_range(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     edge = conn.cluster()
-    await _move(edge, sc.parse_move_range(_doc(cmd)), _timeout(cmd))
+    await _move(edge, sc.parse_move_range(_doc(cmd)), command_timeout(cmd))
     return {}
 
 
 @SERVER_COMMANDS.register("movePrimary", "moveprimary", admin_only=True)
 async def _move_primary(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
-    await _move(conn.cluster(), sc.parse_move_primary(_doc(cmd)), _timeout(cmd))
+    await _move(conn.cluster(), sc.parse_move_primary(_doc(cmd)), command_timeout(cmd))
     return {}
 
 
@@ -179,13 +179,13 @@ async def _move_primary(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]
 
 @SERVER_COMMANDS.register("balancerStart", admin_only=True)
 async def _balancer_start(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
-    await config_command(conn.cluster(), sc.balancer_enabled(True), _timeout(cmd))
+    await config_command(conn.cluster(), sc.balancer_enabled(True), command_timeout(cmd))
     return {}
 
 
 @SERVER_COMMANDS.register("balancerStop", admin_only=True)
 async def _balancer_stop(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
-    await config_command(conn.cluster(), sc.balancer_enabled(False), _timeout(cmd))
+    await config_command(conn.cluster(), sc.balancer_enabled(False), command_timeout(cmd))
     return {}
 
 
@@ -211,7 +211,7 @@ async def _configure_collection_balancing(conn: Connection, cmd: dict[str, Any])
     records = sc.parse_configure_collection_balancing(cmd)
     sc.collection_of(edge.follower.catalog, sc.namespace(cmd))
     for record in records:
-        await config_command(edge, record, _timeout(cmd))
+        await config_command(edge, record, command_timeout(cmd))
     return {}
 
 
@@ -229,7 +229,7 @@ async def _flush_router_config(conn: Connection, cmd: dict[str, Any]) -> dict[st
     catching up to the end of the log as of now."""
     edge = conn.cluster()
     try:
-        await edge.follower.refresh(_timeout(cmd))
+        await edge.follower.refresh(command_timeout(cmd))
     except TimeoutError:
         raise CommandError(ErrorCode.ExceededTimeLimit, "the catalog did not catch up in time") from None
     return {"flushed": True}

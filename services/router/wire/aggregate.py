@@ -12,7 +12,9 @@ from domain.aggregation import PipelineError, ShardPart, parse, run, split
 from domain.protocol import ErrorCode
 from schemas import shard as s
 from services.router.wire import config_db
+from services.router.wire.admin import command_timeout
 from services.router.wire.commands import SERVER_COMMANDS, Connection, WireCommandError
+from services.router.wire.ddl import running_coordinators
 from services.router.wire.edge import RouterEdge
 
 DEFAULT_BATCH_SIZE = 101  # MongoDB's first batch when cursor.batchSize is not given
@@ -84,6 +86,8 @@ async def _shard_docs(edge: RouterEdge, ns: str, part: ShardPart) -> tuple[list[
 async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     db: str = cmd["$db"]
     coll = cmd["aggregate"]
+    if coll == 1 and db == "admin" and _current_op_first(cmd):
+        return await _current_op(conn, cmd)
     stages = _stages(cmd)
     if not isinstance(coll, str):
         if coll == 1 and not isinstance(coll, bool):
@@ -122,3 +126,23 @@ async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         raise WireCommandError((e.code, e.code_name), e.message) from None
     first = edge.routing.open_cursor(docs, batch_size, tuple(shards))
     return {"cursor": {"firstBatch": first["docs"], "id": Int64(first["cursorId"]), "ns": ns}}
+
+
+def _current_op_first(cmd: dict[str, Any]) -> bool:
+    pipeline = cmd.get("pipeline")
+    return (
+        isinstance(pipeline, list) and bool(pipeline) and isinstance(pipeline[0], dict) and "$currentOp" in pipeline[0]
+    )
+
+
+async def _current_op(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    """`[{$currentOp: {...}}, ...]` on admin (mongosh's db.currentOp()): the running DDL
+    coordinators (ddl.py's currentOp subset), the rest of the pipeline run here."""
+    edge = conn.cluster()
+    try:
+        stages = parse(cmd["pipeline"][1:])
+        docs = run(stages, await running_coordinators(edge, command_timeout(cmd)))
+    except PipelineError as e:
+        raise WireCommandError((e.code, e.code_name), e.message) from None
+    first = edge.routing.open_cursor(docs, _batch_size(cmd))
+    return {"cursor": {"firstBatch": first["docs"], "id": Int64(first["cursorId"]), "ns": "admin.$cmd.aggregate"}}

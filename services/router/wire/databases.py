@@ -3,9 +3,8 @@ serverStatus (a truthful subset).  What the router knows is the catalog: databas
 sharded collections and the unsharded ones it has seen written; sizes are not projected to
 routers, so they are reported as 0 where MongoDB has them (`sizeOnDisk`, `size`).
 
-`create` tracks a collection as a first insert does; `drop` and `dropDatabase` are DDL, not
-implemented yet (issue 13): they are refused with CommandNotFound (59), naming the command,
-as for anything else not implemented.
+`create` tracks a collection as a first insert does; `drop` and `dropDatabase` are DDL
+coordinators (`ddl.py`).
 """
 
 from __future__ import annotations
@@ -217,19 +216,7 @@ async def _server_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any
     }
 
 
-# ------------------------------------------------------------------ DDL: not yet
-
-
-async def _ddl_not_implemented(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
-    name = next(iter(cmd))
-    raise CommandError(
-        ErrorCode.CommandNotFound,
-        f"no such command: '{name}' (collection and database DDL is not implemented yet in shardlog)",
-    )
-
-
-for _ddl in ("drop", "dropDatabase"):
-    SERVER_COMMANDS.register(_ddl)(_ddl_not_implemented)
+# ------------------------------------------------------------------ create
 
 
 @SERVER_COMMANDS.register("create")
