@@ -231,6 +231,10 @@ class CommandProcessor:
 
     # ------------------------------------------------------------- serving
 
+    def settled(self) -> bool:
+        """No batch is being decided: every event applied to the state is committed to the log."""
+        return not self._lock.locked()
+
     async def _serve_batch(self) -> None:
         batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch)
         records = batch.get(self.tp)

@@ -71,10 +71,17 @@ class DDLDriver:
         catalog: Catalog,
         requester: Requester,
         active: asyncio.Event,
+        settled: Callable[[], bool] = lambda: True,
+        position: Callable[[], int] | None = None,
         fault: Callable[..., None] = fault_point,
     ):
         self.bootstrap, self.topics, self.catalog = bootstrap, topics, catalog
         self.requester, self.active, self.fault = requester, active, fault
+        # The command processor applies a decision's events to the catalog before its transaction
+        # commits: `settled` says none is in flight (what the catalog shows is in the log), and
+        # `position` is the committed ConfigTime the shards must reach before they decide.
+        self.settled = settled
+        self.position = position or (lambda: self.catalog.config_time)
         self._running: dict[str, asyncio.Task[None]] = {}
         self.progress: dict[str, dict[str, object]] = {}  # live progress by coordinator id (ddl status)
 
@@ -114,7 +121,7 @@ class DDLDriver:
     # ------------------------------------------------------------ one coordinator
 
     async def _drive(self, cid: str) -> None:
-        while (c := self.catalog.ddl.get(cid)) is not None:
+        while (c := await self._committed(cid)) is not None:
             phase = c.phase
             self.progress[cid] = {"phase": str(phase), "since": time.time()}
             self.fault(f"ddl.{phase}", c.op)
@@ -134,6 +141,14 @@ class DDLDriver:
                     raise
                 log.warning("DDL %s %s of %s refused at %s: %s; rolling back", cid, c.op, c.ns, phase, e)
                 await self._advance(c, phase, Phase.ROLLBACK, code=e.code, reason=e.reason)
+
+    async def _committed(self, cid: str) -> Coordinator | None:
+        """Coordinator `cid` as the log has it: a phase not yet committed is not acted on (a
+        crash before the commit would leave shards doing what the log never recorded)."""
+        while not self.settled():
+            self._check_active()
+            await asyncio.sleep(0.005)
+        return self.catalog.ddl.get(cid)
 
     async def _work(self, c: Coordinator, phase: Phase) -> None:
         shards = [s for s in c.shards if s in self.catalog.shards]
@@ -205,7 +220,7 @@ class DDLDriver:
         the coordinator is idempotent); any other refusal raises Refused."""
         while True:
             self._check_active()
-            headers = [(CONFIG_TIME, str(self.catalog.config_time).encode())]
+            headers = [(CONFIG_TIME, str(self.position()).encode())]
             try:
                 reply = await self.requester.request(topic, record, timeout=REQUEST_TIMEOUT_S, headers=headers)
             except RequestTimeout:

@@ -57,6 +57,8 @@ class ConfigServer:
             catalog=self.catalog,
             requester=Requester(settings.bootstrap, t.ddl_inbox, client_id=f"{NAME}-ddl", clock=self.clock),
             active=self.processor.active,
+            settled=self.processor.settled,
+            position=lambda: self.projection.position,
         )
 
     def _report(self, role: str) -> None:

@@ -188,13 +188,14 @@ def shard_state(settings, sid: str) -> tuple[dict[str, dict], set[str]]:
 async def started(settings, cmd) -> str:
     """Start the DDL; the config server may die before it answers: the same request again
     joins the coordinator it started (or starts it)."""
+    deadline = time.monotonic() + 180
     async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
         while True:
             try:
-                reply = await r.request(settings.topics.config_commands, cmd, timeout=60)
+                reply = await r.request(settings.topics.config_commands, cmd, timeout=30)
                 break
             except RequestTimeout:
-                continue
+                assert time.monotonic() < deadline, f"{cmd.type} never answered"
     assert reply.ok and reply.result["started"], reply
     return str(reply.result["id"])
 
@@ -226,12 +227,13 @@ def test_kill9_during_a_ddl(procs, victim, fault, op):
     before = read_events(settings.bootstrap, settings.topics.config_events)
 
     async def scenario():
-        ddl_id = await started(settings, request_for(op, ns))
+        request = asyncio.create_task(started(settings, request_for(op, ns)))
         await asyncio.to_thread(
             wait_until, lambda: proc.proc.poll() is not None, 120, f"{victim} to hit {fault}", 0.05, proc.tail
         )
         assert proc.proc.returncode == -9, f"{victim} exited with {proc.proc.returncode}:\n{proc.tail()}"
         await asyncio.to_thread(cl.start, victim)  # restarted, without the fault
+        ddl_id = await request
         return ddl_id, await outcome(settings, ddl_id)
 
     ddl_id, result = asyncio.run(scenario())
