@@ -130,7 +130,11 @@ def test_ddl_through_pymongo(data_cluster):
     assert entry["shards"] == ["s0", "s1", "s2"] and entry["secs_running"] >= 0
     assert [e["opid"] for e in admin.command("currentOp", ns="app.held")["inprog"]] == [entry["opid"]]
     assert admin.command("currentOp", ns="app.other")["inprog"] == []
-    [agg] = list(admin.aggregate([{"$currentOp": {"allUsers": True}}, {"$match": {"desc": {"$in": ["DropCollectionCoordinator"]}}}]))
+    [agg] = list(
+        admin.aggregate(
+            [{"$currentOp": {"allUsers": True}}, {"$match": {"desc": {"$in": ["DropCollectionCoordinator"]}}}]
+        )
+    )
     assert agg["opid"] == entry["opid"]
     # the same drop again joins it (and returns with it); nothing returns while it is held
     t2, out2 = in_thread(lambda: client.app.command("drop", "held"))
