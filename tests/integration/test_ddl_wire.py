@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ from tests.unit.test_wire_mongosh import _mongosh
 
 pytestmark = pytest.mark.kafka
 
+COORDINATORS = ("DropCollectionCoordinator", "DropDatabaseCoordinator", "RenameCollectionCoordinator")
+
 
 def refused(fn, *args, **kw) -> int:
     with pytest.raises(OperationFailure) as e:
@@ -27,18 +30,23 @@ def refused(fn, *args, **kw) -> int:
     return e.value.code
 
 
+def body(reply: dict) -> dict:
+    """A reply without the cluster's times (every reply carries them)."""
+    return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
+
+
 def catalog(cluster):
     return cluster.router.follower.catalog
 
 
-def held_at_block_crud(cluster) -> threading.Event:
-    """Hold every coordinator at blockCRUD (its driver fails there and resumes from the phase)
-    while the returned event is set: a running coordinator to look at."""
+def held_at_block_crud(cluster, op: str = "dropCollection") -> threading.Event:
+    """Hold the coordinators of `op` at blockCRUD (their driver fails there and resumes from the
+    phase) while the returned event is set: a running coordinator to look at."""
     hold = threading.Event()
     hold.set()
 
     def fault(point: str, tag: str | None = None) -> None:
-        if hold.is_set() and point == "ddl.blockCRUD":
+        if hold.is_set() and point == "ddl.blockCRUD" and tag == op:
             raise RuntimeError("held at blockCRUD by the test")
 
     cluster.config.ddl.fault = fault
@@ -52,7 +60,7 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return t, out
 
 
-def test_ddl_through_pymongo(data_cluster):
+def test_ddl_through_pymongo(data_cluster, monkeypatch):
     client = data_cluster.mongo_client()
     admin, app = client.admin, client.app
     admin.command("enableSharding", "app", primaryShard="s0")
@@ -61,7 +69,7 @@ def test_ddl_through_pymongo(data_cluster):
     app.plain.insert_many([{"_id": i} for i in range(5)])
     app.plain.drop()
     assert "plain" not in app.list_collection_names() and app.plain.count_documents({}) == 0
-    assert app.command("drop", "plain") == {"ok": 1.0}
+    assert body(app.command("drop", "plain")) == {"ok": 1.0}
     admin.command("shardCollection", "app.users", key={"k": 1})
     app.users.insert_many([{"_id": i, "k": i} for i in range(100)])
     admin.command("split", "app.users", middle={"k": 50})
@@ -105,7 +113,7 @@ def test_ddl_through_pymongo(data_cluster):
 
     # dropDatabase: every collection, then the database
     client.shop.items.insert_many([{"_id": i} for i in range(3)])
-    assert client.shop.command("dropDatabase") == {"dropped": "shop", "ok": 1.0}
+    assert body(client.shop.command("dropDatabase")) == {"dropped": "shop", "ok": 1.0}
     assert "shop" not in client.list_database_names() and client.shop.items.count_documents({}) == 0
     client.drop_database("shop")  # missing: ok
     assert refused(client.admin.command, "dropDatabase") == 20
@@ -123,20 +131,35 @@ def test_ddl_through_pymongo(data_cluster):
     assert entry["shards"] == ["s0", "s1", "s2"] and entry["secs_running"] >= 0
     assert [e["opid"] for e in admin.command("currentOp", ns="app.held")["inprog"]] == [entry["opid"]]
     assert admin.command("currentOp", ns="app.other")["inprog"] == []
-    [agg] = list(admin.aggregate([{"$currentOp": {"allUsers": True}}, {"$match": {"desc": {"$regex": "Drop"}}}]))
+    [agg] = list(
+        admin.aggregate(
+            [{"$currentOp": {"allUsers": True}}, {"$match": {"desc": {"$in": ["DropCollectionCoordinator"]}}}]
+        )
+    )
     assert agg["opid"] == entry["opid"]
     # the same drop again joins it (and returns with it); nothing returns while it is held
     t2, out2 = in_thread(lambda: client.app.command("drop", "held"))
-    assert not out
+    # another DDL of the database waits for its lock: SHARDLOG_DDL_LOCK_WAIT, then 117
+    monkeypatch.setenv("SHARDLOG_DDL_LOCK_WAIT", "1")
+    began = time.monotonic()
+    assert refused(admin.command, "renameCollection", "app.c", to="app.c2") == 117
+    assert time.monotonic() - began >= 0.9 and app.c.count_documents({}) == 20
+    monkeypatch.setenv("SHARDLOG_DDL_LOCK_WAIT", "60")
+    t3, out3 = in_thread(lambda: admin.command("renameCollection", "app.c", to="app.c2"))
+    # ... while a DDL of another database runs at once
+    client.other.x.insert_one({"_id": 1})
+    assert body(client.other.command("dropDatabase")) == {"dropped": "other", "ok": 1.0}
+    assert not out and not out2 and not out3
     hold.clear()
-    t.join(60)
-    t2.join(60)
-    assert out == [{"ns": "app.held", "nIndexesWas": 1, "ok": 1.0}] and out2 and out2[0]["ok"] == 1.0
+    for th in (t, t2, t3):
+        th.join(60)
+    assert out3 and out3[0]["ok"] == 1.0 and app.c2.count_documents({}) == 20
+    assert [body(r) for r in out] == [{"ns": "app.held", "nIndexesWas": 1, "ok": 1.0}] and out2 and out2[0]["ok"] == 1.0
     assert app.held.count_documents({}) == 0
 
     # currentOp: nothing running once every DDL returned; filters apply to the entries
     assert admin.command("currentOp")["inprog"] == []
-    assert admin.command("currentOp", desc={"$regex": "Coordinator"})["inprog"] == []
+    assert admin.command("currentOp", desc={"$in": list(COORDINATORS)})["inprog"] == []
     assert list(admin.aggregate([{"$currentOp": {"allUsers": True}}, {"$match": {"desc": "x"}}])) == []
 
 
