@@ -123,7 +123,11 @@ def test_ddl_through_pymongo(data_cluster, monkeypatch):
     app.held.insert_one({"_id": 1})
     hold = held_at_block_crud(data_cluster)
     t, out = in_thread(lambda: app.command("drop", "held"))
-    wait_until(lambda: admin.command("currentOp")["inprog"], 30, "the coordinator in currentOp")
+    wait_until(
+        lambda: [e for e in admin.command("currentOp")["inprog"] if e.get("currentPhase") == "blockCRUD"],
+        30,
+        "the coordinator in currentOp, held at blockCRUD",
+    )
     [entry] = admin.command("currentOp")["inprog"]
     assert entry["desc"] == "DropCollectionCoordinator" and entry["ns"] == "app.held", entry
     assert entry["command"] == {"dropCollection": "app.held"} and entry["currentPhase"] == "blockCRUD"
@@ -229,7 +233,15 @@ def test_ddl_through_the_cli(data_cluster):
     client.cl.h.insert_one({"_id": 1})
     hold = held_at_block_crud(data_cluster)
     t, out = in_thread(lambda: client.cl.command("drop", "h"))
-    wait_until(lambda: json.loads(cli(settings, "ddl", "status", "--json").stdout)["running"], 30, "running")
+    wait_until(
+        lambda: [
+            c
+            for c in json.loads(cli(settings, "ddl", "status", "--json").stdout)["running"]
+            if c["phase"] == "blockCRUD"
+        ],
+        30,
+        "the coordinator running, held at blockCRUD",
+    )
     [c] = json.loads(cli(settings, "ddl", "status", "--json").stdout)["running"]
     assert (c["op"], c["ns"], c["phase"], c["state"]) == ("dropCollection", "cl.h", "blockCRUD", "running")
     table = cli(settings, "ddl", "status").stdout
