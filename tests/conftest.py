@@ -163,6 +163,45 @@ class ServiceProcess:
                 self.proc.wait(5)
 
 
+class ProcessCluster:
+    """Services in their own processes (the kill -9 tests): `services` maps a name to
+    (module, args, ready name, role to wait for); `start` arms a fault point to kill at."""
+
+    services: dict[str, tuple[str, tuple[str, ...], str, str | None]] = {}
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.procs: dict[str, ServiceProcess] = {}
+
+    def start(self, name: str, fault: str | None = None) -> ServiceProcess:
+        """(Re)start a service: the running instance, if any, stops first."""
+        if name in self.procs:
+            self.procs[name].stop()
+        module, args, ready, role = self.services[name]
+        env = {"SHARDLOG_FAULTS": f"{fault}=kill" if fault else ""}
+        p = self.procs[name] = ServiceProcess(self.settings, module, *args, ready_name=ready, env=env)
+        p.wait_ready(timeout=90, role=role)
+        return p
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            p.stop()
+
+    def ask(self, topic: str, req, timeout: float = 30):
+        from libs.requests import Requester
+
+        async def go():
+            async with Requester(self.settings.bootstrap, self.settings.topics.cli_replies) as r:
+                return await r.request(topic, req, timeout=timeout)
+
+        return asyncio.run(go())
+
+    def config(self, cmd):
+        reply = self.ask(self.settings.topics.config_commands, cmd, timeout=60)
+        assert reply.ok, reply
+        return reply
+
+
 @pytest.fixture
 def spawn():
     """Start services as child processes; every one is stopped at teardown."""

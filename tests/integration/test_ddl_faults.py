@@ -31,7 +31,7 @@ from libs.service import ServiceSettings
 from schemas import config as c
 from schemas import ddl as d
 from schemas import shard as s
-from tests.conftest import ServiceProcess, read_events, read_records, wait_until
+from tests.conftest import ProcessCluster, read_events, read_records, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -61,36 +61,8 @@ SERVICES = {
 _numbers = itertools.count()
 
 
-class Cluster:
-    def __init__(self, settings: ServiceSettings):
-        self.settings = settings
-        self.procs: dict[str, ServiceProcess] = {}
-
-    def start(self, name: str, fault: str | None = None) -> ServiceProcess:
-        """(Re)start a service: the running instance, if any, stops first."""
-        if name in self.procs:
-            self.procs[name].stop()
-        module, args, ready, role = SERVICES[name]
-        env = {"SHARDLOG_FAULTS": f"{fault}=kill" if fault else ""}
-        p = self.procs[name] = ServiceProcess(self.settings, module, *args, ready_name=ready, env=env)
-        p.wait_ready(timeout=90, role=role)
-        return p
-
-    def stop_all(self) -> None:
-        for p in self.procs.values():
-            p.stop()
-
-    def ask(self, topic: str, req, timeout: float = 30):
-        async def go():
-            async with Requester(self.settings.bootstrap, self.settings.topics.cli_replies) as r:
-                return await r.request(topic, req, timeout=timeout)
-
-        return asyncio.run(go())
-
-    def config(self, cmd):
-        reply = self.ask(self.settings.topics.config_commands, cmd, timeout=60)
-        assert reply.ok, reply
-        return reply
+class Cluster(ProcessCluster):
+    services = SERVICES
 
 
 @pytest.fixture(scope="module")
