@@ -45,9 +45,11 @@ class Rounds:
         executor: Executor,
         active: asyncio.Event,
         snapshot: Callable[[], dict[str, Any]],
+        collection_status: Callable[[str, dict[str, Any]], dict[str, Any]],
     ):
         self.follower, self.state, self.statistics, self.executor = follower, state, statistics, executor
-        self.active, self.snapshot = active, snapshot
+        self.active, self.snapshot, self.collection_status = active, snapshot, collection_status
+        self.not_compliant: dict[str, list[str]] = {}  # ns -> why, found when a round had nothing to do
         self.round = 0
         self.activity = "starting"  # what the round loop is doing, for `balancer status`
         self._fresh_from = 0  # statistics must be at least this recent (after our last actions)
@@ -103,8 +105,15 @@ class Rounds:
         # A draining shard without chunks: its databases move (one at a time), then it goes.
         moves += draining.drain_actions(catalog, busy, new_id)
         if not splits and not moves:
-            self.activity = "balanced: nothing to do"
+            self.not_compliant = self._not_compliant()
+            self.activity = (
+                "nothing to do, but not compliant: "
+                + "; ".join(f"{ns}: {', '.join(why)}" for ns, why in self.not_compliant.items())
+                if self.not_compliant
+                else "balanced: nothing to do"
+            )
             return {"splits": 0, "migrations": 0}
+        self.not_compliant = {}
         self.round += 1
         round_no = self.round
         await self.executor.record(b.IssueActions(round=round_no, actions=[*splits, *moves]))
@@ -131,6 +140,26 @@ class Rounds:
         await self.executor.record(b.CompleteRound(round=round_no, summary=summary))
         self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
         return summary
+
+    def _not_compliant(self) -> dict[str, list[str]]:
+        """Per collection the balancer cannot bring into compliance, its violations in
+        short (reason, with the zone or shard it names): what `balancer status` shows
+        instead of "balanced" when a round finds nothing it may do."""
+        snap = self.snapshot()
+        out: dict[str, list[str]] = {}
+        for ns in sorted(self.follower.catalog.collections):
+            status = self.collection_status(ns, snap)
+            if status["compliant"]:
+                continue
+            counts: dict[str, int] = {}
+            for v in status["violations"]:
+                if v["reason"] == "balancerDisabled":
+                    continue
+                what = v["reason"] + (f" (zone {v['zone']!r})" if v.get("zone") else "")
+                what += f" on {v['shard']}" if v.get("shard") else ""
+                counts[what] = counts.get(what, 0) + 1
+            out[ns] = [f"{w} ×{n}" if n > 1 else w for w, n in counts.items()]
+        return out
 
     async def _finish_in_flight(self) -> None:
         """The round loop's own actions (the secondary loop finishes those it issued)."""

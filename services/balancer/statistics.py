@@ -43,19 +43,38 @@ class StatisticsReader:
 
     def sizes(self, catalog: Catalog, fresh_from: int) -> tuple[dict[tuple[str, bytes], int], list[str]]:
         """(ns, chunk min key) -> data size, from reports taken at ConfigTime >= fresh_from;
-        and the shards owning chunks whose report is older (their sizes are unknown)."""
-        out: dict[tuple[str, bytes], int] = {}
-        stale = []
-        owners = {ch.shard for coll in catalog.collections.values() for ch in coll.chunks}
-        for shard in sorted(owners):
-            report = self.latest.get(shard)
-            if report is None or report.configTime < fresh_from:
-                stale.append(shard)
+        and the shards owning chunks whose report is older (their sizes are unknown).
+
+        A chunk is sized only by a report on exactly its range (the newest such report, of
+        the collection's incarnation), whoever made it: right after a migration the donor's
+        last report may still describe the chunk (the same data, so its size holds) or a
+        range it has since split, and the recipient's report may be newer or older.  Sizing
+        a chunk from a report on another range (a former layout) gave wrong sizes until
+        both shards reported again; a chunk no report describes is left out (unknown)."""
+        found: dict[tuple[str, bytes, bytes], tuple[int, int]] = {}  # (ns, min, max) -> (configTime, size)
+        for report in self.latest.values():
+            if report.configTime < fresh_from:
                 continue
+            epochs = {c.ns: c.epoch for c in report.collections}
             for ch in report.chunks:
                 coll = catalog.collections.get(ch.ns)
-                if coll is not None:
-                    out[(ch.ns, coll.pattern.encode_bound(from_ejson(ch.min)))] = ch.dataSizeBytes
+                if coll is None or epochs.get(ch.ns, coll.epoch) != coll.epoch:
+                    continue
+                k = (
+                    ch.ns,
+                    coll.pattern.encode_bound(from_ejson(ch.min)),
+                    coll.pattern.encode_bound(from_ejson(ch.max)),
+                )
+                if (seen := found.get(k)) is None or seen[0] < report.configTime:
+                    found[k] = (report.configTime, ch.dataSizeBytes)
+        out: dict[tuple[str, bytes], int] = {}
+        owners: set[str] = set()
+        for ns, coll in catalog.collections.items():
+            for c in coll.chunks:
+                owners.add(c.shard)
+                if (hit := found.get((ns, c.min_key, c.max_key))) is not None:
+                    out[(ns, c.min_key)] = hit[1]
+        stale = [s for s in sorted(owners) if (r := self.latest.get(s)) is None or r.configTime < fresh_from]
         return out, stale
 
     def shard_sizes(self) -> dict[str, int]:

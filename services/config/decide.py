@@ -148,6 +148,8 @@ def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
     chunks, dbs = catalog.chunk_count(s.id), catalog.primary_of(s.id)
     if not s.draining and len(catalog.active_shards()) == 1 and len(catalog.shards) == 1:
         raise CommandError(ErrorCode.IllegalOperation, f"cannot remove {s.id!r}: it is the last shard of the cluster")
+    if not s.draining:
+        _not_last_of_a_zone_in_use(catalog, s.id)
     if chunks == 0 and not dbs:
         return Decision([c.ShardRemoved(shard=s.id)], {"state": "completed", "shard": s.id})
     remaining = {"chunks": chunks, "dbs": dbs}
@@ -156,6 +158,24 @@ def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
     if not [x for x in catalog.active_shards() if x != s.id]:
         raise CommandError(ErrorCode.IllegalOperation, f"cannot drain {s.id!r}: no other shard could take its data")
     return Decision([c.ShardDraining(shard=s.id)], {"state": "started", "shard": s.id, "remaining": remaining})
+
+
+def _not_last_of_a_zone_in_use(catalog: Catalog, shard: str) -> None:
+    """MongoDB's removeShard refuses a shard that is the only one of a zone with key ranges:
+    the zone's data could go nowhere, and the drain would never end."""
+    for zone in sorted(catalog.shards[shard].zones):
+        if catalog.zone_in_use(zone) and not catalog.zone_targets(zone, exclude=shard):
+            ranges = [
+                f"{ns} [{to_ejson(z.min)}, {to_ejson(z.max)})"
+                for ns, coll in sorted(catalog.collections.items())
+                for z in coll.zones
+                if z.zone == zone
+            ]
+            raise CommandError(
+                ErrorCode.ZoneStillInUse,
+                f"cannot remove {shard!r}: it is the only shard of zone {zone!r}, which still has key ranges "
+                f"({'; '.join(ranges)}); add another shard to the zone or remove the ranges first",
+            )
 
 
 # -------------------------------------------------------------- databases
