@@ -166,7 +166,7 @@ def _not_last_of_a_zone_in_use(catalog: Catalog, shard: str) -> None:
     for zone in sorted(catalog.shards[shard].zones):
         if catalog.zone_in_use(zone) and not catalog.zone_targets(zone, exclude=shard):
             ranges = [
-                f"{ns} [{to_ejson(z.min)}, {to_ejson(z.max)})"
+                f"{ns} [{json.dumps(to_ejson(z.min))}, {json.dumps(to_ejson(z.max))})"
                 for ns, coll in sorted(catalog.collections.items())
                 for z in coll.zones
                 if z.zone == zone

@@ -1254,6 +1254,7 @@ def test_store_round_trip_of_every_kind_of_entity(tmp_path):
         c.MergeChunks(ns="d.x", min={"k": -2.5}, max={"k": {"o": 1}}),
         c.AddShardToZone(shard="a", zone="EU"),
         c.AddShardToZone(shard="c", zone="US"),
+        c.AddShardToZone(shard="b", zone="US"),  # c is not the zone's only shard: it may drain
         c.AssignZoneRange(ns="d.x", min={"k": "a"}, max={"k": "n"}, zone="EU"),
         c.AssignZoneRange(ns="d.x", min={"k": MINK}, max={"k": 0}, zone="US"),
         c.AssignZoneRange(ns="e.x.y", min={"a": 1, "b": MINK}, max={"a": 2, "b": MINK}, zone="US"),
