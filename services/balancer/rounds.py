@@ -26,7 +26,7 @@ from typing import Any, Literal
 from domain.catalog import Catalog
 from domain.follower import CatalogFollower
 from domain.settings import in_window
-from domain.shardkey import to_ejson
+from domain.shardkey import from_ejson, to_ejson
 from schemas import balancer as b
 from services.balancer import draining, policy
 from services.balancer.executor import Executor
@@ -52,7 +52,7 @@ class Rounds:
         self.not_compliant: dict[str, list[str]] = {}  # ns -> why, found when a round had nothing to do
         self.round = 0
         self.activity = "starting"  # what the round loop is doing, for `balancer status`
-        self._fresh_from = 0  # statistics must be at least this recent (after our last actions)
+        self._changed: set[str] = set()  # shards our last actions changed: their next report must show it
         self._last_migration_end: float | None = None  # monotonic; for balancerMigrationsThrottlingMs
 
     async def run(self) -> None:
@@ -78,16 +78,16 @@ class Rounds:
                 summary = None
             interval = self.follower.catalog.settings.balancerRoundIntervalSecs
             if summary is not None and "skipped" in summary:
-                await self.statistics.changed(interval)  # the reports it waits for, or the interval
+                await self._until_news(interval)  # the reports it waits for, or the interval
             else:
                 await asyncio.sleep(round_pause(summary, interval))
 
     async def balance_round(self) -> dict[str, Any]:
         """One round; its summary."""
         catalog = self.follower.catalog
-        sizes, stale = self.statistics.sizes(catalog, self._fresh_from)
+        sizes, stale = self.statistics.sizes(catalog, self._changed)
         if stale:
-            self.activity = f"waiting for statistics newer than ConfigTime {self._fresh_from} from {', '.join(stale)}"
+            self.activity = f"waiting for statistics that show the chunks of {', '.join(stale)}"
             return {"skipped": self.activity}
         plan = policy.plan(self.snapshot())
         splits: list[b.SplitAction | b.AutoSplitAction] = [
@@ -138,8 +138,26 @@ class Rounds:
             "reasons": sorted({m.reason if isinstance(m, b.MigrationAction) else m.kind for m in moves}),
         }
         await self.executor.record(b.CompleteRound(round=round_no, summary=summary))
-        self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
+        # The next round needs statistics that show what these actions changed (the shards
+        # report as soon as their chunks change; failed actions changed nothing).
+        self._changed = {
+            s for a, r in zip([*splits, *moves], [*split_results, *results]) if r.ok for s in changed_shards(catalog, a)
+        }
         return summary
+
+    async def _until_news(self, timeout: float) -> None:
+        """Until a shard reports or the catalog moves on (a report may show a layout the
+        catalog here does not have yet), or `timeout` seconds."""
+        waits = [
+            asyncio.create_task(self.statistics.changed(timeout)),
+            asyncio.create_task(self.follower.wait_for(self.follower.config_time + 1, timeout)),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _not_compliant(self) -> dict[str, list[str]]:
         """Per collection the balancer cannot bring into compliance, its violations in
@@ -163,8 +181,24 @@ class Rounds:
 
     async def _finish_in_flight(self) -> None:
         """The round loop's own actions (the secondary loop finishes those it issued)."""
-        await asyncio.gather(*(self.executor.run(a) for a in list(self.state.in_flight.values()) if not a.secondary))
-        self._fresh_from = self.follower.config_time
+        actions = [a for a in self.state.in_flight.values() if not a.secondary]
+        results = await asyncio.gather(*(self.executor.run(a) for a in actions))
+        catalog = self.follower.catalog
+        self._changed = {s for a, r in zip(actions, results) if r.ok for s in changed_shards(catalog, a)}
+
+
+def changed_shards(catalog: Catalog, action: Any) -> set[str]:
+    """The shards whose chunks an action changes: a migration's donor and recipient, the
+    owner of a split chunk (a primary move or a removal changes no chunk)."""
+    if isinstance(action, b.MigrationAction):
+        return {action.donor, action.recipient}
+    if isinstance(action, b.AutoSplitAction):
+        return {action.shard}
+    if isinstance(action, b.SplitAction):
+        coll = catalog.collections.get(action.ns)
+        if coll is not None:
+            return {coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(action.chunk.min)))].shard}
+    return set()
 
 
 def auto_splits(catalog: Catalog, sizes: dict[tuple[str, bytes], int]) -> list[b.SplitAction | b.AutoSplitAction]:

@@ -151,7 +151,7 @@ class Balancer:
 
     def snapshot(self) -> dict[str, Any]:
         catalog = self.follower.catalog
-        sizes, _ = self.statistics.sizes(catalog, 0)
+        sizes, _ = self.statistics.sizes(catalog)
         snap = snapshot.build(catalog, sizes, catalog.settings.shardWeights, self.state.busy_shards())
         for coll in snap["collections"]:
             if self.state.blocks_balancing(coll["ns"]):  # defragmentation owns the collection meanwhile

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
+from typing import Any
 
 from domain.catalog import Catalog
-from domain.shardkey import from_ejson
+from domain.shardkey import from_ejson, to_ejson
 from libs import kafka
 from libs.service import ServiceSettings
 from schemas import RecordError, stats
@@ -41,9 +43,12 @@ class StatisticsReader:
                     self.latest[report.shard] = report
                     self._changed.set()
 
-    def sizes(self, catalog: Catalog, fresh_from: int) -> tuple[dict[tuple[str, bytes], int], list[str]]:
-        """(ns, chunk min key) -> data size, from reports taken at ConfigTime >= fresh_from;
-        and the shards owning chunks whose report is older (their sizes are unknown).
+    def sizes(self, catalog: Catalog, current: Collection[str] = ()) -> tuple[dict[tuple[str, bytes], int], list[str]]:
+        """(ns, chunk min key) -> data size; and the shards whose sizes are not known yet:
+        those owning chunks with no report at all, and those of `current` (the shards the
+        balancer's last actions changed) whose report does not show the chunks they own
+        now.  A shard reports as soon as its chunks change (services/shard/statistics.py),
+        so a round waits for those reports only, not for the next periodic ones.
 
         A chunk is sized only by a report on exactly its range (the newest such report, of
         the collection's incarnation), whoever made it: right after a migration the donor's
@@ -53,8 +58,6 @@ class StatisticsReader:
         both shards reported again; a chunk no report describes is left out (unknown)."""
         found: dict[tuple[str, bytes, bytes], tuple[int, int]] = {}  # (ns, min, max) -> (configTime, size)
         for report in self.latest.values():
-            if report.configTime < fresh_from:
-                continue
             epochs = {c.ns: c.epoch for c in report.collections}
             for ch in report.chunks:
                 coll = catalog.collections.get(ch.ns)
@@ -68,13 +71,20 @@ class StatisticsReader:
                 if (seen := found.get(k)) is None or seen[0] < report.configTime:
                     found[k] = (report.configTime, ch.dataSizeBytes)
         out: dict[tuple[str, bytes], int] = {}
-        owners: set[str] = set()
-        for ns, coll in catalog.collections.items():
+        owned: dict[str, list[tuple[str, Any, Any]]] = {}  # shard -> its chunks (ns, min, max), as a report lists them
+        for ns in sorted(catalog.collections):
+            coll = catalog.collections[ns]
             for c in coll.chunks:
-                owners.add(c.shard)
+                owned.setdefault(c.shard, []).append((ns, c.min, c.max))
                 if (hit := found.get((ns, c.min_key, c.max_key))) is not None:
                     out[(ns, c.min_key)] = hit[1]
-        stale = [s for s in sorted(owners) if (r := self.latest.get(s)) is None or r.configTime < fresh_from]
+        stale = []
+        for shard in sorted(set(owned) | set(current)):
+            last = self.latest.get(shard)
+            if shard in owned and last is None:
+                stale.append(shard)
+            elif shard in current and not shows(last, owned.get(shard, [])):
+                stale.append(shard)
         return out, stale
 
     def shard_sizes(self) -> dict[str, int]:
@@ -88,3 +98,15 @@ class StatisticsReader:
             await asyncio.wait_for(self._changed.wait(), timeout)
         except TimeoutError:
             pass
+
+
+def shows(report: stats.ShardStatistics | None, chunks: list[tuple[str, Any, Any]]) -> bool:
+    """Whether `report` lists exactly `chunks` (ns, min, max in key order, by namespace):
+    the shard's layout as the balancer's catalog has it."""
+    if report is None:
+        return not chunks
+    if len(report.chunks) != len(chunks):
+        return False
+    return all(
+        r.ns == ns and r.min == to_ejson(lo) and r.max == to_ejson(hi) for r, (ns, lo, hi) in zip(report.chunks, chunks)
+    )

@@ -135,7 +135,7 @@ def report(shard: str, config_time: int, chunks: list[tuple[object, object, int]
 
 def sizes_of(cat: Catalog, reader: StatisticsReader) -> list[tuple[str, int | None]]:
     """(owner, the size the balancer reads for it; None: unknown) of each chunk, in key order."""
-    known, _ = reader.sizes(cat, 0)
+    known, _ = reader.sizes(cat)
     return [(ch.shard, known.get(("d.c", ch.min_key))) for ch in cat.collections["d.c"].chunks]
 
 
