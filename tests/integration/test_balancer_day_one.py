@@ -28,10 +28,13 @@ def slow_stats_cluster(settings, monkeypatch):
 
 
 def start_balancer(cl):
+    """The balancer and the range deleter (migrations back onto a shard wait for its orphans to go)."""
     from services.balancer.server import Balancer
+    from services.range_deleter.server import RangeDeleter
 
-    balancer = Balancer(cl.settings)
-    return balancer, asyncio.run_coroutine_threadsafe(balancer.run(), cl.loop)
+    balancer, deleter = Balancer(cl.settings), RangeDeleter(cl.settings)
+    tasks = [asyncio.run_coroutine_threadsafe(x.run(), cl.loop) for x in (balancer, deleter)]
+    return balancer, tasks
 
 
 def test_a_drain_runs_its_migrations_in_parallel_without_waiting_for_periodic_statistics(slow_stats_cluster):
@@ -40,7 +43,11 @@ def test_a_drain_runs_its_migrations_in_parallel_without_waiting_for_periodic_st
     shards make as their chunks change (before: a round waited for statistics taken after
     the previous one, i.e. the next periodic report, here never)."""
     cl = slow_stats_cluster
-    for key, value in (("balancerRoundIntervalSecs", 1), ("balancerMigrationsThrottlingMs", 0)):
+    for key, value in (
+        ("balancerRoundIntervalSecs", 1),
+        ("balancerMigrationsThrottlingMs", 0),
+        ("orphanCleanupDelaySecs", 0),
+    ):
         cl.command(c.SetSetting(key=key, value=value))
     cl.command(c.CreateDatabase(db="dr", primary="s0"))
     cl.command(c.ShardCollection(ns="dr.c", key={"k": 1}))
@@ -55,7 +62,7 @@ def test_a_drain_runs_its_migrations_in_parallel_without_waiting_for_periodic_st
             await client["dr"]["c"].insert_many([{"_id": i, "k": i} for i in range(n * 10)])
 
     asyncio.run(load())
-    balancer, task = start_balancer(cl)
+    balancer, tasks = start_balancer(cl)
     try:
         for shard in ("s2", "s3"):
             done = cli(cl.settings, "remove-shard", shard, "--json")
@@ -63,10 +70,12 @@ def test_a_drain_runs_its_migrations_in_parallel_without_waiting_for_periodic_st
         cl.call(
             async_wait_until(
                 lambda: not {"s2", "s3"} & set(cl.config.catalog.shards), 180, "s2 and s3 to drain and be removed"
-            )
+            ),
+            timeout=200,
         )
     finally:
-        task.cancel()
+        for t in tasks:
+            t.cancel()
 
     issued: dict[int, list[b.MigrationAction]] = {}
     for rec in read_records(cl.settings.bootstrap, cl.settings.topics.balancer_events):
@@ -106,6 +115,7 @@ def zoned_cluster(settings, monkeypatch):
 def test_the_last_shard_of_a_zone_is_not_removed_and_a_stranded_drain_says_why(zoned_cluster):
     cl = zoned_cluster
     cl.command(c.SetSetting(key="balancerRoundIntervalSecs", value=1))
+    cl.command(c.SetSetting(key="orphanCleanupDelaySecs", value=0))
     cl.command(c.CreateDatabase(db="zn", primary="s0"))
     cl.command(c.ShardCollection(ns="zn.c", key={"k": 1}))
     cl.command(c.SplitChunk(ns="zn.c", at=[{"k": 0}, {"k": 10}]))
@@ -129,7 +139,7 @@ def test_the_last_shard_of_a_zone_is_not_removed_and_a_stranded_drain_says_why(z
     cl.command(c.RemoveShardFromZone(shard="s1", zone="z"))
     cl.command(c.SetSetting(key="balancerEnabled", value=True))
 
-    balancer, task = start_balancer(cl)
+    balancer, tasks = start_balancer(cl)
     try:
         status = json.loads(cli(cl.settings, "remove-shard", "s2", "--status", "--json").stdout)
         no_target = [x for x in status["blockers"] if x["reason"] == "noTarget"]
@@ -152,6 +162,10 @@ def test_the_last_shard_of_a_zone_is_not_removed_and_a_stranded_drain_says_why(z
 
         # The remedy: a shard joins the zone, the drain ends.
         cl.command(c.AddShardToZone(shard="s0", zone="z"))
-        cl.call(async_wait_until(lambda: "s2" not in cl.config.catalog.shards, 120, "s2 to drain and be removed"))
+        cl.call(
+            async_wait_until(lambda: "s2" not in cl.config.catalog.shards, 120, "s2 to drain and be removed"),
+            timeout=150,
+        )
     finally:
-        task.cancel()
+        for t in tasks:
+            t.cancel()
