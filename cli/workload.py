@@ -230,7 +230,11 @@ def run_cmd(
     ctx: typer.Context,
     workload: str = typer.Argument(..., help="ycsb-a, ycsb-b, ycsb-c, ycsb-d, ycsb-e or ycsb-f"),
     ops: int = typer.Option(..., "--ops", help="operations to execute"),
-    records: int = typer.Option(1000, "--records", help="records loaded; the collection's documents when more (a run's inserts continue after an earlier run's)"),
+    records: int = typer.Option(
+        1000,
+        "--records",
+        help="records loaded; the collection's documents when more (a run's inserts continue after an earlier run's)",
+    ),
     rate: float | None = typer.Option(None, "--rate", help="target ops/s (default: as fast as possible)"),
     concurrency: int = ConcurrencyOpt,
     distribution: str | None = typer.Option(
