@@ -22,7 +22,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from cli.context import CliContext, JsonOpt
+from domain.protocol import split_ns
 from libs.client import AsyncCluster
+from libs.commands import CommandError
 from services.workload import runner
 from services.workload.ycsb import REQUEST_DISTRIBUTIONS, Workload
 
@@ -56,9 +58,10 @@ def _require(cx: CliContext, ok: bool, message: str) -> None:
 
 
 def _split_ns(cx: CliContext, ns: str) -> tuple[str, str]:
-    db, _, coll = ns.partition(".")
-    _require(cx, bool(db and coll), f"--ns must be db.collection, not {ns!r}")
-    return db, coll
+    try:
+        return split_ns(ns)  # the one rule for names, as the router applies it
+    except CommandError as e:
+        cx.fail(f"--ns: {e.message}", code=e.code, exit_code=2)
 
 
 def _setup_metrics() -> Callable[[], None]:

@@ -189,8 +189,8 @@ def split_ns(ns: str) -> tuple[str, str]:
     if not valid_collection_name(coll) or len(ns.encode()) > 255 or "$" in coll or coll.startswith("system."):
         raise CommandError(
             ErrorCode.InvalidNamespace,
-            f"invalid collection name in {ns!r}: not starting with '.', no '$' or NUL, not 'system.*', "
-            "namespace <= 255 bytes",
+            f"invalid collection name in {ns!r}: a collection name does not start with '.', holds no '$' or NUL, "
+            "is not 'system.*', and the namespace is at most 255 bytes",
         )
     return db, coll
 

@@ -232,3 +232,13 @@ def test_a_move_summary_has_its_range_and_a_duration():
     )
     assert line == "moved { x: 1000 } -->> { x: MaxKey } of d.x s0 -> s1: 3 documents cloned, 0 modifications, 2.3 s"
     assert "?" not in line
+
+
+@pytest.mark.parametrize(
+    "args", [["workload", "run", "ycsb-a", "--ops", "1"], ["workload", "load", "ycsb", "--records", "1"]]
+)
+def test_the_cli_refuses_db_dot_dot_c_before_any_io(args):
+    r = CliRunner().invoke(app, ["--bootstrap", "127.0.0.1:1", "--cluster", "unit", *args, "--ns", "db..c"])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "InvalidNamespace" in lines[0] and "'db..c'" in lines[0], r.output
