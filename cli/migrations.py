@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any
 
 import typer
@@ -25,6 +26,7 @@ from schemas import config as c
 from schemas import shard as s
 
 POLL_S = 0.25
+FIGURES_WAIT_S = 10.0  # once decided, how long to wait for the donor's final figures (it may be down)
 
 migrations_app = typer.Typer()
 
@@ -93,15 +95,17 @@ def set_allow_migrations(
     ctx: typer.Context, ns: str, allow: bool = typer.Argument(..., help="true or false"), json_out: bool = JsonOpt
 ) -> None:
     """Allow or stop migrations of a collection.  Stopping aborts those that have not
-    committed and returns once none is running."""
+    committed (ConflictingOperationInProgress) and returns once none is running."""
     cx = CliContext.of(ctx)
-    cx.command(sc.allow_migrations(ns, allow), "shardlog set-allow-migrations")
+    reply = cx.command(sc.allow_migrations(ns, allow), "shardlog set-allow-migrations")
+    aborted = (reply.result or {}).get("aborted", [])
     running = [] if allow else cx.run(_wait_none_running(cx, ns))
     if cx.json:
-        cx.print_json({"ns": ns, "allowMigrations": allow, "waitedFor": running})
+        cx.print_json({"ns": ns, "allowMigrations": allow, "aborted": aborted, "waitedFor": running})
     else:
         cx.out.print(
             f"migrations of {ns} {'allowed' if allow else 'stopped'}"
+            + (f" ({len(aborted)} running aborted: {', '.join(aborted)})" if aborted else "")
             + (f" (waited for {len(running)} to finish)" if running else "")
         )
 
@@ -183,6 +187,7 @@ async def _until_decided(
     """The config server's last answer on the migration, and the donor's last progress figures."""
     t = cx.topics
     progress: dict[str, Any] = {}
+    decided_at: float | None = None
     while True:
         state = await cx.ask(r, t.config_commands, c.GetMigration(id=mid))
         try:
@@ -192,11 +197,17 @@ async def _until_decided(
             pass  # the donor is restarting: the outcome still comes from the config server
         if live is not None:
             live.update(_progress_line(mid, state["state"], progress))
-        # Decided; the donor's figures are final once it recorded the decision.
-        if state["state"] != "active" and (
-            not progress or "criticalMs" in progress or progress.get("phase") in ("done", "aborting")
-        ):
-            return state, progress
+        # Decided; the donor's figures are final once it recorded the decision (a donor that is
+        # down never says so: the config server's outcome is the answer after FIGURES_WAIT_S).
+        if state["state"] != "active":
+            decided_at = decided_at or time.monotonic()
+            if (
+                not progress
+                or "criticalMs" in progress
+                or progress.get("phase") in ("done", "aborting")
+                or time.monotonic() - decided_at > FIGURES_WAIT_S
+            ):
+                return state, progress
         await asyncio.sleep(POLL_S)
 
 
