@@ -90,6 +90,33 @@ def move_primary(
         cx.out.print(f"{db}: primary {r['donor']} -> {to}, {summary['progress'].get('cloned', 0)} documents copied")
 
 
+@migrations_app.command("abort-move-primary")
+def abort_move_primary(ctx: typer.Context, db: str, json_out: bool = JsonOpt) -> None:
+    """Abort a database's movePrimary that is stuck (e.g. its donor is down): the database
+    stays on its old primary, nothing is lost (the recipient's copies are dropped)."""
+    cx = CliContext.of(ctx)
+    active = cx.run(_active_primary_moves(cx, db))
+    if not active:
+        cx.fail(f"no movePrimary of {db} is running", code=ErrorCode.NoSuchMigration)
+    reply = cx.command(
+        c.AbortPrimaryMove(
+            id=active[0]["id"], reason="aborted by shardlog abort-move-primary", code=ErrorCode.Interrupted
+        ),
+        "shardlog abort-move-primary",
+    )
+    outcome = (reply.result or {}).get("outcome", "")
+    if cx.json:
+        cx.print_json({"db": db, "id": active[0]["id"], "outcome": outcome})
+    else:
+        cx.out.print(f"movePrimary {active[0]['id']} of {db}: {outcome}")
+
+
+async def _active_primary_moves(cx: CliContext, db: str) -> list[dict[str, Any]]:
+    async with cx.requester() as r:
+        active = (await cx.ask(r, cx.topics.config_commands, c.GetMigration(ns=db)))["active"]
+    return [m for m in active if m.get("kind") == "primary"]
+
+
 @migrations_app.command("set-allow-migrations")
 def set_allow_migrations(
     ctx: typer.Context, ns: str, allow: bool = typer.Argument(..., help="true or false"), json_out: bool = JsonOpt

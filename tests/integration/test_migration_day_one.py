@@ -74,9 +74,11 @@ def test_set_allow_migrations_false_ends_a_running_move_every_time(data_cluster)
             assert state["code"] == "ConflictingOperationInProgress", state
             assert "setAllowMigrations" in state["reason"], state
         # ... and the donor ends its side (critical section, decision, forgetting) within the bound.
-        wait_until(lambda: _donor_done(cl, mid), BOUND_S, f"iteration {i} (delay {delay}): the donor to finish {mid}")
         wait_until(
-            lambda: all(not sh.documents.migrations for sh in cl.shards.values()),
+            lambda mid=mid: _donor_done(cl, mid), BOUND_S, f"iteration {i} (delay {delay}): the donor to finish {mid}"
+        )
+        wait_until(
+            lambda: all(not sh.documents.migrations for sh in cl.shards.values()),  # noqa: B023
             BOUND_S,
             f"iteration {i}: every shard to forget migration {mid}",
         )
@@ -122,3 +124,47 @@ def test_move_range_cli_returns_the_abort_rather_than_hang(data_cluster):
         assert answer["ok"] is False and answer["code"] == "ConflictingOperationInProgress", answer
         assert cl.router.follower.catalog.collections["bdb.b"].chunks[1].shard == "s0"
     _check_documents(cl)
+
+
+# ------------------------------------------------------------------ point 7: shards that do not answer
+
+
+def test_add_shard_refuses_a_shard_with_no_process_and_records_nothing(data_cluster, monkeypatch):
+    from tests.conftest import cli
+
+    cl = data_cluster
+    monkeypatch.setenv("SHARDLOG_ADD_SHARD_WAIT_S", "2")
+    r = cli(cl.settings, "add-shard", "s9", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    answer = json.loads(r.stdout.strip().splitlines()[-1])
+    assert answer["code"] == "OperationFailed" and "HostUnreachable" in answer["error"], answer
+    assert "s9" not in cl.config.catalog.shards
+    ok = cli(cl.settings, "add-shard", "s1", "--json")  # a running shard: answers, then "already exists"
+    assert json.loads(ok.stdout.strip().splitlines()[-1])["code"] == "ShardAlreadyExists", ok.stdout
+
+
+def test_a_move_primary_whose_donor_never_runs_is_bounded_and_abortable(settings, monkeypatch):
+    from tests.conftest import InProcessCluster, cli
+
+    monkeypatch.setenv("SHARDLOG_MOVE_PRIMARY_TIMEOUT_S", "3")
+    cl = InProcessCluster(settings)
+    try:
+        cl.command(c.AddShard(shard="s9"))  # recorded raw: a shard whose process is gone
+        cl.command(c.CreateDatabase(db="pdb", primary="s9"))
+        mid = cl.command(c.MovePrimary(db="pdb", to="s0")).result["id"]
+        wait_until(lambda: _outcome(cl, mid)["state"] != "active", 60, "the config server to bound the movePrimary")
+        state = _outcome(cl, mid)
+        assert state["code"] == "ExceededTimeLimit" and "SHARDLOG_MOVE_PRIMARY_TIMEOUT_S" in state["reason"], state
+        assert cl.config.catalog.databases["pdb"].primary == "s9"  # stays on its old primary
+        # The operator's way out, before the bound: abort-move-primary.
+        mid2 = cl.command(c.MovePrimary(db="pdb", to="s1")).result["id"]
+        r = cli(settings, "abort-move-primary", "pdb", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1])["id"] == mid2
+        state = _outcome(cl, mid2)
+        assert state["state"].startswith("aborted") and state["code"] == "Interrupted", state
+        assert cl.config.catalog.databases["pdb"].primary == "s9"
+        none = cli(settings, "abort-move-primary", "pdb", "--json")
+        assert json.loads(none.stdout.strip().splitlines()[-1])["code"] == "NoSuchMigration"
+    finally:
+        cl.stop()
