@@ -431,7 +431,8 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
     events.insert(0, c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns))
     return Decision(
         events,
-        {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True, "aborted": [e.id for e in events[1:]]},
+        {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True}
+        | ({"aborted": [e.id for e in events[1:]]} if cmd.key == "allowMigrations" else {}),
     )
 
 
