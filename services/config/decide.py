@@ -423,16 +423,15 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
     except ValueError as e:
         raise CommandError(ErrorCode.BadValue, str(e)) from None
     value = new.model_dump()[cmd.key]
-    events: list[Record] = []
+    aborts: list[c.MigrationAborted] = []
     if cmd.ns is not None and cmd.key == "allowMigrations" and value is False:
-        events += _abort_migrations_of(catalog, cmd.ns)
+        aborts = _abort_migrations_of(catalog, cmd.ns)
     if value == current.model_dump()[cmd.key]:
-        return Decision(events, {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
-    events.insert(0, c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns))
+        return Decision(list(aborts), {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
     return Decision(
-        events,
+        [c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns), *aborts],
         {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True}
-        | ({"aborted": [e.id for e in events[1:]]} if cmd.key == "allowMigrations" else {}),
+        | ({"aborted": [e.id for e in aborts]} if cmd.key == "allowMigrations" else {}),
     )
 
 
