@@ -17,9 +17,8 @@ from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.settings import in_window
 from libs import kafka
-from libs.requests import RequestTimeout
+from libs.client import shard_unreachable
 from schemas import config as c
-from schemas import shard as s
 from services.balancer.draining import removal_status
 
 shards_app = typer.Typer()
@@ -53,25 +52,11 @@ def add_shard(ctx: typer.Context, shard: str, json_out: bool = JsonOpt) -> None:
 
 
 async def _shard_answers(cx: CliContext, shard: str, wait: float) -> None:
-    """Fail with OperationFailed (HostUnreachable) unless `shard`'s process answers a request
-    on its requests topic within `wait` seconds; nothing is recorded then."""
-    topic = cx.topics.shard_requests(shard)
-    hint = f"start its process first (`make up SHARDS=...` or `python -m services.shard --shard-id {shard}`)"
-    if await kafka.missing_topics(cx.bootstrap, [topic]):
-        cx.fail(
-            f"couldn't connect to new shard {shard}: HostUnreachable: no shard process {shard} ever ran ({topic} "
-            f"does not exist); {hint}",
-            code=ErrorCode.OperationFailed,
-        )
+    """Fail with OperationFailed (HostUnreachable) unless `shard`'s process answers; nothing is recorded then."""
     async with cx.requester() as r:
-        try:
-            await r.request(topic, s.ListMigrations(), timeout=wait)
-        except RequestTimeout:
-            cx.fail(
-                f"couldn't connect to new shard {shard}: HostUnreachable: its process did not answer within {wait:g}s "
-                f"({ADD_SHARD_WAIT_ENV}); {hint}",
-                code=ErrorCode.OperationFailed,
-            )
+        why = await shard_unreachable(r, cx.bootstrap, cx.topics, shard, wait)
+    if why is not None:
+        cx.fail(f"{why} ({ADD_SHARD_WAIT_ENV}={wait:g})", code=ErrorCode.OperationFailed)
 
 
 @shards_app.command("remove-shard")

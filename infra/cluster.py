@@ -50,6 +50,8 @@ def _shard_count(data: Path, shards: int | None) -> int:
         f.write_text(str(shards))
         return shards
     return int(f.read_text()) if f.exists() else len(SHARDS)
+
+
 KAFKA_PORT = int(os.environ.get("KAFKA_PORT", "9092"))  # the first broker's port, chosen when formatting
 
 

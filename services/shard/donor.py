@@ -225,8 +225,8 @@ class DonorCoordinator:
                 outcome.reason if outcome and outcome.reason else f"migration {m.id} is no longer active",
                 code=_code(outcome.code if outcome else None) or ErrorCode.ConflictingOperationInProgress,
             )
-        coll = self.catalog.collections.get(m.ns) if m is not None else None
-        if m is not None and (coll is None or not coll.settings.allowMigrations):
+        coll = self.catalog.collections.get(m.ns) if m is not None and m.kind == "range" else None
+        if m is not None and m.kind == "range" and (coll is None or not coll.settings.allowMigrations):
             raise MigrationAborted(
                 f"migrations of {m.ns} were disallowed (setAllowMigrations false)",
                 code=ErrorCode.ConflictingOperationInProgress,
@@ -288,6 +288,7 @@ class DonorCoordinator:
         """movePrimary: copy the database's unsharded collections to the new primary with
         their writes blocked throughout (there is no mods phase), then commit."""
         t0 = time.monotonic()
+        self._current = m  # an abort by the config server (its bound, abort-move-primary) ends it at its next step
         self._progress(
             m.id,
             phase="cloning",
@@ -333,6 +334,7 @@ class DonorCoordinator:
                 f"{code}: {reason}" if code else reason,
             )
             committed, at = await self._abort(m.id, reason, code=code)
+        self._current = None
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
 
@@ -463,7 +465,7 @@ class DonorCoordinator:
         result = await self._ask(
             self.topics.config_commands,
             cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo, code=code),
-            deadline=time.monotonic() + 3600,
+            deadline=time.monotonic() + STEP_DEADLINE_S,  # then the run loop resumes from the recorded state
         )
         return result.get("outcome") == "committed", self.follower.config_time
 
@@ -479,7 +481,7 @@ class DonorCoordinator:
         await self._ask(
             self.topics.shard_requests(recipient),
             s.FinishReceipt(id=mid, committed=committed),
-            deadline=time.monotonic() + 3600,
+            deadline=time.monotonic() + STEP_DEADLINE_S,  # then the run loop resumes from the recorded state
         )
         fault_point("migration.range_tasks_updated")
         await self._ask_self(s.ForgetMigration(id=mid))
