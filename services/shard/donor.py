@@ -500,11 +500,15 @@ class _ModReader:
         self._reader = kafka.partition_reader(
             self.c.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
         )
-        self.consumer, _ = await self._reader.__aenter__()
+        self.consumer, _ = await asyncio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S)
         return self
 
     async def __aexit__(self, *exc):
         await self._reader.__aexit__(*exc)
+
+    async def _position(self) -> int:
+        # aiokafka's position() waits for a valid position with no limit of its own.
+        return await asyncio.wait_for(self.consumer.position(self.tp), REQUEST_TIMEOUT_S)
 
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""
@@ -560,7 +564,7 @@ class _ModReader:
                     if len(written) + len(removed) >= CLONE_BATCH_DOCS or size >= CLONE_BATCH_BYTES:
                         await flush()
 
-        while await self.consumer.position(self.tp) < target:
+        while await self._position() < target:
             # Bounded, and an abort (setAllowMigrations false, a DDL, the config server's
             # decision) ends the pass at once rather than after the log reaches the target.
             self.c._check_active(self.m)
@@ -574,7 +578,7 @@ class _ModReader:
             await on_batch(batch.get(self.tp, []))
             if end is None and not batch:
                 # read_committed may stop one short of the end (a commit marker): good enough for a pass
-                if await self.consumer.position(self.tp) >= target - 1:
+                if await self._position() >= target - 1:
                     break
         await flush()
         return n
