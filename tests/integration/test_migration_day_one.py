@@ -89,13 +89,17 @@ def test_set_allow_migrations_false_ends_a_running_move_every_time(data_cluster)
 
 def test_move_range_cli_returns_the_abort_rather_than_hang(data_cluster):
     """The issue's commands as an operator types them: move-range in the background, then
-    set-allow-migrations; both return, the move with ConflictingOperationInProgress."""
+    set-allow-migrations; both return, the move with ConflictingOperationInProgress.  The move
+    goes back to s0 right after a move away, so it is still running (waiting for s0's orphans
+    of the range, orphanCleanupDelaySecs) when the migrations are stopped."""
     cl = data_cluster
     _setup(cl)
+    first = cl.command(c.MoveRange(ns="bdb.b", min={"x": 1000}, max={"x": MAXK}, to="s1", forceJumbo=True))
+    wait_until(lambda: _outcome(cl, first.result["id"])["state"] == "committed", BOUND_S, "the move to s1")
     base = [sys.executable, "-m", "cli.main", "--bootstrap", cl.settings.bootstrap, "--cluster", cl.settings.cluster]
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     move = subprocess.Popen(
-        [*base, "move-range", "bdb.b", "--min", '{"x":1000}', "--max", '{"x":{"$maxKey":1}}', "--to", "s2"]
+        [*base, "move-range", "bdb.b", "--min", '{"x":1000}', "--max", '{"x":{"$maxKey":1}}', "--to", "s0"]
         + ["--force-jumbo", "--json"],
         cwd=ROOT,
         env=env,
@@ -104,7 +108,12 @@ def test_move_range_cli_returns_the_abort_rather_than_hang(data_cluster):
         text=True,
     )
     try:
-        wait_until(lambda: cl.config.catalog.migrations, 60, "move-range to start a migration")
+        mid = wait_until(lambda: next(iter(cl.config.catalog.migrations), None), BOUND_S, "move-range to start")
+        wait_until(
+            lambda: "waiting" in cl.shards["s1"].decider.progress.get(mid, {}),
+            BOUND_S,
+            "the move back to wait for s0's range deletion",
+        )
         stop = subprocess.run(
             [*base, "set-allow-migrations", "bdb.b", "false", "--json"],
             cwd=ROOT,
@@ -114,15 +123,15 @@ def test_move_range_cli_returns_the_abort_rather_than_hang(data_cluster):
             timeout=BOUND_S,
         )
         assert stop.returncode == 0, stop.stderr
+        assert json.loads(stop.stdout.strip().splitlines()[-1])["aborted"] == [mid], stop.stdout
         out, err = move.communicate(timeout=BOUND_S)
     finally:
         move.kill()
-    answer = json.loads((out or err).strip().splitlines()[-1])
-    if move.returncode == 0:  # the commit got in first
-        assert answer["outcome"] == "committed"
-    else:
-        assert answer["ok"] is False and answer["code"] == "ConflictingOperationInProgress", answer
-        assert cl.router.follower.catalog.collections["bdb.b"].chunks[1].shard == "s0"
+    assert move.returncode == 1, out + err
+    answer = json.loads(out.strip().splitlines()[-1])
+    assert answer["ok"] is False and answer["code"] == "ConflictingOperationInProgress", answer
+    assert "setAllowMigrations" in answer["error"], answer
+    assert cl.router.follower.catalog.collections["bdb.b"].chunks[1].shard == "s1"  # did not move
     _check_documents(cl)
 
 
