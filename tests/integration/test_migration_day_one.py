@@ -177,3 +177,18 @@ def test_a_move_primary_whose_donor_never_runs_is_bounded_and_abortable(settings
         assert json.loads(none.stdout.strip().splitlines()[-1])["code"] == "NoSuchMigration"
     finally:
         cl.stop()
+
+
+def test_a_write_to_a_shard_with_no_process_is_not_reported_as_kafka_unreachable(data_cluster):
+    """Issue 18, point 7: a database whose primary has no process hangs writes; the CLI said
+    "KafkaUnavailable: cannot reach Kafka" though Kafka was fine."""
+    from tests.conftest import cli
+
+    cl = data_cluster
+    cl.command(c.AddShard(shard="s9"))  # recorded raw: a shard whose process never ran
+    cl.command(c.CreateDatabase(db="gone", primary="s9"))
+    r = cli(cl.settings, "--timeout", "3", "insert", "gone.c", '{"_id": 1}', "--json")
+    assert r.returncode != 0, r.stdout
+    answer = json.loads(r.stdout.strip().splitlines()[-1])
+    assert answer["code"] != "KafkaUnavailable" and "cannot reach Kafka" not in answer["error"], answer
+    assert answer["code"] in ("ShardUnavailable", "Timeout", "HostUnreachable", "ExceededTimeLimit"), answer
