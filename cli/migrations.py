@@ -26,6 +26,7 @@ from schemas import config as c
 from schemas import shard as s
 
 POLL_S = 0.25
+FIGURES_WAIT_S = 10.0  # once decided, how long to wait for the donor's final figures (it may be down)
 
 migrations_app = typer.Typer()
 
@@ -89,20 +90,49 @@ def move_primary(
         cx.out.print(f"{db}: primary {r['donor']} -> {to}, {summary['progress'].get('cloned', 0)} documents copied")
 
 
+@migrations_app.command("abort-move-primary")
+def abort_move_primary(ctx: typer.Context, db: str, json_out: bool = JsonOpt) -> None:
+    """Abort a database's movePrimary that is stuck (e.g. its donor is down): the database
+    stays on its old primary, nothing is lost (the recipient's copies are dropped)."""
+    cx = CliContext.of(ctx)
+    active = cx.run(_active_primary_moves(cx, db))
+    if not active:
+        cx.fail(f"no movePrimary of {db} is running", code=ErrorCode.NoSuchMigration)
+    reply = cx.command(
+        c.AbortPrimaryMove(
+            id=active[0]["id"], reason="aborted by shardlog abort-move-primary", code=ErrorCode.Interrupted
+        ),
+        "shardlog abort-move-primary",
+    )
+    outcome = (reply.result or {}).get("outcome", "")
+    if cx.json:
+        cx.print_json({"db": db, "id": active[0]["id"], "outcome": outcome})
+    else:
+        cx.out.print(f"movePrimary {active[0]['id']} of {db}: {outcome}")
+
+
+async def _active_primary_moves(cx: CliContext, db: str) -> list[dict[str, Any]]:
+    async with cx.requester() as r:
+        active = (await cx.ask(r, cx.topics.config_commands, c.GetMigration(ns=db)))["active"]
+    return [m for m in active if m.get("kind") == "primary"]
+
+
 @migrations_app.command("set-allow-migrations")
 def set_allow_migrations(
     ctx: typer.Context, ns: str, allow: bool = typer.Argument(..., help="true or false"), json_out: bool = JsonOpt
 ) -> None:
     """Allow or stop migrations of a collection.  Stopping aborts those that have not
-    committed and returns once none is running."""
+    committed (ConflictingOperationInProgress) and returns once none is running."""
     cx = CliContext.of(ctx)
-    cx.command(sc.allow_migrations(ns, allow), "shardlog set-allow-migrations")
+    reply = cx.command(sc.allow_migrations(ns, allow), "shardlog set-allow-migrations")
+    aborted = (reply.result or {}).get("aborted", [])
     running = [] if allow else cx.run(_wait_none_running(cx, ns))
     if cx.json:
-        cx.print_json({"ns": ns, "allowMigrations": allow, "waitedFor": running})
+        cx.print_json({"ns": ns, "allowMigrations": allow, "aborted": aborted, "waitedFor": running})
     else:
         cx.out.print(
             f"migrations of {ns} {'allowed' if allow else 'stopped'}"
+            + (f" ({len(aborted)} running aborted: {', '.join(aborted)})" if aborted else "")
             + (f" (waited for {len(running)} to finish)" if running else "")
         )
 
@@ -199,6 +229,7 @@ async def _until_decided(
     """The config server's last answer on the migration, and the donor's last progress figures."""
     t = cx.topics
     progress: dict[str, Any] = {}
+    decided_at: float | None = None
     while True:
         state = await cx.ask(r, t.config_commands, c.GetMigration(id=mid))
         try:
@@ -208,11 +239,17 @@ async def _until_decided(
             pass  # the donor is restarting: the outcome still comes from the config server
         if live is not None:
             live.update(_progress_line(mid, state["state"], progress))
-        # Decided; the donor's figures are final once it recorded the decision.
-        if state["state"] != "active" and (
-            not progress or "criticalMs" in progress or progress.get("phase") in ("done", "aborting")
-        ):
-            return state, progress
+        # Decided; the donor's figures are final once it recorded the decision (a donor that is
+        # down never says so: the config server's outcome is the answer after FIGURES_WAIT_S).
+        if state["state"] != "active":
+            decided_at = decided_at or time.monotonic()
+            if (
+                not progress
+                or "criticalMs" in progress
+                or progress.get("phase") in ("done", "aborting")
+                or time.monotonic() - decided_at > FIGURES_WAIT_S
+            ):
+                return state, progress
         await asyncio.sleep(POLL_S)
 
 

@@ -129,6 +129,7 @@ class ErrorCode(StrEnum):
     ClusterTimeFailsRateLimiter = ("ClusterTimeFailsRateLimiter", 209)
     KeyNotFound = ("KeyNotFound", 211)
     DuplicateKey = ("DuplicateKey", 11000)
+    Interrupted = ("Interrupted", 11601)
     InterruptedDueToReplStateChange = ("InterruptedDueToReplStateChange", 11602)
     IDLFailedToParse = ("IDLFailedToParse", 40414)  # a required field missing (e.g. lsid without id)
     IDLUnknownField = ("IDLUnknownField", 40415)

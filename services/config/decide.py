@@ -455,12 +455,32 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
             f"balancerWindow: start and stop are both {value['start']}, an empty window that never balances "
             "(clear the window to balance at any time)",
         )
+    aborts: list[c.MigrationAborted] = []
+    if cmd.ns is not None and cmd.key == "allowMigrations" and value is False:
+        aborts = _abort_migrations_of(catalog, cmd.ns)
     if value == current.model_dump()[cmd.key]:
-        return Decision([], {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
+        return Decision(list(aborts), {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
     return Decision(
-        [c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns)],
-        {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True},
+        [c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns), *aborts],
+        {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True}
+        | ({"aborted": [e.id for e in aborts]} if cmd.key == "allowMigrations" else {}),
     )
+
+
+def _abort_migrations_of(catalog: Catalog, ns: str) -> list[c.MigrationAborted]:
+    """setAllowMigrations(false) ends the collection's running migrations at once, as MongoDB's
+    commit refuses them (ConflictingOperationInProgress): the donor notices the outcome at its
+    next step, and a commit it sends later is refused, so nothing is half moved."""
+    return [
+        c.MigrationAborted(
+            id=m.id,
+            ns=m.ns,
+            reason=f"migrations of {ns} were disallowed (setAllowMigrations false) during migration {m.id}",
+            code=ErrorCode.ConflictingOperationInProgress,
+        )
+        for m in catalog.migrations.values()
+        if m.kind == "range" and m.ns == ns
+    ]
 
 
 # ------------------------------------------------------------- migrations

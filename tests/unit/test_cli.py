@@ -32,6 +32,7 @@ TOP_LEVEL = [
     "move-range",
     "move-chunk",
     "move-primary",
+    "abort-move-primary",
     "set-allow-migrations",
     "defragment",
     "drop-collection",

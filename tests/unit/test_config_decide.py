@@ -286,12 +286,20 @@ def test_move_primary_bumps_the_database_version_and_counts_as_the_shards_migrat
     refused(cat, c.MovePrimary(db="nope", to="b"), "NamespaceNotFound")
 
 
-def test_disallowing_migrations_refuses_the_commit():
+def test_disallowing_migrations_aborts_the_running_one_and_refuses_its_commit():
+    """Issue 18, point 4: setAllowMigrations(false) ends a running migration at once (MongoDB's
+    ConflictingOperationInProgress); the donor's late commit is refused and it finishes aborted."""
     cat = moving()
     (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": 0}, max={"k": 100}, to="b"))
-    ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
-    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "ConflictingOperationInProgress")
-    assert ok(cat, c.GetMigration(ns="d.x"))[1]["active"][0]["id"] == e.id
+    _, r = ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
+    assert r["aborted"] == [e.id]
+    assert ok(cat, c.GetMigration(ns="d.x"))[1]["active"] == []
+    state = ok(cat, c.GetMigration(id=e.id))[1]
+    assert state["code"] == "ConflictingOperationInProgress" and "setAllowMigrations" in state["reason"]
+    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "NoSuchMigration")
+    assert ok(cat, c.AbortMigration(id=e.id, reason="late"))[1]["outcome"].startswith("aborted")
+    _, again = ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
+    assert again["changed"] is False
 
 
 def test_an_event_is_not_a_command():
