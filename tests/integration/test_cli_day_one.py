@@ -89,6 +89,28 @@ def test_nan_infinity_and_extended_json_are_kept(settings, data_cluster):
     human = cli(settings, "find", "cdb.c", '{"_id": 3}')
     assert '"$numberDouble": "-Infinity"' in human.stdout, human.stdout
 
+    # updates keep them too
+    r = cli(settings, "update", "cdb.c", '{"_id": 4}', '{"$set": {"v": Infinity, "w": {"$numberLong": "9"}}}')
+    assert r.returncode == 0, r.stderr
+    doc = coll.find_one({"_id": 4})
+    assert doc["v"] == math.inf and type(doc["w"]) is Int64 and doc["w"] == 9, doc
+
+    # as shard-key values: routed, split on and found
+    assert cli(settings, "shard-collection", "cdb.s", "--key", '{"uid": 1}').returncode == 0
+    assert cli(settings, "split", "cdb.s", "--at", '{"uid": 5}').returncode == 0
+    r = cli(
+        settings,
+        "insert",
+        "cdb.s",
+        '[{"_id": 1, "uid": NaN}, {"_id": 2, "uid": Infinity}, '
+        '{"_id": 3, "uid": {"$numberLong": "5"}}, {"_id": 4, "uid": -1e400}]',
+    )
+    assert r.returncode == 0, r.stderr
+    up = json.loads(cli(settings, "find", "cdb.s", '{"uid": {"$gte": 5}}', "--sort", '{"uid": 1}', "--json").stdout)
+    assert [d["_id"] for d in up["docs"]] == [3, 2], up
+    low = json.loads(cli(settings, "find", "cdb.s", '{"uid": {"$lt": 5}}', "--json").stdout)
+    assert [d["_id"] for d in low["docs"]] == [4], low  # NaN is below every number but matches no range
+
 
 def test_update_and_delete(settings, data_cluster):
     r = cli(settings, "insert", "u.c", '[{"_id": 1, "g": "a"}, {"_id": 2, "g": "a"}, {"_id": 3, "g": "b"}]')
