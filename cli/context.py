@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -119,6 +120,8 @@ class CliContext:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run the command's I/O; a timeout or an unreachable broker is one clear error."""
+        # aiokafka logs what it then raises ("Unable connect to ..."): the raise is our one line.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         try:
             return asyncio.run(coro)
         except RequestTimeout as e:

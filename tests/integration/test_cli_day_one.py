@@ -56,6 +56,20 @@ def test_bad_input_is_one_line_and_changes_nothing(settings, data_cluster):
         assert as_json.returncode != 0 and "Traceback" not in as_json.stderr, as_json.stderr
         answer = json.loads(as_json.stdout)
         assert answer["ok"] is False and answer["code"] == code, answer
+    # well-formed documents the cluster refuses: its error, one line
+    for args in [
+        ("update", "bad.c", "{}", '{"$nope": {"x": 1}}'),
+        ("update", "bad.c", "{}", '{"$set": {"x": 2}, "y": 1}'),
+        ("update", "bad.c", "{}", '{"y": 1}', "--multi"),  # MongoDB: no multi replacement
+        ("find", "bad.c", "{}", "--sort", '{"x": "up"}'),
+        ("find", "bad.c", '{"x": {"$in": 5}}'),
+        ("insert", "bad.c", '{"_id": 0}'),
+        ("delete", "bad.c", '{"$where": "x"}'),
+    ]:
+        r = cli(settings, *args)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, (args, r.stderr)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, r.stderr)
     r = cli(settings, "find", "bad.c", "--json")
     assert json.loads(r.stdout)["docs"] == [{"_id": 0, "x": 1}], r.stdout
 

@@ -173,3 +173,9 @@ def test_documents_from_a_file_and_stdin(tmp_path):
     assert one_line(["insert", "a.b", "--file", str(tmp_path / "none.json")])[0] == "BadValue"
     r = CliRunner().invoke(app, [*BASE, "insert", "a.b", "--file", "-"], input='{"a": 1}\n5\n')
     assert r.exit_code == 2 and "line 2 of standard input" in r.stderr, r.stderr
+
+
+def test_an_unreachable_broker_is_one_line():
+    r = CliRunner().invoke(app, ["--bootstrap", "127.0.0.1:1", "--cluster", "unit", "find", "a.b"])
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: KafkaUnavailable: "), r.stderr
