@@ -27,7 +27,7 @@ from domain.bsonvalues import RecordFormError, from_record, to_record, type_name
 from domain.catalog import Catalog
 from domain.follower import replay_catalog
 from domain.protocol import ErrorCode
-from domain.shardkey import to_ejson
+from domain.shardkey import shell_form, shell_range
 from libs import kafka, tracing
 from libs.client import AsyncCluster, ShardlogError
 from libs.commands import CommandError
@@ -214,8 +214,13 @@ JsonOpt = typer.Option(False, "--json", help="machine-readable output", callback
 
 
 def bound(doc: Any) -> str:
-    """A shard-key value or range bound, compact, as extended JSON."""
-    return json.dumps(to_ejson(doc), separators=(",", ":"))
+    """A shard-key value, key pattern or range bound as mongosh writes it: `{ x: MaxKey }`."""
+    return shell_form(doc)
+
+
+def chunk_range(lo: Any, hi: Any) -> str:
+    """[min, max) as sh.status() writes a chunk: `{ x: 1000 } -->> { x: MaxKey }`."""
+    return shell_range(lo, hi)
 
 
 # ------------------------------------------------------------------ JSON arguments

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any
 
 import typer
 from rich.live import Live
 
-from cli.context import CliContext, JsonOpt, bound
+from cli.context import CliContext, JsonOpt, bound, chunk_range
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
 from domain.shardkey import from_ejson
@@ -126,6 +127,7 @@ def _move(cx: CliContext, cmd: c.MoveRange) -> None:
     if r is None:
         return
     live = None if cx.json or not sys.stdout.isatty() else Live(console=cx.out, refresh_per_second=8)
+    started = time.monotonic()
     try:
         if live:
             live.start()
@@ -137,22 +139,36 @@ def _move(cx: CliContext, cmd: c.MoveRange) -> None:
     if cx.json:
         cx.print_json(summary)
     else:
-        p = summary.get("progress", {})
         cx.out.print(
-            f"moved [{bound(from_ejson(summary['min']))}, {bound(from_ejson(summary['max']))}) of {cmd.ns} "
-            f"{r['donor']} -> {r['recipient']}: {p.get('cloned', 0)} documents cloned, "
-            f"{p.get('mods', 0)} modifications, {p.get('seconds', '?')} s, critical section "
-            f"{p.get('criticalMs', '?')} ms" + ("; donor copy deleted" if cmd.waitForDelete else "")
+            moved_line(cmd.ns, r["donor"], r["recipient"], summary, time.monotonic() - started, cmd.waitForDelete)
         )
+
+
+def moved_line(ns: str, donor: str, recipient: str, summary: dict[str, Any], seconds: float, deleted: bool) -> str:
+    """The one line a committed move-range prints; `seconds` as this command waited for it."""
+    p = summary.get("progress", {})
+    critical = f", critical section {p['criticalMs']} ms" if p.get("criticalMs") is not None else ""
+    lo, hi = from_ejson(summary["min"]), from_ejson(summary["max"])
+    return (
+        f"moved {chunk_range(lo, hi) if hi is not None else bound(lo) + ' -->> ...'} of {ns} {donor} -> {recipient}: "
+        f"{p.get('cloned', 0)} documents cloned, {p.get('mods', 0)} modifications, {seconds:.1f} s{critical}"
+        + ("; donor copy deleted" if deleted else "")
+    )
+
+
+def aborted_message(mid: str, summary: dict[str, Any]) -> str:
+    """Why a migration did not commit, in one line: the config server's outcome text already
+    starts with "aborted: " (and may carry the code), the reason field does not."""
+    why = summary.get("reason") or str(summary["outcome"]).removeprefix("aborted").removeprefix(": ")
+    lo, hi = summary.get("min"), summary.get("max")
+    where = f" ({chunk_range(from_ejson(lo), from_ejson(hi))})" if lo is not None and hi is not None else ""
+    return f"migration {mid}{where} aborted" + (f": {why}" if why else "")
 
 
 def _fail_unless_committed(cx: CliContext, mid: str, summary: dict[str, Any]) -> None:
     """An aborted migration fails with the abort's code and reason (structured fields)."""
     if summary["outcome"] != "committed":
-        cx.fail(
-            f"migration {mid} aborted: {summary.get('reason') or summary['outcome']}",
-            code=summary.get("code") or ErrorCode.MigrationAborted,
-        )
+        cx.fail(aborted_message(mid, summary), code=summary.get("code") or ErrorCode.MigrationAborted)
 
 
 # ------------------------------------------------------------------ following a migration

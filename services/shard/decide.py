@@ -35,7 +35,7 @@ from domain.query import (
     upsert_document,
 )
 from domain.session import shard_session
-from domain.shardkey import ShardKeyError, ShardKeyTooLarge, encode_value, from_ejson, to_ejson
+from domain.shardkey import ShardKeyError, ShardKeyTooLarge, encode_value, from_ejson, shell_form, to_ejson
 from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from libs.ids import new_object_id
@@ -477,7 +477,7 @@ class ShardDecider:
         if not self._owns(coll, skey):
             raise CommandError(
                 ErrorCode.StaleConfig,
-                f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
+                f"{self.shard_id} does not own the chunk of {shell_form(doc['_id'])}",
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
         if (

@@ -70,7 +70,11 @@ REFUSED = [
     (("find", "a.b", "[1]"), "TypeMismatch", "the filter must be a document"),
     (("balancer", "window", "--start", "01:00"), "BadValue", "give --start, --stop and --time-zone"),
     (("workload", "run", "ycsb-z", "--ops", "1"), "BadValue", "unknown workload 'ycsb-z'"),
-    (("workload", "load", "ycsb", "--records", "1", "--ns", "nodot"), "BadValue", "--ns must be db.collection"),
+    (
+        ("workload", "load", "ycsb", "--records", "1", "--ns", "nodot"),
+        "InvalidNamespace",
+        "expected 'database.collection'",
+    ),
 ]
 
 
