@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NoReturn, TypeVar
 
+import bson
 import typer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
+from bson.errors import InvalidDocument
 from rich.console import Console
 
-from domain.bsonvalues import RecordFormError, from_record, to_record
+from domain.bsonvalues import RecordFormError, from_record, to_record, type_name
 from domain.catalog import Catalog
 from domain.follower import replay_catalog
 from domain.protocol import ErrorCode
@@ -65,9 +68,12 @@ class CliContext:
 
     # ------------------------------------------------------------ reporting
 
-    def fail(self, message: str, *, code: str = "Error", exit_code: int = 1) -> NoReturn:
+    def fail(
+        self, message: str, *, code: str = "Error", exit_code: int = 1, details: dict[str, Any] | None = None
+    ) -> NoReturn:
+        """One line: `error: Code: message` on stderr, or with --json the error object (with `details`) on stdout."""
         if self.json:
-            print(json.dumps({"ok": False, "code": code, "error": message}))
+            print(json.dumps({"ok": False, "code": code, "error": message, **to_record(details or {})}))
         else:
             self.err.print(f"[red]error[/red]: {code}: {message}", highlight=False, soft_wrap=True)
         raise typer.Exit(exit_code)
@@ -89,20 +95,18 @@ class CliContext:
         except CommandError as e:
             self.fail(e.message, code=e.code, exit_code=2)
 
-    def parse_json(self, text: str, what: str) -> Any:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            self.bad_value(f"invalid JSON for {what}: {e.msg} at column {e.colno}")
+    def parse(self, parse: Callable[[str, str], T], text: str, what: str) -> T:
+        """A JSON argument read by one of this module's parse_* functions; input it refuses is bad
+        input: its code (FailedToParse, TypeMismatch, BadValue), exit 2."""
+        return self.build(parse, text, what)
 
-    def parse_ejson(self, text: str, what: str) -> Any:
-        """A document, filter or value given as (relaxed or canonical) Extended JSON: ``{"$oid":
-        ...}``, ``{"$date": ...}``, ``{"$numberLong": ...}`` become BSON values (decision 0016)."""
-        value = self.parse_json(text, what)
-        try:
-            return from_record(value)
-        except RecordFormError as e:
-            self.bad_value(f"invalid Extended JSON for {what}: {e}")
+    def parse_json(self, text: str, what: str) -> dict[str, Any]:
+        """A key pattern, range bound or find document in its record form (``{"$minKey": 1}`` as it is)."""
+        return self.parse(parse_object, text, what)
+
+    def parse_ejson(self, text: str, what: str) -> dict[str, Any]:
+        """A document, filter, update, sort or projection in (relaxed or canonical) Extended JSON."""
+        return self.parse(parse_document, text, what)
 
     def print_json(self, doc: dict[str, Any]) -> None:
         """The --json answer: one line, `ok` first; BSON values as relaxed Extended JSON."""
@@ -116,6 +120,8 @@ class CliContext:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run the command's I/O; a timeout or an unreachable broker is one clear error."""
+        # aiokafka logs what it then raises ("Unable connect to ..."): the raise is our one line.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         try:
             return asyncio.run(coro)
         except RequestTimeout as e:
@@ -236,3 +242,94 @@ def bound(doc: Any) -> str:
 def chunk_range(lo: Any, hi: Any) -> str:
     """[min, max) as sh.status() writes a chunk: `{ x: 1000 } -->> { x: MaxKey }`."""
     return shell_range(lo, hi)
+
+
+# ------------------------------------------------------------------ JSON arguments
+# Every JSON argument of every command is read here, checked for the shape it needs, and refused
+# as MongoDB would (FailedToParse for text that is not JSON, TypeMismatch for the wrong type,
+# BadValue for a value BSON cannot hold), before any I/O.  Numbers are read as the Extended JSON
+# parsers read them: an integer that fits int64 stays one, a larger one is a double; NaN,
+# Infinity and 1e400 are doubles (MongoDB keeps them; JSON has no word for them).
+
+_INT64 = range(-(2**63), 2**63)
+
+
+def _number(text: str) -> int | float:
+    if len(text) <= 20:  # digits of int64, and a sign; longer is a double, never Python's 4300-digit error
+        n = int(text)
+        if n in _INT64:
+            return n
+    return float(text)
+
+
+def parse_value(text: str, what: str) -> Any:
+    """Any JSON value, as it is (no Extended JSON conversion)."""
+    try:
+        return json.loads(text, parse_int=_number)
+    except json.JSONDecodeError as e:
+        raise CommandError(
+            ErrorCode.FailedToParse, f"invalid JSON for {what}: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    except RecursionError:
+        raise CommandError(ErrorCode.FailedToParse, f"invalid JSON for {what}: nested too deeply") from None
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CommandError(ErrorCode.TypeMismatch, f"{what} must be a document (a JSON object), not {type_name(value)}")
+    return value
+
+
+def parse_object(text: str, what: str) -> dict[str, Any]:
+    """A JSON object kept in its record form: a shard key pattern, a range bound, a --find document
+    (``{"$minKey": 1}`` stays as it is; the config builders read it so)."""
+    return _object(parse_value(text, what), what)
+
+
+def _bson(value: Any, what: str) -> Any:
+    """The Extended JSON value as BSON values, refused if BSON cannot hold it."""
+    try:
+        out = from_record(value)
+    except RecordFormError as e:
+        raise CommandError(ErrorCode.FailedToParse, f"invalid Extended JSON for {what}: {e}") from None
+    if isinstance(out, dict):
+        try:
+            bson.encode(out)
+        except (InvalidDocument, OverflowError, UnicodeEncodeError, ValueError) as e:
+            raise CommandError(ErrorCode.BadValue, f"{what} cannot be stored as BSON: {e}") from None
+    return out
+
+
+def _document(value: Any, what: str) -> dict[str, Any]:
+    doc = _bson(_object(value, what), what)
+    if not isinstance(doc, dict):  # {"$oid": ...}: a value, not a document
+        raise CommandError(ErrorCode.TypeMismatch, f"{what} must be a document, not {type_name(doc)}")
+    return doc
+
+
+def parse_document(text: str, what: str) -> dict[str, Any]:
+    """A document, filter, update, sort or projection: a JSON object in relaxed or canonical
+    Extended JSON (``{"$numberLong": "5"}``, ``{"$oid": ...}``, ``{"$date": ...}``,
+    ``{"$numberDouble": "NaN"}`` ... become BSON values, decision 0016)."""
+    return _document(parse_value(text, what), what)
+
+
+def parse_documents(text: str, what: str) -> list[dict[str, Any]]:
+    """Documents to insert: one document, a JSON array of them, or one document per line (JSON Lines;
+    blank lines skipped)."""
+    try:
+        value = parse_value(text, what)
+    except CommandError:
+        lines = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+        if len(lines) < 2:
+            raise
+        return [parse_document(ln, f"line {n} of {what}") for n, ln in lines]
+    if not isinstance(value, list):
+        if not isinstance(value, dict):
+            raise CommandError(
+                ErrorCode.TypeMismatch, f"{what} must be a document or an array of documents, not {type_name(value)}"
+            )
+        return [_document(value, what)]
+    if not value:
+        raise CommandError(ErrorCode.InvalidLength, f"{what}: an empty array has no document to insert")
+    return [_document(d, f"document {i} of {what}") for i, d in enumerate(value)]

@@ -1,15 +1,17 @@
-"""shardlog insert / find / count / explain — documents, through a router like any client."""
+"""shardlog insert / find / count / explain / update / delete — documents, through a router like any client."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 
-from cli.context import CliContext, JsonOpt
+from cli.context import CliContext, JsonOpt, parse_documents
 from domain.bsonvalues import to_record
-from libs.client import AsyncCluster, AsyncCollection
+from libs.client import AsyncCluster, AsyncCollection, ShardlogError
 
 documents_app = typer.Typer()
 
@@ -20,25 +22,52 @@ def _collection(c: AsyncCluster, ns: str) -> AsyncCollection:
 
 
 def _filter(cx: CliContext, text: str) -> dict[str, Any]:
-    flt = cx.parse_ejson(text, "the filter")
-    if not isinstance(flt, dict):
-        cx.bad_value('a filter must be a JSON object such as {"x": 1}')
-    return flt
+    return cx.parse_ejson(text, "the filter")
+
+
+def _read_docs(cx: CliContext, docs: str | None, file: str | None) -> list[dict[str, Any]]:
+    """The documents of DOCS, or of --file (`-`: standard input): an argument is limited in size
+    by the system (a 200 KB document is "Argument list too long"), a file is not."""
+    if (docs is None) == (file is None):
+        cx.bad_value("give the documents as an argument or with --file PATH (- for standard input), not both")
+    if file is None:
+        assert docs is not None
+        return cx.parse(parse_documents, docs, "the documents")
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        cx.bad_value(f"cannot read {file}: {e}")
+    return cx.parse(parse_documents, text, "standard input" if file == "-" else file)
 
 
 @documents_app.command("insert")
 def insert(
     ctx: typer.Context,
     ns: str,
-    docs: str = typer.Argument(..., help="a document in (relaxed) Extended JSON, or an array of them"),
+    docs: str | None = typer.Argument(
+        None, help="a document in (relaxed or canonical) Extended JSON, or an array of them"
+    ),
+    file: str | None = typer.Option(
+        None, "--file", "-f", help="read the documents from a file (- for stdin): an array, or one per line"
+    ),
     unordered: bool = typer.Option(False, help="keep going past a refused document"),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Insert documents through a router."""
+    """Insert documents through a router; a batch that fails in part says which documents went in."""
     cx = CliContext.of(ctx)
-    value = cx.parse_ejson(docs, "the document")
-    many = value if isinstance(value, list) else [value]
-    ids = cx.with_client(lambda c: _collection(c, ns).insert_many(many, ordered=not unordered))
+    many = _read_docs(cx, docs, file)
+
+    async def go(c: AsyncCluster) -> tuple[list[Any], dict[str, Any] | None]:
+        try:
+            return await _collection(c, ns).insert_many(many, ordered=not unordered), None
+        except ShardlogError as e:
+            if len(many) > 1 and e.details.get("writeErrors"):
+                return [], e.details
+            raise
+
+    ids, failed = cx.with_client(go)
+    if failed is not None:
+        _bulk_failure(cx, failed, len(many), ordered=not unordered)
     if cx.json:
         cx.print_json({"inserted": len(ids), "insertedIds": ids})
     else:
@@ -46,6 +75,25 @@ def insert(
             f"inserted {len(ids)} document(s): {', '.join(json.dumps(to_record(i)) for i in ids[:10])}"
             f"{' …' if len(ids) > 10 else ''}"
         )
+
+
+def _bulk_failure(cx: CliContext, result: dict[str, Any], total: int, *, ordered: bool) -> NoReturn:
+    """A batch refused in part, as MongoDB's BulkWriteError: how many went in (nInserted) and the
+    refused documents by index.  Ordered, the batch stopped at its first refusal: the documents
+    before it went in, none after; unordered, every document but the refused ones went in."""
+    errors = result["writeErrors"]
+    n = result.get("inserted", 0)
+    first = errors[0]
+    why = f"{first['code']}: {first['errmsg']}"
+    if ordered:
+        message = (
+            f"ordered insert stopped at document {first['index']} ({why}): {n} of {total} inserted, "
+            f"{total - first['index'] - 1} not attempted"
+        )
+    else:
+        shown = ", ".join(str(e["index"]) for e in errors[:10]) + (" …" if len(errors) > 10 else "")
+        message = f"unordered insert refused document(s) {shown} (first: {why}): {n} of {total} inserted"
+    cx.fail(message, code="BulkWriteError", details={"nInserted": n, "writeErrors": errors})
 
 
 @documents_app.command("find")
@@ -62,8 +110,8 @@ def find(
     """Query documents through a router (merge-sorted across shards with --sort)."""
     cx = CliContext.of(ctx)
     flt = _filter(cx, filter)
-    srt = cx.parse_ejson(sort, "--sort") if sort else None
-    proj = cx.parse_ejson(projection, "--projection") if projection else None
+    srt = cx.parse_ejson(sort, "--sort") if sort is not None else None
+    proj = cx.parse_ejson(projection, "--projection") if projection is not None else None
 
     async def go(c: AsyncCluster) -> list[dict[str, Any]]:
         return await _collection(c, ns).find(flt, sort=srt, skip=skip, limit=limit, projection=proj).to_list()
@@ -98,3 +146,52 @@ def explain(ctx: typer.Context, ns: str, filter: str = typer.Argument("{}"), jso
         cx.out.print(
             f"{r['ns']}: {', '.join(r['shards']) or 'no shard'} — {r['reason']} (ConfigTime {r['configTime']})"
         )
+
+
+@documents_app.command("update")
+def update(
+    ctx: typer.Context,
+    ns: str,
+    filter: str = typer.Argument(..., help="which documents, e.g. '{\"uid\": 5}'"),
+    update: str = typer.Argument(..., help='update operators (\'{"$set": {"x": 1}}\') or a replacement document'),
+    multi: bool = typer.Option(False, "--multi", help="every matching document (without: the first one)"),
+    upsert: bool = typer.Option(False, "--upsert", help="insert a document when none matches"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Update (or replace) matching documents through a router: matched, modified and upserted counts."""
+    cx = CliContext.of(ctx)
+    flt, upd = _filter(cx, filter), cx.parse_ejson(update, "the update")
+
+    async def go(c: AsyncCluster) -> dict[str, Any]:
+        coll = _collection(c, ns)
+        return await (coll.update_many if multi else coll.update_one)(flt, upd, upsert=upsert)
+
+    r = cx.with_client(go)
+    answer = {"matched": r.get("matched", 0), "modified": r.get("modified", 0), "upserted": int("upsertedId" in r)}
+    if "upsertedId" in r:
+        answer["upsertedId"] = r["upsertedId"]
+    if cx.json:
+        cx.print_json(answer)
+    else:
+        upserted = f", upserted _id {json.dumps(to_record(r['upsertedId']))}" if "upsertedId" in r else ""
+        cx.out.print(f"matched {answer['matched']}, modified {answer['modified']}{upserted}")
+
+
+@documents_app.command("delete")
+def delete(
+    ctx: typer.Context,
+    ns: str,
+    filter: str = typer.Argument(..., help="which documents ('{}': any)"),
+    multi: bool = typer.Option(False, "--multi", help="every matching document (without: the first one)"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Delete matching documents through a router: the number deleted."""
+    cx = CliContext.of(ctx)
+    flt = _filter(cx, filter)
+
+    async def go(c: AsyncCluster) -> int:
+        coll = _collection(c, ns)
+        return await (coll.delete_many if multi else coll.delete_one)(flt)
+
+    n = cx.with_client(go)
+    cx.print_json({"deleted": n}) if cx.json else cx.out.print(f"deleted {n} document(s)")

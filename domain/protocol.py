@@ -93,6 +93,7 @@ class ErrorCode(StrEnum):
     HostUnreachable = ("HostUnreachable", 6)
     FailedToParse = ("FailedToParse", 9)
     TypeMismatch = ("TypeMismatch", 14)
+    InvalidLength = ("InvalidLength", 16)
     IllegalOperation = ("IllegalOperation", 20)
     AlreadyInitialized = ("AlreadyInitialized", 23)
     NamespaceNotFound = ("NamespaceNotFound", 26)

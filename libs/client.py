@@ -440,6 +440,9 @@ class AsyncCollection:
     async def update_many(
         self, filter: Document, update: Document, *, upsert: bool = False, session: ClientSession | None = None
     ) -> Document:
+        if not update or not all(k.startswith("$") for k in update):
+            # MongoDB's refusal too (the router does not check it yet: it would replace every match)
+            raise ShardlogError("FailedToParse", "multi update is not supported for replacement-style update")
         req = s.Update(ns=self.ns, filter=filter, update=update, multi=True, upsert=upsert)
         return await self.cluster.write(req, session=session, retryable=False)
 

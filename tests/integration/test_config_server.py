@@ -83,7 +83,7 @@ BAD_INPUTS = [
     (("shard-collection", "app.c", "--key", '{"x": -1}'), "InvalidOptions"),
     (("shard-collection", "app.c", "--key", '{"$x": 1}'), "InvalidOptions"),
     (("shard-collection", "app.c", "--key", '{"x": "hashed", "y": "hashed"}'), "InvalidOptions"),
-    (("shard-collection", "app.c", "--key", "{bad json"), "BadValue"),
+    (("shard-collection", "app.c", "--key", "{bad json"), "FailedToParse"),
     (("shard-collection", "app.sharded", "--key", '{"x": 1}'), "AlreadyInitialized"),
     (("split", "app.missing", "--at", '{"x": 1}'), "NamespaceNotFound"),
     (("split", "app.sharded", "--at", '{"y": 1}'), "BadValue"),

@@ -26,6 +26,8 @@ TOP_LEVEL = [
     "find",
     "count",
     "explain",
+    "update",
+    "delete",
     "status",
     "range-deletions",
     "sessions",
@@ -62,10 +64,11 @@ def test_the_command_tree_and_its_order():
 
 REFUSED = [
     (("--cluster", "bad name", "status"), "BadValue", "invalid cluster name 'bad name'"),
-    (("shard-collection", "a.b", "--key", "{bad"), "BadValue", "invalid JSON for --key"),
-    (("shard-collection", "a.b", "--key", "[1]"), "BadValue", "the shard key must be a non-empty object"),
+    (("shard-collection", "a.b", "--key", "{bad"), "FailedToParse", "invalid JSON for --key"),
+    (("shard-collection", "a.b", "--key", "[1]"), "TypeMismatch", "--key must be a document"),
+    (("shard-collection", "a.b", "--key", "{}"), "BadValue", "the shard key must be a non-empty object"),
     (("split", "a.b"), "BadValue", "give --at POINT (repeatable) or --find DOC"),
-    (("find", "a.b", "[1]"), "BadValue", "a filter must be a JSON object"),
+    (("find", "a.b", "[1]"), "TypeMismatch", "the filter must be a document"),
     (("balancer", "window", "--start", "01:00"), "BadValue", "give --start, --stop and --time-zone"),
     (("workload", "run", "ycsb-z", "--ops", "1"), "BadValue", "unknown workload 'ycsb-z'"),
     (

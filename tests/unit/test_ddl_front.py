@@ -312,7 +312,7 @@ REFUSED = [
     (("rename-collection", "app.a", "app.a"), "IllegalOperation", "to itself"),
     (("drop-collection", "nodot"), "InvalidNamespace", "expected 'database.collection'"),
     (("drop-database", "admin"), "IllegalOperation", "Cannot drop 'admin' database"),
-    (("refine-shard-key", "app.c", "{bad"), "BadValue", "invalid JSON for KEY"),
+    (("refine-shard-key", "app.c", "{bad"), "FailedToParse", "invalid JSON for KEY"),
     (("refine-shard-key", "app.c", '{"x": "up"}'), "InvalidOptions", "invalid shard key"),
 ]
 
