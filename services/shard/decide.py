@@ -490,10 +490,14 @@ class ShardDecider:
         id_enc = encode_value(doc["_id"])
         existing = self.documents.find_by_id(ns, doc["_id"])
         if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
-            raise CommandError(
-                ErrorCode.DuplicateKey,
-                f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(to_record(doc['_id']))} }}",
-            )
+            raise duplicate_key(ns, "_id_", {"_id": doc["_id"]})
+        if coll is not None and coll.unique:
+            # Equal keys route to one shard, so this shard's check is the cluster's.  The key we
+            # own, so every document under it is ours (no orphan); `seen` holds the batch's.
+            unique = b"k" + skey
+            if unique in seen or self.documents.has_shard_key(ns, skey):
+                raise duplicate_key(ns, index_name(coll.pattern.spec), coll.pattern.extract(doc))
+            seen.add(unique)
         seen.add(id_enc)
         return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
 
@@ -619,6 +623,21 @@ class ShardDecider:
             last_error = {"n": 1, "updatedExisting": False, "upserted": new["_id"]}
             return Decision([event]), bytes.fromhex(event.skey), new if req.new else None, last_error
         return Decision([]), None, None, {"n": 0} if req.remove else {"n": 0, "updatedExisting": False}
+
+
+def index_name(spec: dict[str, Any]) -> str:
+    """MongoDB's default name of an index on `spec`: `email_1`, `a_1_b_1`, `x_hashed`."""
+    return "_".join(f"{f}_{k}" for f, k in spec.items())
+
+
+def duplicate_key(ns: str, index: str, key: dict[str, Any]) -> CommandError:
+    """MongoDB's DuplicateKey: `E11000 duplicate key error collection: db.c index: email_1 dup key: { email: "c" }`."""
+    shown = ", ".join(f"{f}: {json.dumps(to_record(v))}" for f, v in key.items())
+    return CommandError(
+        ErrorCode.DuplicateKey,
+        f"E11000 duplicate key error collection: {ns} index: {index} dup key: {{ {shown} }}",
+        {"keyPattern": {f: 1 for f in key} if index != "_id_" else {"_id": 1}, "keyValue": to_record(key)},
+    )
 
 
 def check_find_and_modify(req: s.FindAndModify) -> None:
