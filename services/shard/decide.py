@@ -15,7 +15,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,15 @@ from domain.query import (
     upsert_document,
 )
 from domain.session import shard_session
-from domain.shardkey import ShardKeyError, ShardKeyTooLarge, encode_value, from_ejson, to_ejson
+from domain.shardkey import (
+    InvalidKeyPattern,
+    KeyPattern,
+    ShardKeyError,
+    ShardKeyTooLarge,
+    encode_value,
+    from_ejson,
+    to_ejson,
+)
 from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from libs.ids import new_object_id
@@ -371,6 +379,20 @@ class ShardDecider:
         coll = self._placement(req.ns, req.routing)
         return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
 
+    @on_request.register(s.CheckShardKey)
+    def check_shard_key(self, req: s.CheckShardKey) -> Decision:
+        """Whether this primary's documents of `ns`, unsharded, can be sharded by `req.key`: a
+        collection sharded anyway would have its documents rekeyed on its next request, and one
+        that cannot be keyed would refuse every request from then on."""
+        try:
+            pattern = KeyPattern.parse(req.key)
+        except InvalidKeyPattern as e:
+            raise CommandError(ErrorCode.InvalidOptions, f"invalid shard key: {e}") from None
+        if req.ns in self.catalog.collections:
+            return Decision([], {"documents": 0})  # sharded already: the config server answers
+        docs = (doc for _, doc in self.documents.scan(req.ns, UNSHARDED_KEY, UNSHARDED_END))
+        return Decision([], {"documents": check_existing_documents(req.ns, pattern, req.unique, docs)})
+
     @on_request.register(s.SplitVector)
     def split_vector(self, req: s.SplitVector) -> Decision:
         """Split points of the chunk holding `find` from this shard's documents (docs/reference/auto-split.md)."""
@@ -638,6 +660,35 @@ def duplicate_key(ns: str, index: str, key: dict[str, Any]) -> CommandError:
         f"E11000 duplicate key error collection: {ns} index: {index} dup key: {{ {shown} }}",
         {"keyPattern": {f: 1 for f in key} if index != "_id_" else {"_id": 1}, "keyValue": to_record(key)},
     )
+
+
+def check_existing_documents(ns: str, pattern: KeyPattern, unique: bool, docs: Iterable[dict]) -> int:
+    """How many documents there are, each keyable by `pattern` (a missing field is null, as in
+    MongoDB 4.4+), or MongoDB's refusal of the first that is not: an array is what makes the
+    shard key's index multikey (InvalidOptions), a key too large as an insert's, and with
+    `unique` a second document with a key value is the unique index's build failing."""
+    keys: set[bytes] = set()
+    n = 0
+    for doc in docs:
+        n += 1
+        doc_id = json.dumps(to_record(doc.get("_id")))
+        try:
+            key = pattern.extract(doc)
+            pattern.check_size(key)
+            encoded = pattern.encode_bound(key)
+        except ShardKeyTooLarge as e:
+            raise CommandError(ErrorCode.ShardKeyTooLarge, f"document {{ _id: {doc_id} }}: {e}") from None
+        except ShardKeyError as e:
+            raise CommandError(
+                ErrorCode.InvalidOptions,
+                f"couldn't find valid index for shard key {json.dumps(pattern.spec)}: document "
+                f"{{ _id: {doc_id} }} in {ns}: {e}",
+            ) from None
+        if unique:
+            if encoded in keys:
+                raise duplicate_key(ns, index_name(pattern.spec), key)
+            keys.add(encoded)
+    return n
 
 
 def check_find_and_modify(req: s.FindAndModify) -> None:

@@ -141,3 +141,57 @@ def test_a_unique_key_admits_each_value_once_whatever_its_type(values):
                 taken.add(encode_value(v))
         finally:
             shard.store.close()
+
+
+# ------------------------------------------------- point 2: existing documents, checked first
+
+
+def _check(shard: Shard, ns: str, key: dict, unique: bool = False) -> dict:
+    return shard.run(s.CheckShardKey(ns=ns, key=key, unique=unique))[1]
+
+
+def test_existing_documents_with_an_array_key_are_refused_before_sharding(shard):
+    _insert(shard, "d.arr", [{"_id": 1, "k": [1, 2]}, {"_id": 2, "k": 3}])
+    with pytest.raises(CommandError) as e:
+        _check(shard, "d.arr", {"k": 1})
+    assert e.value.code == "InvalidOptions"
+    assert "couldn't find valid index for shard key" in e.value.message and "{ _id: 1 }" in e.value.message
+    assert _count(shard, "d.arr") == 2  # still unsharded and usable
+
+
+@pytest.mark.parametrize("key", [{"a.b": 1}, {"x": 1, "a.b": 1}])
+def test_an_array_on_a_dotted_path_is_refused_too(shard, key):
+    _insert(shard, "d.dot", [{"_id": 1, "x": 1, "a": [{"b": 1}]}])
+    with pytest.raises(CommandError) as e:
+        _check(shard, "d.dot", key)
+    assert e.value.code == "InvalidOptions"
+
+
+def test_an_existing_key_over_the_size_limit_is_refused(shard):
+    _insert(shard, "d.big", [{"_id": 1, "k": "x" * 600}])
+    with pytest.raises(CommandError) as e:
+        _check(shard, "d.big", {"k": 1})
+    assert e.value.code == "ShardKeyTooLarge" and "{ _id: 1 }" in e.value.message
+
+
+def test_missing_key_fields_are_null_and_allowed(shard):
+    _insert(shard, "d.miss", [{"_id": 1}, {"_id": 2, "k": None}, {"_id": 3, "k": 1}])
+    assert _check(shard, "d.miss", {"k": 1}) == {"documents": 3}
+    with pytest.raises(CommandError) as e:  # two nulls cannot be unique
+        _check(shard, "d.miss", {"k": 1}, unique=True)
+    assert e.value.code == "DuplicateKey" and "dup key: { k: null }" in e.value.message
+
+
+def test_existing_duplicates_refuse_a_unique_key(shard):
+    _insert(shard, "d.dup", [{"_id": 1, "e": "c"}, {"_id": 2, "e": "d"}, {"_id": 3, "e": "c"}])
+    assert _check(shard, "d.dup", {"e": 1}) == {"documents": 3}
+    with pytest.raises(CommandError) as e:
+        _check(shard, "d.dup", {"e": 1}, unique=True)
+    assert e.value.message == 'E11000 duplicate key error collection: d.dup index: e_1 dup key: { e: "c" }'
+
+
+def test_valid_existing_documents_shard_and_stay_found(shard):
+    _insert(shard, "d.ok", [{"_id": i, "k": i % 3} for i in range(6)])
+    assert _check(shard, "d.ok", {"k": 1}) == {"documents": 6}
+    _sharded(shard, "d.ok", {"k": 1}, unique=False)
+    assert _count(shard, "d.ok", {"k": 1}) == 2
