@@ -49,6 +49,9 @@ def test_a_compound_unique_key_within_one_batch(data_cluster):
     client.admin.command("enableSharding", "jc", primaryShard="s0")
     client.admin.command("shardCollection", "jc.o", key={"a": 1, "b": 1}, unique=True)
     client.admin.command("shardCollection", "jc.n", key={"a": 1, "b": 1}, unique=True)
+    with pytest.raises(OperationFailure) as e:  # a hashed key cannot be unique, as in MongoDB
+        client.admin.command("shardCollection", "jc.h", key={"a": "hashed"}, unique=True)
+    assert e.value.code == 72  # InvalidOptions
     docs = [{"_id": 1, "a": 1, "b": "x"}, {"_id": 2, "a": 1, "b": "x"}, {"_id": 3, "a": 1, "b": "y"}]
 
     with pytest.raises(BulkWriteError) as e:  # ordered: the first goes in, the rest stops

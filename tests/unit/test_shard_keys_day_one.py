@@ -195,3 +195,24 @@ def test_valid_existing_documents_shard_and_stay_found(shard):
     assert _check(shard, "d.ok", {"k": 1}) == {"documents": 6}
     _sharded(shard, "d.ok", {"k": 1}, unique=False)
     assert _count(shard, "d.ok", {"k": 1}) == 2
+
+
+def test_writes_during_a_donations_catch_up_still_check_the_unique_key(shard):
+    """While the donor clones and catches up it still owns the range and decides every write
+    to it, so the recipient can never be sent two documents with one key."""
+    _sharded(shard, "d.mig", {"k": 1})
+    epoch = shard.catalog.collections["d.mig"].epoch
+    shard.config(c.SplitChunk(ns="d.mig", at=[{"k": 100}]))
+    lo, hi = {"k": 0}, {"k": 100}
+    shard.catalog.apply(
+        c.MigrationRequested(id="m1", ns="d.mig", epoch=epoch, min=lo, max=hi, donor="a", recipient="b"),
+        shard.catalog.config_time,
+    )
+    _insert(shard, "d.mig", [{"_id": 1, "k": 1}])
+    shard.documents.apply(
+        s.MigrationRecorded(id="m1", role="donor", ns="d.mig", epoch=epoch, min=lo, max=hi, peer="b", state="cloning"),
+        -1,
+    )
+    assert _insert(shard, "d.mig", [{"_id": 2, "k": 1}])["writeErrors"][0]["code"] == "DuplicateKey"
+    assert _insert(shard, "d.mig", [{"_id": 3, "k": 2}])["inserted"] == 1
+    assert _count(shard, "d.mig") == 2
