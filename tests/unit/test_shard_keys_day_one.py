@@ -216,3 +216,16 @@ def test_writes_during_a_donations_catch_up_still_check_the_unique_key(shard):
     assert _insert(shard, "d.mig", [{"_id": 2, "k": 1}])["writeErrors"][0]["code"] == "DuplicateKey"
     assert _insert(shard, "d.mig", [{"_id": 3, "k": 2}])["inserted"] == 1
     assert _count(shard, "d.mig") == 2
+
+
+def test_the_router_and_the_cli_ask_the_primary_unless_there_is_nothing_to_check(shard):
+    from domain import sharding_commands as sc
+
+    record = c.ShardCollection(ns="d.t", key={"k": 1}, unique=True)
+    assert sc.existing_documents_check(shard.catalog, record) == (
+        "a",
+        s.CheckShardKey(ns="d.t", key={"k": 1}, unique=True),
+    )
+    assert sc.existing_documents_check(shard.catalog, c.ShardCollection(ns="new.t", key={"k": 1})) is None
+    _sharded(shard, "d.t", {"k": 1})
+    assert sc.existing_documents_check(shard.catalog, record) is None  # the config server answers
