@@ -58,6 +58,9 @@ from services.shard.migrations import MigrationDecider
 from services.shard.protocol import retryable
 
 WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
+# How long an unsharded collection's writes wait after its documents were checked for a
+# shardCollection: the config server decides it right after; a refused one lets go then.
+SHARDING_HOLD_S = 5.0
 
 on_request: Dispatch[ShardDecider, Decision] = Dispatch("shard request")
 
@@ -90,6 +93,9 @@ class ShardDecider:
         self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         self._keyed: set[tuple[str, str]] = set()  # (ns, epoch) known to hold no unsharded-layout documents
+        # Unsharded collections whose documents were just checked for a shardCollection: their
+        # writes wait until it is decided (or this hold lapses), so none slips in unchecked.
+        self._sharding: dict[str, float] = {}  # ns -> wall-clock end of the hold
         # The migration and range-deletion requests (range deletion waits for our older queries).
         self.migrations = MigrationDecider(shard_id, catalog, documents, open_queries=self._queries_open_before)
         # The DDL coordinators' requests (critical sections, drops, renames, refines).
@@ -231,6 +237,8 @@ class ShardDecider:
         """Key ranges of `ns` where writes wait for a critical section (everything, for an
         unsharded collection whose primary is moving)."""
         if coll is None:
+            if (held := self._held_for_sharding(ns)) is not None:
+                raise held
             return [(b"", b"\xff" * 16)] if self.migrations.primary_blocked(ns, reads=False) else []
         return self.migrations.blocked_ranges(ns, reads=False)
 
@@ -391,7 +399,24 @@ class ShardDecider:
         if req.ns in self.catalog.collections:
             return Decision([], {"documents": 0})  # sharded already: the config server answers
         docs = (doc for _, doc in self.documents.scan(req.ns, UNSHARDED_KEY, UNSHARDED_END))
-        return Decision([], {"documents": check_existing_documents(req.ns, pattern, req.unique, docs)})
+        n = check_existing_documents(req.ns, pattern, req.unique, docs)
+        self._sharding[req.ns] = self.wall() + SHARDING_HOLD_S
+        return Decision([], {"documents": n})
+
+    def _held_for_sharding(self, ns: str) -> CommandError | None:
+        """The refusal of a write to unsharded `ns` while a shardCollection of it is being decided:
+        retriable, as a critical section's (the next ConfigTime is its commit)."""
+        end = self._sharding.get(ns)
+        if end is None:
+            return None
+        if self.wall() >= end or ns in self.catalog.collections:
+            del self._sharding[ns]
+            return None
+        return CommandError(
+            ErrorCode.StaleConfig,
+            f"{self.shard_id}: a write of {ns} waits for its shardCollection to be decided",
+            {"shard": self.shard_id, "configTime": self.catalog.config_time + 1, "critical": True},
+        )
 
     @on_request.register(s.SplitVector)
     def split_vector(self, req: s.SplitVector) -> Decision:
@@ -491,6 +516,8 @@ class ShardDecider:
         return Decision(events, {"inserted": len(events) + retried, "writeErrors": errors})
 
     def _insert_one(self, coll, ns: str, doc: Any, seen: set[bytes]) -> s.DocumentWritten:
+        if coll is None and (held := self._held_for_sharding(ns)) is not None:
+            raise held
         if not isinstance(doc, dict):
             raise CommandError(ErrorCode.BadValue, "a document must be a JSON object")
         doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}

@@ -229,3 +229,30 @@ def test_the_router_and_the_cli_ask_the_primary_unless_there_is_nothing_to_check
     assert sc.existing_documents_check(shard.catalog, c.ShardCollection(ns="new.t", key={"k": 1})) is None
     _sharded(shard, "d.t", {"k": 1})
     assert sc.existing_documents_check(shard.catalog, record) is None  # the config server answers
+
+
+def test_writes_wait_while_the_checked_shard_collection_is_decided(shard):
+    """No document slips in between the primary's check and the catalog change: the checked
+    collection's writes are refused retriably (a critical section's StaleConfig) until the
+    collection is sharded, or the hold lapses (a refused shardCollection)."""
+    from services.shard.decide import SHARDING_HOLD_S
+
+    now = [1000.0]
+    shard.decider.wall = lambda: now[0]
+    _insert(shard, "d.h", [{"_id": 1, "k": 1}])
+    _check(shard, "d.h", {"k": 1})
+    for req in (
+        s.Insert(ns="d.h", docs=[{"_id": 2, "k": [1, 2]}], routing=shard.routing("d.h")),
+        s.Update(ns="d.h", filter={"_id": 1}, update={"$set": {"k": [3]}}, routing=shard.routing("d.h")),
+        s.Delete(ns="d.h", filter={"_id": 1}, routing=shard.routing("d.h")),
+    ):
+        with pytest.raises(CommandError) as e:
+            shard.run(req)
+        assert e.value.code == "StaleConfig" and e.value.info["critical"], e.value.message
+    assert _count(shard, "d.h") == 1  # reads are served
+    now[0] += SHARDING_HOLD_S  # the shardCollection was refused: the hold lapses
+    assert _insert(shard, "d.h", [{"_id": 2, "k": 2}])["inserted"] == 1
+
+    _check(shard, "d.h", {"k": 1})
+    _sharded(shard, "d.h", {"k": 1}, unique=False)  # decided: writes go on under the shard key
+    assert _insert(shard, "d.h", [{"_id": 3, "k": 3}])["inserted"] == 1
