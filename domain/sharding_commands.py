@@ -236,11 +236,11 @@ def parse_shard_collection(cmd: Mapping[str, Any]) -> c.ShardCollection:
 
 def existing_documents_check(catalog: Catalog, record: c.ShardCollection) -> tuple[str, s.CheckShardKey] | None:
     """(primary, request) asking the database's primary whether its documents of the collection
-    can be sharded by the key; None when there is nothing to check (no database yet, or the
-    collection sharded already: the config server answers).  Asked even if this catalog does
-    not list the collection yet: another router may have just created it."""
+    can be sharded by the key, when the catalog lists it unsharded; None when there is nothing
+    to check (a new collection, or one sharded already: the config server answers).  A new
+    collection needs no shard to answer, as before (a config server alone can shard it)."""
     db = catalog.databases.get(record.ns.partition(".")[0])
-    if db is None or record.ns in catalog.collections:
+    if db is None or record.ns in catalog.collections or record.ns not in db.collections:
         return None
     return db.primary, s.CheckShardKey(ns=record.ns, key=record.key, unique=record.unique)
 

@@ -222,6 +222,9 @@ def test_the_router_and_the_cli_ask_the_primary_unless_there_is_nothing_to_check
     from domain import sharding_commands as sc
 
     record = c.ShardCollection(ns="d.t", key={"k": 1}, unique=True)
+    assert sc.existing_documents_check(shard.catalog, record) is None  # nothing written yet
+    _insert(shard, "d.t", [{"_id": 1, "k": 1}])
+    shard.config(c.CreateCollection(ns="d.t"))  # as the router records it on the first write
     assert sc.existing_documents_check(shard.catalog, record) == (
         "a",
         s.CheckShardKey(ns="d.t", key={"k": 1}, unique=True),
