@@ -39,10 +39,10 @@ print-mongosh:
 	@echo $(MONGOSH_BIN)
 
 # Local Kafka (BROKERS=3 for a replicated 3-node KRaft cluster, chosen when $(DATA) is new)
-# + demo cluster (config, 3 shards, router, balancer, range-deleter).  Starts whatever is not
+# + demo cluster (config, 3 shards (SHARDS=4 for s0..s3: starts and adds s3), router, balancer, range-deleter).  Starts whatever is not
 # running; every service resumes from its checkpoint.
 up: venv jars
-	$(PY) -m infra.cluster up --data $(DATA) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(ROUTERS),--routers $(ROUTERS))
+	$(PY) -m infra.cluster up --data $(DATA) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(SHARDS),--shards $(SHARDS))
 
 # Stop everything; every document, the catalog and the brokers' logs stay for the next `make up`.
 down:

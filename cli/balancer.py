@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import typer
 from pydantic import ValidationError
 
-from cli.context import CliContext, JsonOpt
+from cli.context import CliContext, JsonOpt, chunk_range
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
 from schemas import balancer as b
@@ -112,7 +112,14 @@ def collection_status(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> 
         return
     cx.out.print(f"{ns}: {'compliant' if doc['compliant'] else 'not compliant'}")
     for v in doc["violations"]:
-        cx.out.print(f"  {v['reason']}: {v.get('detail', '')}")
+        cx.out.print(violation_line(v))
+
+
+def violation_line(v: dict[str, Any]) -> str:
+    """One violation: its kind, the chunk's range and shard when it names one, and why."""
+    where = f" {chunk_range(v['min'], v['max'])}" if v.get("min") is not None and v.get("max") is not None else ""
+    on = f" on {v['shard']}" if v.get("shard") else ""
+    return f"  {v['reason']}{where}{on}: {v.get('detail', '')}"
 
 
 @balancer_app.command("snapshot")
@@ -153,8 +160,8 @@ def disable(ctx: typer.Context, ns: str, json_out: bool = JsonOpt) -> None:
 @balancer_app.command("window")
 def window(
     ctx: typer.Context,
-    start: str = typer.Option(None, help="HH:MM"),
-    stop: str = typer.Option(None, help="HH:MM"),
+    start: str = typer.Option(None, help="H:MM or HH:MM, e.g. 8:00 or 23:00 (may be after --stop: wraps midnight)"),
+    stop: str = typer.Option(None, help="H:MM or HH:MM (not equal to --start; --clear balances at any time)"),
     time_zone: str = typer.Option(None, "--time-zone", help="IANA name, e.g. Europe/Paris"),
     clear: bool = typer.Option(False, "--clear", help="balance at any time"),
     json_out: bool = JsonOpt,

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from cli.context import CliContext, JsonOpt, bound
+from cli.context import CliContext, JsonOpt, chunk_range
 from domain import sharding_commands as sc
 from libs.commands import CommandError
 from schemas import shard as s
@@ -60,8 +60,7 @@ def split(
     cx.send(
         cx.build(sc.split, ns, points),
         lambda r: cx.out.print(
-            f"split into {len(r['chunks'])} chunks: "
-            + ", ".join(f"[{bound(x['min'])}, {bound(x['max'])})" for x in r["chunks"])
+            f"split into {len(r['chunks'])} chunks: " + ", ".join(chunk_range(x["min"], x["max"]) for x in r["chunks"])
         ),
     )
 
@@ -91,7 +90,7 @@ def merge(
     cx.send(
         cx.build(sc.merge, ns, lo, hi),
         lambda r: cx.out.print(
-            f"merged {r['merged']} chunks into [{bound(r['chunk']['min'])}, {bound(r['chunk']['max'])})"
+            f"merged {r['merged']} chunks into {chunk_range(r['chunk']['min'], r['chunk']['max'])}"
             if r["merged"]
             else "already a single chunk: nothing to merge"
         ),

@@ -17,14 +17,14 @@ from functools import cached_property
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from rich.console import Console
 
 from domain.bsonvalues import RecordFormError, from_record, to_record
 from domain.catalog import Catalog
 from domain.follower import replay_catalog
 from domain.protocol import ErrorCode
-from domain.shardkey import to_ejson
+from domain.shardkey import shell_form, shell_range
 from libs import kafka, tracing
 from libs.client import AsyncCluster, ShardlogError
 from libs.commands import CommandError
@@ -120,8 +120,29 @@ class CliContext:
             return asyncio.run(coro)
         except RequestTimeout as e:
             self.fail(str(e), code=ErrorCode.Timeout)
+        except (TimeoutError, KafkaTimeoutError) as e:
+            # A wait that ran out (TimeoutError is an OSError): "Kafka is down" only if it is; else
+            # Kafka answered and a service behind it did not, e.g. a shard added but never started.
+            if not self._kafka_answers():
+                self.fail(f"cannot reach Kafka at {self.bootstrap}: {e}", code=ErrorCode.KafkaUnavailable)
+            self.fail(
+                f"no answer in time ({type(e).__name__}: {e or 'timed out'}): Kafka at {self.bootstrap} is "
+                f"reachable, but a service the request needs (a shard, a router) is not running or not answering; "
+                f"see `shardlog status` and `make status`",
+                code=ErrorCode.ShardUnavailable,
+            )
         except (OSError, KafkaError) as e:
             self.fail(f"cannot reach Kafka at {self.bootstrap}: {e}", code=ErrorCode.KafkaUnavailable)
+
+    def _kafka_answers(self) -> bool:
+        async def probe() -> None:
+            await asyncio.wait_for(kafka.missing_topics(self.bootstrap, [self.topics.config_commands]), 5)
+
+        try:
+            asyncio.run(probe())
+        except Exception:
+            return False
+        return True
 
     def requester(self) -> Requester:
         """A requester whose replies come back on the cluster's CLI inbox."""
@@ -208,5 +229,10 @@ JsonOpt = typer.Option(False, "--json", help="machine-readable output", callback
 
 
 def bound(doc: Any) -> str:
-    """A shard-key value or range bound, compact, as extended JSON."""
-    return json.dumps(to_ejson(doc), separators=(",", ":"))
+    """A shard-key value, key pattern or range bound as mongosh writes it: `{ x: MaxKey }`."""
+    return shell_form(doc)
+
+
+def chunk_range(lo: Any, hi: Any) -> str:
+    """[min, max) as sh.status() writes a chunk: `{ x: 1000 } -->> { x: MaxKey }`."""
+    return shell_range(lo, hi)

@@ -13,7 +13,7 @@ One Typer app per command group, each in its own module, all added here:
     status           status
     range_deletions  range-deletions
     sessions         sessions
-    migrations       move-range, move-chunk, move-primary, set-allow-migrations
+    migrations       move-range, move-chunk, move-primary, abort-move-primary, set-allow-migrations
     defragment       defragment
     ddl              drop-collection, drop-database, rename-collection, refine-shard-key, ddl status
     zones            zone add-shard | remove-shard | add-range | remove-range

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any
 
 import typer
 from rich.live import Live
 
-from cli.context import CliContext, JsonOpt, bound
+from cli.context import CliContext, JsonOpt, bound, chunk_range
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
 from domain.shardkey import from_ejson
@@ -25,6 +26,7 @@ from schemas import config as c
 from schemas import shard as s
 
 POLL_S = 0.25
+FIGURES_WAIT_S = 10.0  # once decided, how long to wait for the donor's final figures (it may be down)
 
 migrations_app = typer.Typer()
 
@@ -88,20 +90,49 @@ def move_primary(
         cx.out.print(f"{db}: primary {r['donor']} -> {to}, {summary['progress'].get('cloned', 0)} documents copied")
 
 
+@migrations_app.command("abort-move-primary")
+def abort_move_primary(ctx: typer.Context, db: str, json_out: bool = JsonOpt) -> None:
+    """Abort a database's movePrimary that is stuck (e.g. its donor is down): the database
+    stays on its old primary, nothing is lost (the recipient's copies are dropped)."""
+    cx = CliContext.of(ctx)
+    active = cx.run(_active_primary_moves(cx, db))
+    if not active:
+        cx.fail(f"no movePrimary of {db} is running", code=ErrorCode.NoSuchMigration)
+    reply = cx.command(
+        c.AbortPrimaryMove(
+            id=active[0]["id"], reason="aborted by shardlog abort-move-primary", code=ErrorCode.Interrupted
+        ),
+        "shardlog abort-move-primary",
+    )
+    outcome = (reply.result or {}).get("outcome", "")
+    if cx.json:
+        cx.print_json({"db": db, "id": active[0]["id"], "outcome": outcome})
+    else:
+        cx.out.print(f"movePrimary {active[0]['id']} of {db}: {outcome}")
+
+
+async def _active_primary_moves(cx: CliContext, db: str) -> list[dict[str, Any]]:
+    async with cx.requester() as r:
+        active = (await cx.ask(r, cx.topics.config_commands, c.GetMigration(ns=db)))["active"]
+    return [m for m in active if m.get("kind") == "primary"]
+
+
 @migrations_app.command("set-allow-migrations")
 def set_allow_migrations(
     ctx: typer.Context, ns: str, allow: bool = typer.Argument(..., help="true or false"), json_out: bool = JsonOpt
 ) -> None:
     """Allow or stop migrations of a collection.  Stopping aborts those that have not
-    committed and returns once none is running."""
+    committed (ConflictingOperationInProgress) and returns once none is running."""
     cx = CliContext.of(ctx)
-    cx.command(sc.allow_migrations(ns, allow), "shardlog set-allow-migrations")
+    reply = cx.command(sc.allow_migrations(ns, allow), "shardlog set-allow-migrations")
+    aborted = (reply.result or {}).get("aborted", [])
     running = [] if allow else cx.run(_wait_none_running(cx, ns))
     if cx.json:
-        cx.print_json({"ns": ns, "allowMigrations": allow, "waitedFor": running})
+        cx.print_json({"ns": ns, "allowMigrations": allow, "aborted": aborted, "waitedFor": running})
     else:
         cx.out.print(
             f"migrations of {ns} {'allowed' if allow else 'stopped'}"
+            + (f" ({len(aborted)} running aborted: {', '.join(aborted)})" if aborted else "")
             + (f" (waited for {len(running)} to finish)" if running else "")
         )
 
@@ -126,6 +157,7 @@ def _move(cx: CliContext, cmd: c.MoveRange) -> None:
     if r is None:
         return
     live = None if cx.json or not sys.stdout.isatty() else Live(console=cx.out, refresh_per_second=8)
+    started = time.monotonic()
     try:
         if live:
             live.start()
@@ -137,22 +169,36 @@ def _move(cx: CliContext, cmd: c.MoveRange) -> None:
     if cx.json:
         cx.print_json(summary)
     else:
-        p = summary.get("progress", {})
         cx.out.print(
-            f"moved [{bound(from_ejson(summary['min']))}, {bound(from_ejson(summary['max']))}) of {cmd.ns} "
-            f"{r['donor']} -> {r['recipient']}: {p.get('cloned', 0)} documents cloned, "
-            f"{p.get('mods', 0)} modifications, {p.get('seconds', '?')} s, critical section "
-            f"{p.get('criticalMs', '?')} ms" + ("; donor copy deleted" if cmd.waitForDelete else "")
+            moved_line(cmd.ns, r["donor"], r["recipient"], summary, time.monotonic() - started, cmd.waitForDelete)
         )
+
+
+def moved_line(ns: str, donor: str, recipient: str, summary: dict[str, Any], seconds: float, deleted: bool) -> str:
+    """The one line a committed move-range prints; `seconds` as this command waited for it."""
+    p = summary.get("progress", {})
+    critical = f", critical section {p['criticalMs']} ms" if p.get("criticalMs") is not None else ""
+    lo, hi = from_ejson(summary["min"]), from_ejson(summary["max"])
+    return (
+        f"moved {chunk_range(lo, hi) if hi is not None else bound(lo) + ' -->> ...'} of {ns} {donor} -> {recipient}: "
+        f"{p.get('cloned', 0)} documents cloned, {p.get('mods', 0)} modifications, {seconds:.1f} s{critical}"
+        + ("; donor copy deleted" if deleted else "")
+    )
+
+
+def aborted_message(mid: str, summary: dict[str, Any]) -> str:
+    """Why a migration did not commit, in one line: the config server's outcome text already
+    starts with "aborted: " (and may carry the code), the reason field does not."""
+    why = summary.get("reason") or str(summary["outcome"]).removeprefix("aborted").removeprefix(": ")
+    lo, hi = summary.get("min"), summary.get("max")
+    where = f" ({chunk_range(from_ejson(lo), from_ejson(hi))})" if lo is not None and hi is not None else ""
+    return f"migration {mid}{where} aborted" + (f": {why}" if why else "")
 
 
 def _fail_unless_committed(cx: CliContext, mid: str, summary: dict[str, Any]) -> None:
     """An aborted migration fails with the abort's code and reason (structured fields)."""
     if summary["outcome"] != "committed":
-        cx.fail(
-            f"migration {mid} aborted: {summary.get('reason') or summary['outcome']}",
-            code=summary.get("code") or ErrorCode.MigrationAborted,
-        )
+        cx.fail(aborted_message(mid, summary), code=summary.get("code") or ErrorCode.MigrationAborted)
 
 
 # ------------------------------------------------------------------ following a migration
@@ -183,6 +229,7 @@ async def _until_decided(
     """The config server's last answer on the migration, and the donor's last progress figures."""
     t = cx.topics
     progress: dict[str, Any] = {}
+    decided_at: float | None = None
     while True:
         state = await cx.ask(r, t.config_commands, c.GetMigration(id=mid))
         try:
@@ -192,11 +239,17 @@ async def _until_decided(
             pass  # the donor is restarting: the outcome still comes from the config server
         if live is not None:
             live.update(_progress_line(mid, state["state"], progress))
-        # Decided; the donor's figures are final once it recorded the decision.
-        if state["state"] != "active" and (
-            not progress or "criticalMs" in progress or progress.get("phase") in ("done", "aborting")
-        ):
-            return state, progress
+        # Decided; the donor's figures are final once it recorded the decision (a donor that is
+        # down never says so: the config server's outcome is the answer after FIGURES_WAIT_S).
+        if state["state"] != "active":
+            decided_at = decided_at or time.monotonic()
+            if (
+                not progress
+                or "criticalMs" in progress
+                or progress.get("phase") in ("done", "aborting")
+                or time.monotonic() - decided_at > FIGURES_WAIT_S
+            ):
+                return state, progress
         await asyncio.sleep(POLL_S)
 
 

@@ -8,14 +8,13 @@ shows is what the service does.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
 import typer
 from rich.table import Column, Table
 
-from cli.context import CliContext, JsonOpt
+from cli.context import CliContext, JsonOpt, chunk_range
 from domain.protocol import ErrorCode
 from schemas import shard as s
 from services.range_deleter import deleter
@@ -85,10 +84,6 @@ def _rows(tasks: list[dict[str, Any]], plan: deleter.Plan) -> list[dict[str, Any
     ]
 
 
-def _bound(v: dict[str, Any]) -> str:
-    return json.dumps(v, separators=(",", ":"))
-
-
 def _print_rows(cx: CliContext, rows: list[dict[str, Any]]) -> None:
     t = Table(
         "shard",
@@ -104,7 +99,7 @@ def _print_rows(cx: CliContext, rows: list[dict[str, Any]]) -> None:
         t.add_row(
             r["shard"],
             r["ns"],
-            f"[{_bound(r['min'])}, {_bound(r['max'])})",
+            chunk_range(r["min"], r["max"]),
             r["state"],
             str(r["left"]),
             str(r["deleted"]),

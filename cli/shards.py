@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,17 +17,46 @@ from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.settings import in_window
 from libs import kafka
+from libs.client import shard_unreachable
 from schemas import config as c
 from services.balancer.draining import removal_status
 
 shards_app = typer.Typer()
 
 
+ADD_SHARD_WAIT_ENV = "SHARDLOG_ADD_SHARD_WAIT_S"
+
+
+def add_shard_wait() -> float:
+    """How long add-shard waits for the shard's process to answer (SHARDLOG_ADD_SHARD_WAIT_S)."""
+    raw = os.environ.get(ADD_SHARD_WAIT_ENV, "")
+    try:
+        value = float(raw) if raw else 10.0
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise typer.BadParameter(f"{ADD_SHARD_WAIT_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
 @shards_app.command("add-shard")
 def add_shard(ctx: typer.Context, shard: str, json_out: bool = JsonOpt) -> None:
-    """Add a shard to the cluster."""
+    """Add a shard to the cluster.  Its process must be running (`make up SHARDS=4`, or
+    `python -m services.shard --shard-id NAME`): as mongos connects to a new shard before
+    adding it, the shard is asked to answer first, and an unreachable one is refused."""
     cx = CliContext.of(ctx)
-    cx.send(cx.build(sc.add_shard, shard), lambda r: cx.out.print(f"added shard {sc.add_shard_reply(r)['shardAdded']}"))
+    cmd = cx.build(sc.add_shard, shard)
+    if shard not in cx.catalog().shards:  # (re-adding one the catalog has answers ShardAlreadyExists)
+        cx.run(_shard_answers(cx, shard, add_shard_wait()))
+    cx.send(cmd, lambda r: cx.out.print(f"added shard {sc.add_shard_reply(r)['shardAdded']}"))
+
+
+async def _shard_answers(cx: CliContext, shard: str, wait: float) -> None:
+    """Fail with OperationFailed (HostUnreachable) unless `shard`'s process answers; nothing is recorded then."""
+    async with cx.requester() as r:
+        why = await shard_unreachable(r, cx.bootstrap, cx.topics, shard, wait)
+    if why is not None:
+        cx.fail(f"{why} ({ADD_SHARD_WAIT_ENV}={wait:g})", code=ErrorCode.OperationFailed)
 
 
 @shards_app.command("remove-shard")

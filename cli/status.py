@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.context import CliContext, JsonOpt, bound
+from cli.context import CliContext, JsonOpt, bound, chunk_range
 from domain.catalog import Catalog, Collection
 from domain.shardkey import to_ejson
 
@@ -59,6 +59,9 @@ def _collection_document(coll: Collection, verbose: bool) -> dict[str, Any]:
     return doc
 
 
+MAX_CHUNKS_LISTED = 20  # sh.status() lists a collection's chunks up to this many without verbose
+
+
 @status_app.command("status")
 def status(
     ctx: typer.Context,
@@ -68,7 +71,10 @@ def status(
 ) -> None:
     """Shards, databases and sharded collections (like sh.status())."""
     cx = CliContext.of(ctx)
-    doc = status_document(cx.catalog(at), verbose)
+    if at is not None and at < 0:
+        cx.bad_value(f"--at must be a ConfigTime (an offset of the config events, >= 0), not {at}")
+    # The human form lists chunks when a collection has few (as sh.status()); JSON only with --verbose.
+    doc = status_document(cx.catalog(at), verbose or not cx.json)
     if cx.json:
         cx.print_json(doc)
         return
@@ -86,7 +92,8 @@ def status(
         _print_collection(out, coll, verbose)
     for m in doc["migrations"]:
         out.print(
-            f"migration {m['id']}: {m['ns']} [{bound(m['min'])}, {bound(m['max']) if m['max'] else '...'}) "
+            f"migration {m['id']}: {m['ns']} "
+            f"{chunk_range(m['min'], m['max']) if m['max'] else bound(m['min']) + ' -->> ...'} "
             f"{m['donor']} -> {m['recipient']} in progress"
         )
 
@@ -99,15 +106,13 @@ def _print_collection(out: Console, coll: dict[str, Any], verbose: bool) -> None
         + ", ".join(f"{s} {n}" for s, n in sorted(coll["chunksPerShard"].items()))
     )
     for z in coll["zones"]:
-        out.print(f"  zone {z['zone']}: [{bound(z['min'])}, {bound(z['max'])})")
-    if verbose:
-        t = Table("min", "max", "shard", "version", "jumbo")
-        for ch in coll["chunks"]:
-            t.add_row(
-                bound(ch["min"]),
-                bound(ch["max"]),
-                ch["shard"],
-                f"{ch['version'][0]}|{ch['version'][1]}",
-                "yes" if ch["jumbo"] else "",
-            )
-        out.print(t)
+        out.print(f"  zone {z['zone']}: {chunk_range(z['min'], z['max'])}")
+    chunks = coll.get("chunks", [])
+    if not verbose and len(chunks) > MAX_CHUNKS_LISTED:
+        out.print(f"  too many chunks to print ({len(chunks)}), use --verbose to list them")
+        return
+    for ch in chunks:
+        out.print(
+            f"  {chunk_range(ch['min'], ch['max'])} on : {ch['shard']} "
+            f"Timestamp({ch['version'][0]}, {ch['version'][1]})" + (" jumbo" if ch["jumbo"] else "")
+        )

@@ -22,7 +22,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from cli.context import CliContext, JsonOpt
+from domain.protocol import split_ns
 from libs.client import AsyncCluster
+from libs.commands import CommandError
 from services.workload import runner
 from services.workload.ycsb import REQUEST_DISTRIBUTIONS, Workload
 
@@ -56,9 +58,10 @@ def _require(cx: CliContext, ok: bool, message: str) -> None:
 
 
 def _split_ns(cx: CliContext, ns: str) -> tuple[str, str]:
-    db, _, coll = ns.partition(".")
-    _require(cx, bool(db and coll), f"--ns must be db.collection, not {ns!r}")
-    return db, coll
+    try:
+        return split_ns(ns)  # the one rule for names, as the router applies it
+    except CommandError as e:
+        cx.fail(f"--ns: {e.message}", code=e.code, exit_code=2)
 
 
 def _setup_metrics() -> Callable[[], None]:
@@ -230,7 +233,11 @@ def run_cmd(
     ctx: typer.Context,
     workload: str = typer.Argument(..., help="ycsb-a, ycsb-b, ycsb-c, ycsb-d, ycsb-e or ycsb-f"),
     ops: int = typer.Option(..., "--ops", help="operations to execute"),
-    records: int = typer.Option(1000, "--records", help="records loaded (must match the load)"),
+    records: int = typer.Option(
+        1000,
+        "--records",
+        help="records loaded; the collection's documents when more (a run's inserts continue after an earlier run's)",
+    ),
     rate: float | None = typer.Option(None, "--rate", help="target ops/s (default: as fast as possible)"),
     concurrency: int = ConcurrencyOpt,
     distribution: str | None = typer.Option(

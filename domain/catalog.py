@@ -227,6 +227,10 @@ class Catalog:
     def zone_in_use(self, zone: str) -> bool:
         return any(z.zone == zone for c in self.collections.values() for z in c.zones)
 
+    def zone_targets(self, zone: str, exclude: str | None = None) -> list[str]:
+        """The shards that may take the zone's data: in the zone and not draining."""
+        return sorted(s.id for s in self.shards.values() if zone in s.zones and not s.draining and s.id != exclude)
+
     # ---------------------------------------------------------- persistence
 
     def _put(self, key: bytes, value: object) -> None:  # a JSON value; None deletes the key

@@ -129,6 +129,7 @@ class ErrorCode(StrEnum):
     ClusterTimeFailsRateLimiter = ("ClusterTimeFailsRateLimiter", 209)
     KeyNotFound = ("KeyNotFound", 211)
     DuplicateKey = ("DuplicateKey", 11000)
+    Interrupted = ("Interrupted", 11601)
     InterruptedDueToReplStateChange = ("InterruptedDueToReplStateChange", 11602)
     IDLFailedToParse = ("IDLFailedToParse", 40414)  # a required field missing (e.g. lsid without id)
     IDLUnknownField = ("IDLUnknownField", 40415)
@@ -174,16 +175,23 @@ def check_db_name(db: str) -> None:
         raise CommandError(ErrorCode.InvalidNamespace, f"database {db!r} is reserved")
 
 
+def valid_collection_name(coll: str) -> bool:
+    """MongoDB's rule for any collection name: not empty, no NUL, not starting with '.'
+    ('db..c' names no collection)."""
+    return bool(coll) and not coll.startswith(".") and "\x00" not in coll
+
+
 def split_ns(ns: str) -> tuple[str, str]:
     """'db.coll' -> (db, coll), or InvalidNamespace with what is wrong."""
     db, dot, coll = ns.partition(".")
     if not dot or not coll:
         raise CommandError(ErrorCode.InvalidNamespace, f"invalid namespace {ns!r}: expected 'database.collection'")
     check_db_name(db)
-    if len(ns.encode()) > 255 or "\x00" in coll or "$" in coll or coll.startswith("system."):
+    if not valid_collection_name(coll) or len(ns.encode()) > 255 or "$" in coll or coll.startswith("system."):
         raise CommandError(
             ErrorCode.InvalidNamespace,
-            f"invalid collection name in {ns!r}: no '$' or NUL, not 'system.*', namespace <= 255 bytes",
+            f"invalid collection name in {ns!r}: a collection name does not start with '.', holds no '$' or NUL, "
+            "is not 'system.*', and the namespace is at most 255 bytes",
         )
     return db, coll
 

@@ -15,7 +15,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MB = 1024 * 1024
-HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d\Z")  # \Z, not $: "$" also matches before a final newline
+# H:MM or HH:MM, as MongoDB's docs write activeWindow ("8:00"); stored as HH:MM, which compares as text.
+HHMM = re.compile(r"^([01]?\d|2[0-3]):([0-5]\d)\Z")  # \Z, not $: "$" also matches before a final newline
 
 
 class Window(BaseModel):
@@ -29,9 +30,9 @@ class Window(BaseModel):
     @field_validator("start", "stop")
     @classmethod
     def _hhmm(cls, v: str) -> str:
-        if not HHMM.match(v):
+        if not (m := HHMM.match(v)):
             raise ValueError(f"{v!r} is not a time of day HH:MM")
-        return v
+        return f"{int(m[1]):02d}:{m[2]}"
 
     @field_validator("timeZone")
     @classmethod

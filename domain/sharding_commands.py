@@ -18,9 +18,9 @@ from typing import Any
 from domain import ddl
 from domain.bsonvalues import type_name
 from domain.catalog import Catalog, Chunk, Collection
-from domain.protocol import RESERVED_DBS, ErrorCode, check_db_name, check_shard_name
+from domain.protocol import RESERVED_DBS, ErrorCode, check_db_name, check_shard_name, valid_collection_name
 from domain.settings import MB
-from domain.shardkey import InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
+from domain.shardkey import InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, shell_range, to_ejson
 from libs.commands import CommandError
 from schemas import Record
 from schemas import config as c
@@ -90,7 +90,7 @@ def namespace(cmd: Mapping[str, Any]) -> str:
     if not isinstance(ns, str):
         raise CommandError(ErrorCode.InvalidNamespace, f"'{name}' must be of type String, not {type_name(ns)}")
     db, dot, coll = ns.partition(".")
-    if not db or not dot or not coll:
+    if not db or not dot or not valid_collection_name(coll):
         raise CommandError(ErrorCode.InvalidNamespace, f"Invalid namespace specified '{ns}'")
     return ns
 
@@ -280,8 +280,8 @@ def chunk_with_bounds(catalog: Catalog, ns: str, lo: dict[str, Any], hi: dict[st
     if chunk.min_key != lo_key or chunk.max_key != hi_key:
         raise CommandError(
             ErrorCode.BadValue,
-            f"no chunk has the bounds [{to_ejson(lo)}, {to_ejson(hi)}) in {ns}; "
-            f"the chunk there is [{to_ejson(chunk.min)}, {to_ejson(chunk.max)})",
+            f"no chunk has the bounds {shell_range(lo, hi)} in {ns}; "
+            f"the chunk there is {shell_range(chunk.min, chunk.max)}",
         )
     return chunk
 

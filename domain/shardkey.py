@@ -47,6 +47,7 @@ import hashlib
 import math
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,6 +211,62 @@ def to_ejson(value: Any) -> Any:
         return bsonjson.to_record(value)
     except bsonjson.RecordFormError:
         return value
+
+
+# One wrapper key of relaxed Extended JSON -> how mongosh writes the value.
+_SHELL_WRAPPERS: dict[str, Callable[[str], str]] = {
+    "$oid": lambda v: f"ObjectId('{v}')",
+    "$numberLong": lambda v: f"Long('{v}')",
+    "$numberDecimal": lambda v: f"Decimal128('{v}')",
+    "$numberDouble": str,  # NaN, Infinity, -Infinity
+    "$uuid": lambda v: f"UUID('{v}')",
+    "$symbol": lambda v: _shell_string(v),
+}
+
+
+def _shell_string(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def _shell_key(k: str) -> str:
+    return k if k.isidentifier() else _shell_string(k)
+
+
+def _shell(v: Any) -> str:
+    if isinstance(v, dict):
+        if len(v) == 1:
+            ((k, inner),) = v.items()
+            if k in ("$minKey", "$maxKey"):
+                return "MinKey" if k == "$minKey" else "MaxKey"
+            if k in _SHELL_WRAPPERS and isinstance(inner, str):
+                return _SHELL_WRAPPERS[k](inner)
+            if k == "$date":
+                return f"ISODate('{inner}')" if isinstance(inner, str) else f"ISODate({_shell(inner)})"
+        if not v:
+            return "{}"
+        return "{ " + ", ".join(f"{_shell_key(k)}: {_shell(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[ " + ", ".join(_shell(x) for x in v) + " ]" if v else "[]"
+    if isinstance(v, str):
+        return _shell_string(v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))  # mongosh prints the double 5.0 as 5
+    return str(v)
+
+
+def shell_form(value: Any) -> str:
+    """A key, bound or document as mongosh writes it: `{ x: 1000 }`, `{ x: MaxKey }`,
+    `{ region: 'eu', uid: Long('5') }` (for messages and the CLI's human output)."""
+    return _shell(to_ejson(value))
+
+
+def shell_range(lo: Any, hi: Any) -> str:
+    """A chunk's [min, max) as sh.status() prints it: `{ x: 1000 } -->> { x: MaxKey }`."""
+    return f"{shell_form(lo)} -->> {shell_form(hi)}"
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -542,7 +599,7 @@ class KeyPattern:
     @classmethod
     def parse(cls, spec: Any) -> KeyPattern:
         if not isinstance(spec, dict) or not spec:
-            raise InvalidKeyPattern(f"shard key pattern must be a non-empty object, got {spec!r}")
+            raise InvalidKeyPattern(f"shard key pattern must be a non-empty object, got {shell_form(spec)}")
         if len(spec) > MAX_SHARD_KEY_FIELDS:
             raise InvalidKeyPattern(f"a shard key can have at most {MAX_SHARD_KEY_FIELDS} fields, got {len(spec)}")
         hashed: list[str] = []
@@ -585,7 +642,7 @@ class KeyPattern:
         MinKey/MaxKey."""
         if not isinstance(bound, dict) or tuple(bound) != self.fields:
             raise ShardKeyError(
-                f"bound {bound!r} must name exactly the shard key fields {list(self.fields)} in that order"
+                f"bound {shell_form(bound)} must name exactly the shard key fields {', '.join(self.fields)} in that order"
             )
         result = {name: from_ejson(v) for name, v in bound.items()}
         for name, v in result.items():
@@ -593,7 +650,7 @@ class KeyPattern:
                 if not (v is MIN_KEY or v is MAX_KEY or (type(v) in (int, bson.Int64) and INT64_MIN <= v <= INT64_MAX)):
                     raise ShardKeyError(
                         f"bound value for hashed field {name!r} must be a signed 64-bit "
-                        f"integer (a hash) or MinKey/MaxKey, got {v!r}"
+                        f"integer (a hash) or MinKey/MaxKey, got {shell_form(v)}"
                     )
             elif isinstance(v, list):
                 raise ShardKeyError(f"shard key values cannot be arrays (field {name!r})")
@@ -605,7 +662,7 @@ class KeyPattern:
         try:
             return b"".join(encode_value(bound[f]) for f in self.fields)
         except KeyError as e:
-            raise ShardKeyError(f"bound {bound!r} lacks shard key field {e.args[0]!r}") from None
+            raise ShardKeyError(f"bound {shell_form(bound)} lacks shard key field {e.args[0]!r}") from None
 
     def extract(self, doc: dict[str, Any]) -> dict[str, Any]:
         """The shard key of a document.  Missing fields are null, as in MongoDB; the

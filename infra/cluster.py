@@ -27,18 +27,42 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_KAFKA = ROOT / "infra" / "kafka" / "local.py"
-SHARDS = ("s0", "s1", "s2")
+SHARDS = ("s0", "s1", "s2")  # the default: `make up SHARDS=N` starts s0 .. s<N-1>
+
+
+def shard_ids(n: int | None = None) -> tuple[str, ...]:
+    """The shards `make up` runs: s0 .. s<n-1> (at least the default three)."""
+    return tuple(f"s{i}" for i in range(max(n or len(SHARDS), 1)))
+
+
+def _shard_count(data: Path, shards: int | None) -> int:
+    """SHARDS=N is remembered in the data directory, so a later `make up` restarts every shard."""
+    f = data / "shards"
+    if shards is not None:
+        if shards < 1:
+            raise SystemExit("make up: SHARDS must be at least 1")
+        data.mkdir(parents=True, exist_ok=True)
+        known = int(f.read_text()) if f.exists() else len(SHARDS)
+        if shards < known:
+            raise SystemExit(
+                f"make up: this cluster has {known} shards; remove one with `shardlog remove-shard` (SHARDS only adds)"
+            )
+        f.write_text(str(shards))
+        return shards
+    return int(f.read_text()) if f.exists() else len(SHARDS)
+
+
 KAFKA_PORT = int(os.environ.get("KAFKA_PORT", "9092"))  # the first broker's port, chosen when formatting
 
 
 ROUTER_PORT = int(os.environ.get("SHARDLOG_ROUTER_PORT", "27017"))  # the first router's wire port; 0: any free one
 
 
-def services(routers: int = 1) -> dict[str, list[str]]:
+def services(routers: int = 1, shards: tuple[str, ...] = SHARDS) -> dict[str, list[str]]:
     """Service name -> `python -m` arguments.  Router i listens on ROUTER_PORT + i (its own
     port, as each mongos has); the first is `router`, the others `router-2`, `router-3`, ..."""
     out = {"config": ["services.config"]}
-    out.update({f"shard-{s}": ["services.shard", "--shard-id", s] for s in SHARDS})
+    out.update({f"shard-{s}": ["services.shard", "--shard-id", s] for s in shards})
     for i in range(routers):
         port = str(ROUTER_PORT + i if ROUTER_PORT else 0)
         out["router" if i == 0 else f"router-{i + 1}"] = ["services.router", "--port", port] + (
@@ -82,16 +106,16 @@ def _bootstrap(data: Path, brokers: int | None) -> str:
     return (data / "kafka" / "bootstrap").read_text().strip()
 
 
-async def _add_shards(bootstrap: str, cluster: str) -> None:
+async def _add_shards(bootstrap: str, cluster: str, shards: tuple[str, ...] = SHARDS) -> None:
     from libs import kafka
     from libs.requests import Requester
     from libs.topics import Topics
     from schemas.config import AddShard
 
     t = Topics(cluster)
-    await kafka.ensure_topics(bootstrap, [*t.core(), *(s for sh in SHARDS for s in t.for_shard(sh))])
+    await kafka.ensure_topics(bootstrap, [*t.core(), *(s for sh in shards for s in t.for_shard(sh))])
     async with Requester(bootstrap, t.cli_replies, client_id="make-up") as r:
-        for s in SHARDS:
+        for s in shards:
             reply = await r.request(t.config_commands, AddShard(shard=s), timeout=60)
             if not reply.ok and reply.code != "ShardAlreadyExists":
                 raise SystemExit(f"make up: add-shard {s}: {reply.code}: {reply.error}")
@@ -118,8 +142,16 @@ def _why(log: Path, lines: int = 4) -> str:
     return "\n".join(f"    {line[:4000]}" for line in tail)
 
 
-def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 180.0, routers: int = 1) -> None:
+def up(
+    data: Path,
+    cluster: str,
+    brokers: int | None = None,
+    timeout: float = 180.0,
+    routers: int = 1,
+    shards: int | None = None,
+) -> None:
     data = data.resolve()
+    shard_names = shard_ids(_shard_count(data, shards))
     t0 = time.monotonic()
     bootstrap = _bootstrap(data, brokers)
     for d in ("logs", "pids", "services"):
@@ -134,7 +166,7 @@ def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 18
     asyncio.run(_ensure_core_topics(bootstrap, cluster))
     started: dict[str, tuple[int, float]] = {}
     uris: dict[str, str] = {}
-    for name, argv in services(routers).items():
+    for name, argv in services(routers, shard_names).items():
         pidfile = data / "pids" / f"{name}.pid"
         if (pid := _pid(pidfile)) is not None:
             info = _ready(data, name, pid) or {}
@@ -181,10 +213,10 @@ def up(data: Path, cluster: str, brokers: int | None = None, timeout: float = 18
             uris[name] = info["uri"]
             at += f", {info['uri']}"
         print(f"  {name:14} ready (pid {pid}, {time.monotonic() - since:.1f}s{at})")
-    asyncio.run(_add_shards(bootstrap, cluster))
+    asyncio.run(_add_shards(bootstrap, cluster, shard_names))
     print(f"""
 shardlog cluster {cluster!r} is up in {time.monotonic() - t0:.1f}s: Kafka at {bootstrap}, config server,
-shards {", ".join(SHARDS)}, {len(uris) or routers} router(s), balancer, range-deleter.  Logs: {data / "logs"}
+shards {", ".join(shard_names)}, {len(uris) or routers} router(s), balancer, range-deleter.  Logs: {data / "logs"}
 
   MongoDB clients (pymongo, mongosh, drivers) connect to a router: {"  ".join(uris.values()) or "(see make status)"}
   mongosh {next(iter(uris.values()), "mongodb://127.0.0.1:27017/")} --eval 'sh.status()'
@@ -265,7 +297,8 @@ def status(data: Path, as_json: bool) -> None:
     data = data.resolve()
     out = {"services": {}, "kafka": None}
     extra = sorted(f.stem for f in (data / "pids").glob("router-*.pid")) if (data / "pids").exists() else []
-    for name in [*services(), *extra]:
+    shards = shard_ids(_shard_count(data, None))
+    for name in [*services(shards=shards), *extra]:
         out["services"][name] = _pid(data / "pids" / f"{name}.pid")
     if _external() is None:
         st = subprocess.run(
@@ -291,10 +324,11 @@ def main() -> None:
     p.add_argument("--cluster", default=os.environ.get("SHARDLOG_CLUSTER", "shardlog"))
     p.add_argument("--brokers", type=int, help="local Kafka brokers, when the data directory is new (default 1)")
     p.add_argument("--routers", type=int, default=1, help="routers to start, each on its own wire port (default 1)")
+    p.add_argument("--shards", type=int, help="shards to run, s0 .. s<N-1> (default 3; remembered; only adds)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     if a.action == "up":
-        up(a.data, a.cluster, a.brokers, routers=a.routers)
+        up(a.data, a.cluster, a.brokers, routers=a.routers, shards=a.shards)
     elif a.action == "down":
         down(a.data)
     elif a.action == "reset":

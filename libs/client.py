@@ -54,6 +54,22 @@ Document = dict[str, Any]
 T = TypeVar("T")
 
 
+async def shard_unreachable(
+    requester: Requester, bootstrap: str, topics: Topics, shard: str, wait: float
+) -> str | None:
+    """Why `shard`'s process cannot be reached (None: it answered a request on its requests
+    topic within `wait` seconds).  addShard asks this first, as mongos connects to a new shard."""
+    topic = topics.shard_requests(shard)
+    hint = f"start its process first (`make up SHARDS=...`, or `python -m services.shard --shard-id {shard}`)"
+    if await kafka.missing_topics(bootstrap, [topic]):
+        return f"couldn't connect to new shard {shard}: HostUnreachable: no shard process {shard} ever ran; {hint}"
+    try:
+        await requester.request(topic, s.ListMigrations(), timeout=wait)
+    except RequestTimeout:
+        return f"couldn't connect to new shard {shard}: HostUnreachable: it did not answer within {wait:g}s; {hint}"
+    return None
+
+
 class FindOneOptions(TypedDict, total=False):
     sort: Document | None
     skip: int

@@ -266,6 +266,13 @@ class CommandProcessor:
         p = self.producer
         events_topic = self.projection.topic
         await p.begin_transaction()
+        # Kafka 4 verifies a transaction's first write to each partition with the transaction
+        # coordinator (KIP-890); meeting the coordinator mid-change of the same transaction (the
+        # consumer offsets' AddOffsetsToTxn, or adding another partition) answers aiokafka's
+        # produce as NOT_ENOUGH_REPLICAS, retried and logged as a warning on a healthy broker.
+        # So the coordinator's changes come first: the offsets now, and each phase's partitions
+        # (events, then replies) are added together before their first write goes out.
+        await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
         # Per command: the futures of its events, its reply and where to send it (or None), its headers.
         pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
@@ -318,8 +325,10 @@ class CommandProcessor:
                 if clock is not None:
                     reply = reply.model_copy(update={"operationTime": op_time or clock.cluster_time})
                 pending.append((futures, (reply, reply_to) if reply_to else None, tracing.inject(headers)))
-        # Events must be acked before replies can name the ConfigTime that shows them.
+        # Events must be acked before replies can name the ConfigTime that shows them; every
+        # event is, before the first reply goes out (so the replies' partitions join together).
         last_event: RecordMetadata | None = None
+        answers: list[tuple[str, Reply, tracing.Headers]] = []
         for futures, to_send, reply_headers in pending:
             for f in futures:
                 last_event = await f
@@ -328,11 +337,13 @@ class CommandProcessor:
                 at = (
                     last_event.offset + 1 if last_event else self.projection.position
                 )  # events so far in this batch count
-                answer = answer.model_copy(update={"configTime": at})
-                if self.clock is not None:
-                    reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
-                await p.send(reply_to.decode(), Codec.encode(answer), headers=reply_headers)
-        await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
+                answers.append((reply_to.decode(), answer.model_copy(update={"configTime": at}), reply_headers))
+        for inbox in {inbox for inbox, _, _ in answers}:
+            await p.partitions_for(inbox)  # its metadata now: the replies below go out without a pause
+        for inbox, answer, reply_headers in answers:
+            if self.clock is not None:
+                reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
+            await p.send(inbox, Codec.encode(answer), headers=reply_headers)
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
         await p.commit_transaction()
         fault_point(f"{self.name}.after_commit", tag=_tag(records))

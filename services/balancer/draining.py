@@ -4,10 +4,12 @@ in, actions out (the round loop records and sends them)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from domain.catalog import Catalog
+from domain.shardkey import to_ejson
 from schemas import balancer as b
 
 
@@ -39,6 +41,37 @@ def new_primary(catalog: Catalog, exclude: set[str]) -> str | None:
     if not candidates:
         return None
     return min(candidates, key=lambda s: (len(catalog.primary_of(s)), catalog.chunk_count(s), s))
+
+
+def stranded(catalog: Catalog, shard: str) -> list[dict[str, Any]]:
+    """`noTarget` blockers: per collection and zone, the zone ranges holding chunks of
+    `shard` that no other shard may take (no shard of the zone but `shard`, or only
+    draining ones), which the drain waits for forever."""
+    out = []
+    for ns, coll in sorted(catalog.collections.items()):
+        mine = [ch for ch in coll.chunks if ch.shard == shard]
+        if not mine:
+            continue
+        ranges: dict[str, list[dict[str, Any]]] = {}
+        for z in coll.zones:
+            if catalog.zone_targets(z.zone, exclude=shard):
+                continue
+            if any(ch.min_key < z.max_key and z.min_key < ch.max_key for ch in mine):
+                ranges.setdefault(z.zone, []).append({"min": to_ejson(z.min), "max": to_ejson(z.max)})
+        for zone, rs in sorted(ranges.items()):
+            shown = ", ".join(f"[{json.dumps(r['min'])}, {json.dumps(r['max'])})" for r in rs)
+            out.append(
+                {
+                    "reason": "noTarget",
+                    "ns": ns,
+                    "shard": shard,
+                    "zone": zone,
+                    "ranges": rs,
+                    "detail": f"no other shard of zone {zone!r} can take its chunks in {ns} {shown}: "
+                    f"add a shard to the zone (shardlog zone add-shard SHARD {zone}) or remove those ranges",
+                }
+            )
+    return out
 
 
 def removal_status(catalog: Catalog, shard: str, sizes: dict[str, int] | None = None) -> dict[str, Any]:
@@ -76,7 +109,8 @@ def removal_status(catalog: Catalog, shard: str, sizes: dict[str, int] | None = 
         blockers.append({"reason": "balancerStopped", "detail": "the balancer is stopped (shardlog balancer start)"})
     if not [x for x in catalog.active_shards() if x != shard]:
         blockers.append({"reason": "noTarget", "detail": "no other active shard can take the data"})
-    uniq = {(b["reason"], b.get("ns")): b for b in blockers}
+    blockers += stranded(catalog, shard)
+    uniq = {(b["reason"], b.get("ns"), b.get("zone")): b for b in blockers}
     return {
         "shard": shard,
         "draining": s.draining,

@@ -526,7 +526,7 @@ def violations(snapshot: Snapshot | dict[str, Any], ns: str) -> list[Violation]:
                         zone,
                         c["min"],
                         c["max"],
-                        "jumbo: the balancer does not move it (except off a draining shard)",
+                        "the balancer does not move it (except off a draining shard)",
                     )
                 )
     # Exactly what rule 3 of `plan` would move in each zone were every shard free.

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from domain.catalog import Catalog
 from domain.follower import CatalogFollower
 from domain.settings import in_window
-from domain.shardkey import to_ejson
+from domain.shardkey import from_ejson, to_ejson
 from schemas import balancer as b
 from services.balancer import draining, policy
 from services.balancer.executor import Executor
@@ -45,12 +45,14 @@ class Rounds:
         executor: Executor,
         active: asyncio.Event,
         snapshot: Callable[[], dict[str, Any]],
+        collection_status: Callable[[str, dict[str, Any]], dict[str, Any]],
     ):
         self.follower, self.state, self.statistics, self.executor = follower, state, statistics, executor
-        self.active, self.snapshot = active, snapshot
+        self.active, self.snapshot, self.collection_status = active, snapshot, collection_status
+        self.not_compliant: dict[str, list[str]] = {}  # ns -> why, found when a round had nothing to do
         self.round = 0
         self.activity = "starting"  # what the round loop is doing, for `balancer status`
-        self._fresh_from = 0  # statistics must be at least this recent (after our last actions)
+        self._changed: set[str] = set()  # shards our last actions changed: their next report must show it
         self._last_migration_end: float | None = None  # monotonic; for balancerMigrationsThrottlingMs
 
     async def run(self) -> None:
@@ -76,16 +78,16 @@ class Rounds:
                 summary = None
             interval = self.follower.catalog.settings.balancerRoundIntervalSecs
             if summary is not None and "skipped" in summary:
-                await self.statistics.changed(interval)  # the reports it waits for, or the interval
+                await self._until_news(interval)  # the reports it waits for, or the interval
             else:
                 await asyncio.sleep(round_pause(summary, interval))
 
     async def balance_round(self) -> dict[str, Any]:
         """One round; its summary."""
         catalog = self.follower.catalog
-        sizes, stale = self.statistics.sizes(catalog, self._fresh_from)
+        sizes, stale = self.statistics.sizes(catalog, self._changed)
         if stale:
-            self.activity = f"waiting for statistics newer than ConfigTime {self._fresh_from} from {', '.join(stale)}"
+            self.activity = f"waiting for statistics that show the chunks of {', '.join(stale)}"
             return {"skipped": self.activity}
         plan = policy.plan(self.snapshot())
         splits: list[b.SplitAction | b.AutoSplitAction] = [
@@ -103,8 +105,15 @@ class Rounds:
         # A draining shard without chunks: its databases move (one at a time), then it goes.
         moves += draining.drain_actions(catalog, busy, new_id)
         if not splits and not moves:
-            self.activity = "balanced: nothing to do"
+            self.not_compliant = self._not_compliant()
+            self.activity = (
+                "nothing to do, but not compliant: "
+                + "; ".join(f"{ns}: {', '.join(why)}" for ns, why in self.not_compliant.items())
+                if self.not_compliant
+                else "balanced: nothing to do"
+            )
             return {"splits": 0, "migrations": 0}
+        self.not_compliant = {}
         self.round += 1
         round_no = self.round
         await self.executor.record(b.IssueActions(round=round_no, actions=[*splits, *moves]))
@@ -129,13 +138,67 @@ class Rounds:
             "reasons": sorted({m.reason if isinstance(m, b.MigrationAction) else m.kind for m in moves}),
         }
         await self.executor.record(b.CompleteRound(round=round_no, summary=summary))
-        self._fresh_from = self.follower.config_time  # the next round needs statistics that show these moves
+        # The next round needs statistics that show what these actions changed (the shards
+        # report as soon as their chunks change; failed actions changed nothing).
+        self._changed = {
+            s for a, r in zip([*splits, *moves], [*split_results, *results]) if r.ok for s in changed_shards(catalog, a)
+        }
         return summary
+
+    async def _until_news(self, timeout: float) -> None:
+        """Until a shard reports or the catalog moves on (a report may show a layout the
+        catalog here does not have yet), or `timeout` seconds."""
+        waits = [
+            asyncio.create_task(self.statistics.changed(timeout)),
+            asyncio.create_task(self.follower.wait_for(self.follower.config_time + 1, timeout)),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    def _not_compliant(self) -> dict[str, list[str]]:
+        """Per collection the balancer cannot bring into compliance, its violations in
+        short (reason, with the zone or shard it names): what `balancer status` shows
+        instead of "balanced" when a round finds nothing it may do."""
+        snap = self.snapshot()
+        out: dict[str, list[str]] = {}
+        for ns in sorted(self.follower.catalog.collections):
+            status = self.collection_status(ns, snap)
+            if status["compliant"]:
+                continue
+            counts: dict[str, int] = {}
+            for v in status["violations"]:
+                if v["reason"] == "balancerDisabled":
+                    continue
+                what = v["reason"] + (f" (zone {v['zone']!r})" if v.get("zone") else "")
+                what += f" on {v['shard']}" if v.get("shard") else ""
+                counts[what] = counts.get(what, 0) + 1
+            out[ns] = [f"{w} ×{n}" if n > 1 else w for w, n in counts.items()]
+        return out
 
     async def _finish_in_flight(self) -> None:
         """The round loop's own actions (the secondary loop finishes those it issued)."""
-        await asyncio.gather(*(self.executor.run(a) for a in list(self.state.in_flight.values()) if not a.secondary))
-        self._fresh_from = self.follower.config_time
+        actions = [a for a in self.state.in_flight.values() if not a.secondary]
+        results = await asyncio.gather(*(self.executor.run(a) for a in actions))
+        catalog = self.follower.catalog
+        self._changed = {s for a, r in zip(actions, results) if r.ok for s in changed_shards(catalog, a)}
+
+
+def changed_shards(catalog: Catalog, action: Any) -> set[str]:
+    """The shards whose chunks an action changes: a migration's donor and recipient, the
+    owner of a split chunk (a primary move or a removal changes no chunk)."""
+    if isinstance(action, b.MigrationAction):
+        return {action.donor, action.recipient}
+    if isinstance(action, b.AutoSplitAction):
+        return {action.shard}
+    if isinstance(action, b.SplitAction):
+        coll = catalog.collections.get(action.ns)
+        if coll is not None:
+            return {coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(action.chunk.min)))].shard}
+    return set()
 
 
 def auto_splits(catalog: Catalog, sizes: dict[tuple[str, bytes], int]) -> list[b.SplitAction | b.AutoSplitAction]:

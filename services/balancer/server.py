@@ -34,7 +34,7 @@ from libs.store import Store
 from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import Record
 from schemas import balancer as b
-from services.balancer import automerge, policy, snapshot
+from services.balancer import automerge, draining, policy, snapshot
 from services.balancer.executor import Executor
 from services.balancer.history import MigrationHistory
 from services.balancer.rounds import Rounds, now
@@ -88,7 +88,13 @@ class Balancer:
         )
         self.executor = Executor(settings, self.follower, self.requester, self.statistics)
         self.rounds = Rounds(
-            self.follower, self.state, self.statistics, self.executor, self.processor.active, self.snapshot
+            self.follower,
+            self.state,
+            self.statistics,
+            self.executor,
+            self.processor.active,
+            self.snapshot,
+            self.collection_status,
         )
         self.secondary = Secondary(
             self.follower,
@@ -132,6 +138,7 @@ class Balancer:
             "window": settings.balancerWindow.model_dump() if settings.balancerWindow else None,
             "round": self.round,
             "activity": self.activity,
+            "notCompliant": self.rounds.not_compliant,  # as of the last quiet round
             "configTime": self.follower.config_time,
         }
         if ns is not None or with_snapshot:
@@ -144,7 +151,7 @@ class Balancer:
 
     def snapshot(self) -> dict[str, Any]:
         catalog = self.follower.catalog
-        sizes, _ = self.statistics.sizes(catalog, 0)
+        sizes, _ = self.statistics.sizes(catalog)
         snap = snapshot.build(catalog, sizes, catalog.settings.shardWeights, self.state.busy_shards())
         for coll in snap["collections"]:
             if self.state.blocks_balancing(coll["ns"]):  # defragmentation owns the collection meanwhile
@@ -157,6 +164,10 @@ class Balancer:
         if coll is None:
             raise CommandError(ErrorCode.NamespaceNotFound, f"collection {ns!r} is not sharded")
         found = [v.to_json() for v in policy.violations(snap, ns)]
+        for shard in sorted(s.id for s in catalog.shards.values() if s.draining):
+            found += [
+                {k: v for k, v in b_.items() if k != "ns"} for b_ in draining.stranded(catalog, shard) if b_["ns"] == ns
+            ]
         if self.state.blocks_balancing(ns):
             status = self.state.defrag_status(ns) or {}
             found.append({"reason": "defragmenting", "detail": f"phase {status['currentPhase']}"})

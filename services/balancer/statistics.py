@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
+from typing import Any
 
 from domain.catalog import Catalog
-from domain.shardkey import from_ejson
+from domain.shardkey import from_ejson, to_ejson
 from libs import kafka
 from libs.service import ServiceSettings
 from schemas import RecordError, stats
@@ -41,21 +43,48 @@ class StatisticsReader:
                     self.latest[report.shard] = report
                     self._changed.set()
 
-    def sizes(self, catalog: Catalog, fresh_from: int) -> tuple[dict[tuple[str, bytes], int], list[str]]:
-        """(ns, chunk min key) -> data size, from reports taken at ConfigTime >= fresh_from;
-        and the shards owning chunks whose report is older (their sizes are unknown)."""
-        out: dict[tuple[str, bytes], int] = {}
-        stale = []
-        owners = {ch.shard for coll in catalog.collections.values() for ch in coll.chunks}
-        for shard in sorted(owners):
-            report = self.latest.get(shard)
-            if report is None or report.configTime < fresh_from:
-                stale.append(shard)
-                continue
+    def sizes(self, catalog: Catalog, current: Collection[str] = ()) -> tuple[dict[tuple[str, bytes], int], list[str]]:
+        """(ns, chunk min key) -> data size; and the shards whose sizes are not known yet:
+        those owning chunks with no report at all, and those of `current` (the shards the
+        balancer's last actions changed) whose report does not show the chunks they own
+        now.  A shard reports as soon as its chunks change (services/shard/statistics.py),
+        so a round waits for those reports only, not for the next periodic ones.
+
+        A chunk is sized only by a report on exactly its range (the newest such report, of
+        the collection's incarnation), whoever made it: right after a migration the donor's
+        last report may still describe the chunk (the same data, so its size holds) or a
+        range it has since split, and the recipient's report may be newer or older.  Sizing
+        a chunk from a report on another range (a former layout) gave wrong sizes until
+        both shards reported again; a chunk no report describes is left out (unknown)."""
+        found: dict[tuple[str, bytes, bytes], tuple[int, int]] = {}  # (ns, min, max) -> (configTime, size)
+        for report in self.latest.values():
+            epochs = {c.ns: c.epoch for c in report.collections}
             for ch in report.chunks:
                 coll = catalog.collections.get(ch.ns)
-                if coll is not None:
-                    out[(ch.ns, coll.pattern.encode_bound(from_ejson(ch.min)))] = ch.dataSizeBytes
+                if coll is None or epochs.get(ch.ns, coll.epoch) != coll.epoch:
+                    continue
+                k = (
+                    ch.ns,
+                    coll.pattern.encode_bound(from_ejson(ch.min)),
+                    coll.pattern.encode_bound(from_ejson(ch.max)),
+                )
+                if (seen := found.get(k)) is None or seen[0] < report.configTime:
+                    found[k] = (report.configTime, ch.dataSizeBytes)
+        out: dict[tuple[str, bytes], int] = {}
+        owned: dict[str, list[tuple[str, Any, Any]]] = {}  # shard -> its chunks (ns, min, max), as a report lists them
+        for ns in sorted(catalog.collections):
+            coll = catalog.collections[ns]
+            for c in coll.chunks:
+                owned.setdefault(c.shard, []).append((ns, c.min, c.max))
+                if (hit := found.get((ns, c.min_key, c.max_key))) is not None:
+                    out[(ns, c.min_key)] = hit[1]
+        stale = []
+        for shard in sorted(set(owned) | set(current)):
+            last = self.latest.get(shard)
+            if shard in owned and last is None:
+                stale.append(shard)
+            elif shard in current and not shows(last, owned.get(shard, [])):
+                stale.append(shard)
         return out, stale
 
     def shard_sizes(self) -> dict[str, int]:
@@ -69,3 +98,15 @@ class StatisticsReader:
             await asyncio.wait_for(self._changed.wait(), timeout)
         except TimeoutError:
             pass
+
+
+def shows(report: stats.ShardStatistics | None, chunks: list[tuple[str, Any, Any]]) -> bool:
+    """Whether `report` lists exactly `chunks` (ns, min, max in key order, by namespace):
+    the shard's layout as the balancer's catalog has it."""
+    if report is None:
+        return not chunks
+    if len(report.chunks) != len(chunks):
+        return False
+    return all(
+        r.ns == ns and r.min == to_ejson(lo) and r.max == to_ejson(hi) for r, (ns, lo, hi) in zip(report.chunks, chunks)
+    )

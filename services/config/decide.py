@@ -17,7 +17,16 @@ from domain import clock, ddl
 from domain.catalog import Catalog, Chunk, Collection, Migration, MigrationOutcome, Shard
 from domain.protocol import ErrorCode, check_db_name, check_shard_name, check_zone_name, split_ns
 from domain.settings import ClusterSettings, CollectionSettings, validated
-from domain.shardkey import MIN_KEY, InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, to_ejson
+from domain.shardkey import (
+    MIN_KEY,
+    InvalidKeyPattern,
+    KeyPattern,
+    ShardKeyError,
+    from_ejson,
+    shell_form,
+    shell_range,
+    to_ejson,
+)
 from domain.versions import (
     ChunkVersion,
     hashed_split_points,
@@ -102,7 +111,7 @@ def _finite(v: Any) -> bool:
 def _bound(coll: Collection, raw: Any, what: str) -> tuple[dict[str, Any], bytes]:
     if not isinstance(raw, dict):
         raise CommandError(
-            ErrorCode.BadValue, f"{what} must be a shard key document like {to_ejson(coll.pattern.global_min())}"
+            ErrorCode.BadValue, f"{what} must be a shard key document like {shell_form(coll.pattern.global_min())}"
         )
     try:
         b = coll.pattern.validate_bound(raw)
@@ -148,6 +157,8 @@ def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
     chunks, dbs = catalog.chunk_count(s.id), catalog.primary_of(s.id)
     if not s.draining and len(catalog.active_shards()) == 1 and len(catalog.shards) == 1:
         raise CommandError(ErrorCode.IllegalOperation, f"cannot remove {s.id!r}: it is the last shard of the cluster")
+    if not s.draining:
+        _not_last_of_a_zone_in_use(catalog, s.id)
     if chunks == 0 and not dbs:
         return Decision([c.ShardRemoved(shard=s.id)], {"state": "completed", "shard": s.id})
     remaining = {"chunks": chunks, "dbs": dbs}
@@ -156,6 +167,24 @@ def remove_shard(catalog: Catalog, cmd: c.RemoveShard) -> Decision:
     if not [x for x in catalog.active_shards() if x != s.id]:
         raise CommandError(ErrorCode.IllegalOperation, f"cannot drain {s.id!r}: no other shard could take its data")
     return Decision([c.ShardDraining(shard=s.id)], {"state": "started", "shard": s.id, "remaining": remaining})
+
+
+def _not_last_of_a_zone_in_use(catalog: Catalog, shard: str) -> None:
+    """MongoDB's removeShard refuses a shard that is the only one of a zone with key ranges:
+    the zone's data could go nowhere, and the drain would never end."""
+    for zone in sorted(catalog.shards[shard].zones):
+        if catalog.zone_in_use(zone) and not catalog.zone_targets(zone, exclude=shard):
+            ranges = [
+                f"{ns} [{json.dumps(to_ejson(z.min))}, {json.dumps(to_ejson(z.max))})"
+                for ns, coll in sorted(catalog.collections.items())
+                for z in coll.zones
+                if z.zone == zone
+            ]
+            raise CommandError(
+                ErrorCode.ZoneStillInUse,
+                f"cannot remove {shard!r}: it is the only shard of zone {zone!r}, which still has key ranges "
+                f"({'; '.join(ranges)}); add another shard to the zone or remove the ranges first",
+            )
 
 
 # -------------------------------------------------------------- databases
@@ -302,8 +331,7 @@ def split_chunk(catalog: Catalog, cmd: c.SplitChunk) -> Decision:
         if not chunk.min_key < k < chunk.max_key:
             raise CommandError(
                 ErrorCode.BadValue,
-                f"split point {to_ejson(p)} is not strictly inside the chunk "
-                f"[{to_ejson(chunk.min)}, {to_ejson(chunk.max)})",
+                f"split point {shell_form(p)} is not strictly inside the chunk {shell_range(chunk.min, chunk.max)}",
             )
     event = _split_event(coll, chunk, [p for p, _ in points])
     return Decision([event], {"ns": coll.ns, "chunks": [d.model_dump() for d in event.chunks]})
@@ -331,12 +359,12 @@ def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
         raise CommandError(ErrorCode.BadValue, "min must be below max")
     first = coll.chunk_index(lo_key)
     if coll.chunks[first].min_key != lo_key:
-        raise CommandError(ErrorCode.BadValue, f"min {to_ejson(lo)} is not the lower bound of a chunk")
+        raise CommandError(ErrorCode.BadValue, f"min {shell_form(lo)} is not the lower bound of a chunk")
     last = coll.chunk_index(hi_key) if hi_key < coll.chunks[-1].max_key else len(coll.chunks) - 1
     if coll.chunks[last].min_key == hi_key:
         last -= 1
     if coll.chunks[last].max_key != hi_key:
-        raise CommandError(ErrorCode.BadValue, f"max {to_ejson(hi)} is not the upper bound of a chunk")
+        raise CommandError(ErrorCode.BadValue, f"max {shell_form(hi)} is not the upper bound of a chunk")
     run = coll.chunks[first : last + 1]
     _not_migrating(catalog, coll, lo_key, hi_key)
     if len(run) == 1:
@@ -345,8 +373,7 @@ def merge_chunks(catalog: Catalog, cmd: c.MergeChunks) -> Decision:
     if len(owners) > 1:
         raise CommandError(
             ErrorCode.IllegalOperation,
-            f"chunks in [{to_ejson(lo)}, {to_ejson(hi)}) are on several "
-            f"shards ({', '.join(owners)}); merge needs them on one",
+            f"chunks in {shell_range(lo, hi)} are on several shards ({', '.join(owners)}); merge needs them on one",
         )
     merged = c.ChunkDoc(min=to_ejson(lo), max=to_ejson(hi), shard=owners[0], version=merge_version(coll.version()).pair)
     return Decision(
@@ -401,8 +428,7 @@ def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
         if z.min_key < hi_key and lo_key < z.max_key:
             raise CommandError(
                 ErrorCode.RangeOverlapConflict,
-                f"[{to_ejson(lo)}, {to_ejson(hi)}) overlaps the range "
-                f"[{to_ejson(z.min)}, {to_ejson(z.max)}) of zone {z.zone!r}",
+                f"{shell_range(lo, hi)} overlaps the range {shell_range(z.min, z.max)} of zone {z.zone!r}",
             )
     return Decision(
         [c.ZoneRangeAssigned(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi), zone=cmd.zone)],
@@ -420,9 +446,7 @@ def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
             return Decision(
                 [c.ZoneRangeRemoved(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi))], {"ns": coll.ns, "zone": z.zone}
             )
-    raise CommandError(
-        ErrorCode.ZoneRangeNotFound, f"{coll.ns} has no zone range exactly [{to_ejson(lo)}, {to_ejson(hi)})"
-    )
+    return Decision([], {"ns": coll.ns, "zone": None})  # nothing to remove: ok, as MongoDB answers
 
 
 # --------------------------------------------------------------- settings
@@ -441,12 +465,40 @@ def set_setting(catalog: Catalog, cmd: c.SetSetting) -> Decision:
     except ValueError as e:
         raise CommandError(ErrorCode.BadValue, str(e)) from None
     value = new.model_dump()[cmd.key]
+    if cmd.key == "balancerWindow" and value is not None and value["start"] == value["stop"]:
+        # [start, stop) would be empty: the balancer would never run.  Refused rather than read
+        # as "always" or as one minute (MongoDB's inclusive stop): --clear says "any time".
+        raise CommandError(
+            ErrorCode.BadValue,
+            f"balancerWindow: start and stop are both {value['start']}, an empty window that never balances "
+            "(clear the window to balance at any time)",
+        )
+    aborts: list[c.MigrationAborted] = []
+    if cmd.ns is not None and cmd.key == "allowMigrations" and value is False:
+        aborts = _abort_migrations_of(catalog, cmd.ns)
     if value == current.model_dump()[cmd.key]:
-        return Decision([], {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
+        return Decision(list(aborts), {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": False})
     return Decision(
-        [c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns)],
-        {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True},
+        [c.SettingChanged(key=cmd.key, value=None if cmd.value is None else value, ns=cmd.ns), *aborts],
+        {"key": cmd.key, "value": value, "ns": cmd.ns, "changed": True}
+        | ({"aborted": [e.id for e in aborts]} if cmd.key == "allowMigrations" else {}),
     )
+
+
+def _abort_migrations_of(catalog: Catalog, ns: str) -> list[c.MigrationAborted]:
+    """setAllowMigrations(false) ends the collection's running migrations at once, as MongoDB's
+    commit refuses them (ConflictingOperationInProgress): the donor notices the outcome at its
+    next step, and a commit it sends later is refused, so nothing is half moved."""
+    return [
+        c.MigrationAborted(
+            id=m.id,
+            ns=m.ns,
+            reason=f"migrations of {ns} were disallowed (setAllowMigrations false) during migration {m.id}",
+            code=ErrorCode.ConflictingOperationInProgress,
+        )
+        for m in catalog.migrations.values()
+        if m.kind == "range" and m.ns == ns
+    ]
 
 
 # ------------------------------------------------------------- migrations

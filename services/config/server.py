@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from domain import clock as vclock
 from domain.catalog import Catalog
+from domain.protocol import ErrorCode
 from libs import kafka
 from libs.commands import CommandProcessor
 from libs.projection import Projection
@@ -20,6 +22,22 @@ from services.config.coordinator import DDLDriver
 from services.config.decide import decide
 
 NAME = "config"
+MOVES_CHECK_S = 5.0  # how often the active config server looks for overdue movePrimary operations
+MOVE_PRIMARY_TIMEOUT_ENV = "SHARDLOG_MOVE_PRIMARY_TIMEOUT_S"
+
+
+def move_primary_timeout() -> float:
+    """Seconds a movePrimary may stay undecided before the config server aborts it (default 600)."""
+    raw = os.environ.get(MOVE_PRIMARY_TIMEOUT_ENV)
+    try:
+        value = float(raw) if raw else 600.0
+    except ValueError:
+        raise ValueError(f"{MOVE_PRIMARY_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{MOVE_PRIMARY_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
 KEYS_CHECK_S = 60.0  # how often the active config server checks that the signing keys it needs exist
 
 log = logging.getLogger(__name__)
@@ -76,15 +94,48 @@ class ConfigServer:
         report_ready(self.settings, self.ready_name, role="standby", configTime=at)
         keys = supervised(asyncio.create_task(self._rotate_keys()), f"{NAME} key rotation")
         ddl = supervised(asyncio.create_task(self.ddl.run()), f"{NAME} DDL coordinators")
+        moves = supervised(asyncio.create_task(self._bound_primary_moves()), f"{NAME} movePrimary bound")
         try:
             await self.processor.run()
         finally:
             keys.cancel()
             ddl.cancel()
-            await asyncio.gather(keys, ddl, return_exceptions=True)
+            moves.cancel()
+            await asyncio.gather(keys, ddl, moves, return_exceptions=True)
             clear_ready(self.settings, self.ready_name)
             await self.projection.stop()
             self.store.close()
+
+    async def _bound_primary_moves(self) -> None:
+        """While active: abort a movePrimary still undecided SHARDLOG_MOVE_PRIMARY_TIMEOUT_S after
+        we first saw it (its donor may be down, or never ran), with ExceededTimeLimit.  The abort
+        leaves the database on its old primary: a live donor's commit is then refused, and it
+        finishes as aborted (its writes unblocked, the recipient's copies dropped)."""
+        limit = move_primary_timeout()
+        seen: dict[str, float] = {}
+        producer = kafka.producer(self.settings.bootstrap, client_id=f"{NAME}-moves", linger_ms=0)
+        await producer.start()
+        try:
+            while True:
+                await self.processor.active.wait()
+                now = time.monotonic()
+                moves = {m.id: m for m in self.catalog.migrations.values() if m.kind == "primary"}
+                seen = {mid: seen.get(mid, now) for mid in moves}
+                for mid, since in seen.items():
+                    if now - since > limit:
+                        m = moves[mid]
+                        cmd = schema.AbortPrimaryMove(
+                            id=mid,
+                            reason=f"movePrimary of {m.ns} {m.donor} -> {m.recipient} was not done within "
+                            f"{limit:g}s ({MOVE_PRIMARY_TIMEOUT_ENV}); {m.ns} stays on {m.donor}",
+                            code=ErrorCode.ExceededTimeLimit,
+                        )
+                        await producer.send_and_wait(self.settings.topics.config_commands, schema.commands.encode(cmd))
+                        log.warning("%s: %s", NAME, cmd.reason)
+                        seen[mid] = now  # asked; ask again after another bound if still undecided
+                await asyncio.sleep(min(MOVES_CHECK_S, limit / 4))
+        finally:
+            await producer.stop()
 
     async def _rotate_keys(self) -> None:
         """While active: make sure a signing key valid now and the next one exist, by sending

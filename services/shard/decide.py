@@ -42,6 +42,7 @@ from domain.shardkey import (
     ShardKeyTooLarge,
     encode_value,
     from_ejson,
+    shell_form,
     to_ejson,
 )
 from libs.commands import CommandError, Decision
@@ -526,7 +527,7 @@ class ShardDecider:
         if not self._owns(coll, skey):
             raise CommandError(
                 ErrorCode.StaleConfig,
-                f"{self.shard_id} does not own the chunk of {to_ejson(doc['_id'])}",
+                f"{self.shard_id} does not own the chunk of {shell_form(doc['_id'])}",
                 {"shard": self.shard_id, "configTime": self.catalog.config_time},
             )
         if (

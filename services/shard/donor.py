@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,7 +57,25 @@ CLONE_BATCH_BYTES = 2 * 1024 * 1024
 CATCH_UP_MODS = 200  # enter the critical section once a pass of mods is this small
 MAX_CATCH_UP_PASSES = 20
 REQUEST_TIMEOUT_S = 10.0
-STEP_DEADLINE_S = 120.0  # a peer that does not answer a step for this long aborts the migration
+STEP_DEADLINE_ENV = "SHARDLOG_MIGRATION_STEP_DEADLINE_S"
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    return value
+
+
+# Every wait of a migration is bounded by this: a peer that does not answer a step, or a
+# catch-up pass that does not reach its target, for this long aborts the migration.
+STEP_DEADLINE_S = _seconds_from_env(STEP_DEADLINE_ENV, 120.0)
 RECEIPT_WAIT_S = 60.0  # the recipient's overlapping range deletions get this long to finish (then abort,
 # saying why: moving a range back within orphanCleanupDelaySecs has to wait for it)
 
@@ -74,6 +93,13 @@ def _why(e: Exception) -> tuple[ErrorCode | None, str]:
     if isinstance(e, MigrationAborted):
         return e.code, e.reason
     return ErrorCode.InternalError, f"{type(e).__name__}: {e}"
+
+
+def _code(name: str | None) -> ErrorCode | None:
+    try:
+        return ErrorCode(name) if name else None
+    except ValueError:
+        return None
 
 
 class NotActive(RuntimeError):
@@ -192,9 +218,19 @@ class DonorCoordinator:
     def _check_active(self, m: Migration | None = None) -> None:
         if not self.active.is_set():
             raise NotActive(f"shard {self.shard_id} is no longer the active instance")
-        coll = self.catalog.collections.get(m.ns) if m is not None else None
-        if m is not None and (coll is None or not coll.settings.allowMigrations):
-            raise MigrationAborted(f"migrations of {m.ns} were disallowed (set-allow-migrations)")
+        if m is not None and m.id not in self.catalog.migrations:
+            # Decided without us (setAllowMigrations false, an operator's abort): stop at once.
+            outcome = self.catalog.outcome(m.id)
+            raise MigrationAborted(
+                outcome.reason if outcome and outcome.reason else f"migration {m.id} is no longer active",
+                code=_code(outcome.code if outcome else None) or ErrorCode.ConflictingOperationInProgress,
+            )
+        coll = self.catalog.collections.get(m.ns) if m is not None and m.kind == "range" else None
+        if m is not None and m.kind == "range" and (coll is None or not coll.settings.allowMigrations):
+            raise MigrationAborted(
+                f"migrations of {m.ns} were disallowed (setAllowMigrations false)",
+                code=ErrorCode.ConflictingOperationInProgress,
+            )
         if m is not None and (c := self.catalog.ddl_holding(m.ns)) is not None:
             raise MigrationAborted(
                 f"{c.op} of {c.ns} ({c.id}) froze the collection's migrations",
@@ -252,6 +288,7 @@ class DonorCoordinator:
         """movePrimary: copy the database's unsharded collections to the new primary with
         their writes blocked throughout (there is no mods phase), then commit."""
         t0 = time.monotonic()
+        self._current = m  # an abort by the config server (its bound, abort-move-primary) ends it at its next step
         self._progress(
             m.id,
             phase="cloning",
@@ -297,6 +334,7 @@ class DonorCoordinator:
                 f"{code}: {reason}" if code else reason,
             )
             committed, at = await self._abort(m.id, reason, code=code)
+        self._current = None
         await self._finish(m.id, m.recipient, committed, at)
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
 
@@ -423,10 +461,11 @@ class DonorCoordinator:
         self, mid: str, reason: str, jumbo: bool = False, code: ErrorCode | None = None
     ) -> tuple[bool, int]:
         """Ask the config server to abort; its answer is the decision (it may have committed)."""
+        self._current = None  # the abort itself must not be refused for the migration it ends
         result = await self._ask(
             self.topics.config_commands,
             cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo, code=code),
-            deadline=time.monotonic() + 3600,
+            deadline=time.monotonic() + STEP_DEADLINE_S,  # then the run loop resumes from the recorded state
         )
         return result.get("outcome") == "committed", self.follower.config_time
 
@@ -442,7 +481,7 @@ class DonorCoordinator:
         await self._ask(
             self.topics.shard_requests(recipient),
             s.FinishReceipt(id=mid, committed=committed),
-            deadline=time.monotonic() + 3600,
+            deadline=time.monotonic() + STEP_DEADLINE_S,  # then the run loop resumes from the recorded state
         )
         fault_point("migration.range_tasks_updated")
         await self._ask_self(s.ForgetMigration(id=mid))
@@ -461,15 +500,20 @@ class _ModReader:
         self._reader = kafka.partition_reader(
             self.c.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
         )
-        self.consumer, _ = await self._reader.__aenter__()
+        self.consumer, _ = await asyncio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S)
         return self
 
     async def __aexit__(self, *exc):
         await self._reader.__aexit__(*exc)
 
+    async def _position(self) -> int:
+        # aiokafka's position() waits for a valid position with no limit of its own.
+        return await asyncio.wait_for(self.consumer.position(self.tp), REQUEST_TIMEOUT_S)
+
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""
         target = end if end is not None else await kafka.log_end(self.consumer, self.tp)
+        deadline = time.monotonic() + STEP_DEADLINE_S
         written, removed, n, size = [], [], 0, 0
         sessions: list[s.SessionStatements] = []
 
@@ -520,13 +564,21 @@ class _ModReader:
                     if len(written) + len(removed) >= CLONE_BATCH_DOCS or size >= CLONE_BATCH_BYTES:
                         await flush()
 
-        while await self.consumer.position(self.tp) < target:
-            self.c._check_active()
+        while await self._position() < target:
+            # Bounded, and an abort (setAllowMigrations false, a DDL, the config server's
+            # decision) ends the pass at once rather than after the log reaches the target.
+            self.c._check_active(self.m)
+            if time.monotonic() > deadline:
+                raise MigrationAborted(
+                    f"the mods of migration {self.m.id} did not reach changelog offset {target} within "
+                    f"{STEP_DEADLINE_S:g}s ({STEP_DEADLINE_ENV})",
+                    code=ErrorCode.ExceededTimeLimit,
+                )
             batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=5000)
             await on_batch(batch.get(self.tp, []))
             if end is None and not batch:
                 # read_committed may stop one short of the end (a commit marker): good enough for a pass
-                if await self.consumer.position(self.tp) >= target - 1:
+                if await self._position() >= target - 1:
                     break
         await flush()
         return n

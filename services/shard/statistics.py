@@ -1,7 +1,9 @@
 """A shard's statistics for the balancer, published to `shard.stats`.
 
-Every `interval_s` (env SHARDLOG_STATS_INTERVAL_S, default 10 s), and once as
-soon as the shard serves, the active instance of a shard reports for every
+Every `interval_s` (env SHARDLOG_STATS_INTERVAL_S, default 10 s), once as soon as
+the shard serves, and as soon as the chunks it owns change (a migration, split or
+merge committed: the balancer's next round waits for a report that shows them,
+docs/reference/balancer.md), the active instance of a shard reports for every
 chunk it owns per its catalog: the number of documents, their stored size, and
 the bytes of documents written into the chunk since its previous report.  The
 topic is compacted and keyed by shard id: the latest report per shard survives.
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 INTERVAL_ENV = "SHARDLOG_STATS_INTERVAL_S"
 DEFAULT_INTERVAL_S = 10.0
 YIELD_EVERY = 2000  # documents scanned between two yields to the event loop
+LAYOUT_POLL_S = 0.1  # how often the publisher looks for a change of the chunks it owns
 
 
 def interval_from_env() -> float:
@@ -148,6 +151,8 @@ class StatisticsPublisher:
         self.active = active
         self.published = 0
         self._last_report = time.monotonic()
+        self._reported_layout: tuple[tuple[str, str, tuple[int, int]], ...] | None = None  # of the last report sent
+        self._computed_layout: tuple[tuple[str, str, tuple[int, int]], ...] | None = None
         self._producer = None
         self._task: asyncio.Task | None = None
 
@@ -177,7 +182,22 @@ class StatisticsPublisher:
                 )
             except Exception:  # a bug: say so, but keep the shard serving and reporting
                 log.exception("shard %s: computing statistics failed", self.shard_id)
-            await asyncio.sleep(self.interval_s)
+            await self._until_due()
+
+    def layout(self) -> tuple[tuple[str, str, tuple[int, int]], ...]:
+        """What identifies the chunks this shard owns: every commit that moves, splits or
+        merges one of them changes its shard version (a donor's control chunk is bumped)."""
+        cols = self.catalog.collections
+        return tuple((ns, cols[ns].epoch, cols[ns].shard_version(self.shard_id).pair) for ns in sorted(cols))
+
+    async def _until_due(self) -> None:
+        """Until the interval has passed, or the chunks this shard owns are no longer those
+        of its last report (a cheap look every LAYOUT_POLL_S: versions are cached)."""
+        deadline = time.monotonic() + self.interval_s
+        while (left := deadline - time.monotonic()) > 0:
+            if self._reported_layout is not None and self.layout() != self._reported_layout:
+                return
+            await asyncio.sleep(min(LAYOUT_POLL_S, left))
 
     async def publish_once(self) -> schema.ShardStatistics:
         written = self.documents.take_written()
@@ -192,12 +212,14 @@ class StatisticsPublisher:
             self.documents.give_back_written(written)  # reported next time
             raise
         self._last_report = time.monotonic()
+        self._reported_layout = self._computed_layout
         self.published += 1
         return report
 
     async def compute(self, written: dict[WriteKey, int]) -> schema.ShardStatistics:
         """The report on the chunks this shard owns now, with `written` attributed to them."""
         config_time = self.catalog.config_time
+        layout = self.layout()  # taken with the chunk list below, with no await between
         window = time.monotonic() - self._last_report
         # A snapshot of the layout: the catalog may move on while the documents are scanned.
         owned: list[tuple[str, str, list[Chunk]]] = []
@@ -251,6 +273,7 @@ class StatisticsPublisher:
                     bytesWrittenSinceLastReport=totals[2],
                 )
             )
+        self._computed_layout = layout
         return schema.ShardStatistics(
             shard=self.shard_id,
             configTime=config_time,

@@ -402,12 +402,15 @@ async def run(
     progress_interval: float = PROGRESS_INTERVAL,
 ) -> Report:
     """Execute `operation_count` operations of the workload over `record_count`
-    loaded records: `concurrency` workers share one operation stream, paced
+    loaded records (or the collection's documents, when more: earlier runs' inserts): `concurrency` workers share one operation stream, paced
     to `rate` ops/s when given (else as fast as they go)."""
     _check_concurrency(concurrency)
     if operation_count < 1:
         raise ValueError("operation_count must be >= 1")
     w = resolve_workload(workload) if isinstance(workload, str) else workload
+    # YCSB inserts keys recordcount, recordcount+1, ...: after a run that inserted (ycsb-d, then
+    # ycsb-e), the records there are is the recordcount that continues the key sequence.
+    record_count = max(record_count, await collection.count_documents({}))
     core = CoreWorkload(
         w, record_count, seed, operation_count=operation_count, request_distribution=request_distribution
     )

@@ -11,6 +11,7 @@ from bson import MaxKey, MinKey, ObjectId, Timestamp
 from bson.binary import Binary
 from pymongo.errors import CollectionInvalid, OperationFailure
 
+from schemas import config as c
 from schemas import shard as s
 
 pytestmark = pytest.mark.kafka
@@ -38,11 +39,16 @@ def test_sharding_administration_through_pymongo(data_cluster):
     assert [d["_id"] for d in shards] == ["s0", "s1", "s2"]
     assert all(d["state"] == 1 and isinstance(d["topologyTime"], Timestamp) and "/" in d["host"] for d in shards)
 
-    # addShard names a new shard (from the replica set name of the connection string)
-    assert admin.command("addShard", "s3/host-a:27018,host-b:27018")["shardAdded"] == "s3"
+    # addShard names a new shard (from the replica set name of the connection string), and
+    # first asks it to answer, as mongos connects to it: s3 has no process (issue 18, point 7)
+    with pytest.raises(OperationFailure) as e:
+        admin.command("addShard", "s3/host-a:27018,host-b:27018", maxTimeMS=2000)
+    assert e.value.code == 96 and "HostUnreachable" in str(e.value)  # OperationFailed
+    assert "s3" not in [d["_id"] for d in admin.command("listShards")["shards"]]
     with pytest.raises(OperationFailure) as e:
         admin.command("addShard", "bad name!")
     assert e.value.code == 2  # BadValue
+    data_cluster.command(c.AddShard(shard="s3"))  # recorded without a process, for removeShard below
     assert "s3" in [d["_id"] for d in admin.command("listShards")["shards"]]
 
     # enableSharding with a primary, then shardCollection

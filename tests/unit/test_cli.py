@@ -32,6 +32,7 @@ TOP_LEVEL = [
     "move-range",
     "move-chunk",
     "move-primary",
+    "abort-move-primary",
     "set-allow-migrations",
     "defragment",
     "drop-collection",
@@ -67,7 +68,11 @@ REFUSED = [
     (("find", "a.b", "[1]"), "BadValue", "a filter must be a JSON object"),
     (("balancer", "window", "--start", "01:00"), "BadValue", "give --start, --stop and --time-zone"),
     (("workload", "run", "ycsb-z", "--ops", "1"), "BadValue", "unknown workload 'ycsb-z'"),
-    (("workload", "load", "ycsb", "--records", "1", "--ns", "nodot"), "BadValue", "--ns must be db.collection"),
+    (
+        ("workload", "load", "ycsb", "--records", "1", "--ns", "nodot"),
+        "InvalidNamespace",
+        "expected 'database.collection'",
+    ),
 ]
 
 

@@ -286,12 +286,20 @@ def test_move_primary_bumps_the_database_version_and_counts_as_the_shards_migrat
     refused(cat, c.MovePrimary(db="nope", to="b"), "NamespaceNotFound")
 
 
-def test_disallowing_migrations_refuses_the_commit():
+def test_disallowing_migrations_aborts_the_running_one_and_refuses_its_commit():
+    """Issue 18, point 4: setAllowMigrations(false) ends a running migration at once (MongoDB's
+    ConflictingOperationInProgress); the donor's late commit is refused and it finishes aborted."""
     cat = moving()
     (e,), _ = ok(cat, c.MoveRange(ns="d.x", min={"k": 0}, max={"k": 100}, to="b"))
-    ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
-    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "ConflictingOperationInProgress")
-    assert ok(cat, c.GetMigration(ns="d.x"))[1]["active"][0]["id"] == e.id
+    _, r = ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
+    assert r["aborted"] == [e.id]
+    assert ok(cat, c.GetMigration(ns="d.x"))[1]["active"] == []
+    state = ok(cat, c.GetMigration(id=e.id))[1]
+    assert state["code"] == "ConflictingOperationInProgress" and "setAllowMigrations" in state["reason"]
+    refused(cat, c.CommitMigration(id=e.id, min={"k": 0}, max={"k": 100}), "NoSuchMigration")
+    assert ok(cat, c.AbortMigration(id=e.id, reason="late"))[1]["outcome"].startswith("aborted")
+    _, again = ok(cat, c.SetSetting(ns="d.x", key="allowMigrations", value=False))
+    assert again["changed"] is False
 
 
 def test_an_event_is_not_a_command():
@@ -731,7 +739,7 @@ def test_split_points_on_bounds_or_outside_the_chunk(ranged):
         c.SplitChunk(ns="d.x", at=[{"k": 5}, {"k": 15}]),
         "BadValue",
         "not strictly inside",
-        "[{'k': {'$minKey': 1}}, {'k': 10})",
+        "{ k: MinKey } -->> { k: 10 }",
     )
     refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": MINK}]), "BadValue", "not strictly inside")
     refused(ranged, c.SplitChunk(ns="d.x", at=[{"k": MAXK}]), "BadValue", "not strictly inside")
@@ -740,8 +748,8 @@ def test_split_points_on_bounds_or_outside_the_chunk(ranged):
 @pytest.mark.parametrize(
     "point,fragment",
     [
-        ({"j": 5}, "shard key fields ['k']"),
-        ({"k": 5, "j": 1}, "shard key fields ['k']"),
+        ({"j": 5}, "shard key fields k in"),
+        ({"k": 5, "j": 1}, "shard key fields k in"),
         ({}, "shard key fields"),
         ({"k": [1, 2]}, "arrays"),
         ({"k": 2**63}, "64-bit"),
@@ -833,13 +841,13 @@ def test_merge_misaligned_bounds(ranged):
         ranged,
         c.MergeChunks(ns="d.x", min={"k": 11}, max={"k": 30}),
         "BadValue",
-        "min {'k': 11} is not the lower bound of a chunk",
+        "min { k: 11 } is not the lower bound of a chunk",
     )
     refused(
         ranged,
         c.MergeChunks(ns="d.x", min={"k": 10}, max={"k": 25}),
         "BadValue",
-        "max {'k': 25} is not the upper bound of a chunk",
+        "max { k: 25 } is not the upper bound of a chunk",
     )
     refused(ranged, c.MergeChunks(ns="d.x", min={"k": MINK}, max={"k": 5}), "BadValue", "not the upper bound")
     refused(ranged, c.MergeChunks(ns="d.x", min={"k": 35}, max={"k": MAXK}), "BadValue", "not the lower bound")
@@ -941,8 +949,9 @@ def test_assign_and_remove_zone_ranges(zoned):
     events, result = ok(zoned, c.RemoveZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}))
     assert events == [c.ZoneRangeRemoved(ns="d.x", min={"k": 10}, max={"k": 20})] and result["zone"] == "EU"
     assert len(zoned.collections["d.x"].zones) == 2
-    refused(zoned, c.RemoveZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}), "ZoneRangeNotFound", "exactly")
-    refused(zoned, c.RemoveZoneRange(ns="d.x", min={"k": 20}, max={"k": 30}), "ZoneRangeNotFound")
+    # A range that is not there (any more) is removed already: ok, nothing decided (as MongoDB).
+    assert ok(zoned, c.RemoveZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}))[0] == []
+    assert ok(zoned, c.RemoveZoneRange(ns="d.x", min={"k": 20}, max={"k": 30}))[0] == []
     refused(zoned, c.RemoveZoneRange(ns="d.y", min={"k": 20}, max={"k": 30}), "NamespaceNotFound")
     refused(zoned, c.RemoveZoneRange(ns="d.x", min={"j": 20}, max={"k": 30}), "BadValue")
 
@@ -957,7 +966,7 @@ def test_overlapping_zone_ranges(zoned, lo, hi, zone):
         zoned,
         c.AssignZoneRange(ns="d.x", min={"k": lo}, max={"k": hi}, zone=zone),
         "RangeOverlapConflict",
-        "overlaps the range [{'k': 10}, {'k': 20}) of zone 'EU'",
+        "overlaps the range { k: 10 } -->> { k: 20 } of zone 'EU'",
     )
 
 
@@ -1073,7 +1082,7 @@ def test_balancer_window():
     "window,fragment",
     [
         ({"start": "24:00", "stop": "06:00", "timeZone": "UTC"}, "'24:00' is not a time of day HH:MM"),
-        ({"start": "7:00", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
+        ({"start": "007:00", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
         ({"start": "12:60", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
         ({"start": "23:00", "stop": "06:00 ", "timeZone": "UTC"}, "HH:MM"),
         ({"start": "23:00\n", "stop": "06:00", "timeZone": "UTC"}, "HH:MM"),
@@ -1260,6 +1269,7 @@ def test_store_round_trip_of_every_kind_of_entity(tmp_path):
         c.MergeChunks(ns="d.x", min={"k": -2.5}, max={"k": {"o": 1}}),
         c.AddShardToZone(shard="a", zone="EU"),
         c.AddShardToZone(shard="c", zone="US"),
+        c.AddShardToZone(shard="b", zone="US"),  # c is not the zone's only shard: it may drain
         c.AssignZoneRange(ns="d.x", min={"k": "a"}, max={"k": "n"}, zone="EU"),
         c.AssignZoneRange(ns="d.x", min={"k": MINK}, max={"k": 0}, zone="US"),
         c.AssignZoneRange(ns="e.x.y", min={"a": 1, "b": MINK}, max={"a": 2, "b": MINK}, zone="US"),

@@ -355,11 +355,11 @@ def test_cli_json_document_of_a_run():
 def test_cli_status_lines():
     assert target(RUNNING) == "app.a -> app.b (dropTarget)"
     refine = {**RUNNING, "op": "refineCollectionShardKey", "params": {"key": {"x": 1, "y": 1}}}
-    assert target(refine) == 'app.a key {"x":1,"y":1}'
+    assert target(refine) == "app.a key { x: 1, y: 1 }"
     assert (
         progress_line(RUNNING, 1003.0) == "renameCollection app.a -> app.b (dropTarget) [applyOnShards] 3.0s (7d2f0c4e)"
     )
-    assert outcome_line({"ok": True, "result": {"ns": "a.b"}}) == 'done: ok {"ns":"a.b"}'
+    assert outcome_line({"ok": True, "result": {"ns": "a.b"}}) == "done: ok { ns: 'a.b' }"
     assert (
         outcome_line({"ok": False, "code": "NamespaceExists", "reason": "r"}) == "done: rolled back, NamespaceExists: r"
     )

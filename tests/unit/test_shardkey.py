@@ -438,8 +438,8 @@ def test_validate_bound_accepts_ejson_and_hashes() -> None:
 @pytest.mark.parametrize(
     "bound, message",
     [
-        ([1, 2], "must name exactly the shard key fields \\['x', 'h'\\]"),
-        ({"x": 1}, "must name exactly the shard key fields \\['x', 'h'\\]"),
+        ([1, 2], "must name exactly the shard key fields x, h in"),
+        ({"x": 1}, "must name exactly the shard key fields x, h in"),
         ({"h": 1, "x": 1}, "in that order"),
         ({"x": 1, "h": 1, "z": 1}, "must name exactly"),
         ({"x": 1, "h": 1.0}, "hashed field 'h' must be a signed 64-bit integer"),

@@ -20,10 +20,12 @@ from aiokafka.errors import KafkaError
 
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
+from libs.client import shard_unreachable
 from libs.commands import CommandError
 from libs.requests import RequestTimeout
 from schemas import Record
 from schemas import balancer as b
+from schemas import config as c
 from schemas import shard as s
 from services.router.wire.commands import SERVER_COMMANDS, Connection
 from services.router.wire.config_db import documents, from_wire, object_id, version_timestamp
@@ -34,6 +36,8 @@ from services.router.wire.edge import RouterEdge
 ADMIN_TIMEOUT_S = float(os.environ.get("SHARDLOG_WIRE_ADMIN_TIMEOUT", "120"))
 # How long balancerStatus / balancerCollectionStatus wait for the balancer service.
 BALANCER_TIMEOUT_S = float(os.environ.get("SHARDLOG_WIRE_BALANCER_TIMEOUT", "3"))
+# How long addShard waits for the new shard's process to answer (as mongos connects to it).
+ADD_SHARD_WAIT_S = float(os.environ.get("SHARDLOG_ADD_SHARD_WAIT_S", "10"))
 POLL_S = 0.02  # how often a migration's outcome is looked up in the router's catalog
 
 
@@ -109,6 +113,13 @@ def _simple(name: str) -> None:
     async def handler(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         edge = conn.cluster()
         record = parse(_doc(cmd))
+        if isinstance(record, c.AddShard) and record.shard not in edge.follower.catalog.shards:
+            wait = min(ADD_SHARD_WAIT_S, command_timeout(cmd))
+            why = await shard_unreachable(
+                edge.requester, edge.settings.bootstrap, edge.settings.topics, record.shard, wait
+            )
+            if why is not None:
+                raise CommandError(ErrorCode.OperationFailed, why)
         result = await config_command(edge, record, command_timeout(cmd))
         return shape(result) if shape is not None else {}
 
