@@ -26,9 +26,16 @@ def shard_collection(
     """Shard a collection by a range, compound or hashed key."""
     cx = CliContext.of(ctx)
     pattern = cx.parse_json(key, "--key")
+    record = cx.build(sc.shard_collection, ns, pattern, unique, num_initial_chunks)
+    if (check := sc.existing_documents_check(cx.catalog(), record)) is not None:
+        primary, request = check  # refused, nothing changes: the collection stays unsharded
+        cx.request(cx.topics.shard_requests(primary), request)
     cx.send(
-        cx.build(sc.shard_collection, ns, pattern, unique, num_initial_chunks),
-        lambda r: cx.out.print(f"sharded {r['ns']}: {r['chunks']} chunk(s), epoch {r['epoch']}"),
+        record,
+        lambda r: cx.out.print(
+            f"{'already sharded with this key' if r.get('alreadySharded') else 'sharded'} {r['ns']}: "
+            f"{r['chunks']} chunk(s), epoch {r['epoch']}"
+        ),
     )
 
 

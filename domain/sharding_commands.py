@@ -25,6 +25,7 @@ from libs.commands import CommandError
 from schemas import Record
 from schemas import config as c
 from schemas import ddl as d
+from schemas import shard as s
 
 # Fields any command may carry (MongoDB's generic arguments): never "unknown".
 GENERIC_FIELDS = frozenset(
@@ -231,6 +232,17 @@ def parse_shard_collection(cmd: Mapping[str, Any]) -> c.ShardCollection:
         raise CommandError(ErrorCode.BadValue, "the shard key's collation must be {locale: 'simple'}")
     n = typed(cmd, "numInitialChunks", (int, float), "int")
     return shard_collection(ns, key, typed(cmd, "unique", bool, "bool", False), int(n) if n is not None else None)
+
+
+def existing_documents_check(catalog: Catalog, record: c.ShardCollection) -> tuple[str, s.CheckShardKey] | None:
+    """(primary, request) asking the database's primary whether its documents of the collection
+    can be sharded by the key, when the catalog lists it unsharded; None when there is nothing
+    to check (a new collection, or one sharded already: the config server answers).  A new
+    collection needs no shard to answer, as before (a config server alone can shard it)."""
+    db = catalog.databases.get(record.ns.partition(".")[0])
+    if db is None or record.ns in catalog.collections or record.ns not in db.collections:
+        return None
+    return db.primary, s.CheckShardKey(ns=record.ns, key=record.key, unique=record.unique)
 
 
 def shard_collection_reply(record: c.ShardCollection, result: dict[str, Any]) -> dict[str, Any]:

@@ -348,6 +348,18 @@ class SplitVector(Record):
     edge: Literal["top", "bottom"] | None = None
 
 
+class CheckShardKey(Record):
+    """Read-only, to a database's primary before `ns`, unsharded there, is sharded by `key`:
+    refused (MongoDB's error) if an existing document cannot be keyed by it (an array, a key
+    over the size limit) or, with `unique`, two documents share a key value."""
+
+    type: Literal["CheckShardKey"] = "CheckShardKey"
+    v: Literal[1] = 1
+    ns: str
+    key: Doc
+    unique: bool = False
+
+
 class ListMigrations(Record):
     """This shard's migration documents, range-deletion tasks and live progress (read-only)."""
 
@@ -376,6 +388,7 @@ MIGRATION_REQUESTS = (
     ListMigrations,
     DeleteRangeBatch,
     SplitVector,
+    CheckShardKey,
 )
 SESSION_REQUESTS = (ForgetSessions,)
 # A DDL coordinator's requests to the shards that take part (schemas/ddl.py).
@@ -406,6 +419,7 @@ ShardRequest = Annotated[
     | ListMigrations
     | DeleteRangeBatch
     | SplitVector
+    | CheckShardKey
     | ForgetSessions
     | EnterDDLCriticalSection
     | ExitDDLCriticalSection

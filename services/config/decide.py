@@ -234,12 +234,30 @@ def create_collection(catalog: Catalog, cmd: c.CreateCollection) -> Decision:
 def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     db, _ = split_ns(cmd.ns)
     _not_in_ddl(catalog, cmd.ns)
-    if cmd.ns in catalog.collections:
-        raise CommandError(ErrorCode.AlreadyInitialized, f"collection {cmd.ns!r} is already sharded")
     try:
         pattern = KeyPattern.parse(cmd.key)
     except InvalidKeyPattern as e:
         raise CommandError(ErrorCode.InvalidOptions, f"invalid shard key: {e}") from None
+    if (coll := catalog.collections.get(cmd.ns)) is not None:
+        # As MongoDB: the same key and unique again is ok (idempotent); anything else is refused.
+        if pattern != coll.pattern or cmd.unique != coll.unique:
+            raise CommandError(
+                ErrorCode.AlreadyInitialized,
+                f"sharding already enabled for collection {cmd.ns} with options "
+                f"{{ key: {json.dumps(coll.pattern.spec)}, unique: {json.dumps(coll.unique)} }}",
+            )
+        primary = catalog.databases[db].primary
+        return Decision(
+            [],
+            {
+                "ns": cmd.ns,
+                "epoch": coll.epoch,
+                "chunks": len(coll.chunks),
+                "primary": primary,
+                "existing": True,
+                "alreadySharded": True,
+            },
+        )
     if cmd.unique and pattern.is_hashed:
         raise CommandError(ErrorCode.InvalidOptions, "a hashed shard key cannot be unique")
     hashed_prefix = pattern.hashed_field == pattern.fields[0]

@@ -15,7 +15,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,16 @@ from domain.query import (
     upsert_document,
 )
 from domain.session import shard_session
-from domain.shardkey import ShardKeyError, ShardKeyTooLarge, encode_value, from_ejson, shell_form, to_ejson
+from domain.shardkey import (
+    InvalidKeyPattern,
+    KeyPattern,
+    ShardKeyError,
+    ShardKeyTooLarge,
+    encode_value,
+    from_ejson,
+    shell_form,
+    to_ejson,
+)
 from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from libs.ids import new_object_id
@@ -50,6 +59,9 @@ from services.shard.migrations import MigrationDecider
 from services.shard.protocol import retryable
 
 WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
+# How long an unsharded collection's writes wait after its documents were checked for a
+# shardCollection: the config server decides it right after; a refused one lets go then.
+SHARDING_HOLD_S = 5.0
 
 on_request: Dispatch[ShardDecider, Decision] = Dispatch("shard request")
 
@@ -82,6 +94,9 @@ class ShardDecider:
         self.served: collections.Counter = collections.Counter()  # (request type, ns) -> requests decided
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         self._keyed: set[tuple[str, str]] = set()  # (ns, epoch) known to hold no unsharded-layout documents
+        # Unsharded collections whose documents were just checked for a shardCollection: their
+        # writes wait until it is decided (or this hold lapses), so none slips in unchecked.
+        self._sharding: dict[str, float] = {}  # ns -> wall-clock end of the hold
         # The migration and range-deletion requests (range deletion waits for our older queries).
         self.migrations = MigrationDecider(shard_id, catalog, documents, open_queries=self._queries_open_before)
         # The DDL coordinators' requests (critical sections, drops, renames, refines).
@@ -223,6 +238,8 @@ class ShardDecider:
         """Key ranges of `ns` where writes wait for a critical section (everything, for an
         unsharded collection whose primary is moving)."""
         if coll is None:
+            if (held := self._held_for_sharding(ns)) is not None:
+                raise held
             return [(b"", b"\xff" * 16)] if self.migrations.primary_blocked(ns, reads=False) else []
         return self.migrations.blocked_ranges(ns, reads=False)
 
@@ -371,6 +388,37 @@ class ShardDecider:
         coll = self._placement(req.ns, req.routing)
         return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
 
+    @on_request.register(s.CheckShardKey)
+    def check_shard_key(self, req: s.CheckShardKey) -> Decision:
+        """Whether this primary's documents of `ns`, unsharded, can be sharded by `req.key`: a
+        collection sharded anyway would have its documents rekeyed on its next request, and one
+        that cannot be keyed would refuse every request from then on."""
+        try:
+            pattern = KeyPattern.parse(req.key)
+        except InvalidKeyPattern as e:
+            raise CommandError(ErrorCode.InvalidOptions, f"invalid shard key: {e}") from None
+        if req.ns in self.catalog.collections:
+            return Decision([], {"documents": 0})  # sharded already: the config server answers
+        docs = (doc for _, doc in self.documents.scan(req.ns, UNSHARDED_KEY, UNSHARDED_END))
+        n = check_existing_documents(req.ns, pattern, req.unique, docs)
+        self._sharding[req.ns] = self.wall() + SHARDING_HOLD_S
+        return Decision([], {"documents": n})
+
+    def _held_for_sharding(self, ns: str) -> CommandError | None:
+        """The refusal of a write to unsharded `ns` while a shardCollection of it is being decided:
+        retriable, as a critical section's (the next ConfigTime is its commit)."""
+        end = self._sharding.get(ns)
+        if end is None:
+            return None
+        if self.wall() >= end or ns in self.catalog.collections:
+            del self._sharding[ns]
+            return None
+        return CommandError(
+            ErrorCode.StaleConfig,
+            f"{self.shard_id}: a write of {ns} waits for its shardCollection to be decided",
+            {"shard": self.shard_id, "configTime": self.catalog.config_time + 1, "critical": True},
+        )
+
     @on_request.register(s.SplitVector)
     def split_vector(self, req: s.SplitVector) -> Decision:
         """Split points of the chunk holding `find` from this shard's documents (docs/reference/auto-split.md)."""
@@ -469,6 +517,8 @@ class ShardDecider:
         return Decision(events, {"inserted": len(events) + retried, "writeErrors": errors})
 
     def _insert_one(self, coll, ns: str, doc: Any, seen: set[bytes]) -> s.DocumentWritten:
+        if coll is None and (held := self._held_for_sharding(ns)) is not None:
+            raise held
         if not isinstance(doc, dict):
             raise CommandError(ErrorCode.BadValue, "a document must be a JSON object")
         doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
@@ -490,10 +540,14 @@ class ShardDecider:
         id_enc = encode_value(doc["_id"])
         existing = self.documents.find_by_id(ns, doc["_id"])
         if id_enc in seen or (existing is not None and self._owns(coll, existing[0])):  # an orphan is no duplicate
-            raise CommandError(
-                ErrorCode.DuplicateKey,
-                f"E11000 duplicate key error collection: {ns} dup key: {{ _id: {json.dumps(to_record(doc['_id']))} }}",
-            )
+            raise duplicate_key(ns, "_id_", {"_id": doc["_id"]})
+        if coll is not None and coll.unique:
+            # Equal keys route to one shard, so this shard's check is the cluster's.  The key we
+            # own, so every document under it is ours (no orphan); `seen` holds the batch's.
+            unique = b"k" + skey
+            if unique in seen or self.documents.has_shard_key(ns, skey):
+                raise duplicate_key(ns, index_name(coll.pattern.spec), coll.pattern.extract(doc))
+            seen.add(unique)
         seen.add(id_enc)
         return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
 
@@ -619,6 +673,50 @@ class ShardDecider:
             last_error = {"n": 1, "updatedExisting": False, "upserted": new["_id"]}
             return Decision([event]), bytes.fromhex(event.skey), new if req.new else None, last_error
         return Decision([]), None, None, {"n": 0} if req.remove else {"n": 0, "updatedExisting": False}
+
+
+def index_name(spec: dict[str, Any]) -> str:
+    """MongoDB's default name of an index on `spec`: `email_1`, `a_1_b_1`, `x_hashed`."""
+    return "_".join(f"{f}_{k}" for f, k in spec.items())
+
+
+def duplicate_key(ns: str, index: str, key: dict[str, Any]) -> CommandError:
+    """MongoDB's DuplicateKey: `E11000 duplicate key error collection: db.c index: email_1 dup key: { email: "c" }`."""
+    shown = ", ".join(f"{f}: {json.dumps(to_record(v))}" for f, v in key.items())
+    return CommandError(
+        ErrorCode.DuplicateKey,
+        f"E11000 duplicate key error collection: {ns} index: {index} dup key: {{ {shown} }}",
+        {"keyPattern": {f: 1 for f in key} if index != "_id_" else {"_id": 1}, "keyValue": to_record(key)},
+    )
+
+
+def check_existing_documents(ns: str, pattern: KeyPattern, unique: bool, docs: Iterable[dict]) -> int:
+    """How many documents there are, each keyable by `pattern` (a missing field is null, as in
+    MongoDB 4.4+), or MongoDB's refusal of the first that is not: an array is what makes the
+    shard key's index multikey (InvalidOptions), a key too large as an insert's, and with
+    `unique` a second document with a key value is the unique index's build failing."""
+    keys: set[bytes] = set()
+    n = 0
+    for doc in docs:
+        n += 1
+        doc_id = json.dumps(to_record(doc.get("_id")))
+        try:
+            key = pattern.extract(doc)
+            pattern.check_size(key)
+            encoded = pattern.encode_bound(key)
+        except ShardKeyTooLarge as e:
+            raise CommandError(ErrorCode.ShardKeyTooLarge, f"document {{ _id: {doc_id} }}: {e}") from None
+        except ShardKeyError as e:
+            raise CommandError(
+                ErrorCode.InvalidOptions,
+                f"couldn't find valid index for shard key {json.dumps(pattern.spec)}: document "
+                f"{{ _id: {doc_id} }} in {ns}: {e}",
+            ) from None
+        if unique:
+            if encoded in keys:
+                raise duplicate_key(ns, index_name(pattern.spec), key)
+            keys.add(encoded)
+    return n
 
 
 def check_find_and_modify(req: s.FindAndModify) -> None:

@@ -395,6 +395,12 @@ class ShardDocuments:
             if v is not None:
                 yield k[len(base) :], decode_doc(v)
 
+    def has_shard_key(self, ns: str, skey: bytes) -> bool:
+        """Whether a document of `ns` has exactly this encoded shard key: one seek, as a unique
+        index's lookup.  Its documents are keyed `skey + _id`, and an _id's encoding starts with
+        a tag below 0xFF, the byte that continues a number's encoding (a longer key)."""
+        return next(self.scan(ns, skey, skey + b"\xff"), None) is not None
+
     def count_range(self, ns: str, lo: bytes, hi: bytes) -> int:
         """Documents with a shard key in [lo, hi), pending writes included, without decoding them."""
         base = DOCS + ns_prefix(ns)

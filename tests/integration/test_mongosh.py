@@ -64,7 +64,7 @@ def test_sh_helpers(mongosh, data_cluster):
     out = run(
         mongosh,
         data_cluster,
-        'try { sh.shardCollection("shop.orders", {o: 1}) } catch (e) { print(e.code, e.codeName) }',
+        'try { sh.shardCollection("shop.orders", {p: 1}) } catch (e) { print(e.code, e.codeName) }',
     )
     assert out.strip() == "23 AlreadyInitialized"
 

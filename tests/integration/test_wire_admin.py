@@ -55,9 +55,13 @@ def test_sharding_administration_through_pymongo(data_cluster):
     admin.command("enableSharding", "app", primaryShard="s0")
     reply = admin.command("shardCollection", "app.users", key={"k": 1})
     assert reply["collectionsharded"] == "app.users"
-    with pytest.raises(OperationFailure) as e:
-        admin.command("shardCollection", "app.users", key={"k": 1})
-    assert e.value.code == 23  # AlreadyInitialized
+    # again with the same key and options: ok, as MongoDB (idempotent); another key or unique: refused
+    assert admin.command("shardCollection", "app.users", key={"k": 1.0})["collectionsharded"] == "app.users"
+    for other in ({"key": {"j": 1}}, {"key": {"k": 1}, "unique": True}):
+        with pytest.raises(OperationFailure) as e:
+            admin.command("shardCollection", "app.users", **other)
+        assert e.value.code == 23  # AlreadyInitialized
+        assert "sharding already enabled for collection app.users" in str(e.value)
     with pytest.raises(OperationFailure) as e:
         admin.command("shardCollection", "app.other")
     assert e.value.code == 40414  # the key is missing: IDLFailedToParse

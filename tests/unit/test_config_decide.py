@@ -592,8 +592,14 @@ def test_num_initial_chunks_needs_a_hashed_key():
 def test_shard_collection_twice():
     cat = catalog("a")
     ok(cat, c.ShardCollection(ns="d.x", key={"k": 1}))
-    refused(cat, c.ShardCollection(ns="d.x", key={"k": 1}), "AlreadyInitialized", "'d.x' is already sharded")
-    refused(cat, c.ShardCollection(ns="d.x", key={"other": "hashed"}), "AlreadyInitialized")
+    epoch = cat.collections["d.x"].epoch
+    # The same key and options again: ok and nothing changes, as MongoDB answers (issue 18, point 9).
+    events, result = ok(cat, c.ShardCollection(ns="d.x", key={"k": 1.0}))
+    assert events == [] and result["alreadySharded"] and result["epoch"] == epoch
+    already = "sharding already enabled for collection d.x"
+    refused(cat, c.ShardCollection(ns="d.x", key={"other": "hashed"}), "AlreadyInitialized", already)
+    refused(cat, c.ShardCollection(ns="d.x", key={"k": 1, "j": 1}), "AlreadyInitialized", already)
+    refused(cat, c.ShardCollection(ns="d.x", key={"k": 1}, unique=True), "AlreadyInitialized", already)
 
 
 @pytest.mark.parametrize(

@@ -133,7 +133,15 @@ for _name in sc.SIMPLE:
 @SERVER_COMMANDS.register("shardCollection", "shardcollection", admin_only=True)
 async def _shard_collection(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record = sc.parse_shard_collection(_doc(cmd))
-    result = await config_command(conn.cluster(), record, command_timeout(cmd))
+    edge = conn.cluster()
+    if (check := sc.existing_documents_check(edge.follower.catalog, record)) is not None:
+        primary, request = check  # refused, nothing changes: the collection stays unsharded
+        reply = await edge.requester.request(
+            edge.settings.topics.shard_requests(primary), request, timeout=command_timeout(cmd)
+        )
+        if not reply.ok:
+            raise CommandError(reply.code or ErrorCode.InternalError, reply.error or "refused")
+    result = await config_command(edge, record, command_timeout(cmd))
     return sc.shard_collection_reply(record, result)
 
 
