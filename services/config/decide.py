@@ -487,8 +487,7 @@ def _unsharded_range(catalog: Catalog, ns: str, raw_lo: Any, raw_hi: Any) -> tup
 
 @on_command.register(c.AssignZoneRange)
 def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
-    sharded = cmd.ns in catalog.collections
-    coll = _collection(catalog, cmd.ns) if sharded else None
+    coll = _collection(catalog, cmd.ns) if cmd.ns in catalog.collections else None
     check_zone_name(cmd.zone)
     if not any(cmd.zone in s.zones for s in catalog.shards.values()):
         raise CommandError(ErrorCode.ZoneNotFound, f"zone {cmd.zone!r} has no shard: add a shard to it first")
@@ -509,7 +508,7 @@ def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
             )
     return Decision(
         [c.ZoneRangeAssigned(ns=cmd.ns, min=to_ejson(lo), max=to_ejson(hi), zone=cmd.zone)],
-        {"ns": cmd.ns, "zone": cmd.zone, "sharded": sharded},
+        {"ns": cmd.ns, "zone": cmd.zone},
     )
 
 

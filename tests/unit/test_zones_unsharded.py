@@ -31,7 +31,7 @@ def ranges(cat: Catalog, ns: str) -> list[tuple]:
 def test_add_range_on_a_namespace_not_sharded_is_recorded():
     cat = zoned()
     _, result = ok(cat, c.AssignZoneRange(ns="d.x", min={"k": 10}, max={"k": 20}, zone="US"))
-    assert result == {"ns": "d.x", "zone": "US", "sharded": False}
+    assert result == {"ns": "d.x", "zone": "US"}
     ok(cat, c.AssignZoneRange(ns="d.x", min={"k": MINK}, max={"k": 10}, zone="EU"))
     assert ranges(cat, "d.x") == [("EU", {"k": MINK}, {"k": 10}), ("US", {"k": 10}, {"k": 20})]
     # the same range again: ok, nothing new
