@@ -33,11 +33,18 @@ def status_document(cat: Catalog, verbose: bool) -> dict[str, Any]:
     ]
     colls = [_collection_document(coll, verbose) for coll in sorted(cat.collections.values(), key=lambda c: c.ns)]
     migrations = [m.record() for m in cat.migrations.values()]
+    # Zone ranges of namespaces not sharded yet: they take effect when the namespace is sharded.
+    unsharded_zones = [
+        {"ns": ns, "zone": z.zone, "min": to_ejson(z.min), "max": to_ejson(z.max)}
+        for ns in sorted(cat.unsharded_zones)
+        for z in cat.unsharded_zones[ns]
+    ]
     return {
         "configTime": cat.config_time,
         "shards": shards,
         "databases": dbs,
         "collections": colls,
+        "unshardedZones": unsharded_zones,
         "migrations": migrations,
         "settings": cat.settings.model_dump(),
     }
@@ -90,6 +97,8 @@ def status(
     out.print(t)
     for coll in doc["collections"]:
         _print_collection(out, coll, verbose)
+    for z in doc["unshardedZones"]:
+        out.print(f"{z['ns']} (not sharded yet) zone {z['zone']}: {chunk_range(z['min'], z['max'])}")
     for m in doc["migrations"]:
         out.print(
             f"migration {m['id']}: {m['ns']} "

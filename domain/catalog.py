@@ -74,6 +74,12 @@ class ZoneRange:
     zone: str
 
 
+def bounds_pattern(bound: dict[str, Any]) -> KeyPattern:
+    """The ascending pattern over a bound's own fields: how the zone ranges of a namespace not
+    (yet) sharded are ordered, there being no shard key to order them by."""
+    return KeyPattern(tuple(bound))
+
+
 @dataclass
 class Collection:
     ns: str
@@ -179,6 +185,9 @@ class Catalog:
         self.shards: dict[str, Shard] = {}
         self.databases: dict[str, Database] = {}
         self.collections: dict[str, Collection] = {}
+        # Zone ranges of namespaces not sharded (yet), by ns: sorted by min_key, ordered by
+        # `bounds_pattern`; they become the collection's zones when it is sharded.
+        self.unsharded_zones: dict[str, list[ZoneRange]] = {}
         self.settings = ClusterSettings()
         self.migrations: dict[str, Migration] = {}  # active, by id
         self.outcomes: dict[str, str] = {}  # finished migrations: "committed" or "aborted: <reason>"
@@ -225,7 +234,15 @@ class Catalog:
         return db.uuids.get(ns) if db is not None else None
 
     def zone_in_use(self, zone: str) -> bool:
-        return any(z.zone == zone for c in self.collections.values() for z in c.zones)
+        return any(z.zone == zone for c in self.collections.values() for z in c.zones) or any(
+            z.zone == zone for zs in self.unsharded_zones.values() for z in zs
+        )
+
+    def zone_ranges(self, ns: str) -> list[ZoneRange]:
+        """The zone ranges of `ns`, sharded or not."""
+        if (coll := self.collections.get(ns)) is not None:
+            return coll.zones
+        return self.unsharded_zones.get(ns, [])
 
     def zone_targets(self, zone: str, exclude: str | None = None) -> list[str]:
         """The shards that may take the zone's data: in the zone and not draining."""
@@ -251,6 +268,14 @@ class Catalog:
     @staticmethod
     def _zone_key(ns: str, min_key: bytes) -> bytes:
         return b"zone/" + ns.encode() + b"\x00" + min_key
+
+    @staticmethod
+    def _unsharded_zone_key(ns: str, min_key: bytes) -> bytes:
+        return b"uzone/" + ns.encode() + b"\x00" + min_key
+
+    def _put_zone(self, ns: str, z: ZoneRange) -> None:
+        key = self._zone_key(ns, z.min_key) if ns in self.collections else self._unsharded_zone_key(ns, z.min_key)
+        self._put(key, {"min": to_ejson(z.min), "max": to_ejson(z.max), "zone": z.zone})
 
     def _put_shard(self, s: Shard) -> None:
         self._put(b"shard/" + s.id.encode(), {"draining": s.draining, "zones": sorted(s.zones)})
@@ -309,6 +334,12 @@ class Catalog:
             coll = self.collections[ns]
             d = json.loads(v)
             coll.zones.append(self._zone(coll, d["min"], d["max"], d["zone"]))
+        for k, v in store.scan(b"uzone/"):  # in key order: by ns, then min_key
+            d = json.loads(v)
+            lo = from_ejson(d["min"])
+            self.unsharded_zones.setdefault(k[6 : k.index(b"\x00", 6)].decode(), []).append(
+                self._zone_of(bounds_pattern(lo), lo, from_ejson(d["max"]), d["zone"])
+            )
         for _k, v in store.scan(b"mig/"):
             d = json.loads(v)
             self.migrations[d["id"]] = Migration(
@@ -361,8 +392,17 @@ class Catalog:
 
     @staticmethod
     def _zone(coll: Collection, lo: dict[str, Any], hi: dict[str, Any], zone: str) -> ZoneRange:
-        lo, hi = from_ejson(lo), from_ejson(hi)
-        return ZoneRange(lo, hi, coll.pattern.encode_bound(lo), coll.pattern.encode_bound(hi), zone)
+        return Catalog._zone_of(coll.pattern, from_ejson(lo), from_ejson(hi), zone)
+
+    @staticmethod
+    def _zone_of(pattern: KeyPattern, lo: dict[str, Any], hi: dict[str, Any], zone: str) -> ZoneRange:
+        return ZoneRange(lo, hi, pattern.encode_bound(lo), pattern.encode_bound(hi), zone)
+
+    def _forget_unsharded_zones(self, ns: str) -> list[ZoneRange]:
+        zones = self.unsharded_zones.pop(ns, [])
+        for z in zones:
+            self._put(self._unsharded_zone_key(ns, z.min_key), None)
+        return zones
 
     def apply(self, e: Record, offset: int) -> None:
         on_event(self, e)
@@ -445,6 +485,11 @@ class Catalog:
         self._put_collection(coll)
         for ch, doc in zip(coll.chunks, e.chunks):
             self._put_chunk(e.ns, ch, doc)
+        # Ranges assigned before the collection was sharded are its zones now (the decision
+        # checked that they name the shard key's fields).
+        for z in self._forget_unsharded_zones(e.ns):
+            coll.zones.append(self._zone_of(coll.pattern, z.min, z.max, z.zone))
+            self._put_zone(e.ns, coll.zones[-1])
 
     @on_event.register(ev.ChunkSplit)
     def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
@@ -482,14 +527,26 @@ class Catalog:
 
     @on_event.register(ev.ZoneRangeAssigned)
     def _on_ZoneRangeAssigned(self, e: ev.ZoneRangeAssigned) -> None:
-        coll = self.collections[e.ns]
+        if (coll := self.collections.get(e.ns)) is None:  # a namespace not sharded (yet)
+            lo = from_ejson(e.min)
+            z = self._zone_of(bounds_pattern(lo), lo, from_ejson(e.max), e.zone)
+            bisect.insort(self.unsharded_zones.setdefault(e.ns, []), z, key=lambda r: r.min_key)
+            self._put_zone(e.ns, z)
+            return
         z = self._zone(coll, e.min, e.max, e.zone)
         bisect.insort(coll.zones, z, key=lambda r: r.min_key)
         self._put(self._zone_key(e.ns, z.min_key), {"min": e.min, "max": e.max, "zone": e.zone})
 
     @on_event.register(ev.ZoneRangeRemoved)
     def _on_ZoneRangeRemoved(self, e: ev.ZoneRangeRemoved) -> None:
-        coll = self.collections[e.ns]
+        if (coll := self.collections.get(e.ns)) is None:
+            lo = from_ejson(e.min)
+            key = bounds_pattern(lo).encode_bound(lo)
+            zones = [z for z in self.unsharded_zones.pop(e.ns, []) if z.min_key != key]
+            if zones:
+                self.unsharded_zones[e.ns] = zones
+            self._put(self._unsharded_zone_key(e.ns, key), None)
+            return
         key = coll.pattern.encode_bound(from_ejson(e.min))
         coll.zones = [z for z in coll.zones if z.min_key != key]
         self._put(self._zone_key(e.ns, key), None)
@@ -595,7 +652,9 @@ class Catalog:
         self._put(b"ddlout/" + e.id.encode(), out)
 
     def _forget_collection(self, ns: str) -> None:
-        """`ns` gone from the catalog, sharded (with its chunks and zones) or tracked unsharded."""
+        """`ns` gone from the catalog, sharded (with its chunks and zones) or tracked unsharded.
+        Its zone ranges go too, sharded or not, as MongoDB's drop removes the namespace's tags."""
+        self._forget_unsharded_zones(ns)
         if (coll := self.collections.pop(ns, None)) is not None:
             for ch in coll.chunks:
                 self._put(self._chunk_key(ns, ch.min_key), None)
@@ -613,7 +672,7 @@ class Catalog:
 
     @on_event.register(dd.DatabaseDropped)
     def _on_DatabaseDropped(self, e: dd.DatabaseDropped) -> None:
-        for ns in [n for n in self.collections if n.partition(".")[0] == e.db]:
+        for ns in [n for n in [*self.collections, *self.unsharded_zones] if n.partition(".")[0] == e.db]:
             self._forget_collection(ns)
         if self.databases.pop(e.db, None) is not None:
             self._put(b"db/" + e.db.encode(), None)

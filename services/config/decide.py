@@ -14,7 +14,7 @@ import time
 from typing import Any, cast
 
 from domain import clock, ddl
-from domain.catalog import Catalog, Chunk, Collection, Migration, MigrationOutcome, Shard
+from domain.catalog import Catalog, Chunk, Collection, Migration, MigrationOutcome, Shard, ZoneRange
 from domain.protocol import ErrorCode, check_db_name, check_shard_name, check_zone_name, split_ns
 from domain.settings import ClusterSettings, CollectionSettings, validated
 from domain.shardkey import (
@@ -277,7 +277,10 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
             ErrorCode.InvalidOptions,
             f"numInitialChunks is only for an empty collection; {cmd.ns} already exists unsharded",
         )
-    if hashed_prefix and not tracked:
+    zones = _zones_for_key(catalog, cmd.ns, pattern)
+    if zones and not tracked:
+        chunks = _initial_chunks_for_zones(catalog, pattern, zones, primary, epoch)
+    elif hashed_prefix and not tracked:
         shards = catalog.active_shards()
         n = cmd.numInitialChunks or 2 * len(shards)
         if not 1 <= n <= MAX_INITIAL_CHUNKS_PER_SHARD * len(shards):
@@ -295,6 +298,57 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
     return Decision(
         events, {"ns": cmd.ns, "epoch": epoch, "chunks": len(chunks), "primary": primary, "existing": tracked}
     )
+
+
+def _zones_for_key(catalog: Catalog, ns: str, pattern: KeyPattern) -> list[ZoneRange]:
+    """The zone ranges assigned to `ns` before it is sharded, checked against its shard key: as
+    MongoDB's shardCollection, refused when one names other fields (or, for the hashed field,
+    values that are no hashes)."""
+    zones = catalog.unsharded_zones.get(ns, [])
+    for z in zones:
+        try:
+            if tuple(z.min) != pattern.fields:
+                raise ShardKeyError("other fields")
+            pattern.validate_bound(to_ejson(z.min))
+            pattern.validate_bound(to_ejson(z.max))
+        except ShardKeyError as e:
+            raise CommandError(
+                ErrorCode.InvalidOptions,
+                f"the proposed shard key {shell_form(pattern.spec)} does not match the existing zone "
+                f"{z.zone!r} {shell_range(z.min, z.max)} ({e}): remove the range or shard on its fields",
+            ) from None
+    return zones
+
+
+def _initial_chunks_for_zones(
+    catalog: Catalog, pattern: KeyPattern, zones: list[ZoneRange], primary: str, epoch: str
+) -> list[c.ChunkDoc]:
+    """An empty collection with zone ranges starts split at their bounds (MongoDB's
+    SingleChunkPerTag): one chunk per range, on a shard of its zone (round robin over the
+    zone's shards), and the gaps between ranges as chunks on the primary."""
+    ranges = sorted(((pattern.encode_bound(z.min), pattern.encode_bound(z.max), z) for z in zones), key=lambda r: r[0])
+    pieces: list[tuple[dict[str, Any], dict[str, Any], str]] = []
+    lo: dict[str, Any] = pattern.global_min()
+    lo_key = pattern.encode_bound(lo)
+    turn: dict[str, int] = {}
+    for z_lo, z_hi, z in ranges:
+        if lo_key < z_lo:
+            pieces.append((lo, z.min, primary))
+        targets = catalog.zone_targets(z.zone)
+        if not targets:
+            raise CommandError(
+                ErrorCode.ZoneNotFound, f"zone {z.zone!r} has no shard to place {shell_range(z.min, z.max)} on"
+            )
+        n = turn.get(z.zone, 0)
+        turn[z.zone] = n + 1
+        pieces.append((z.min, z.max, targets[n % len(targets)]))
+        lo, lo_key = z.max, z_hi
+    if lo_key < pattern.encode_bound(pattern.global_max()):
+        pieces.append((lo, pattern.global_max(), primary))
+    versions = initial_versions(epoch, len(pieces))
+    return [
+        c.ChunkDoc(min=to_ejson(a), max=to_ejson(b), shard=s, version=v.pair) for (a, b, s), v in zip(pieces, versions)
+    ]
 
 
 def hashed_initial_chunks(pattern: KeyPattern, shards: list[str], n: int, epoch: str) -> list[c.ChunkDoc]:
@@ -412,41 +466,84 @@ def remove_shard_from_zone(catalog: Catalog, cmd: c.RemoveShardFromZone) -> Deci
     )
 
 
+def _unsharded_range(catalog: Catalog, ns: str, raw_lo: Any, raw_hi: Any) -> tuple[Any, bytes, Any, bytes]:
+    """The bounds of a zone range of a namespace not (yet) sharded, as MongoDB 4.0.2+ takes them:
+    documents naming the same fields in the same order, min below max (ordered as an ascending
+    key over those fields); the shard key is checked against them when the collection is sharded."""
+    split_ns(ns)
+    _not_in_ddl(catalog, ns)
+    if not isinstance(raw_lo, dict) or not isinstance(raw_hi, dict) or not raw_lo or tuple(raw_lo) != tuple(raw_hi):
+        raise CommandError(
+            ErrorCode.BadValue,
+            f"min {shell_form(raw_lo)} and max {shell_form(raw_hi)} must be documents naming the same fields "
+            "in the same order (the shard key's, once the collection is sharded)",
+        )
+    try:
+        pattern = KeyPattern.parse(dict.fromkeys(raw_lo, 1))
+    except InvalidKeyPattern as e:
+        raise CommandError(ErrorCode.BadValue, f"zone range bounds: {e}") from None
+    out: list[Any] = []
+    for raw, what in ((raw_lo, "min"), (raw_hi, "max")):
+        try:
+            b = pattern.validate_bound(raw)
+        except ShardKeyError as e:
+            raise CommandError(ErrorCode.BadValue, f"{what}: {e}") from None
+        if not _finite(b):
+            raise CommandError(ErrorCode.BadValue, f"{what}: Infinity and NaN cannot be chunk or zone bounds")
+        out += [b, pattern.encode_bound(b)]
+    if out[1] >= out[3]:
+        raise CommandError(ErrorCode.BadValue, "min must be below max")
+    zones = catalog.unsharded_zones.get(ns, [])
+    if zones and tuple(zones[0].min) != pattern.fields:
+        raise CommandError(
+            ErrorCode.BadValue,
+            f"the zone ranges of {ns} name the fields {', '.join(zones[0].min)}; "
+            f"{shell_range(out[0], out[2])} names {', '.join(pattern.fields)}",
+        )
+    return out[0], out[1], out[2], out[3]
+
+
 @on_command.register(c.AssignZoneRange)
 def assign_zone_range(catalog: Catalog, cmd: c.AssignZoneRange) -> Decision:
-    coll = _collection(catalog, cmd.ns)
+    coll = _collection(catalog, cmd.ns) if cmd.ns in catalog.collections else None
     check_zone_name(cmd.zone)
     if not any(cmd.zone in s.zones for s in catalog.shards.values()):
         raise CommandError(ErrorCode.ZoneNotFound, f"zone {cmd.zone!r} has no shard: add a shard to it first")
-    lo, lo_key = _bound(coll, cmd.min, "min")
-    hi, hi_key = _bound(coll, cmd.max, "max")
+    if coll is None:  # unsharded or not existing: recorded for when it is sharded, as MongoDB 4.0.2+ does
+        lo, lo_key, hi, hi_key = _unsharded_range(catalog, cmd.ns, cmd.min, cmd.max)
+    else:
+        lo, lo_key = _bound(coll, cmd.min, "min")
+        hi, hi_key = _bound(coll, cmd.max, "max")
     if lo_key >= hi_key:
         raise CommandError(ErrorCode.BadValue, "min must be below max")
-    for z in coll.zones:
+    for z in catalog.zone_ranges(cmd.ns):
         if z.min_key == lo_key and z.max_key == hi_key and z.zone == cmd.zone:
-            return Decision([], {"ns": coll.ns, "zone": cmd.zone})
+            return Decision([], {"ns": cmd.ns, "zone": cmd.zone})
         if z.min_key < hi_key and lo_key < z.max_key:
             raise CommandError(
                 ErrorCode.RangeOverlapConflict,
                 f"{shell_range(lo, hi)} overlaps the range {shell_range(z.min, z.max)} of zone {z.zone!r}",
             )
     return Decision(
-        [c.ZoneRangeAssigned(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi), zone=cmd.zone)],
-        {"ns": coll.ns, "zone": cmd.zone},
+        [c.ZoneRangeAssigned(ns=cmd.ns, min=to_ejson(lo), max=to_ejson(hi), zone=cmd.zone)],
+        {"ns": cmd.ns, "zone": cmd.zone},
     )
 
 
 @on_command.register(c.RemoveZoneRange)
 def remove_zone_range(catalog: Catalog, cmd: c.RemoveZoneRange) -> Decision:
-    coll = _collection(catalog, cmd.ns)
-    lo, lo_key = _bound(coll, cmd.min, "min")
-    hi, hi_key = _bound(coll, cmd.max, "max")
-    for z in coll.zones:
+    if cmd.ns in catalog.collections:
+        coll = _collection(catalog, cmd.ns)
+        lo, lo_key = _bound(coll, cmd.min, "min")
+        hi, hi_key = _bound(coll, cmd.max, "max")
+    else:
+        lo, lo_key, hi, hi_key = _unsharded_range(catalog, cmd.ns, cmd.min, cmd.max)
+    for z in catalog.zone_ranges(cmd.ns):
         if z.min_key == lo_key and z.max_key == hi_key:
             return Decision(
-                [c.ZoneRangeRemoved(ns=coll.ns, min=to_ejson(lo), max=to_ejson(hi))], {"ns": coll.ns, "zone": z.zone}
+                [c.ZoneRangeRemoved(ns=cmd.ns, min=to_ejson(lo), max=to_ejson(hi))], {"ns": cmd.ns, "zone": z.zone}
             )
-    return Decision([], {"ns": coll.ns, "zone": None})  # nothing to remove: ok, as MongoDB answers
+    return Decision([], {"ns": cmd.ns, "zone": None})  # nothing to remove: ok, as MongoDB answers
 
 
 # --------------------------------------------------------------- settings

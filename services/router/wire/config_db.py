@@ -202,8 +202,8 @@ def chunk_id(ns: str, lo: dict[str, Any]) -> ObjectId:
 
 def tags(cat: Catalog) -> list[dict[str, Any]]:
     out = []
-    for ns in sorted(cat.collections):
-        for z in cat.collections[ns].zones:
+    for ns in sorted({*cat.collections, *cat.unsharded_zones}):
+        for z in cat.zone_ranges(ns):
             out.append(
                 {
                     "_id": {"ns": ns, "min": to_wire(z.min)},
