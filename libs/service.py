@@ -55,6 +55,22 @@ class ServiceSettings:
         )
 
 
+def seconds_from_env(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable `name` (unset or empty: the
+    default); anything else refuses to start the service, rather than running with a bound the
+    operator did not mean."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    return value
+
+
 def common_args(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 
 from domain import clock as vclock
@@ -15,7 +14,7 @@ from libs import kafka
 from libs.commands import CommandProcessor
 from libs.projection import Projection
 from libs.requests import Requester
-from libs.service import ServiceSettings, clear_ready, report_ready, supervised
+from libs.service import ServiceSettings, clear_ready, report_ready, seconds_from_env, supervised
 from libs.store import Store
 from schemas import config as schema
 from services.config.coordinator import DDLDriver
@@ -28,14 +27,7 @@ MOVE_PRIMARY_TIMEOUT_ENV = "SHARDLOG_MOVE_PRIMARY_TIMEOUT_S"
 
 def move_primary_timeout() -> float:
     """Seconds a movePrimary may stay undecided before the config server aborts it (default 600)."""
-    raw = os.environ.get(MOVE_PRIMARY_TIMEOUT_ENV)
-    try:
-        value = float(raw) if raw else 600.0
-    except ValueError:
-        raise ValueError(f"{MOVE_PRIMARY_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ValueError(f"{MOVE_PRIMARY_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
-    return value
+    return seconds_from_env(MOVE_PRIMARY_TIMEOUT_ENV, 600.0)
 
 
 KEYS_CHECK_S = 60.0  # how often the active config server checks that the signing keys it needs exist

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from domain.protocol import record_bytes as _size
 from libs import kafka
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
+from libs.service import seconds_from_env
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import RecordError
 from schemas import config as cfg
@@ -60,22 +60,9 @@ REQUEST_TIMEOUT_S = 10.0
 STEP_DEADLINE_ENV = "SHARDLOG_MIGRATION_STEP_DEADLINE_S"
 
 
-def _seconds_from_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
-    return value
-
-
 # Every wait of a migration is bounded by this: a peer that does not answer a step, or a
 # catch-up pass that does not reach its target, for this long aborts the migration.
-STEP_DEADLINE_S = _seconds_from_env(STEP_DEADLINE_ENV, 120.0)
+STEP_DEADLINE_S = seconds_from_env(STEP_DEADLINE_ENV, 120.0)
 RECEIPT_WAIT_S = 60.0  # the recipient's overlapping range deletions get this long to finish (then abort,
 # saying why: moving a range back within orphanCleanupDelaySecs has to wait for it)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-import os
 import time
 from collections.abc import Iterator
 
@@ -34,7 +33,7 @@ from aiokafka.errors import KafkaError
 from domain.catalog import Catalog, Chunk
 from domain.shardkey import encode_value, to_ejson
 from libs import kafka
-from libs.service import ServiceSettings
+from libs.service import ServiceSettings, seconds_from_env
 from libs.store import Store
 from schemas import Codec, Record
 from schemas import ddl as dd
@@ -51,16 +50,7 @@ LAYOUT_POLL_S = 0.1  # how often the publisher looks for a change of the chunks 
 
 
 def interval_from_env() -> float:
-    raw = os.environ.get(INTERVAL_ENV)
-    if not raw:
-        return DEFAULT_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{INTERVAL_ENV}={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ValueError(f"{INTERVAL_ENV}={raw!r} must be a positive number of seconds")
-    return value
+    return seconds_from_env(INTERVAL_ENV, DEFAULT_INTERVAL_S)
 
 
 WriteKey = tuple[str, bytes]  # (ns, encoded shard key)

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from libs.client import AsyncCluster
 from schemas import config as c
 from services.workload import runner
+from tests.integration.test_workload import NS, client_run
 
 pytestmark = pytest.mark.kafka
-
-NS = "ycsb.usertable"
-
-
-def client_run(data_cluster, fn):
-    async def go():
-        async with AsyncCluster(data_cluster.settings.bootstrap, data_cluster.settings.cluster, timeout=60) as cl:
-            return await fn(cl["ycsb"]["usertable"])
-
-    return asyncio.run(go())
 
 
 def test_ycsb_e_after_ycsb_d_inserts_no_key_twice(data_cluster):
