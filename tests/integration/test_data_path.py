@@ -235,7 +235,7 @@ def test_cli_insert_find_count_explain(data_cluster):
     code, out = cli_json("insert", "app.cli", '{"q": 1}')
     assert code != 0 and out["code"] == "ShardKeyNotFound"
     code, out = cli_json("find", "app.cli", "{bad")
-    assert code != 0 and out["code"] == "BadValue"
+    assert code != 0 and out["code"] == "FailedToParse"
     human = runner.invoke(app, [*base, "count", "app.cli"])
     assert human.exit_code == 0 and human.stdout.strip() == "3"
 

@@ -32,16 +32,29 @@ def test_one_cli_command_is_one_trace_across_cli_and_config_server(settings, spa
     from cli.main import app
 
     spans.clear()  # activation of the server emits nothing, but be sure
+    # A settings change: a command only the config server takes part in (add-shard would also
+    # ask the shard's process to answer first).
     result = CliRunner().invoke(
-        app, ["--bootstrap", settings.bootstrap, "--cluster", settings.cluster, "add-shard", "s0", "--json"]
+        app,
+        [
+            "--bootstrap",
+            settings.bootstrap,
+            "--cluster",
+            settings.cluster,
+            "settings",
+            "set",
+            "orphanCleanupDelaySecs",
+            "5",
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["shardAdded"] == "s0"
+    assert json.loads(result.output)["value"] == 5
     finished = spans.get_finished_spans()
     by_name = {s.name: s for s in finished}
-    root = by_name["shardlog AddShard"]
+    root = by_name["shardlog SetSetting"]
     send_cmd = by_name[f"send {settings.topics.config_commands}"]
-    process = by_name["config AddShard"]
+    process = by_name["config SetSetting"]
     send_event = by_name[f"send {settings.topics.config_events}"]
     assert root.parent is None
     assert {s.context.trace_id for s in (root, send_cmd, process, send_event)} == {root.context.trace_id}
