@@ -18,7 +18,7 @@ from schemas import Record
 from schemas import ddl as d
 from services.shard.documents import ShardDocuments
 from services.shard.protocol import ddl
-from services.shard.protocol.common import Shard, Step
+from services.shard.protocol.common import Shard
 
 on_request: Dispatch[DDLDecider, Decision] = Dispatch("shard DDL request")
 
@@ -44,11 +44,6 @@ class DDLDecider:
     def decide(self, req: Record) -> Decision:
         return on_request(self, req)
 
-    def _step(self, step: Step) -> Decision:
-        if step.fault is not None:
-            self.fault(step.fault)
-        return Decision(step.events, step.reply)
-
     # ------------------------------------------------ the critical section, for CRUD
 
     def critical_section_wait(self, ns: str) -> CommandError | None:
@@ -60,23 +55,23 @@ class DDLDecider:
 
     @on_request.register(d.EnterDDLCriticalSection)
     def _enter(self, req: d.EnterDDLCriticalSection) -> Decision:
-        return self._step(ddl.enter_critical_section(self.shard, req))
+        return ddl.enter_critical_section(self.shard, req).decision(self.fault)
 
     @on_request.register(d.ExitDDLCriticalSection)
     def _exit(self, req: d.ExitDDLCriticalSection) -> Decision:
-        return self._step(ddl.exit_critical_section(self.shard, req))
+        return ddl.exit_critical_section(self.shard, req).decision(self.fault)
 
     @on_request.register(d.DropLocalData)
     def _drop(self, req: d.DropLocalData) -> Decision:
-        return self._step(ddl.drop_local_data(self.shard, req))
+        return ddl.drop_local_data(self.shard, req).decision(self.fault)
 
     @on_request.register(d.RenameLocalBatch)
     def _rename(self, req: d.RenameLocalBatch) -> Decision:
-        return self._step(ddl.rename_local_batch(self.shard, req))
+        return ddl.rename_local_batch(self.shard, req).decision(self.fault)
 
     @on_request.register(d.RekeyLocalBatch)
     def _rekey(self, req: d.RekeyLocalBatch) -> Decision:
-        return self._step(ddl.rekey_local_batch(self.shard, req))
+        return ddl.rekey_local_batch(self.shard, req).decision(self.fault)
 
 
 REQUESTS: tuple[type, ...] = tuple(on_request.table)

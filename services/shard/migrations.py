@@ -25,7 +25,7 @@ from schemas import Record
 from schemas import shard as s
 from services.shard.documents import ShardDocuments
 from services.shard.protocol import donor, range_deletion, recipient
-from services.shard.protocol.common import Shard, Step, range_keys
+from services.shard.protocol.common import Shard, range_keys
 from services.shard.protocol.range_deletion import OpenQueries
 
 on_request: Dispatch[MigrationDecider, Decision] = Dispatch("shard migration request")
@@ -56,11 +56,6 @@ class MigrationDecider:
     def decide(self, req: Record) -> Decision:
         return on_request(self, req)
 
-    def _step(self, step: Step) -> Decision:
-        if step.fault is not None:
-            self.fault(step.fault)
-        return Decision(step.events, step.reply)
-
     # ------------------------------------------------ the critical section, for CRUD
 
     def blocked_ranges(self, ns: str, reads: bool) -> list[tuple[bytes, bytes]]:
@@ -76,51 +71,51 @@ class MigrationDecider:
 
     @on_request.register(s.StartDonation)
     def _start_donation(self, req: s.StartDonation) -> Decision:
-        return self._step(donor.start_donation(self.shard, req))
+        return donor.start_donation(self.shard, req).decision(self.fault)
 
     @on_request.register(s.StartPrimaryMove)
     def _start_primary_move(self, req: s.StartPrimaryMove) -> Decision:
-        return self._step(donor.start_primary_move(self.shard, req))
+        return donor.start_primary_move(self.shard, req).decision(self.fault)
 
     @on_request.register(s.EnterCriticalSection)
     def _enter_critical_section(self, req: s.EnterCriticalSection) -> Decision:
-        return self._step(donor.enter_critical_section(self.shard, req))
+        return donor.enter_critical_section(self.shard, req).decision(self.fault)
 
     @on_request.register(s.RecordDecision)
     def _record_decision(self, req: s.RecordDecision) -> Decision:
-        return self._step(donor.record_decision(self.shard, req, now=self.clock()))
+        return donor.record_decision(self.shard, req, now=self.clock()).decision(self.fault)
 
     @on_request.register(s.ForgetMigration)
     def _forget_migration(self, req: s.ForgetMigration) -> Decision:
-        return self._step(donor.forget_migration(self.shard, req))
+        return donor.forget_migration(self.shard, req).decision(self.fault)
 
     # --------------------------------------------------------------- recipient
 
     @on_request.register(s.StartReceipt)
     def _start_receipt(self, req: s.StartReceipt) -> Decision:
-        return self._step(recipient.start_receipt(self.shard, req))
+        return recipient.start_receipt(self.shard, req).decision(self.fault)
 
     @on_request.register(s.StartPrimaryReceipt)
     def _start_primary_receipt(self, req: s.StartPrimaryReceipt) -> Decision:
-        return self._step(recipient.start_primary_receipt(self.shard, req))
+        return recipient.start_primary_receipt(self.shard, req).decision(self.fault)
 
     @on_request.register(s.TransferBatch)
     def _transfer_batch(self, req: s.TransferBatch) -> Decision:
-        return self._step(recipient.transfer_batch(self.shard, req))
+        return recipient.transfer_batch(self.shard, req).decision(self.fault)
 
     @on_request.register(s.CommitClone)
     def _commit_clone(self, req: s.CommitClone) -> Decision:
-        return self._step(recipient.commit_clone(self.shard, req))
+        return recipient.commit_clone(self.shard, req).decision(self.fault)
 
     @on_request.register(s.FinishReceipt)
     def _finish_receipt(self, req: s.FinishReceipt) -> Decision:
-        return self._step(recipient.finish_receipt(self.shard, req, now=self.clock()))
+        return recipient.finish_receipt(self.shard, req, now=self.clock()).decision(self.fault)
 
     # ---------------------------------------------------------- range deletion
 
     @on_request.register(s.DeleteRangeBatch)
     def _delete_range_batch(self, req: s.DeleteRangeBatch) -> Decision:
-        return self._step(range_deletion.delete_batch(self.shard, req, self.open_queries))
+        return range_deletion.delete_batch(self.shard, req, self.open_queries).decision(self.fault)
 
     # ------------------------------------------------------------------ status
 

@@ -3,7 +3,7 @@ roles of a migration document, and the lookups that refuse with an error code.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from domain.catalog import Catalog, Collection
 from domain.protocol import ErrorCode
 from domain.shardkey import from_ejson
-from libs.commands import CommandError
+from libs.commands import CommandError, Decision
 from schemas import Record
 from schemas import ddl as d
 from schemas import shard as s
@@ -74,6 +74,12 @@ class Step:
     events: list[Record] = field(default_factory=list)
     reply: Reply = field(default_factory=dict)
     fault: str | None = None
+
+    def decision(self, fire: Callable[[str], None]) -> Decision:
+        """The step as a command processor's decision, its fault point fired first."""
+        if self.fault is not None:
+            fire(self.fault)
+        return Decision(self.events, self.reply)
 
 
 def overlaps(a_lo: bytes, a_hi: bytes, b_lo: bytes, b_hi: bytes) -> bool:
