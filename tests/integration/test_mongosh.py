@@ -55,8 +55,8 @@ def test_sh_helpers(mongosh, data_cluster):
     lines = out.strip().splitlines()
     assert lines == ["sharded shop.orders", "split 1", "moved 1", "zone 1", 'shards ["s0","s1","s2"]'], out
     assert chunk_bounds(data_cluster, "shop.orders") == [
-        ('{"o":{"$minKey":1}}', '{"o":50}', "s0"),
-        ('{"o":50}', '{"o":{"$maxKey":1}}', "s1"),
+        ("{ o: MinKey }", "{ o: 50 }", "s0"),
+        ("{ o: 50 }", "{ o: MaxKey }", "s1"),
     ]
     assert data_cluster.router.follower.catalog.shards["s2"].zones == {"EU"}
 
