@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status
+.PHONY: venv jars chromium mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -69,8 +69,18 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# Debian's chromium and its chromedriver for the browser tests (headless): installed with apt when
+# missing and we may (root, or sudo without a password); otherwise those tests skip and say why.
+chromium:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif command -v apt-get >/dev/null && { [ "$$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then \
+	  S=$$([ "$$(id -u)" = 0 ] || echo sudo -n); \
+	  $$S apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -q chromium chromium-driver >/dev/null \
+	  || echo "make chromium: apt could not install chromium; the browser tests will skip" >&2; \
+	else echo "make chromium: no apt (or no root); the browser tests will skip" >&2; fi
+
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
-test: venv jars ycsb-java
+test: venv jars ycsb-java chromium
 	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
 # Pure logic, no broker: tests/unit (under a minute).

@@ -19,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["tests.browser"]  # the `browser` and `screenshot` fixtures (headless chromium)
+
 # Every router a test starts (in process, as a child process or through `make up`) listens for
 # MongoDB clients on a free port, never on 27017: tests run side by side and next to a dev cluster.
 os.environ["SHARDLOG_ROUTER_PORT"] = "0"
