@@ -20,6 +20,7 @@ One Typer app per command group, each in its own module, all added here:
     settings         settings set | get
     topics           topics create
     workload         workload load | run
+    dashboard        dashboard (the live cluster page)
     balancer         balancer plan | status | collection-status | snapshot | start | stop | ...
 
 The root callback builds the CliContext (cli/context.py) every command reads from `ctx.obj`.
@@ -32,6 +33,7 @@ import typer
 from cli import (
     balancer,
     chunks,
+    dashboard,
     ddl,
     dead_letters,
     defragment,
@@ -76,6 +78,7 @@ for commands in (
     migrations.migrations_app,
     defragment.defragment_app,
     ddl.ddl_app,
+    dashboard.dashboard_app,
 ):
     app.add_typer(commands)
 app.add_typer(zones.zone_app, name="zone")

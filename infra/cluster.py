@@ -69,6 +69,7 @@ def services(routers: int = 1, shards: tuple[str, ...] = SHARDS) -> dict[str, li
             ["--instance", str(i + 1)] if i else []
         )
     out.update({"balancer": ["services.balancer"], "range-deleter": ["services.range_deleter"]})
+    out["dashboard"] = ["services.dashboard"]  # its port: SHARDLOG_DASHBOARD_PORT (default 8090)
     return out
 
 
@@ -166,13 +167,17 @@ def up(
     asyncio.run(_ensure_core_topics(bootstrap, cluster))
     started: dict[str, tuple[int, float]] = {}
     uris: dict[str, str] = {}
+    pages: dict[str, str] = {}  # the dashboard's URL
     for name, argv in services(routers, shard_names).items():
         pidfile = data / "pids" / f"{name}.pid"
         if (pid := _pid(pidfile)) is not None:
             info = _ready(data, name, pid) or {}
             if info.get("uri"):
                 uris[name] = info["uri"]
-            print(f"  {name:14} already running (pid {pid}{', ' + info['uri'] if info.get('uri') else ''})")
+            if info.get("url"):
+                pages[name] = info["url"]
+            where = info.get("uri") or info.get("url")
+            print(f"  {name:14} already running (pid {pid}{', ' + where if where else ''})")
             continue
         (data / "services" / f"{name}.ready").unlink(missing_ok=True)
         with open(data / "logs" / f"{name}.log", "ab") as log:
@@ -212,11 +217,16 @@ def up(
         if info.get("uri"):
             uris[name] = info["uri"]
             at += f", {info['uri']}"
+        if info.get("url"):
+            pages[name] = info["url"]
+            at += f", {info['url']}"
         print(f"  {name:14} ready (pid {pid}, {time.monotonic() - since:.1f}s{at})")
     asyncio.run(_add_shards(bootstrap, cluster, shard_names))
     print(f"""
 shardlog cluster {cluster!r} is up in {time.monotonic() - t0:.1f}s: Kafka at {bootstrap}, config server,
-shards {", ".join(shard_names)}, {len(uris) or routers} router(s), balancer, range-deleter.  Logs: {data / "logs"}
+shards {", ".join(shard_names)}, {len(uris) or routers} router(s), balancer, range-deleter, dashboard.  Logs: {data / "logs"}
+
+  The cluster page (shards, chunks, migrations, balancer): {pages.get("dashboard", "(see make status)")}
 
   MongoDB clients (pymongo, mongosh, drivers) connect to a router: {"  ".join(uris.values()) or "(see make status)"}
   mongosh {next(iter(uris.values()), "mongodb://127.0.0.1:27017/")} --eval 'sh.status()'

@@ -125,6 +125,11 @@ class Topics:
     def range_deleter_inbox(self) -> str:
         return self.inbox("range-deleter")
 
+    @property
+    def dashboard_inbox(self) -> str:
+        """Replies to the dashboard's status queries (shards' ListMigrations, the balancer's state)."""
+        return self.inbox("dashboard")
+
     def client_inbox(self, client: str) -> str:
         return self.inbox(f"client-{client}")
 

@@ -29,13 +29,13 @@ def test_up_twice_then_down(bootstrap, tmp_path):
     try:
         first = run("up", "--data", str(data), "--cluster", cluster, env=env)
         assert first.returncode == 0, first.stdout + first.stderr
-        for name in ("config", "shard-s0", "shard-s1", "shard-s2", "router", "balancer", "range-deleter"):
+        for name in ("config", "shard-s0", "shard-s1", "shard-s2", "router", "balancer", "range-deleter", "dashboard"):
             assert f"{name}" in first.stdout and "ready" in first.stdout
         pids = {p.stem: int(p.read_text()) for p in (data / "pids").glob("*.pid")}
-        assert len(pids) == 7
+        assert len(pids) == 8
         second = run("up", "--data", str(data), "--cluster", cluster, env=env)
         assert second.returncode == 0, second.stdout + second.stderr
-        assert second.stdout.count("already running") == 7
+        assert second.stdout.count("already running") == 8
         assert {p.stem: int(p.read_text()) for p in (data / "pids").glob("*.pid")} == pids
         status = subprocess.run(
             [sys.executable, "-m", "cli.main", "--bootstrap", bootstrap, "--cluster", cluster, "status", "--json"],

@@ -34,6 +34,7 @@ EXPECTED_MODULES = {
     "services.router": 1,
     "services.balancer": 1,
     "services.range_deleter": 1,
+    "services.dashboard": 1,
 }
 
 
