@@ -97,7 +97,7 @@ function renderBars(shards, colour) {
         "data-shard": s.id, "data-metric": key, "data-value": v ?? "",
       });
       bar.append(svg("title", {}, `${s.id} ${label}: ${fmt(v)}`));
-      nodes.push(bar);
+      nodes.push(bar, svg("text", { x: x0 + i * barW + barW / 2, y: H - bottom - h - 3, "text-anchor": "middle", class: "value" }, fmt(v)));
     });
   });
   chart.replaceChildren(...nodes);
@@ -208,7 +208,7 @@ function renderRangeDeletions(snap) {
   const rd = snap.rangeDeletions;
   const rows = rd.tasks.map((t) => el("tr", { class: "range-deletion", "data-id": t.id, "data-shard": t.shard, "data-state": t.state },
     el("td", {}, t.shard), el("td", {}, t.ns), el("td", {}, `${t.min} -->> ${t.max}`), el("td", {}, t.state),
-    el("td", { class: "num" }, num(t.left)), el("td", {}, t.waiting || "deleting now")));
+    el("td", { class: "num" }, num(t.left)), el("td", { class: "wrap" }, t.waiting || "deleting now")));
   const unknown = rd.unanswered.map((s) => el("tr", { class: "unknown", "data-shard": s }, el("td", {}, s), el("td", { colspan: 5 }, "unknown: the shard did not answer")));
   const all = [...rows, ...unknown];
   document.querySelector("#range-deletions tbody").replaceChildren(...(all.length ? all : [el("tr", {}, el("td", { colspan: 6, class: "dim" }, "none"))]));
