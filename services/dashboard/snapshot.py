@@ -131,11 +131,11 @@ def _collection(coll: Collection, reports: Mapping[str, stats.ShardStatistics], 
         epochs = {c.ns: c.epoch for c in r.collections}
         if epochs.get(coll.ns, coll.epoch) != coll.epoch:
             continue
-        for ch in r.chunks:
-            if ch.ns == coll.ns:
-                k = (_bound_id(ch.min), _bound_id(ch.max))
+        for cs in r.chunks:
+            if cs.ns == coll.ns:
+                k = (_bound_id(cs.min), _bound_id(cs.max))
                 if k not in sized or sized[k][0] < r.timestamp:
-                    sized[k] = (r.timestamp, ch.documents, ch.dataSizeBytes)
+                    sized[k] = (r.timestamp, cs.documents, cs.dataSizeBytes)
     chunks = []
     for ch in coll.chunks:
         size = sized.get((_bound_id(ch.min), _bound_id(ch.max)))

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -17,7 +23,7 @@ from schemas import config as c
 from services.balancer.server import Balancer
 from services.dashboard.server import Dashboard
 from services.shard import donor
-from tests.conftest import wait_until
+from tests.conftest import ROOT, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -183,3 +189,49 @@ def test_the_page_shows_shards_chunks_a_migration_in_progress_and_the_balancer(
     with urllib.request.urlopen(url + "api/snapshot", timeout=10) as r:
         snap = json.load(r)
     assert [s["id"] for s in snap["shards"]] == ["s0", "s1", "s2"] and "figures" in snap
+
+
+def test_shardlog_dashboard_serves_in_the_foreground_and_prints_its_url(settings, tmp_path):
+
+    out = tmp_path / "dashboard.out"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "--bootstrap", settings.bootstrap, "--cluster", settings.cluster]
+            + ["dashboard", "--port", "0"],
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    try:
+        found = wait_until(
+            lambda: re.search(r"(http://127\.0\.0\.1:\d+/)", out.read_text()),
+            60,
+            "`shardlog dashboard` to print its URL",
+            detail=lambda: out.read_text()[-2000:],
+        )
+        url = found.group(1)
+        assert f"cluster {settings.cluster!r}" in out.read_text()
+        with urllib.request.urlopen(url + "api/snapshot", timeout=10) as r:
+            snap = json.load(r)
+        assert snap["cluster"] == settings.cluster and snap["shards"] == [] and snap["collections"] == []
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "api/nope", timeout=10)
+        assert e.value.code == 404 and json.load(e.value)["codeName"] == "CommandNotFound"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(30)
+    assert rc == 0, out.read_text()[-2000:]
+
+
+def test_shardlog_dashboard_says_clearly_when_the_cluster_does_not_exist(bootstrap):
+
+    r = subprocess.run(
+        [sys.executable, "-m", "cli.main", "--bootstrap", bootstrap, "--cluster", "nosuchcluster0", "dashboard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert r.returncode != 0 and "nosuchcluster0" in r.stderr, r.stderr

@@ -31,6 +31,7 @@ def test_up_twice_then_down(bootstrap, tmp_path):
         assert first.returncode == 0, first.stdout + first.stderr
         for name in ("config", "shard-s0", "shard-s1", "shard-s2", "router", "balancer", "range-deleter", "dashboard"):
             assert f"{name}" in first.stdout and "ready" in first.stdout
+        assert "The cluster page (shards, chunks, migrations, balancer): http://127.0.0.1:" in first.stdout
         pids = {p.stem: int(p.read_text()) for p in (data / "pids").glob("*.pid")}
         assert len(pids) == 8
         second = run("up", "--data", str(data), "--cluster", cluster, env=env)

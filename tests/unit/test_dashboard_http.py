@@ -13,7 +13,9 @@ from services.dashboard import server, snapshot
 
 @pytest.fixture
 async def board(tmp_path):
-    b = server.Dashboard(ServiceSettings("127.0.0.1:1", "demo", tmp_path), port=0, tracing_ui="http://zipkin:9411/zipkin")
+    b = server.Dashboard(
+        ServiceSettings("127.0.0.1:1", "demo", tmp_path), port=0, tracing_ui="http://zipkin:9411/zipkin"
+    )
     yield b
     b.follower.store.close()
 
