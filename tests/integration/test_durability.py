@@ -23,7 +23,7 @@ from tests.conftest import wait_until
 
 pytestmark = pytest.mark.kafka
 
-SERVICES = ("config", "shard-s0", "shard-s1", "shard-s2", "router", "balancer", "range-deleter")
+SERVICES = ("config", "shard-s0", "shard-s1", "shard-s2", "router", "balancer", "range-deleter", "dashboard")
 
 
 class Deployment(LocalDeployment):

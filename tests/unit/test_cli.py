@@ -41,6 +41,7 @@ TOP_LEVEL = [
     "drop-database",
     "rename-collection",
     "refine-shard-key",
+    "dashboard",
     "zone",
     "settings",
     "topics",
