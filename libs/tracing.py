@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
@@ -122,11 +122,11 @@ def record_attributes(rec: object) -> dict[str, AttributeValue]:
 @contextmanager
 def span(
     name: str,
+    attributes: Mapping[str, AttributeValue] | None = None,
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     context: otel_context.Context | None = None,
     links: Sequence[trace.Link] = (),
-    **attributes: AttributeValue,
 ) -> Iterator[trace.Span]:
     """A span made current for the block: a child of the current span, or of `context`
     (ROOT: a trace's root; context_of(traceparent): a stored trace continued)."""

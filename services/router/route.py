@@ -122,7 +122,7 @@ class OperationRouter:
         "route <type>", with the shards the operation reached (`shardlog.shards`)."""
         targets: set[str] = set()
         _targets.set(targets)
-        with tracing.span(f"route {req.type}", **tracing.db_attributes(getattr(req, "ns", None), req.type)) as span:
+        with tracing.span(f"route {req.type}", tracing.db_attributes(getattr(req, "ns", None), req.type)) as span:
             try:
                 return await self._handle(req)
             finally:
@@ -157,7 +157,7 @@ class OperationRouter:
                 # attempt), so a trace shows where a StaleConfig cost its time.
                 with tracing.span(
                     "router StaleConfig retry",
-                    **{
+                    {
                         "shardlog.retry.attempt": attempt,
                         "shardlog.stale.config_time": stale.config_time,
                         "shardlog.stale.critical_section": stale.critical,

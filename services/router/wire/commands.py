@@ -174,9 +174,9 @@ class CommandTable:
         # One wire command is one trace: its root, a server span, parents the routing span.
         with tracing.span(
             f"wire {name}",
+            tracing.db_attributes(_namespace(db, cmd.get(name)), name),
             kind=SpanKind.SERVER,
             context=tracing.ROOT,
-            **tracing.db_attributes(_namespace(db, cmd.get(name)), name),
         ) as span:
             reply = await self._run(conn, name, entry, cmd)
             if span.is_recording() and not reply["ok"]:
