@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -132,6 +133,24 @@ def span(
     (ROOT: a trace's root; context_of(traceparent): a stored trace continued)."""
     with tracer.start_as_current_span(name, context=context, kind=kind, links=links, attributes=attributes) as s:
         yield s
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """Background polling that should not fill the tracing UI: what is sent in the block carries
+    a traceparent that is not sampled, so no hop records spans for it (the SDK's default sampler
+    follows the parent's decision)."""
+    ctx = trace.SpanContext(
+        trace_id=random.getrandbits(128) or 1,
+        span_id=random.getrandbits(64) or 1,
+        is_remote=False,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT),
+    )
+    token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(ctx)))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 @contextmanager

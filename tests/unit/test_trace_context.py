@@ -38,3 +38,21 @@ def test_a_stored_traceparent_continues_its_trace_and_an_empty_one_starts_a_new_
         with tracer.start_as_current_span("round", context=tracing.context_of("")) as root:
             assert root.parent is None and root.get_span_context().trace_id != ctx.trace_id
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+def test_what_is_sent_untraced_records_no_span_downstream():
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with tracing.untraced():
+        carried = tracing.traceparent()
+        with tracer.start_as_current_span("send"):
+            pass
+    assert carried.endswith("-00"), "the context travels, marked not sampled"
+    with tracer.start_as_current_span("process", context=tracing.context_of(carried)) as downstream:
+        assert not downstream.is_recording()
+    assert exporter.get_finished_spans() == ()
