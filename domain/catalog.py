@@ -148,6 +148,7 @@ class Migration:
     recipient: str
     force_jumbo: bool = False
     kind: str = "range"  # or "primary": a database's unsharded collections (ns is the database)
+    traceparent: str = ""  # the trace of the request that started it (W3C), "" if none
 
     def record(self) -> dict[str, Any]:
         return {
@@ -160,6 +161,7 @@ class Migration:
             "recipient": self.recipient,
             "forceJumbo": self.force_jumbo,
             "kind": self.kind,
+            "traceparent": self.traceparent,
         }
 
 
@@ -352,6 +354,7 @@ class Catalog:
                 d["recipient"],
                 d["forceJumbo"],
                 d.get("kind", "range"),
+                d.get("traceparent", ""),
             )
         for k, v in store.scan(b"outcome/"):
             self.outcomes[k[8:].decode()] = json.loads(v)
@@ -571,7 +574,7 @@ class Catalog:
 
     @on_event.register(ev.MigrationRequested)
     def _on_MigrationRequested(self, e: ev.MigrationRequested) -> None:
-        m = Migration(e.id, e.ns, e.epoch, e.min, e.max, e.donor, e.recipient, e.forceJumbo)
+        m = Migration(e.id, e.ns, e.epoch, e.min, e.max, e.donor, e.recipient, e.forceJumbo, traceparent=e.traceparent)
         self.migrations[e.id] = m
         self._put(b"mig/" + e.id.encode(), m.record())
 

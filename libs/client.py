@@ -37,6 +37,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from enum import Enum
 from typing import Any, TypedDict, TypeVar, Unpack
 
+from opentelemetry.trace import SpanKind
+
 from domain.clock import parse_timestamp, to_ejson
 from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
 from libs import kafka, tracing
@@ -320,8 +322,10 @@ class AsyncCluster:
         """Send an operation, retrying the same request (a write: the same lsid and txnNumber)
         until the deadline; with `retry` False, once.  One operation is one trace: router and
         shard spans hang below this one."""
-        with tracing.tracer.start_as_current_span(
-            f"shardlog.client {req.type}", attributes={"db.namespace": getattr(req, "ns", "") or ""}
+        with tracing.span(
+            f"shardlog.client {req.type}",
+            tracing.db_attributes(getattr(req, "ns", None), req.type),
+            kind=SpanKind.CLIENT,
         ):
             return await self._call(req, topic, session, retry)
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 from aiokafka.structs import RecordMetadata
+from opentelemetry import trace
 
 from libs import kafka, tracing
 from libs.faults import fault_point
@@ -263,6 +264,31 @@ class CommandProcessor:
                     self._hold_until = time.monotonic() + self.session_timeout_ms / 1000
 
     async def _transact(self, records: list[kafka.KafkaRecord]) -> None:
+        # Per command, a process span (its consumption and decision) and below it a span of the
+        # batch's transaction, in that command's trace: both end when the transaction does.
+        spans: list[trace.Span] = []
+        transactions: list[trace.Span] = []
+        began = time.time_ns()
+        try:
+            await self._transact_traced(records, began, spans, transactions)
+        except BaseException as e:
+            for t in transactions:
+                t.record_exception(e)
+                t.set_status(trace.StatusCode.ERROR, f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            for t in transactions:
+                t.end()
+            for t in spans:
+                t.end()
+
+    async def _transact_traced(
+        self,
+        records: list[kafka.KafkaRecord],
+        began: int,
+        spans: list[trace.Span],
+        transactions: list[trace.Span],
+    ) -> None:
         p = self.producer
         events_topic = self.projection.topic
         await p.begin_transaction()
@@ -278,11 +304,14 @@ class CommandProcessor:
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
         for rec in records:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-            with tracing.process_span(
+            span = tracing.tracer.start_span(
                 f"{self.name} process",
-                rec.headers,
-                **{"messaging.source.name": rec.topic, "messaging.offset": rec.offset},
-            ) as span:
+                context=tracing.extract(rec.headers),
+                kind=trace.SpanKind.CONSUMER,
+                attributes=tracing.record_attributes(rec),
+            )
+            spans.append(span)
+            with trace.use_span(span, end_on_exit=False):
                 futures: list[asyncio.Future[RecordMetadata]] = []
                 events: list[Record] = []
                 values: list[bytes | None] = []
@@ -293,6 +322,8 @@ class CommandProcessor:
                 try:
                     command = self.codec.decode(rec.value)
                     span.update_name(f"{self.name} {command.type}")
+                    if span.is_recording():
+                        span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
                     decision = self.decide(command)
                     events = decision.events
                     if clock is not None:
@@ -310,15 +341,29 @@ class CommandProcessor:
                 except Exception as e:  # a bug in deciding must not wedge the log: report it, decide nothing
                     log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
                     reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+                # The batch's transaction as this command's trace sees it: its events are
+                # written inside it (their producer spans are its children).
+                txn = tracing.tracer.start_span(
+                    f"{self.name} transaction",
+                    start_time=began,
+                    attributes={
+                        "messaging.system": tracing.KAFKA,
+                        "shardlog.transaction.id": self.transactional_id,
+                        "shardlog.transaction.commands": len(records),
+                    },
+                )
+                transactions.append(txn)
                 if reply.ok:
                     # Applying a decided event cannot fail but through a bug; if it does, the
                     # exception aborts the whole transaction rather than commit half a command.
-                    for event, value in zip(events, values):
-                        self.projection.state.apply(event, -1)  # its offset is known once acked
-                        with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
-                            key = event.key if isinstance(event, Tombstone) else self.event_key(event)
-                            futures.append(await p.send(events_topic, value, key=key, headers=tracing.inject()))
-                        last_value = value
+                    with trace.use_span(txn, end_on_exit=False):
+                        for event, value in zip(events, values):
+                            self.projection.state.apply(event, -1)  # its offset is known once acked
+                            with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
+                                key = event.key if isinstance(event, Tombstone) else self.event_key(event)
+                                futures.append(await p.send(events_topic, value, key=key, headers=tracing.inject()))
+                            last_value = value
+                    txn.set_attribute("shardlog.transaction.events", len(events))
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)
                 headers = [(CORRELATION_ID, corr)] if corr else []

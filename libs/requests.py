@@ -76,7 +76,7 @@ class Requester:
                 fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)
                 if fut is None or fut.done():
                     continue
-                with tracing.process_span("receive reply", rec.headers, **{"messaging.source.name": rec.topic}):
+                with tracing.process_span("receive reply", rec.headers, **{"messaging.destination.name": rec.topic}):
                     try:
                         fut.set_result(replies.decode(rec.value))
                     except RecordError as e:

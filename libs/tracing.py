@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+import random
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
@@ -74,11 +75,92 @@ def extract(headers: Headers | None) -> otel_context.Context:
     return propagate.extract(carrier)
 
 
+# ------------------------------------------------------------ span creation
+# (docs/reference/observability.md, "What a trace shows": the span names and attributes)
+
+# db.system: "shardlog", not "mongodb".  These spans are the database's own, server side; the
+# "mongodb" value promises MongoDB's server, whose behaviour and attributes backends assume.
+DB_SYSTEM = "shardlog"
+KAFKA = "kafka"
+ROOT = otel_context.Context()  # an empty context: a span started in it begins a trace of its own
+
+
+def traceparent() -> str:
+    """The current span's context as a W3C traceparent, for a record that outlives the request
+    ("" when there is no valid context).  Works under the no-op tracer too (it passes context on)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def context_of(parent: str) -> otel_context.Context:
+    """A context that continues a stored traceparent; a new trace's root context when empty."""
+    return propagate.extract({"traceparent": parent}) if parent else ROOT
+
+
+def db_attributes(ns: str | None, operation: str) -> dict[str, AttributeValue]:
+    """OpenTelemetry's database attributes of an operation on namespace `db.coll` (or a database)."""
+    out: dict[str, AttributeValue] = {"db.system": DB_SYSTEM, "db.operation.name": operation}
+    if ns:
+        db, dot, coll = ns.partition(".")
+        out["db.namespace"] = db
+        if dot:
+            out["db.collection.name"] = coll
+    return out
+
+
+def record_attributes(rec: object) -> dict[str, AttributeValue]:
+    """The messaging attributes of a consumed Kafka record (topic, partition, offset)."""
+    return {
+        "messaging.system": KAFKA,
+        "messaging.operation.type": "process",
+        "messaging.destination.name": getattr(rec, "topic", ""),
+        "messaging.destination.partition.id": str(getattr(rec, "partition", 0)),
+        "messaging.kafka.offset": getattr(rec, "offset", -1),
+    }
+
+
+@contextmanager
+def span(
+    name: str,
+    attributes: Mapping[str, AttributeValue] | None = None,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    context: otel_context.Context | None = None,
+    links: Sequence[trace.Link] = (),
+) -> Iterator[trace.Span]:
+    """A span made current for the block: a child of the current span, or of `context`
+    (ROOT: a trace's root; context_of(traceparent): a stored trace continued)."""
+    with tracer.start_as_current_span(name, context=context, kind=kind, links=links, attributes=attributes) as s:
+        yield s
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """Background polling that should not fill the tracing UI: what is sent in the block carries
+    a traceparent that is not sampled, so no hop records spans for it (the SDK's default sampler
+    follows the parent's decision)."""
+    ctx = trace.SpanContext(
+        trace_id=random.getrandbits(128) or 1,
+        span_id=random.getrandbits(64) or 1,
+        is_remote=False,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT),
+    )
+    token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(ctx)))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
 @contextmanager
 def process_span(name: str, headers: Headers | None, **attributes: AttributeValue) -> Iterator[trace.Span]:
     """A consumer-side span for handling one record, child of the sender's span."""
     with tracer.start_as_current_span(
-        name, context=extract(headers), kind=SpanKind.CONSUMER, attributes=attributes
+        name,
+        context=extract(headers),
+        kind=SpanKind.CONSUMER,
+        attributes={"messaging.system": KAFKA, "messaging.operation.type": "process", **attributes},
     ) as span:
         yield span
 
@@ -86,6 +168,13 @@ def process_span(name: str, headers: Headers | None, **attributes: AttributeValu
 @contextmanager
 def producer_span(topic: str, **attributes: AttributeValue) -> Iterator[trace.Span]:
     with tracer.start_as_current_span(
-        f"send {topic}", kind=SpanKind.PRODUCER, attributes={"messaging.destination.name": topic, **attributes}
+        f"send {topic}",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": KAFKA,
+            "messaging.operation.type": "send",
+            "messaging.destination.name": topic,
+            **attributes,
+        },
     ) as span:
         yield span

@@ -420,6 +420,9 @@ class MigrationRequested(Record):
     donor: str
     recipient: str
     forceJumbo: bool = False
+    # The W3C traceparent of the request that started it: the donor's and recipient's spans,
+    # later and after restarts, continue that trace ("" when it was not traced).
+    traceparent: str = ""
 
 
 class MigrationCommitted(Record):

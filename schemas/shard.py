@@ -526,6 +526,7 @@ class RangeDeletionRecorded(Record):
     configTime: int = 0  # queries routed before this ConfigTime may still read the range
     deleted: int = 0
     why: str = ""  # donor after commit / recipient after abort
+    traceparent: str = ""  # the migration's trace: the task's deletion batches are spans of it
 
 
 class RangeDeletionRemoved(Record):

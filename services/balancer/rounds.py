@@ -23,13 +23,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
+from opentelemetry import trace
+
 from domain.catalog import Catalog
 from domain.follower import CatalogFollower
 from domain.settings import in_window
 from domain.shardkey import from_ejson, to_ejson
+from libs import tracing
 from schemas import balancer as b
 from services.balancer import draining, policy
-from services.balancer.executor import Executor
+from services.balancer.executor import Executor, Outcome
 from services.balancer.state import BalancerState
 from services.balancer.statistics import StatisticsReader
 
@@ -115,6 +118,25 @@ class Rounds:
             return {"splits": 0, "migrations": 0}
         self.not_compliant = {}
         self.round += 1
+        # A round that issues actions is a trace of its own; rounds with nothing to do are not traced.
+        with tracing.span(
+            "balancer round",
+            context=tracing.ROOT,
+            attributes={
+                "shardlog.balancer.round": self.round,
+                "shardlog.splits": len(splits),
+                "shardlog.migrations": len(moves),
+            },
+        ) as span:
+            return await self._issue(catalog, splits, moves, span)
+
+    async def _issue(
+        self,
+        catalog: Catalog,
+        splits: list[b.SplitAction | b.AutoSplitAction],
+        moves: list[b.MigrationAction | b.MovePrimaryAction | b.RemoveShardAction],
+        round_span: trace.Span,
+    ) -> dict[str, Any]:
         round_no = self.round
         await self.executor.record(b.IssueActions(round=round_no, actions=[*splits, *moves]))
         self.activity = f"round {round_no}: {len(splits)} split(s), {len(moves)} migration(s)"
@@ -128,7 +150,7 @@ class Rounds:
         ):
             self.activity += f" (throttled {pause:.1f}s: balancerMigrationsThrottlingMs)"
             await asyncio.sleep(pause)
-        results = await asyncio.gather(*(self.executor.run(a) for a in moves))
+        results = await asyncio.gather(*(self._move(a, round_span) for a in moves))
         if moves:
             self._last_migration_end = time.monotonic()
         summary = {
@@ -144,6 +166,24 @@ class Rounds:
             s for a, r in zip([*splits, *moves], [*split_results, *results]) if r.ok for s in changed_shards(catalog, a)
         }
         return summary
+
+    async def _move(
+        self, action: b.MigrationAction | b.MovePrimaryAction | b.RemoveShardAction, round_span: trace.Span
+    ) -> Outcome:
+        """A migration the round issued is a trace of its own (one move-range, one trace), linked
+        both ways with the round's: the round's span lists its migrations, each names its round."""
+        with tracing.span(
+            f"balancer {action.kind}",
+            {
+                **tracing.db_attributes(action.ns, action.kind),
+                "shardlog.balancer.round": self.round,
+                "shardlog.balancer.action": action.id,
+            },
+            context=tracing.ROOT,
+            links=[trace.Link(round_span.get_span_context())],
+        ) as span:
+            round_span.add_link(span.get_span_context())
+            return await self.executor.run(action)
 
     async def _until_news(self, timeout: float) -> None:
         """Until a shard reports or the catalog moves on (a report may show a layout the

@@ -39,6 +39,7 @@ from domain.versions import (
     new_uuid,
     split_versions,
 )
+from libs import tracing
 from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from schemas import Record
@@ -677,6 +678,8 @@ def move_range(catalog: Catalog, cmd: c.MoveRange) -> Decision:
         donor=chunk.shard,
         recipient=cmd.to,
         forceJumbo=cmd.forceJumbo,
+        # The request's trace (this command's span): the migration's steps on donor and recipient continue it.
+        traceparent=tracing.traceparent(),
     )
     return Decision([event], {"ns": cmd.ns, "id": mid, "donor": chunk.shard, "recipient": cmd.to, "moved": True})
 

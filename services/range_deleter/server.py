@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from aiokafka.errors import KafkaError
 
 from domain.follower import CatalogFollower
-from libs import kafka
+from libs import kafka, tracing
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import ServiceSettings, clear_ready, report_ready
@@ -100,7 +100,8 @@ class RangeDeleter:
                 self.settings.bootstrap, [spec for sid in new for spec in self.settings.topics.for_shard(sid)]
             )
             self._topics.update(new)
-        return [t for tasks in await asyncio.gather(*map(self._list, shards)) for t in tasks]
+        with tracing.untraced():  # a poll every round: not a trace each
+            return [t for tasks in await asyncio.gather(*map(self._list, shards)) for t in tasks]
 
     async def _list(self, sid: str) -> list[dict]:
         try:
@@ -120,7 +121,24 @@ class RangeDeleter:
         return []
 
     async def delete(self, task: dict) -> bool:
-        """Delete one task batch by batch until done, or the shard says wait; True if anything was deleted."""
+        """Delete one task batch by batch until done, or the shard says wait; True if anything was deleted.
+        Traced in the task's trace: the migration's that created it (its recorded traceparent),
+        else a trace of its own; each batch is a child span."""
+        with tracing.span(
+            "range-deleter task",
+            context=tracing.context_of(task.get("traceparent") or ""),
+            attributes={
+                **tracing.db_attributes(task["ns"], "deleteRange"),
+                "shardlog.shard": task["shard"],
+                "shardlog.task.id": task["id"],
+                "shardlog.task.why": task.get("why", ""),
+            },
+        ) as span:
+            progressed = await self._delete(task)
+            span.set_attribute("shardlog.task.progressed", progressed)
+            return progressed
+
+    async def _delete(self, task: dict) -> bool:
         sid, tid = task["shard"], task["id"]
         topic = self.settings.topics.shard_requests(sid)
         log.info(
@@ -139,9 +157,14 @@ class RangeDeleter:
             while True:
                 cs = self.follower.catalog.settings  # re-read every batch: a changed setting applies at once
                 try:
-                    reply = await self.requester.request(
-                        topic, s.DeleteRangeBatch(task=tid, limit=cs.rangeDeleterBatchSize), timeout=BATCH_TIMEOUT_S
-                    )
+                    with tracing.span(
+                        "range-deleter batch", {"shardlog.batch.limit": cs.rangeDeleterBatchSize}
+                    ) as batch:
+                        reply = await self.requester.request(
+                            topic, s.DeleteRangeBatch(task=tid, limit=cs.rangeDeleterBatchSize), timeout=BATCH_TIMEOUT_S
+                        )
+                        if reply.ok and batch.is_recording():
+                            batch.set_attribute("shardlog.documents", (reply.result or {}).get("deleted", 0))
                 except (RequestTimeout, KafkaError) as e:
                     return self._hold(task, str(e), progressed)
                 if not reply.ok:

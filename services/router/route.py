@@ -36,6 +36,7 @@ from domain.protocol import (
 from domain.query import QueryError, apply_projection, compile_filter, merge_sorted
 from domain.session import RetryableWrite, client_session
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge
+from libs import tracing
 from libs.commands import CommandError
 from libs.dispatch import Dispatch
 from libs.ids import new_object_id
@@ -52,6 +53,9 @@ AFTER_CLUSTER_TIME_WAIT_S = 10.0  # how long a causally consistent read waits fo
 
 # The largest operationTime of the shards one client operation reached (docs/decisions/0014).
 _operation_time: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("operation_time", default=None)
+
+# The shards one client operation reached, for its routing span.
+_targets: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("targets", default=None)
 
 
 class Stale(Exception):
@@ -114,7 +118,18 @@ class OperationRouter:
         return self.follower.catalog
 
     async def handle(self, req) -> dict:
-        """The result of one client operation; raises CommandError."""
+        """The result of one client operation; raises CommandError.  Traced as the routing span
+        "route <type>", with the shards the operation reached (`shardlog.shards`)."""
+        targets: set[str] = set()
+        _targets.set(targets)
+        with tracing.span(f"route {req.type}", tracing.db_attributes(getattr(req, "ns", None), req.type)) as span:
+            try:
+                return await self._handle(req)
+            finally:
+                if targets and span.is_recording():
+                    span.set_attribute("shardlog.shards", sorted(targets))
+
+    async def _handle(self, req) -> dict:
         _operation_time.set([0])
         if getattr(req, "routing", None) is not None:
             raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
@@ -133,19 +148,34 @@ class OperationRouter:
             client_session(req)  # a malformed lsid or txnNumber, or stmtIds, refused before anything is sent
         if isinstance(req, (s.Find, s.Count)):
             await self._read_after(req.readConcern)
+        stale: Stale | None = None
         for attempt in range(MAX_STALE_RETRIES):
             try:
-                return await on_operation(self, req)
+                if stale is None:
+                    return await on_operation(self, req)
+                # Each retry is a span of its own (the wait for the catalog and the re-routed
+                # attempt), so a trace shows where a StaleConfig cost its time.
+                with tracing.span(
+                    "router StaleConfig retry",
+                    {
+                        "shardlog.retry.attempt": attempt,
+                        "shardlog.stale.config_time": stale.config_time,
+                        "shardlog.stale.critical_section": stale.critical,
+                        "shardlog.routed_at": self.follower.config_time,
+                    },
+                ):
+                    # Behind the shard: wait to reach it.  Held by a critical section: wait for the
+                    # next ConfigTime (the migration's commit or abort), then retarget — but not for
+                    # long at first: after an abort the donor lets go with no new ConfigTime at all.
+                    timeout = min(CRITICAL_WAIT_S, 0.05 * 2 ** (attempt - 1)) if stale.critical else SHARD_TIMEOUT_S
+                    try:
+                        await self.follower.wait_for(stale.config_time, timeout)
+                    except TimeoutError:
+                        pass
+                    return await on_operation(self, req)
             except Stale as e:
                 self.stale_retries += 1
-                # Behind the shard: wait to reach it.  Held by a critical section: wait for the
-                # next ConfigTime (the migration's commit or abort), then retarget — but not for
-                # long at first: after an abort the donor lets go with no new ConfigTime at all.
-                timeout = min(CRITICAL_WAIT_S, 0.05 * 2**attempt) if e.critical else SHARD_TIMEOUT_S
-                try:
-                    await self.follower.wait_for(e.config_time, timeout)
-                except TimeoutError:
-                    pass
+                stale = e
             except QueryError as e:
                 raise CommandError(e.code, str(e)) from None
         raise CommandError(
@@ -240,6 +270,8 @@ class OperationRouter:
 
     async def _ask(self, shard: str, req) -> dict:
         """Send a request to one shard; its result, or Stale / CommandError."""
+        if (targets := _targets.get()) is not None:
+            targets.add(shard)
         routed_at = self.follower.config_time
         headers = [(CONFIG_TIME, str(routed_at).encode())]
         try:

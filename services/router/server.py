@@ -217,10 +217,10 @@ class RouterServer:
 
     async def _handle(self, rec) -> None:
         reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-        with tracing.process_span(f"{self.name} route", rec.headers) as span:
+        with tracing.process_span(f"{self.name} process", rec.headers, **tracing.record_attributes(rec)) as span:
             try:
                 req = schema.requests.decode(rec.value)
-                span.update_name(f"router {req.type}")
+                span.update_name(f"router {req.type}")  # consumed; its routing span is "route <type>"
                 reply = Reply(ok=True, result=await self.routing.handle(req), configTime=self.follower.config_time)
             except RecordError as e:
                 await self.producer.send(

@@ -23,20 +23,23 @@ the writes made on the donor since the clone began are read back from it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
+from opentelemetry import trace
 
 from domain.catalog import Catalog, Migration
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.protocol import record_bytes as _size
-from libs import kafka
+from libs import kafka, tracing
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import seconds_from_env
@@ -227,10 +230,34 @@ class DonorCoordinator:
     def _progress(self, mid: str, **kw) -> None:
         self.progress.setdefault(mid, {}).update(kw)
 
+    # ------------------------------------------------------------- traces
+    # A migration continues the trace of the request that started it (the traceparent the config
+    # server recorded with it): "migration donate" is its span here, each phase a child span.
+
+    def _trace(self, name: str, m: Migration | None, mid: str) -> AbstractContextManager[trace.Span]:
+        """The span of one run of migration `mid` on this donor, in the migration's trace."""
+        parent = m.traceparent if m is not None else ""
+        attributes: dict[str, Any] = {"shardlog.shard": self.shard_id, "shardlog.migration.id": mid}
+        if m is not None:
+            attributes |= tracing.db_attributes(m.ns, "moveRange" if m.kind == "range" else "movePrimary")
+            attributes |= {"shardlog.migration.donor": m.donor, "shardlog.migration.recipient": m.recipient}
+            if m.kind == "range":
+                attributes |= {"shardlog.chunk.min": _ejson(m.min), "shardlog.chunk.max": _ejson(m.max)}
+        return tracing.span(f"migration {name}", attributes, context=tracing.context_of(parent))
+
+    @staticmethod
+    def _phase(name: str, **attributes: Any) -> AbstractContextManager[trace.Span]:
+        """A protocol phase: a child span of the migration's span (sizes set as it goes)."""
+        return tracing.span(f"migration {name}", attributes)
+
     # ------------------------------------------------------------- donate
 
     async def donate(self, m: Migration) -> None:
         """A migration the config server asked of us: run it from the start."""
+        with self._trace("donate", m, m.id):
+            await self._donate(m)
+
+    async def _donate(self, m: Migration) -> None:
         t0 = time.monotonic()
         self._current = m  # set-allow-migrations false aborts it at its next step
         self._progress(
@@ -274,6 +301,10 @@ class DonorCoordinator:
     async def move_primary(self, m: Migration) -> None:
         """movePrimary: copy the database's unsharded collections to the new primary with
         their writes blocked throughout (there is no mods phase), then commit."""
+        with self._trace("move primary", m, m.id):
+            await self._move_primary(m)
+
+    async def _move_primary(self, m: Migration) -> None:
         t0 = time.monotonic()
         self._current = m  # an abort by the config server (its bound, abort-move-primary) ends it at its next step
         self._progress(
@@ -326,7 +357,12 @@ class DonorCoordinator:
         self._progress(m.id, phase="done", committed=committed, seconds=round(time.monotonic() - t0, 3))
 
     async def resume(self, doc: s.MigrationRecorded) -> None:
-        """A migration document we find on (re)start: finish it as decided, or decide it."""
+        """A migration document we find on (re)start: finish it as decided, or decide it.
+        Its trace continues while the catalog still holds the migration (and its traceparent)."""
+        with self._trace("resume", self.catalog.migrations.get(doc.id), doc.id):
+            await self._resume(doc)
+
+    async def _resume(self, doc: s.MigrationRecorded) -> None:
         if doc.decision is None:
             outcome = self.catalog.outcomes.get(doc.id)
             if outcome is None:
@@ -357,35 +393,45 @@ class DonorCoordinator:
         start = self.changelog_position()  # the changelog offset the clone is at least as new as
         self._progress(m.id, phase="cloning")
         cloned = 0
-        async for written in self._clone_batches(m.ns, rng):
-            self._check_active(m)
-            await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", written=written))
-            cloned += len(written)
-            self._progress(
-                m.id,
-                cloned=cloned,
-                bytes=self.progress[m.id]["bytes"] + sum(_size(w["doc"]) for w in written),
-            )
-            fault_point("migration.cloning")
-        # The records of retryable writes to the range, as committed now; the catch-up below
-        # sends the ones written since `start` (a record sent twice merges to the same).
-        for sessions in self._session_batches(m.ns, rng):
-            self._check_active(m)
-            await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
+        with self._phase("clone") as clone:
+            async for written in self._clone_batches(m.ns, rng):
+                self._check_active(m)
+                size = sum(_size(w["doc"]) for w in written)
+                with self._phase("clone batch", **{"shardlog.documents": len(written), "shardlog.bytes": size}):
+                    await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", written=written))
+                cloned += len(written)
+                self._progress(m.id, cloned=cloned, bytes=self.progress[m.id]["bytes"] + size)
+                fault_point("migration.cloning")
+            # The records of retryable writes to the range, as committed now; the catch-up below
+            # sends the ones written since `start` (a record sent twice merges to the same).
+            for sessions in self._session_batches(m.ns, rng):
+                self._check_active(m)
+                await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
+            clone.set_attributes({"shardlog.documents": cloned, "shardlog.bytes": self.progress[m.id]["bytes"]})
         self._progress(m.id, phase="catching up")
         mods = _ModReader(self, m, rng, start)
         async with mods:
-            for _ in range(MAX_CATCH_UP_PASSES):
-                self._check_active(m)
-                n = await mods.transfer_until(None)
-                fault_point("migration.catching_up")
-                if n < CATCH_UP_MODS:
-                    break
-            reply = await self._ask_self_with_offset(s.EnterCriticalSection(id=m.id))
-            self._progress(m.id, phase="critical section", criticalSince=time.time())
-            fault_point("migration.critical_section")
-            await mods.transfer_until(reply)  # every write to the range before the critical section
-        await self._ask_recipient(m, s.CommitClone(id=m.id))
+            with self._phase("catch-up") as catch_up:
+                passes = 0
+                for passes in range(1, MAX_CATCH_UP_PASSES + 1):  # noqa: B007 (the count is the attribute)
+                    self._check_active(m)
+                    n = await mods.transfer_until(None)
+                    fault_point("migration.catching_up")
+                    if n < CATCH_UP_MODS:
+                        break
+                catch_up.set_attributes(
+                    {"shardlog.documents": mods.total, "shardlog.bytes": mods.bytes, "shardlog.passes": passes}
+                )
+            with self._phase("critical section") as critical:
+                before = (mods.total, mods.bytes)
+                reply = await self._ask_self_with_offset(s.EnterCriticalSection(id=m.id))
+                self._progress(m.id, phase="critical section", criticalSince=time.time())
+                fault_point("migration.critical_section")
+                await mods.transfer_until(reply)  # every write to the range before the critical section
+                critical.set_attributes(
+                    {"shardlog.documents": mods.total - before[0], "shardlog.bytes": mods.bytes - before[1]}
+                )
+                await self._ask_recipient(m, s.CommitClone(id=m.id))
         self._progress(m.id, phase="committing")
         fault_point("migration.clone_committed")
 
@@ -429,6 +475,12 @@ class DonorCoordinator:
             yield batch
 
     async def _commit(self, m: Migration, rng: Range) -> tuple[bool, int]:
+        with self._phase("commit") as span:
+            committed, at = await self._commit_step(m, rng)
+            span.set_attribute("shardlog.migration.committed", committed)
+            return committed, at
+
+    async def _commit_step(self, m: Migration, rng: Range) -> tuple[bool, int]:
         await self._ask_self(s.EnterCriticalSection(id=m.id, reads=True))
         self._check_active()
         fut = await self.requester.send(
@@ -449,14 +501,20 @@ class DonorCoordinator:
     ) -> tuple[bool, int]:
         """Ask the config server to abort; its answer is the decision (it may have committed)."""
         self._current = None  # the abort itself must not be refused for the migration it ends
-        result = await self._ask(
-            self.topics.config_commands,
-            cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo, code=code),
-            deadline=time.monotonic() + STEP_DEADLINE_S,  # then the run loop resumes from the recorded state
-        )
+        with self._phase("abort", **{"shardlog.migration.reason": reason}) as span:
+            result = await self._ask(
+                self.topics.config_commands,
+                cfg.AbortMigration(id=mid, reason=reason, jumbo=jumbo, code=code),
+                deadline=time.monotonic() + STEP_DEADLINE_S,  # then the run loop resumes from the recorded state
+            )
+            span.set_attribute("shardlog.migration.committed", result.get("outcome") == "committed")
         return result.get("outcome") == "committed", self.follower.config_time
 
     async def _finish(self, mid: str, recipient: str, committed: bool, at: int) -> None:
+        with self._phase("finish", **{"shardlog.migration.committed": committed}):
+            await self._finish_steps(mid, recipient, committed, at)
+
+    async def _finish_steps(self, mid: str, recipient: str, committed: bool, at: int) -> None:
         # Our catalog must show the outcome before the critical section ends, so that
         # the requests it held are decided against the new ownership.
         await self.follower.wait_for(at, STEP_DEADLINE_S)
@@ -474,6 +532,11 @@ class DonorCoordinator:
         await self._ask_self(s.ForgetMigration(id=mid))
 
 
+def _ejson(bound: dict[str, Any] | None) -> str:
+    """A chunk bound as a span attribute (Extended JSON; None: the collection's end)."""
+    return json.dumps(bound, separators=(",", ":"), default=str) if bound is not None else "MaxKey"
+
+
 class _ModReader:
     """Reads our own changelog from the clone's start and forwards the writes to the range."""
 
@@ -482,6 +545,7 @@ class _ModReader:
         self.tp = TopicPartition(coordinator.topics.shard_changelog(coordinator.shard_id), 0)
         self.start = start
         self.total = 0
+        self.bytes = 0  # of the changelog records forwarded
 
     async def __aenter__(self):
         self._reader = kafka.partition_reader(
@@ -512,6 +576,7 @@ class _ModReader:
                     s.TransferBatch(id=self.m.id, phase="mods", written=written, removed=removed, sessions=sessions),
                 )
                 self.total += len(written) + len(removed)
+                self.bytes += size
                 self.c._progress(self.m.id, mods=self.total)
             written, removed, size, sessions = [], [], 0, []
 

@@ -17,7 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry import trace
+
 from domain.catalog import Catalog
+from domain.protocol import record_bytes
 from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from libs.faults import fault_point
@@ -101,6 +104,16 @@ class MigrationDecider:
 
     @on_request.register(s.TransferBatch)
     def _transfer_batch(self, req: s.TransferBatch) -> Decision:
+        span = trace.get_current_span()  # the recipient's span of this batch, in the migration's trace
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "shardlog.migration.id": req.id,
+                    "shardlog.migration.phase": req.phase,
+                    "shardlog.documents": len(req.written) + len(req.removed),
+                    "shardlog.bytes": sum(record_bytes(w["doc"]) for w in req.written),
+                }
+            )
         return recipient.transfer_batch(self.shard, req).decision(self.fault)
 
     @on_request.register(s.CommitClone)
@@ -115,7 +128,11 @@ class MigrationDecider:
 
     @on_request.register(s.DeleteRangeBatch)
     def _delete_range_batch(self, req: s.DeleteRangeBatch) -> Decision:
-        return range_deletion.delete_batch(self.shard, req, self.open_queries).decision(self.fault)
+        decision = range_deletion.delete_batch(self.shard, req, self.open_queries).decision(self.fault)
+        span = trace.get_current_span()
+        if span.is_recording() and decision.result:
+            span.set_attributes({"shardlog.task.id": req.task, "shardlog.documents": decision.result.get("deleted", 0)})
+        return decision
 
     # ------------------------------------------------------------------ status
 

@@ -61,7 +61,10 @@ def test_one_cli_command_is_one_trace_across_cli_and_config_server(settings, spa
     assert send_cmd.parent.span_id == root.context.span_id and send_cmd.kind == SpanKind.PRODUCER
     # The config server's span continues the context carried in the record's headers.
     assert process.parent.span_id == send_cmd.context.span_id and process.kind == SpanKind.CONSUMER
-    assert send_event.parent.span_id == process.context.span_id
+    # The event is written inside the config server's Kafka transaction, a child of its processing.
+    transaction = by_name["config transaction"]
+    assert transaction.parent.span_id == process.context.span_id
+    assert send_event.parent.span_id == transaction.context.span_id
     # The reply's receipt continues the config server's context.
     assert by_name["receive reply"].parent.span_id == process.context.span_id
     # Replay and activation opened no spans of their own: every span belongs to this trace.

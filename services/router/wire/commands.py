@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.trace import SpanKind, StatusCode
+
 from domain.protocol import ErrorCode
+from libs import tracing
 from libs.commands import CommandError
 from services.router.wire.frames import (
     COMPRESSORS,
@@ -121,6 +124,15 @@ class Entry:
     admin_only: bool  # MongoDB refuses it outside the admin database
 
 
+# A driver's monitoring sends these every few seconds on every connection: not operations, no trace.
+UNTRACED = frozenset({"hello", "isMaster", "ismaster"})
+
+
+def _namespace(db: str, target: Any) -> str:
+    """db.coll when the command names a collection (insert: "c"), else the database."""
+    return f"{db}.{target}" if isinstance(target, str) and target else db
+
+
 class CommandTable:
     """Command name -> handler.  Names match exactly, as in MongoDB, where legacy spellings
     (`isMaster`/`ismaster`, `buildInfo`/`buildinfo`) are registered as aliases."""
@@ -157,6 +169,22 @@ class CommandTable:
             return error_reply(*numbered(ErrorCode.IllegalOperation), "Can't use 'local' database through mongos")
         if entry.admin_only and db != "admin":
             return error_reply(*UNAUTHORIZED, f"{name} may only be run against the admin database.")
+        if name in UNTRACED:
+            return await self._run(conn, name, entry, cmd)
+        # One wire command is one trace: its root, a server span, parents the routing span.
+        with tracing.span(
+            f"wire {name}",
+            tracing.db_attributes(_namespace(db, cmd.get(name)), name),
+            kind=SpanKind.SERVER,
+            context=tracing.ROOT,
+        ) as span:
+            reply = await self._run(conn, name, entry, cmd)
+            if span.is_recording() and not reply["ok"]:
+                span.set_status(StatusCode.ERROR, str(reply.get("codeName", "")))
+                span.set_attribute("db.response.status_code", str(reply.get("code", "")))
+            return reply
+
+    async def _run(self, conn: Connection, name: str, entry: Entry, cmd: dict[str, Any]) -> dict[str, Any]:
         conn.command, conn.operation_time = name, 0
         if conn.edge is not None:
             conn.edge.routing.begin_operation()

@@ -163,7 +163,7 @@ def start_donation(shard: Shard, req: s.StartDonation) -> Step:
             range_move_record(
                 req.id, Role.DONOR, req.ns, req.epoch, req.min, req.max, req.recipient, DonorState.CLONING.value
             ),
-            range_deletion.pending(req.id, req.ns, req.epoch, req.min, req.max, f"donated to {req.recipient}"),
+            range_deletion.pending(shard, req.id, req.ns, req.epoch, req.min, req.max, f"donated to {req.recipient}"),
         ],
         {"id": req.id, "state": DonorState.CLONING.value},
     )

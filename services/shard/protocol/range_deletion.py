@@ -47,9 +47,14 @@ def state_of(task: s.RangeDeletionRecorded) -> TaskState:
     return TaskState.PENDING if task.pending else TaskState.READY
 
 
-def pending(mid: str, ns: str, epoch: str, lo: Doc, hi: Doc, why: str) -> s.RangeDeletionRecorded:
-    """The task recorded with a migration document, before the migration is decided."""
-    return s.RangeDeletionRecorded(id=mid, ns=ns, epoch=epoch, min=lo, max=hi, why=why)
+def pending(shard: Shard, mid: str, ns: str, epoch: str, lo: Doc, hi: Doc, why: str) -> s.RangeDeletionRecorded:
+    """The task recorded with a migration document, before the migration is decided; it keeps
+    the migration's trace (from the catalog, which the request's ConfigTime brought up to date),
+    so that its deletion batches are spans of that trace."""
+    m = shard.catalog.migrations.get(mid)
+    return s.RangeDeletionRecorded(
+        id=mid, ns=ns, epoch=epoch, min=lo, max=hi, why=why, traceparent=m.traceparent if m else ""
+    )
 
 
 def ready(

@@ -88,7 +88,7 @@ def start_receipt(shard: Shard, req: s.StartReceipt) -> Step:
                 req.id, Role.RECIPIENT, req.ns, req.epoch, req.min, req.max, req.donor, RecipientState.CLONING.value
             ),
             range_deletion.pending(
-                req.id, req.ns, req.epoch, req.min, req.max, f"received from {req.donor}, not committed"
+                shard, req.id, req.ns, req.epoch, req.min, req.max, f"received from {req.donor}, not committed"
             ),
         ],
         {"id": req.id, "state": RecipientState.CLONING.value},

@@ -1,0 +1,103 @@
+"""One client operation is one trace: the wire command (or the client library's call), the
+router's routing span with the shards it reached, each shard's processing of its part and the
+shard's Kafka transaction, with the produce spans below; a StaleConfig retry is a span."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry.trace import SpanKind
+
+from schemas import config as c
+from tests.conftest import async_wait_until, wait_until
+from tests.integration.test_data_path import _pause, _resume, client_run
+from tests.integration.traces import Spans, is_parent, recorded
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def spans():
+    with recorded() as s:
+        yield s
+
+
+def test_a_pymongo_insert_is_one_trace_from_the_wire_to_the_shards_transaction(data_cluster, spans: Spans):
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="tr", primary="s0"))
+    cl.command(c.ShardCollection(ns="tr.c", key={"k": 1}))
+    coll = cl.mongo_client()["tr"]["c"]
+    coll.find_one({})  # the driver's handshake and a first command, before the one we look at
+    spans.clear()
+
+    coll.insert_one({"_id": 1, "k": 7})
+
+    t = cl.settings.topics
+    wait_until(lambda: spans.named("wire insert"), 30, "the wire command's span")
+    wire = spans.one("wire insert")
+    tid = wire.context.trace_id
+    wait_until(lambda: spans.named("shard-s0 transaction", tid), 30, "the shard's transaction span")
+    assert wire.parent is None and wire.kind == SpanKind.SERVER, "a wire command is a trace's root"
+    assert wire.attributes["db.system"] == "shardlog" and wire.attributes["db.operation.name"] == "insert"
+    assert wire.attributes["db.namespace"] == "tr" and wire.attributes["db.collection.name"] == "c"
+
+    route = spans.one("route Insert", tid)
+    assert is_parent(wire, route)
+    assert route.attributes["shardlog.shards"] == ("s0",), "the routing span names the shards it reached"
+    assert route.attributes["db.namespace"] == "tr" and route.attributes["db.collection.name"] == "c"
+
+    send = spans.one(f"send {t.shard_requests('s0')}", tid)
+    assert is_parent(route, send) and send.kind == SpanKind.PRODUCER
+    assert send.attributes["messaging.system"] == "kafka" and send.attributes["messaging.operation.type"] == "send"
+
+    process = spans.one("shard-s0 Insert", tid)
+    assert is_parent(send, process) and process.kind == SpanKind.CONSUMER
+    assert process.attributes["messaging.destination.name"] == t.shard_requests("s0")
+    assert isinstance(process.attributes["messaging.kafka.offset"], int)
+
+    txn = spans.one("shard-s0 transaction", tid)
+    assert is_parent(process, txn)
+    assert txn.attributes["shardlog.transaction.commands"] >= 1 and txn.attributes["shardlog.transaction.events"] >= 1
+    # The document's event is written inside the transaction: its produce span is the transaction's child.
+    events = [s for s in spans.children(txn) if s.name == f"send {t.shard_changelog('s0')}"]
+    assert events and all(e.kind == SpanKind.PRODUCER for e in events)
+    assert "DocumentWritten" in {e.attributes["shardlog.event"] for e in events}
+    assert txn.end_time <= process.end_time, "the process span lasts until its transaction committed"
+    # No other shard took part.
+    assert not [s for s in spans.trace_of(wire) if s.name.startswith(("shard-s1", "shard-s2"))]
+
+
+def test_a_stale_router_shows_its_staleconfig_retry_as_a_span(data_cluster, spans: Spans):
+    cl = data_cluster
+    cl.command(c.ShardCollection(ns="tr.s", key={"_id": "hashed"}))
+    client_run(cl, lambda client: client["tr"]["s"].insert_many([{"_id": i} for i in range(50)]))
+    router = cl.router
+    # The router's routing table frozen, then a split it does not see: the owner answers StaleConfig.
+    cl.call(_pause(router.follower))
+    chunk = cl.config.catalog.collections["tr.s"].chunks[1]
+    cl.command_without_router(c.SplitChunk(ns="tr.s", at=[{"_id": (chunk.min["_id"] + chunk.max["_id"]) // 2}]))
+    retries = router.routing.stale_retries
+    spans.clear()
+
+    async def go(client):
+        find = asyncio.create_task(client["tr"]["s"].find({}).to_list())
+        await async_wait_until(lambda: router.routing.stale_retries > retries, 30, "a StaleConfig from a shard")
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_resume(router.follower), cl.loop))
+        return await find
+
+    assert len(client_run(cl, go)) == 50
+    wait_until(lambda: spans.named("shardlog.client Find"), 30, "the client's span")
+    client = spans.one("shardlog.client Find")
+    assert client.parent is None and client.kind == SpanKind.CLIENT
+    tid = client.context.trace_id
+    route = spans.one("route Find", tid)
+    assert client in spans.ancestors(route), "the router's span belongs to the client's trace"
+    retry = spans.named("router StaleConfig retry", tid)
+    assert retry, f"no retry span in {spans.names(tid)}"
+    assert all(is_parent(route, r) for r in retry)
+    first = min(retry, key=lambda s: s.start_time)
+    assert first.attributes["shardlog.retry.attempt"] == 1
+    assert first.attributes["shardlog.stale.config_time"] > 0
+    # The retry's own attempt: the shards asked again are children of the retry span.
+    assert any(s.name.startswith("send ") for r in retry for s in spans.children(r))
