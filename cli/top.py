@@ -102,8 +102,13 @@ def render(snapshot: dict[str, Any], base: str) -> RenderableType:
 
 
 def _figures_table(what: str, rows: dict[str, Any], known: list[str]) -> Table:
-    t = Table(what, "ops/s", "p50 ms", "p99 ms", *OPS, "other", title=f"per {what}", title_justify="left")
-    for name in sorted(set(rows) | set(known)):
+    names = sorted(set(rows) | set(known))
+    t = Table(title=f"per {what}", title_justify="left")
+    # Names are what a reader looks for: never cut; the figures' columns give way instead.
+    t.add_column(what, no_wrap=True, min_width=max([len(what), *map(len, names)]))
+    for column in ("ops/s", "p50 ms", "p99 ms", *OPS, "other"):
+        t.add_column(column, justify="right")
+    for name in names:
         row = rows.get(name) or {}
         ops = row.get("ops") or {}
         other = sum(int(n) for op, n in ops.items() if op not in OPS)
