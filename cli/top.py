@@ -128,7 +128,9 @@ def _ids(items: Any, field: str = "id") -> list[str]:
     if isinstance(items, dict):
         return [str(k) for k in items]
     if isinstance(items, list):
-        return [str(i.get(field) or i.get("name")) for i in items if isinstance(i, dict) and (i.get(field) or i.get("name"))]
+        return [
+            str(i.get(field) or i.get("name")) for i in items if isinstance(i, dict) and (i.get(field) or i.get("name"))
+        ]
     return []
 
 

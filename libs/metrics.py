@@ -258,7 +258,7 @@ class MetricsPublisher:
             self.dropped += 1  # Kafka has not taken the previous one yet: do not queue behind it
             return
         try:
-            self._in_flight = await asyncio.wait_for(
+            delivery: asyncio.Future[Any] = await asyncio.wait_for(
                 producer.send(
                     self.topic,
                     Codec.encode(summary),
@@ -271,7 +271,8 @@ class MetricsPublisher:
             self.dropped += 1
             log.debug("%s: metric summary dropped (%s)", self.name, e)
             return
-        self._in_flight.add_done_callback(self._delivered)
+        self._in_flight = delivery
+        delivery.add_done_callback(self._delivered)
 
     def _delivered(self, future: asyncio.Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:

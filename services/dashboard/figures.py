@@ -58,7 +58,9 @@ class Figures:
     async def start(self) -> None:
         """Join the faust app in the running loop; returns once it reads `metrics`."""
         t = self.topics
-        await kafka.ensure_topics(self.settings.bootstrap, [s for s in t.core() if s.name in (t.metrics, t.dead_letters)])
+        await kafka.ensure_topics(
+            self.settings.bootstrap, [s for s in t.core() if s.name in (t.metrics, t.dead_letters)]
+        )
         datadir = self.settings.data_dir / "dashboard-figures"
         datadir.mkdir(parents=True, exist_ok=True)
         app = faust.App(

@@ -142,11 +142,7 @@ def test_malformed_metric_records_are_dead_lettered_and_the_figures_keep_updatin
             got.extend(records)
 
         asyncio.run(kafka.read_to_end(settings.bootstrap, settings.topics.dead_letters, take))
-        return [
-            r
-            for r in got
-            if dict(r.headers).get("dlq.topic") == settings.topics.metrics.encode()
-        ]
+        return [r for r in got if dict(r.headers).get("dlq.topic") == settings.topics.metrics.encode()]
 
     letters = wait_until(lambda: len(dead_letters()) >= len(BAD) and dead_letters(), 30, "four dead letters")
     assert [r.value for r in letters] == BAD
