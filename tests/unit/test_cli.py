@@ -41,6 +41,7 @@ TOP_LEVEL = [
     "drop-database",
     "rename-collection",
     "refine-shard-key",
+    "top",
     "zone",
     "settings",
     "topics",
