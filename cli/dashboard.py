@@ -34,7 +34,7 @@ def dashboard(
     with tempfile.TemporaryDirectory(prefix="shardlog-dashboard-") as scratch:
         settings = ServiceSettings.from_env(bootstrap=cx.bootstrap, cluster=cx.cluster, data_dir=data_dir or scratch)
         try:
-            board = Dashboard(settings, port=port, bind=bind, figures=load_figures(settings))
+            board = Dashboard(settings, port=port, bind=bind, figures=load_figures(settings, instance="cli"))
         except ValueError as e:
             cx.bad_value(str(e))
 

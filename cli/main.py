@@ -18,6 +18,7 @@ One Typer app per command group, each in its own module, all added here:
     ddl              drop-collection, drop-database, rename-collection, refine-shard-key, ddl status
     zones            zone add-shard | remove-shard | add-range | remove-range
     settings         settings set | get
+    top              top
     topics           topics create
     workload         workload load | run
     dashboard        dashboard (the live cluster page)
@@ -44,6 +45,7 @@ from cli import (
     settings,
     shards,
     status,
+    top,
     topics,
     workload,
     zones,
@@ -79,6 +81,7 @@ for commands in (
     defragment.defragment_app,
     ddl.ddl_app,
     dashboard.dashboard_app,
+    top.top_app,
 ):
     app.add_typer(commands)
 app.add_typer(zones.zone_app, name="zone")

@@ -30,6 +30,8 @@ SHORT_LIVED = {
     "retention.ms": str(3600_000),
     **LARGE_RECORDS,
 }  # replies and dead letters are for humans and waiting callers
+# Per-second metric summaries: the dashboard keeps the last minute in its own tables.
+METRICS_RETENTION = {"retention.ms": str(600_000)}
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,11 @@ class Topics:
     def shard_stats(self) -> str:
         """Every shard's latest statistics for the balancer (compacted, keyed by shard id)."""
         return f"{self.cluster}.shard.stats"
+
+    @property
+    def metrics(self) -> str:
+        """Every shard's and router's per-second metric summaries, keyed by source (schemas.metrics)."""
+        return f"{self.cluster}.metrics"
 
     @property
     def balancer_commands(self) -> str:
@@ -154,6 +161,7 @@ class Topics:
             TopicSpec(self.router_requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
             TopicSpec(self.shard_stats, config={"cleanup.policy": "compact", **LARGE_RECORDS}),
             TopicSpec(self.sessions, config={"cleanup.policy": "compact"}),
+            TopicSpec(self.metrics, config=METRICS_RETENTION),
         ]
 
     def for_shard(self, shard: str) -> list[TopicSpec]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from schemas import balancer_policy, config, reply, sessions, shard, stats
+from schemas import balancer_policy, config, metrics, reply, sessions, shard, stats
 
 OUT = Path(__file__).resolve().parent / "json"
 
@@ -26,6 +26,7 @@ FAMILIES: dict[str, Any] = {
     "shard.changelog": shard.ShardEvent,
     "shard.stats": stats.ShardStatistics,
     "sessions": sessions.Session,
+    "metrics": metrics.MetricSummary,
     # Not Kafka records: the balancer policy's input and output (`shardlog balancer plan`).
     "balancer.snapshot": balancer_policy.Snapshot,
     "balancer.plan": balancer_policy.Plan,

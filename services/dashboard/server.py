@@ -243,15 +243,8 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
         )
 
 
-def load_figures(settings: ServiceSettings) -> FiguresSource | None:
-    """The figures aggregation (services/dashboard/figures.py) when it is installed, else None."""
-    import importlib
+def load_figures(settings: ServiceSettings, instance: str = "main") -> FiguresSource:
+    """The figures aggregation (services/dashboard/figures.py) of this dashboard instance."""
+    from services.dashboard.figures import Figures
 
-    try:
-        module = importlib.import_module("services.dashboard.figures")
-    except ModuleNotFoundError as e:
-        if e.name != "services.dashboard.figures":
-            raise
-        return None
-    figures: FiguresSource = module.Figures(settings)
-    return figures
+    return Figures(settings, instance)

@@ -8,6 +8,8 @@ Reads:   MongoDB clients on TCP (the wire edge, `wire/`; SHARDLOG_ROUTER_PORT, d
          <cluster>.config.events    (the routing-table cache)
 Writes:  <cluster>.shard.<id>.requests, <cluster>.config.commands (implicit database creation,
          the wire's admin commands), replies to each operation's `reply-to` or TCP connection
+         <cluster>.metrics          (operations per second, by type and namespace, with their
+                                     client-seen latency: libs/metrics.py; fire-and-forget)
 
 - `route.py`      one operation: target (`domain/targeting.py`), send, merge, StaleConfig retries
 - `server.py`     the wiring: the Kafka front and the wire edge share one OperationRouter

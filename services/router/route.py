@@ -40,6 +40,7 @@ from libs import tracing
 from libs.commands import CommandError
 from libs.dispatch import Dispatch
 from libs.ids import new_object_id
+from libs.metrics import OperationCounters, measured
 from libs.requests import Requester, RequestTimeout
 from libs.topics import Topics
 from schemas import config as cfg
@@ -98,8 +99,10 @@ class OperationRouter:
         cursor_topic: str,
         sessions: LogicalSessionCache,
         clock: vclock.VectorClock | None = None,
+        metrics: OperationCounters | None = None,
     ):
         self.topics, self.follower, self.requester = topics, follower, requester
+        self.metrics = metrics or OperationCounters()  # every operation and its client-seen time
         self.sessions = sessions
         # Never ticked here: advanced by the catalog, the shards' replies and clients' signed times.
         self.clock = clock or vclock.VectorClock()
@@ -117,6 +120,7 @@ class OperationRouter:
     def catalog(self):
         return self.follower.catalog
 
+    @measured
     async def handle(self, req) -> dict:
         """The result of one client operation; raises CommandError.  Traced as the routing span
         "route <type>", with the shards the operation reached (`shardlog.shards`)."""

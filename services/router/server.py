@@ -24,6 +24,7 @@ from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from libs import kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, header
+from libs.metrics import MetricsPublisher
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.topics import SHORT_LIVED, TopicSpec
@@ -106,8 +107,15 @@ class RouterServer:
             settings.bootstrap, self.inbox, client_id=self.name, stop_owner_on_failure=True, clock=self.clock
         )
         self.sessions = LogicalSessionCache(settings, self.follower, self.name)
+        self.metrics = MetricsPublisher(settings.bootstrap, t.metrics, "router", f"router-{self.instance}")
         self.routing = OperationRouter(
-            t, self.follower, self.requester, self.cursor_topic, self.sessions, clock=self.clock
+            t,
+            self.follower,
+            self.requester,
+            self.cursor_topic,
+            self.sessions,
+            clock=self.clock,
+            metrics=self.metrics.counters,
         )
         self.served = 0
         self.wire_host, wire_port = wire_address(port, bind)
@@ -164,6 +172,7 @@ class RouterServer:
                 if self.wire is not None:  # after the catalog: the first client sees routing tables
                     await self.wire.start()
                 report_ready(s, self.name, configTime=at, inbox=self.inbox, uri=self.mongodb_uri)
+                await self.metrics.start()
                 cursor_task = supervised(
                     asyncio.create_task(self._serve(cursors, progress=None)), f"{self.name} cursors"
                 )
@@ -175,6 +184,7 @@ class RouterServer:
                     refresh.cancel()
         finally:
             clear_ready(s, self.name)
+            await self.metrics.stop()
             if self.wire is not None:
                 await self.wire.close()
             await asyncio.gather(

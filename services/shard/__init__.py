@@ -13,6 +13,8 @@ Writes:  <cluster>.shard.<id>.changelog  (every write, before it is acknowledged
          <cluster>.shard.<recipient>.requests  (a donation: clone batches, mods, commit of the clone)
          <cluster>.config.commands       (CommitMigration / AbortMigration, CommitPrimaryMove ...)
          <cluster>.shard.stats           (chunk sizes and writes, for the balancer; compacted)
+         <cluster>.metrics               (requests decided per second, by type and namespace, with
+                                          their latency: libs/metrics.py; fire-and-forget)
          replies to each request's `reply-to`, <cluster>.deadletter
 
 - `documents.py`     the document store layout and the fold of the changelog

@@ -12,6 +12,7 @@ from domain.follower import CatalogFollower
 from domain.protocol import CONFIG_TIME
 from libs import kafka
 from libs.commands import CommandProcessor, header
+from libs.metrics import MetricsPublisher, OperationCounters, timed
 from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
@@ -48,12 +49,13 @@ class ShardServer:
             name=self.name,
         )
         self.decider = ShardDecider(shard_id, self.follower.catalog, self.documents, clock=self.clock)
+        self.operations = OperationCounters()  # every request decided, for the per-second metric summaries
         self.processor = CommandProcessor(
             bootstrap=settings.bootstrap,
             command_topic=t.shard_requests(shard_id),
             command_codec=schema.requests,
             projection=self.projection,
-            decide=self.decider.decide,
+            decide=timed(self.operations, self.decider.decide),
             dead_letters=t.dead_letters,
             group_id=settings.topics.group(self.name),
             name=self.name,
@@ -92,6 +94,9 @@ class ShardServer:
         self.statistics = StatisticsPublisher(
             settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active
         )
+        self.metrics = MetricsPublisher(
+            settings.bootstrap, t.metrics, "shard", shard_id, active=self.processor.active, counters=self.operations
+        )
 
     async def _catch_up_config(self, records) -> None:
         """A shard behind the router's ConfigTime first catches up on config.events, then serves."""
@@ -111,6 +116,7 @@ class ShardServer:
         report_ready(self.settings, self.name, role="standby", configTime=at)
         try:
             await self.statistics.start()  # reports while this instance is the active one
+            await self.metrics.start()
             donor = supervised(asyncio.create_task(self.donor.run()), f"{self.name} migration coordinator")
             reaper = supervised(asyncio.create_task(self.reaper.run()), f"{self.name} session reaper")
             try:
@@ -120,6 +126,7 @@ class ShardServer:
                 reaper.cancel()
                 await asyncio.gather(donor, reaper, return_exceptions=True)
         finally:
+            await self.metrics.stop()
             await self.statistics.stop()  # before the store it scans is closed
             clear_ready(self.settings, self.name)
             await self.projection.stop()

@@ -42,6 +42,7 @@ TOP_LEVEL = [
     "rename-collection",
     "refine-shard-key",
     "dashboard",
+    "top",
     "zone",
     "settings",
     "topics",
