@@ -21,7 +21,7 @@ import pytest
 from libs.requests import Requester
 from schemas import config as c
 from services.balancer.server import Balancer
-from services.dashboard.server import Dashboard
+from services.dashboard.server import Dashboard, load_figures
 from services.shard import donor
 from tests.conftest import ROOT, wait_until
 
@@ -91,7 +91,7 @@ def test_the_page_shows_shards_chunks_a_migration_in_progress_and_the_balancer(
     reply = cl.command(c.MoveRange(ns=NS, min={"k": 2 * MOVED}, max={"k": MAXK}, to="s2"))
     wait_until(lambda: outcome(cl, reply.result["id"]) == "committed", 60, "the empty chunk to move to s2")
 
-    board = Dashboard(cl.settings, port=0, tracing_ui="http://127.0.0.1:9411/zipkin")
+    board = Dashboard(cl.settings, port=0, tracing_ui="http://127.0.0.1:9411/zipkin", figures=load_figures(cl.settings))
     start(cl, Balancer(cl.settings))
     start(cl, board)
     wait_until(board.serving.is_set, 60, "the dashboard to serve its page")
@@ -178,9 +178,22 @@ def test_the_page_shows_shards_chunks_a_migration_in_progress_and_the_balancer(
         assert links[0] == "http://127.0.0.1:9411/zipkin/?serviceName=shardlog-shard-s0", links
         screenshot("after-the-move")
 
-        # ---- ops/s and p50/p99 from the figures block: the lead adds this check once
-        # ---- services/dashboard/figures.py (d16-metrics) is wired in (the rows are #figures tr.figure[data-ops]).
+        # The last minute's figures (the faust app's windows of the services' metric summaries):
+        # the workload's inserts make the collection and s0 (which owns k >= MOVED) busy.
         assert written, "the workload wrote nothing while the page was watched"
+
+        def busy() -> dict[tuple[str, str], float]:
+            rows = attrs(browser, "#figures tr.figure", "data-kind", "data-name", "data-ops")
+            return {(kind, name): float(ops) for kind, name, ops in rows if ops}
+
+        wait_until(
+            lambda: busy().get(("collection", NS), 0) > 0 and busy().get(("shard", "s0"), 0) > 0,
+            60,
+            "non-zero ops/s for the collection and for s0 on the page",
+            detail=lambda: text(browser, "#figures"),
+        )
+        assert "ms" in text(browser, '#figures tr.figure[data-kind="shard"][data-name="s0"] .p99')
+        screenshot("figures")
     finally:
         stop.set()
         writer.join(30)
