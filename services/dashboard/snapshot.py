@@ -165,6 +165,7 @@ def _collection(coll: Collection, reports: Mapping[str, stats.ShardStatistics], 
     return {
         "ns": coll.ns,
         "key": coll.pattern.spec,
+        "keyShell": shell_form(coll.pattern.spec),  # as sh.status() writes it: { k: 1 }
         "chunks": chunks,
         "zones": zones,
         "chunksPerShard": coll.chunks_per_shard(),

@@ -134,7 +134,7 @@ function renderCollections(snap, colour) {
     })));
     const per = Object.entries(c.chunksPerShard).map(([s, k]) => `${s}: ${k}`).join(", ");
     return el("div", { class: "collection", "data-ns": c.ns },
-      el("h3", {}, c.ns, " ", el("span", { class: "dim" }, `key ${JSON.stringify(c.key)} · ${n} chunks (${per})`),
+      el("h3", {}, c.ns, " ", el("span", { class: "dim" }, `key ${c.keyShell || JSON.stringify(c.key)} · ${n} chunks (${per})`),
         c.balancerEnabled ? "" : el("span", { class: "draining" }, " · balancing off"),
         c.allowMigrations ? "" : el("span", { class: "draining" }, " · migrations stopped"),
         " ", el("span", { class: "dim" }, f ? `${num(f.opsPerSec, 1)} ops/s` : ""), " ", link(c.traces)),
