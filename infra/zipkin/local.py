@@ -9,7 +9,7 @@
 One JVM (JDK 17) with in-memory storage: traces are a view of recent work, not data, so a
 restart forgets them and nothing is written to disk but D/zipkin.log and D/zipkin.pid.  The
 UI is at http://127.0.0.1:P/zipkin/ and spans are accepted at /api/v2/spans.  Settings (env):
-ZIPKIN_PORT (9411), ZIPKIN_HEAP (-Xmx256m), ZIPKIN_MEM_MAX_SPANS (50000: the oldest traces
+ZIPKIN_PORT (9411; 0: any free port), ZIPKIN_HEAP (-Xmx256m), ZIPKIN_MEM_MAX_SPANS (50000: the oldest traces
 go first), SHARDLOG_CACHE (the cache, ~/.cache/shardlog).
 
 Standard library only, so it runs before the virtualenv exists.
@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -112,6 +113,10 @@ def start(d: Path, p: int = DEFAULT_PORT, timeout: float = 120.0) -> int:
         print(f"local zipkin: already running (pid {running}) at {ui_url(q)}")
         return q
     java = shutil.which("java") or sys.exit("local zipkin: java (JDK 17) is needed")
+    if p == 0:  # any free port (tests run side by side, next to a dev cluster on 9411)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
     if healthy(p, 0.5):
         sys.exit(f"local zipkin: port {p} already answers /health (another Zipkin?); set ZIPKIN_PORT or stop it")
     jar = fetch()
