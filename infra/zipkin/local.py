@@ -110,7 +110,7 @@ def start(d: Path, p: int = DEFAULT_PORT, timeout: float = 120.0) -> int:
     d = d.resolve()
     d.mkdir(parents=True, exist_ok=True)
     if (running := pid(d)) is not None and (q := port(d)) is not None:
-        print(f"local zipkin: already running (pid {running}) at {ui_url(q)}")
+        print(f"local zipkin: up (pid {running}) at {ui_url(q)}, left as it is")
         return q
     java = shutil.which("java") or sys.exit("local zipkin: java (JDK 17) is needed")
     if p == 0:  # any free port (tests run side by side, next to a dev cluster on 9411)

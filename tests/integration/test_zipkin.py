@@ -239,3 +239,50 @@ def test_a_tracing_ui_that_is_down_costs_spans_never_writes_or_reads(settings, s
             detail=p.tail,
         )
     assert all(p.proc.poll() is None for p in procs.values()), "a service stopped"
+
+
+def test_make_up_starts_zipkin_and_its_services_export_to_it(bootstrap, tmp_path):
+    """`make up` (infra.cluster up) starts Zipkin, prints its UI's URL, and the services it starts
+    export to it; `make status` shows it; `make down` stops it."""
+    import os
+    import re
+    import uuid
+
+    env = {**os.environ, "KAFKA_BOOTSTRAP": bootstrap, "PYTHONPATH": str(ROOT), "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    env.pop("OTEL_TRACES_EXPORTER", None)
+    data, cluster = tmp_path / "cluster", f"zk{uuid.uuid4().hex[:8]}"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "infra.cluster", *args, "--data", str(data)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+
+    try:
+        up = run("up", "--cluster", cluster)
+        assert up.returncode == 0, up.stdout + up.stderr
+        url = re.search(r"Traces \(Zipkin\): (http://127\.0\.0\.1:(\d+)/zipkin/)", up.stdout)
+        assert url, up.stdout
+        base = f"http://127.0.0.1:{url.group(2)}"
+        with urllib.request.urlopen(url.group(1), timeout=10) as page:
+            assert page.status == 200
+        status = json.loads(run("status", "--json").stdout)
+        assert status["zipkin"]["running"] and status["zipkin"]["ui"] == url.group(1), status
+        # make up's add-shard commands were work for the config server: its spans reach Zipkin.
+        wait_until(
+            lambda: "shardlog-config" in api(base, "/api/v2/services"),
+            30,
+            "the config server's spans in make up's Zipkin",
+            interval=0.3,
+            detail=lambda: str(api(base, "/api/v2/services")),
+        )
+        zipkin_pid = status["zipkin"]["pid"]
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "local zipkin: stopped" in down.stdout, down.stdout
+    assert not os.path.exists(f"/proc/{zipkin_pid}") or open(f"/proc/{zipkin_pid}/stat").read().split()[2] == "Z"
