@@ -263,7 +263,7 @@ shards {", ".join(shard_names)}, {len(uris) or routers} router(s), balancer, ran
   mongosh {next(iter(uris.values()), "mongodb://127.0.0.1:27017/")} --eval 'sh.status()'
   {f"Traces (Zipkin): http://127.0.0.1:{zipkin_port}/zipkin/" if zipkin_port else "Traces: off (make up TRACING=0, or Zipkin did not start)"}
 
-  export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}
+  export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}{"".join(f" {k}={v}" for k, v in _tracing_env(zipkin_port).items())}
   .venv/bin/shardlog status
   .venv/bin/shardlog shard-collection app.users --key '{{"_id": "hashed"}}'
   .venv/bin/shardlog insert app.users '[{{"_id": 1, "name": "ada"}}, {{"_id": 2, "name": "bob"}}]'

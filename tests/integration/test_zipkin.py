@@ -268,6 +268,8 @@ def test_make_up_starts_zipkin_and_its_services_export_to_it(bootstrap, tmp_path
         url = re.search(r"Traces \(Zipkin\): (http://127\.0\.0\.1:(\d+)/zipkin/)", up.stdout)
         assert url, up.stdout
         base = f"http://127.0.0.1:{url.group(2)}"
+        # The shell line it suggests makes the CLI's commands traces in the same Zipkin.
+        assert f"OTEL_TRACES_EXPORTER=zipkin OTEL_EXPORTER_ZIPKIN_ENDPOINT={base}/api/v2/spans" in up.stdout, up.stdout
         with urllib.request.urlopen(url.group(1), timeout=10) as page:
             assert page.status == 200
         status = json.loads(run("status", "--json").stdout)
