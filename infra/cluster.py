@@ -194,6 +194,9 @@ def up(
         "SHARDLOG_DATA_DIR": str(data / "services"),
         "PYTHONPATH": str(ROOT),
         **_tracing_env(zipkin_port),
+        # The cluster page links to this Zipkin (its port may not be the default).
+        **({"SHARDLOG_TRACING_UI_URL": f"http://127.0.0.1:{zipkin_port}/zipkin"} if zipkin_port else {}),
+        **({k: os.environ[k] for k in ("SHARDLOG_TRACING_UI_URL",) if k in os.environ}),
     }
     asyncio.run(_ensure_core_topics(bootstrap, cluster))
     started: dict[str, tuple[int, float]] = {}

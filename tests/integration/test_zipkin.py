@@ -25,16 +25,17 @@ LOCAL_ZIPKIN = ROOT / "infra" / "zipkin" / "local.py"
 NS = "app.traced"
 
 # Span names (Zipkin lower-cases them) each trace must hold, per service: "owner", "donor" and
-# "recipient" stand for the shards of the test.  On main today a move-range's trace ends at the
-# config server (the shards act on its events without continuing the trace); once they do, add
-# "donor" and "recipient" with their phase spans here.
+# "recipient" stand for the shards of the test (docs/reference/observability.md, "What a trace
+# shows", lists them all; a new one is one more string here).
 INSERT_SPANS = {
-    "router": ["send {cluster}.shard.{owner}.requests", "receive reply"],
-    "owner": ["shard-{owner} insert", "send {cluster}.shard.{owner}.changelog"],
+    "router": ["wire insert", "send {cluster}.shard.{owner}.requests", "receive reply"],
+    "owner": ["shard-{owner} insert", "shard-{owner} transaction", "send {cluster}.shard.{owner}.changelog"],
 }
 MOVE_SPANS = {
     "cli": ["shardlog move-range", "send {cluster}.config.commands"],
     "config": ["config moverange", "send {cluster}.config.events"],
+    "donor": ["migration donate", "migration clone", "migration critical section", "migration commit"],
+    "recipient": ["shard-{recipient} startreceipt", "shard-{recipient} transaction"],
 }
 
 
@@ -201,7 +202,9 @@ def test_an_insert_and_a_move_range_are_traces_in_zipkin_api_and_ui(settings, tr
 
     # (c) the same two traces on Zipkin's own pages in a real browser.
     check_in_browser(browser, screenshot, zipkin, insert_id, [*insert_want, owner_span], "insert")
-    check_in_browser(browser, screenshot, zipkin, move_id, [*move_want, "config moverange"], "move-range")
+    check_in_browser(
+        browser, screenshot, zipkin, move_id, [*move_want, "config moverange", "migration clone"], "move-range"
+    )
 
 
 def test_a_tracing_ui_that_is_down_costs_spans_never_writes_or_reads(settings, spawn):
