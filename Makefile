@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars chromium mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status
+.PHONY: venv jars zipkin chromium mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -18,6 +18,11 @@ $(VENV)/.installed: pyproject.toml
 # Apache Kafka broker jars from Maven Central, cached under ~/.cache/shardlog.
 jars:
 	$(PYTHON) infra/kafka/local.py fetch
+
+# Zipkin's server (io.zipkin:zipkin-server:3.6.1, classifier exec) from Maven Central, checked against
+# its published SHA-256, into ~/.cache/shardlog like Kafka's jars: the tracing UI `make up` starts.
+zipkin:
+	$(PYTHON) infra/zipkin/local.py fetch
 
 # mongosh (MongoDB's shell) from the npm registry, pinned with its whole dependency tree by
 # infra/mongosh/package-lock.json (`npm ci`), into ~/.cache/shardlog like Kafka's jars: installed
@@ -40,9 +45,11 @@ print-mongosh:
 
 # Local Kafka (BROKERS=3 for a replicated 3-node KRaft cluster, chosen when $(DATA) is new)
 # + demo cluster (config, 3 shards (SHARDS=4 for s0..s3: starts and adds s3), router, balancer, range-deleter).  Starts whatever is not
-# running; every service resumes from its checkpoint.
-up: venv jars
-	$(PY) -m infra.cluster up --data $(DATA) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(SHARDS),--shards $(SHARDS))
+# running; every service resumes from its checkpoint.  Zipkin (the tracing UI, http://127.0.0.1:9411/zipkin/)
+# too, and the services export their spans to it; TRACING=0 leaves it out.
+TRACING ?= 1
+up: venv jars $(if $(filter 0,$(TRACING)),,zipkin)
+	$(PY) -m infra.cluster up --data $(DATA) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(SHARDS),--shards $(SHARDS)) $(if $(filter 0,$(TRACING)),--no-tracing)
 
 # Stop everything; every document, the catalog and the brokers' logs stay for the next `make up`.
 down:
@@ -80,7 +87,7 @@ chromium:
 	else echo "make chromium: no apt (or no root); the browser tests will skip" >&2; fi
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
-test: venv jars ycsb-java chromium
+test: venv jars zipkin ycsb-java chromium
 	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
 # Pure logic, no broker: tests/unit (under a minute).
@@ -91,7 +98,7 @@ unit: venv
 schemas: venv
 	$(PY) -m schemas.export
 
-bench: venv jars
+bench: venv jars zipkin
 	PY=$(PY) bash infra/with-kafka.sh bash -c 'for b in bench/bench_*.py; do echo "== $$b"; $(PY) "$$b" || exit 1; done'
 
 # YCSB's core workload engine (site.ycsb:core 0.17.0) + the MongoDB Java driver from Maven Central,

@@ -1,6 +1,6 @@
 """`make up` / `make down` / `make reset`: a local Kafka and a demo cluster as background processes.
 
-    python -m infra.cluster up    [--data .shardlog] [--cluster shardlog] [--brokers N]
+    python -m infra.cluster up    [--data .shardlog] [--cluster shardlog] [--brokers N] [--no-tracing]
     python -m infra.cluster down  [--data .shardlog]
     python -m infra.cluster reset [--data .shardlog]
     python -m infra.cluster status [--data .shardlog] [--json]
@@ -9,7 +9,9 @@ Logs in <data>/logs/<service>.log, pids in <data>/pids/, service stores in
 <data>/services/, the brokers in <data>/kafka/.  `up` starts whatever is not
 running (the brokers included: after `down`, a crash or a kill -9) and leaves
 the rest alone; every service resumes from its store's checkpoint.  `down`
-stops everything and keeps every byte.  Only `reset` deletes data.
+stops everything and keeps every byte.  Only `reset` deletes data.  Unless
+--no-tracing (`make up TRACING=0`), `up` also starts Zipkin (infra/zipkin/local.py,
+in <data>/zipkin/) and the services it starts export their spans to it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_KAFKA = ROOT / "infra" / "kafka" / "local.py"
+LOCAL_ZIPKIN = ROOT / "infra" / "zipkin" / "local.py"
 SHARDS = ("s0", "s1", "s2")  # the default: `make up SHARDS=N` starts s0 .. s<N-1>
 
 
@@ -107,6 +110,31 @@ def _bootstrap(data: Path, brokers: int | None) -> str:
     return (data / "kafka" / "bootstrap").read_text().strip()
 
 
+def _zipkin(data: Path) -> int | None:
+    """Start the tracing UI (or find it running): its port, or None when it could not start,
+    which costs the traces, never the cluster."""
+    zipkin = subprocess.run([sys.executable, str(LOCAL_ZIPKIN), "start", "--dir", str(data / "zipkin")])
+    st = subprocess.run(
+        [sys.executable, str(LOCAL_ZIPKIN), "status", "--dir", str(data / "zipkin"), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    port = json.loads(st.stdout).get("port") if zipkin.returncode == 0 and st.stdout.strip() else None
+    if port is None:
+        print("make up: Zipkin did not start (the line above says why); the cluster runs without tracing")
+    return port
+
+
+def _tracing_env(zipkin_port: int | None) -> dict[str, str]:
+    """The services export to our Zipkin, unless the user chose an exporter of their own."""
+    if zipkin_port is None or "OTEL_TRACES_EXPORTER" in os.environ:
+        return {}
+    return {
+        "OTEL_TRACES_EXPORTER": "zipkin",
+        "OTEL_EXPORTER_ZIPKIN_ENDPOINT": f"http://127.0.0.1:{zipkin_port}/api/v2/spans",
+    }
+
+
 async def _add_shards(bootstrap: str, cluster: str, shards: tuple[str, ...] = SHARDS) -> None:
     from libs import kafka
     from libs.requests import Requester
@@ -150,11 +178,13 @@ def up(
     timeout: float = 180.0,
     routers: int = 1,
     shards: int | None = None,
+    tracing: bool = True,
 ) -> None:
     data = data.resolve()
     shard_names = shard_ids(_shard_count(data, shards))
     t0 = time.monotonic()
     bootstrap = _bootstrap(data, brokers)
+    zipkin_port = _zipkin(data) if tracing else None
     for d in ("logs", "pids", "services"):
         (data / d).mkdir(parents=True, exist_ok=True)
     env = {
@@ -163,6 +193,10 @@ def up(
         "SHARDLOG_CLUSTER": cluster,
         "SHARDLOG_DATA_DIR": str(data / "services"),
         "PYTHONPATH": str(ROOT),
+        **_tracing_env(zipkin_port),
+        # The cluster page links to this Zipkin (its port may not be the default).
+        **({"SHARDLOG_TRACING_UI_URL": f"http://127.0.0.1:{zipkin_port}/zipkin"} if zipkin_port else {}),
+        **({k: os.environ[k] for k in ("SHARDLOG_TRACING_UI_URL",) if k in os.environ}),
     }
     asyncio.run(_ensure_core_topics(bootstrap, cluster))
     started: dict[str, tuple[int, float]] = {}
@@ -230,8 +264,9 @@ shards {", ".join(shard_names)}, {len(uris) or routers} router(s), balancer, ran
 
   MongoDB clients (pymongo, mongosh, drivers) connect to a router: {"  ".join(uris.values()) or "(see make status)"}
   mongosh {next(iter(uris.values()), "mongodb://127.0.0.1:27017/")} --eval 'sh.status()'
+  {f"Traces (Zipkin): http://127.0.0.1:{zipkin_port}/zipkin/" if zipkin_port else "Traces: off (make up TRACING=0, or Zipkin did not start)"}
 
-  export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}
+  export KAFKA_BOOTSTRAP={bootstrap} SHARDLOG_CLUSTER={cluster}{"".join(f" {k}={v}" for k, v in _tracing_env(zipkin_port).items())}
   .venv/bin/shardlog status
   .venv/bin/shardlog shard-collection app.users --key '{{"_id": "hashed"}}'
   .venv/bin/shardlog insert app.users '[{{"_id": 1, "name": "ada"}}, {{"_id": 2, "name": "bob"}}]'
@@ -270,6 +305,7 @@ def down(data: Path) -> None:
     _stop_services(data)
     if _external() is None:
         _local_kafka("stop", data)
+    subprocess.run([sys.executable, str(LOCAL_ZIPKIN), "stop", "--dir", str(data / "zipkin")])
     print(f"stopped; the data stays in {data} for the next `make up` (`make reset` deletes it)")
 
 
@@ -282,6 +318,7 @@ def reset(data: Path) -> None:
     """Stop everything, then delete the service stores, the logs and the local brokers' data."""
     data = data.resolve()
     _stop_services(data)
+    subprocess.run([sys.executable, str(LOCAL_ZIPKIN), "stop", "--dir", str(data / "zipkin")])
     doomed = [
         (data / "services", "every service's store (catalog, documents, tasks, checkpoints)"),
         (data / "logs", "service logs"),
@@ -305,7 +342,7 @@ def reset(data: Path) -> None:
 
 def status(data: Path, as_json: bool) -> None:
     data = data.resolve()
-    out = {"services": {}, "kafka": None}
+    out = {"services": {}, "kafka": None, "zipkin": None}
     extra = sorted(f.stem for f in (data / "pids").glob("router-*.pid")) if (data / "pids").exists() else []
     shards = shard_ids(_shard_count(data, None))
     for name in [*services(shards=shards), *extra]:
@@ -317,6 +354,12 @@ def status(data: Path, as_json: bool) -> None:
             text=True,
         )
         out["kafka"] = json.loads(st.stdout) if st.stdout.strip() else None
+    zk = subprocess.run(
+        [sys.executable, str(LOCAL_ZIPKIN), "status", "--dir", str(data / "zipkin"), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    out["zipkin"] = json.loads(zk.stdout) if zk.stdout.strip() else None
     if as_json:
         print(json.dumps(out))
         return
@@ -325,6 +368,9 @@ def status(data: Path, as_json: bool) -> None:
     for b in (out["kafka"] or {}).get("brokers", []):
         state = f"running (pid {b['pid']})" if b["running"] else "not running"
         print(f"  {'kafka-' + str(b['id']):14} {state} at 127.0.0.1:{b['port']}")
+    zk_state = out["zipkin"] or {}
+    zk_line = f"running (pid {zk_state['pid']}) at {zk_state['ui']}" if zk_state.get("running") else "not running"
+    print(f"  {'zipkin':14} {zk_line}")
 
 
 def main() -> None:
@@ -336,9 +382,10 @@ def main() -> None:
     p.add_argument("--routers", type=int, default=1, help="routers to start, each on its own wire port (default 1)")
     p.add_argument("--shards", type=int, help="shards to run, s0 .. s<N-1> (default 3; remembered; only adds)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-tracing", action="store_true", help="up: start no Zipkin; the services export no spans")
     a = p.parse_args()
     if a.action == "up":
-        up(a.data, a.cluster, a.brokers, routers=a.routers, shards=a.shards)
+        up(a.data, a.cluster, a.brokers, routers=a.routers, shards=a.shards, tracing=not a.no_tracing)
     elif a.action == "down":
         down(a.data)
     elif a.action == "reset":

@@ -6,7 +6,7 @@
 - `projection` fold a partition into a store; resume from the checkpoint
 - `commands`   command processor: decide, emit events + replies, commit in one transaction
 - `requests`   send a request to a topic and await its reply on an inbox
-- `tracing`    W3C trace context in record headers, OTLP export from OTEL_* variables
+- `tracing`    W3C trace context in record headers, span export (Zipkin or OTLP) from OTEL_* variables
 - `faults`     named fault points for crash tests
 - `service`    hosting: settings, readiness, signal handling
 - `shardkey`   pure shard-key ordering, encoding and hashing

@@ -25,6 +25,7 @@ pytest_plugins = ["tests.browser"]  # the `browser` and `screenshot` fixtures (h
 # MongoDB clients on a free port, never on 27017: tests run side by side and next to a dev cluster.
 os.environ["SHARDLOG_ROUTER_PORT"] = "0"
 os.environ["SHARDLOG_DASHBOARD_PORT"] = "0"  # and every dashboard (`make up` runs one) on a free HTTP port
+os.environ["ZIPKIN_PORT"] = "0"  # and the Zipkin `make up` starts, never on 9411
 
 
 def pytest_collection_modifyitems(config, items):

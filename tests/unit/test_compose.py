@@ -295,16 +295,18 @@ def test_kafka_has_a_healthcheck_and_a_host_listener():
         assert str(port) in published, f"host listener port {port} is not published"
 
 
-# --------------------------------------------------------------------------- jaeger
+# --------------------------------------------------------------------------- zipkin
 
 
-def test_jaeger_v2_with_otlp():
-    _, jaeger = find_service(SERVICES, "jaegertracing/jaeger:")
-    assert re.fullmatch(r"jaegertracing/jaeger:2\.\d+\.\d+", jaeger["image"]), jaeger["image"]
-    # Jaeger v2 binds localhost by default; other containers need it on all interfaces.
-    assert env_of(jaeger).get("JAEGER_LISTEN_HOST", "0.0.0.0") == "0.0.0.0"
-    published = {str(p).split(":")[-1] for p in jaeger.get("ports", [])}
-    assert {"16686", "4318"} <= published
+def test_zipkin_is_make_ups_version_in_memory():
+    from infra.zipkin.local import ZIPKIN_VERSION
+
+    _, zipkin = find_service(SERVICES, "openzipkin/zipkin:")
+    # The official image of the server `make up` runs from Maven Central: one UI for both.
+    assert zipkin["image"] == f"openzipkin/zipkin:{ZIPKIN_VERSION}", zipkin["image"]
+    assert env_of(zipkin).get("STORAGE_TYPE", "mem") == "mem"
+    published = {str(p).split(":")[-1] for p in zipkin.get("ports", [])}
+    assert "9411" in published
 
 
 # --------------------------------------------------------------------------- shardlog services
@@ -372,15 +374,12 @@ def test_service_environment(name):
     assert env.get("SHARDLOG_CLUSTER"), f"{name}: SHARDLOG_CLUSTER is empty"
     assert env.get("SHARDLOG_DATA_DIR", "").startswith("/"), f"{name}: SHARDLOG_DATA_DIR must be absolute"
 
-    # Traces over OTLP to Jaeger.
-    jaeger_name, jaeger = find_service(SERVICES, "jaegertracing/jaeger:")
-    url = urlparse(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""))
-    assert url.hostname == jaeger_name, f"{name}: OTLP endpoint {url.geturl()!r} is not the jaeger service"
-    assert url.port in (4317, 4318), f"{name}: OTLP port {url.port}"
-    assert url.scheme == "http"
-    if url.port == 4318:
-        assert env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").startswith("http/")
-    assert env.get("OTEL_TRACES_EXPORTER", "otlp") == "otlp"
+    # Spans to Zipkin, as `make up`'s services send them.
+    zipkin_name, _ = find_service(SERVICES, "openzipkin/zipkin:")
+    url = urlparse(env.get("OTEL_EXPORTER_ZIPKIN_ENDPOINT", ""))
+    assert url.hostname == zipkin_name, f"{name}: Zipkin endpoint {url.geturl()!r} is not the zipkin service"
+    assert (url.scheme, url.port, url.path) == ("http", 9411, "/api/v2/spans"), url.geturl()
+    assert env.get("OTEL_TRACES_EXPORTER") == "zipkin"
     assert env.get("OTEL_SERVICE_NAME", "").startswith("shardlog"), f"{name}: OTEL_SERVICE_NAME"
 
 
@@ -392,7 +391,7 @@ def test_otel_service_names_are_distinct():
 
 def test_startup_order_and_restart_policy():
     kafka_name, _ = find_service(DEFAULT_SERVICES, "apache/kafka:")
-    jaeger_name, _ = find_service(SERVICES, "jaegertracing/jaeger:")
+    zipkin_name, _ = find_service(SERVICES, "openzipkin/zipkin:")
     one_shot = [n for n, s in BUILT.items() if argv_of(s)[:3] == ["shardlog", "topics", "create"]]
     assert len(one_shot) == 1, f"want exactly one `shardlog topics create` service, got {one_shot}"
     topics = one_shot[0]
@@ -407,7 +406,7 @@ def test_startup_order_and_restart_policy():
         deps = svc.get("depends_on") or {}
         assert isinstance(deps, dict), f"{name}: depends_on needs conditions"
         assert deps.get(topics, {}).get("condition") == "service_completed_successfully", name
-        assert deps.get(jaeger_name, {}).get("condition") == "service_started", name
+        assert deps.get(zipkin_name, {}).get("condition") == "service_started", name
         assert svc.get("restart") == "unless-stopped", name
 
 
