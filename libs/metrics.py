@@ -172,15 +172,6 @@ def interval_from_env() -> float:
     return seconds_from_env(INTERVAL_ENV, DEFAULT_INTERVAL_S)
 
 
-def dropped_spans() -> int:
-    """Spans the tracing export dropped (0 where libs.tracing does not count them)."""
-    count: Any = getattr(tracing, "dropped_spans", None)
-    try:
-        return int(count()) if callable(count) else 0
-    except Exception:
-        return 0
-
-
 class MetricsPublisher:
     """Publishes the counters of one shard or router every interval, fire-and-forget."""
 
@@ -228,7 +219,7 @@ class MetricsPublisher:
             seconds=seconds,
             total=total,
             namespaces=namespaces,
-            dropped={"summaries": self.dropped, "spans": dropped_spans()},
+            dropped={"summaries": self.dropped, "spans": tracing.dropped_spans()},
         )
 
     async def _run(self) -> None:
