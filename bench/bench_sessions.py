@@ -131,7 +131,6 @@ async def cost(args, bootstrap: str, tmp: Path) -> None:
     )
     try:
         await c.start(chunks=args.chunks)
-        results: dict[str, list[dict]] = {"retryable": [], "plain": []}
         async with (
             AsyncCluster(bootstrap, c.cluster, retry_writes=True) as retrying,
             AsyncCluster(bootstrap, c.cluster, retry_writes=False) as plain,
@@ -141,50 +140,10 @@ async def cost(args, bootstrap: str, tmp: Path) -> None:
             )
             print(f"  load: {load.operations:,} records in {load.elapsed_s:.2f}s")
             clients = {"retryable": retrying, "plain": plain}
-            for cl in clients.values():  # warm-up: metadata, groups, the session pool
-                await runner.run(
-                    cl[NS_DB][NS_COLL],
-                    "a",
-                    min(args.ops, 2000),
-                    concurrency=args.concurrency,
-                    record_count=args.records,
-                    seed=args.seed,
-                )
-            for _ in range(args.repeat):
-                for name, cl in clients.items():
-                    final: list[runner.Progress] = []
-                    rep = await runner.run(
-                        cl[NS_DB][NS_COLL],
-                        "a",
-                        args.ops,
-                        concurrency=args.concurrency,
-                        record_count=args.records,
-                        seed=args.seed,
-                        progress=lambda p: final.append(p) if p.final else None,  # noqa: B023 (called within the loop)
-                        progress_interval=5.0,
-                    )
-                    r = {
-                        "ops_s": round(rep.throughput_ops_s, 1),
-                        "p50_ms": final[-1].p50_ms,
-                        "p99_ms": final[-1].p99_ms,
-                        "update_p99_ms": rep.kinds["update"].latency_ms["p99"],
-                        "errors": rep.total_errors,
-                    }
-                    results[name].append(r)
-                    print(
-                        f"  {name:9s} ycsb-a: {rep.operations:7,} ops in {rep.elapsed_s:6.2f}s = "
-                        f"{r['ops_s']:7,.0f} ops/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
-                        f"  (updates p99 {r['update_p99_ms']:6.2f} ms)"
-                        + (f"  ERRORS {rep.errors}" if rep.total_errors else ""),
-                        flush=True,
-                    )
+            results = await alternating_ycsb_a(clients, args)
         figures = {name: pooled(reps) for name, reps in results.items()}
         r, p = figures["retryable"], figures["plain"]
-        ratio = {
-            "ops_s": round(r["ops_s"] / p["ops_s"], 3),
-            "p50": round(r["p50_ms"] / p["p50_ms"], 3),
-            "p99": round(r["p99_ms"] / p["p99_ms"], 3),
-        }
+        ratio = ratio_of(r, p)
         print(
             f"\n  retryable writes / plain writes: ops/s x{ratio['ops_s']:.2f}, p50 x{ratio['p50']:.2f}, "
             f"p99 x{ratio['p99']:.2f} (median of {args.repeat} run(s) each)"
@@ -201,6 +160,61 @@ async def cost(args, bootstrap: str, tmp: Path) -> None:
     finally:
         c.stop()
         await delete_cluster_topics(bootstrap, c.cluster)
+
+
+async def alternating_ycsb_a(clients: dict[str, AsyncCluster], args) -> dict[str, list[dict]]:
+    """Warm each client's cluster up with a short YCSB-A run, then `args.repeat` rounds of one
+    YCSB-A run each, alternating between them with the same seed and operation stream (so a
+    noisy minute hurts both); every run's figures, printed as it ends, per client."""
+    for cl in clients.values():  # warm-up: metadata, groups, the session pool, exporters' connections
+        await runner.run(
+            cl[NS_DB][NS_COLL],
+            "a",
+            min(args.ops, 2000),
+            concurrency=args.concurrency,
+            record_count=args.records,
+            seed=args.seed,
+        )
+    results: dict[str, list[dict]] = {name: [] for name in clients}
+    width = max(len(name) for name in clients)
+    for _ in range(args.repeat):
+        for name, cl in clients.items():
+            final: list[runner.Progress] = []
+            rep = await runner.run(
+                cl[NS_DB][NS_COLL],
+                "a",
+                args.ops,
+                concurrency=args.concurrency,
+                record_count=args.records,
+                seed=args.seed,
+                progress=lambda p: final.append(p) if p.final else None,  # noqa: B023 (called within the loop)
+                progress_interval=5.0,
+            )
+            r = {
+                "ops_s": round(rep.throughput_ops_s, 1),
+                "p50_ms": final[-1].p50_ms,
+                "p99_ms": final[-1].p99_ms,
+                "update_p99_ms": rep.kinds["update"].latency_ms["p99"],
+                "errors": rep.total_errors,
+            }
+            results[name].append(r)
+            print(
+                f"  {name:{width}s} ycsb-a: {rep.operations:7,} ops in {rep.elapsed_s:6.2f}s = "
+                f"{r['ops_s']:7,.0f} ops/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
+                f"  (updates p99 {r['update_p99_ms']:6.2f} ms)"
+                + (f"  ERRORS {rep.errors}" if rep.total_errors else ""),
+                flush=True,
+            )
+    return results
+
+
+def ratio_of(a: dict, b: dict) -> dict:
+    """a's ops/s, p50 and p99 over b's."""
+    return {
+        "ops_s": round(a["ops_s"] / b["ops_s"], 3),
+        "p50": round(a["p50_ms"] / b["p50_ms"], 3),
+        "p99": round(a["p99_ms"] / b["p99_ms"], 3),
+    }
 
 
 def pooled(runs: list[dict]) -> dict:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import _events as E
 from bench_e2e import delete_cluster_topics
-from bench_sessions import NS_COLL, NS_DB, Cluster, pooled
+from bench_sessions import NS_COLL, NS_DB, Cluster, alternating_ycsb_a, pooled, ratio_of
 
 from libs.client import AsyncCluster
 from libs.topics import Topics
@@ -76,7 +76,6 @@ async def bench(args, bootstrap: str, tmp: Path, zipkin: str) -> None:
     try:
         for c in clusters.values():
             await c.start()
-        results: dict[str, list[dict]] = {name: [] for name in clusters}
         async with (
             AsyncCluster(bootstrap, clusters["untraced"].cluster) as off,
             AsyncCluster(bootstrap, clusters["traced"].cluster) as on,
@@ -87,50 +86,13 @@ async def bench(args, bootstrap: str, tmp: Path, zipkin: str) -> None:
                     cl[NS_DB][NS_COLL], "a", args.records, concurrency=args.concurrency, seed=args.seed
                 )
                 print(f"  {name:8s} load: {load.operations:,} records in {load.elapsed_s:.2f}s")
-                await runner.run(  # warm-up: metadata, groups, the exporter's connection
-                    cl[NS_DB][NS_COLL],
-                    "a",
-                    min(args.ops, 2000),
-                    concurrency=args.concurrency,
-                    record_count=args.records,
-                    seed=args.seed,
-                )
-            for _ in range(args.repeat):
-                for name, cl in clients.items():
-                    final: list[runner.Progress] = []
-                    rep = await runner.run(
-                        cl[NS_DB][NS_COLL],
-                        "a",
-                        args.ops,
-                        concurrency=args.concurrency,
-                        record_count=args.records,
-                        seed=args.seed,
-                        progress=lambda p: final.append(p) if p.final else None,  # noqa: B023 (called within the loop)
-                        progress_interval=5.0,
-                    )
-                    r = {
-                        "ops_s": round(rep.throughput_ops_s, 1),
-                        "p50_ms": final[-1].p50_ms,
-                        "p99_ms": final[-1].p99_ms,
-                        "errors": rep.total_errors,
-                    }
-                    results[name].append(r)
-                    print(
-                        f"  {name:8s} ycsb-a: {rep.operations:7,} ops in {rep.elapsed_s:6.2f}s = "
-                        f"{r['ops_s']:7,.0f} ops/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
-                        + (f"  ERRORS {rep.errors}" if rep.total_errors else ""),
-                        flush=True,
-                    )
+            results = await alternating_ycsb_a(clients, args)
         with urllib.request.urlopen(f"{zipkin}/api/v2/services", timeout=10) as r:
             services = json.loads(r.read())
         assert {"shardlog-router", "shardlog-shard-s0"} <= set(services), f"Zipkin got no spans: {services}"
         figures = {name: pooled(reps) for name, reps in results.items()}
         on, off = figures["traced"], figures["untraced"]
-        ratio = {
-            "ops_s": round(on["ops_s"] / off["ops_s"], 3),
-            "p50": round(on["p50_ms"] / off["p50_ms"], 3),
-            "p99": round(on["p99_ms"] / off["p99_ms"], 3),
-        }
+        ratio = ratio_of(on, off)
         lost = dropped(clusters["traced"])
         print(
             f"\n  traced / untraced: ops/s x{ratio['ops_s']:.3f} ({(1 - ratio['ops_s']) * 100:+.1f} % cost), "

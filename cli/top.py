@@ -65,7 +65,8 @@ def top(
             while True:
                 time.sleep(REFRESH_S)
                 try:
-                    live.update(render(fetch(base), base))
+                    snapshot = fetch(base)
+                    live.update(render(snapshot, base))
                 except Unreachable as e:  # keep the last picture, say why it is not moving
                     live.update(Group(render(snapshot, base), Text(f"dashboard unreachable: {e}", style="red")))
                     continue

@@ -13,10 +13,10 @@ from collections.abc import Collection
 from typing import Any
 
 from domain.catalog import Catalog
+from domain.shard_statistics import follow_shard_statistics
 from domain.shardkey import from_ejson, to_ejson
-from libs import kafka
 from libs.service import ServiceSettings
-from schemas import RecordError, stats
+from schemas import stats
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +30,11 @@ class StatisticsReader:
         self._changed = asyncio.Event()
 
     async def run(self) -> None:
-        s = self.settings
-        async with kafka.partition_reader(s.bootstrap, s.topics.shard_stats, client_id="balancer-stats") as (c, tp):
-            while True:
-                batch = await c.getmany(tp, timeout_ms=500)
-                for rec in batch.get(tp, []):
-                    try:
-                        report = stats.statistics.decode(rec.value)
-                    except RecordError as e:
-                        log.warning("balancer: unreadable statistics at offset %d: %s", rec.offset, e.reason)
-                        continue
-                    self.latest[report.shard] = report
-                    self._changed.set()
+        await follow_shard_statistics(self.settings, "balancer", self._on_report)
+
+    def _on_report(self, report: stats.ShardStatistics) -> None:
+        self.latest[report.shard] = report
+        self._changed.set()
 
     def sizes(self, catalog: Catalog, current: Collection[str] = ()) -> tuple[dict[tuple[str, bytes], int], list[str]]:
         """(ns, chunk min key) -> data size; and the shards whose sizes are not known yet:

@@ -23,11 +23,12 @@ from aiohttp import web
 
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
+from domain.shard_statistics import follow_shard_statistics
 from libs import kafka, tracing
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, seconds_from_env, supervised
 from libs.topics import SHORT_LIVED, TopicSpec
-from schemas import Record, RecordError, stats
+from schemas import Record, stats
 from schemas import balancer as b
 from schemas import shard as s
 from services.dashboard import snapshot
@@ -182,17 +183,10 @@ class Dashboard:
 
     async def _read_statistics(self) -> None:
         """Every shard's latest report, from the compacted shard.stats topic."""
-        st = self.settings
-        async with kafka.partition_reader(st.bootstrap, st.topics.shard_stats, client_id="dashboard-stats") as (c, tp):
-            while True:
-                batch = await c.getmany(tp, timeout_ms=500)
-                for rec in batch.get(tp, []):
-                    try:
-                        report = stats.statistics.decode(rec.value)
-                    except RecordError as e:
-                        log.warning("dashboard: unreadable statistics at offset %d: %s", rec.offset, e.reason)
-                        continue
-                    self.reports[report.shard] = report
+        await follow_shard_statistics(self.settings, "dashboard", self._on_report)
+
+    def _on_report(self, report: stats.ShardStatistics) -> None:
+        self.reports[report.shard] = report
 
     # ------------------------------------------------------------- hosting
 

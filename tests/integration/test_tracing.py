@@ -5,27 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from typer.testing import CliRunner
+
+from tests.integration.traces import recorded
 
 pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture
 def spans():
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.clear()
-    exporter.shutdown()
+    with recorded() as rec:
+        yield rec.exporter
 
 
 def test_one_cli_command_is_one_trace_across_cli_and_config_server(settings, spans, config_server):
