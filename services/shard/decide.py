@@ -520,7 +520,7 @@ class ShardDecider:
             except CommandError as e:
                 if e.code == ErrorCode.StaleConfig:
                     raise  # the router re-targets the whole request
-                errors.append({"index": i, "code": e.code, "errmsg": e.message})
+                errors.append({"index": i, "code": e.code, "errmsg": e.message, **_key_info(e)})
                 if req.ordered:
                     break
                 continue
@@ -761,6 +761,11 @@ def _fam_reply(image: dict | None, last_error: dict, fields: dict | None) -> dic
     """findAndModify's reply: the document (projected) or null, and its lastErrorObject."""
     value = apply_projection(image, fields) if image is not None and fields is not None else image
     return {"value": value, "lastErrorObject": last_error}
+
+
+def _key_info(e: CommandError) -> dict[str, Any]:
+    """A DuplicateKey's keyPattern and keyValue, for its writeErrors element."""
+    return {k: e.info[k] for k in ("keyPattern", "keyValue") if e.info and k in e.info}
 
 
 def _enc(v: Any) -> bytes:
