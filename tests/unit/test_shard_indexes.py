@@ -516,3 +516,39 @@ def test_property_entries_equal_a_fresh_rebuild_whatever_the_writes_between_step
         assert list(replay(sh.path / "r", sh.log, compacted=True).scan_index("d.c", "a_-1")) == want
     finally:
         sh.store.close()
+
+
+short_keys = st.binary(min_size=1, max_size=3).map(lambda b: bytes(1 + x % 5 for x in b))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    stored=st.sets(short_keys, max_size=40),
+    pending=st.dictionaries(short_keys, st.sampled_from([None, b"p"]), max_size=6),
+    deleted=st.lists(st.tuples(short_keys, short_keys), max_size=2),
+    bounds=st.tuples(short_keys, short_keys),
+)
+def test_property_the_merged_view_forward_and_reversed_is_the_store_with_the_open_batch(
+    tmp_path_factory, stored, pending, deleted, bounds
+):
+    """Pending writes and range deletions over committed keys, in both directions (what
+    scan_index(reverse=True) reads)."""
+    store = Store(tmp_path_factory.mktemp("m") / "s")
+    try:
+        store.commit([(k, b"v") for k in stored], None)
+        docs = ShardDocuments()
+        docs.load(store)
+        docs._range_deletions = [(lo, hi) for lo, hi in deleted if lo < hi]
+        docs._changes = dict(pending)
+        start, stop = sorted(bounds)
+        model = {k: b"v" for k in stored if not any(lo <= k < hi for lo, hi in docs._range_deletions)}
+        for k, v in pending.items():
+            if v is None:
+                model.pop(k, None)
+            else:
+                model[k] = v
+        want = sorted((k, v) for k, v in model.items() if start <= k < stop)
+        assert list(docs._merged(start, stop)) == want
+        assert list(docs._merged(start, stop, reverse=True)) == want[::-1]
+    finally:
+        store.close()
