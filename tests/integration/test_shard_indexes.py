@@ -127,7 +127,7 @@ def test_a_build_on_a_loaded_collection_while_a_client_writes_indexes_every_docu
     assert states[1]["multikey"] and not states[0]["multikey"]
     for spec in specs:
         kept, rebuilt = kept_and_rebuilt(cl, "s0", "ib.c", spec)
-        assert len(kept) > 3000 and kept == rebuilt
+        assert len(kept) > 1000 and kept == rebuilt
 
 
 def test_a_unique_build_with_a_duplicate_fails_with_no_entry_left_and_unique_writes_are_enforced(data_cluster):
@@ -171,7 +171,7 @@ def test_a_unique_build_with_a_duplicate_fails_with_no_entry_left_and_unique_wri
     for t in threads:
         t.join(60)
     assert sorted(results) == list(range(30))
-    assert coll.count_documents({"email": {"$regex": "^new"}}) == 30
+    assert coll.count_documents({"email": {"$in": [f"new{k}@x" for k in range(30)]}}) == 30
     kept, rebuilt = kept_and_rebuilt(cl, "s0", "iu.c", spec)
     assert kept == rebuilt and len(kept) == 530
 
