@@ -10,7 +10,8 @@ changelog with its reply, in one transaction.
                                  (no section `id`)             as it was (a retry)
     DropLocalData                (`ns`/`db` not dropped by     every document of `ns` (every collection of
                                  `id` yet)                     `db`) gone, as one range deletion; their
-                                                               range-deletion tasks removed
+                                                               range-deletion tasks and secondary
+                                                               indexes (entries, states) removed
                                  (dropped by `id` already)     as it was (a retry: what a later
                                                                RenameLocalBatch moved in stays)
     RenameLocalBatch             (`ns` renamed to `to` in      up to `limit` documents of `ns` gone: the
