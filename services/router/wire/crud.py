@@ -330,7 +330,7 @@ def write_error(index: int, code: str, message: str, info: dict[str, Any] | None
     """A writeErrors element as mongos sends it: MongoDB's number, the message (a DuplicateKey's
     keyPattern and keyValue too)."""
     number, _ = command_error_code(code)
-    extra = {k: info[k] for k in ("keyPattern", "keyValue") if info and k in info}
+    extra: dict[str, Any] = {k: info[k] for k in ("keyPattern", "keyValue") if info and k in info}
     return {"index": index, "code": number, "errmsg": message, **extra}
 
 
