@@ -28,6 +28,16 @@ from schemas.ddl import (
     RekeyLocalBatch,
     RenameLocalBatch,
 )
+from schemas.indexes import (
+    INDEX_EVENTS,
+    INDEX_REQUESTS,
+    BuildIndexes,
+    DropIndexes,
+    IndexBuildStep,
+    IndexRecorded,
+    IndexRemoved,
+    ListIndexes,
+)
 
 # Documents, filters, updates, sorts, projections and results: BSON values in memory, relaxed
 # Extended JSON in the record (docs/decisions/0016).
@@ -221,6 +231,9 @@ class StartReceipt(Record):
     min: Bound
     max: Bound
     donor: str
+    # The donor's indexes of `ns` (listIndexes form, ready ones, implicit ones left out): the
+    # recipient builds those it lacks before it clones (seed 000 step 3).
+    indexes: list[BsonDoc] = Field(default_factory=list)
 
 
 class StartPrimaryMove(Record):
@@ -240,6 +253,8 @@ class StartPrimaryReceipt(Record):
     id: str
     db: str
     donor: str
+    # The donor's indexes of the database's unsharded collections, by namespace (as StartReceipt's).
+    indexes: dict[str, list[BsonDoc]] = Field(default_factory=dict)
 
 
 class _Nested(BaseModel):
@@ -425,7 +440,11 @@ ShardRequest = Annotated[
     | ExitDDLCriticalSection
     | DropLocalData
     | RenameLocalBatch
-    | RekeyLocalBatch,
+    | RekeyLocalBatch
+    | BuildIndexes
+    | IndexBuildStep
+    | DropIndexes
+    | ListIndexes,
     Field(discriminator="type"),
 ]
 REQUESTS = (
@@ -442,6 +461,7 @@ REQUESTS = (
     *MIGRATION_REQUESTS,
     *SESSION_REQUESTS,
     *DDL_REQUESTS,
+    *INDEX_REQUESTS,
 )
 # What clients may send to a router (the rest is between services).
 
@@ -545,7 +565,9 @@ ShardEvent = Annotated[
     | RangeDeletionRemoved
     | DDLCriticalSectionRecorded
     | DDLCriticalSectionRemoved
-    | LocalDataDropped,
+    | LocalDataDropped
+    | IndexRecorded
+    | IndexRemoved,
     Field(discriminator="type"),
 ]
 EVENTS = (
@@ -559,6 +581,7 @@ EVENTS = (
     DDLCriticalSectionRecorded,
     DDLCriticalSectionRemoved,
     LocalDataDropped,
+    *INDEX_EVENTS,
 )
 
 requests: Codec[ShardRequest] = Codec("shard.requests", ShardRequest, REQUESTS)

@@ -23,6 +23,7 @@ from domain import clock as vclock
 from domain import targeting
 from domain.bsonvalues import to_record
 from domain.catalog import Catalog, Collection
+from domain.indexes import ID_INDEX, IndexSpec, duplicate_key_error
 from domain.protocol import CURSOR_TIMEOUT_S, MAX_BATCH_BYTES, ErrorCode, check_document_size, record_bytes
 from domain.query import (
     MISSING,
@@ -54,9 +55,11 @@ from schemas import shard as s
 from services.shard.ddl import REQUESTS as DDL_REQUESTS
 from services.shard.ddl import DDLDecider
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, shard_key_part
+from services.shard.indexes import REQUESTS as INDEX_REQUESTS
+from services.shard.indexes import IndexDecider
 from services.shard.migrations import REQUESTS as MIGRATION_REQUESTS
 from services.shard.migrations import MigrationDecider
-from services.shard.protocol import retryable
+from services.shard.protocol import index_build, retryable
 
 WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
 # How long an unsharded collection's writes wait after its documents were checked for a
@@ -101,6 +104,10 @@ class ShardDecider:
         self.migrations = MigrationDecider(shard_id, catalog, documents, open_queries=self._queries_open_before)
         # The DDL coordinators' requests (critical sections, drops, renames, refines).
         self.ddl = DDLDecider(shard_id, catalog, documents)
+        # Secondary indexes: their builds, drops and listing (services/shard/indexes.py).
+        self.indexes = IndexDecider(catalog, documents)
+        # The index records the write being decided made multikey, recorded with it.
+        self._multikey: dict[tuple[str, str], Record] = {}
 
     @property
     def progress(self) -> dict[str, dict[str, Any]]:
@@ -112,6 +119,7 @@ class ShardDecider:
             raise CommandError(ErrorCode.CommandNotFound, f"unknown shard request {req.type!r}")
         self.served[(req.type, getattr(req, "ns", None))] += 1
         self._begun, self._statements = None, []
+        self._multikey = {}
         if isinstance(req, WRITES) and (write := shard_session(req)) is not None:
             # TransactionTooOld here; a retry learns which of its statements ran already.
             self._begun = retryable.begin(self.documents.sessions.get(write.lsid), write)
@@ -127,9 +135,12 @@ class ShardDecider:
                 # replaces the session's older ones (tombstones first).
                 decision.events[:0] = list(self._begun.tombstones)
                 decision.events += retryable.record(self._begun, self._statements, self.wall())
+            if self._multikey:
+                decision.events += list(self._multikey.values())
             return decision
         finally:
             self._begun, self._statements = None, []
+            self._multikey = {}
 
     def _statement(self) -> int:
         """The statement id of a single-statement write being decided (its index in a wire
@@ -186,6 +197,10 @@ class ShardDecider:
     @on_request.register(*MIGRATION_REQUESTS)
     def _migration_request(self, req: Record) -> Decision:
         return self.migrations.decide(req)
+
+    @on_request.register(*INDEX_REQUESTS)
+    def _index_request(self, req: Record) -> Decision:
+        return self.indexes.decide(req)
 
     @on_request.register(*DDL_REQUESTS)
     def _ddl_request(self, req: Record) -> Decision:
@@ -505,7 +520,7 @@ class ShardDecider:
             except CommandError as e:
                 if e.code == ErrorCode.StaleConfig:
                     raise  # the router re-targets the whole request
-                errors.append({"index": i, "code": e.code, "errmsg": e.message})
+                errors.append({"index": i, "code": e.code, "errmsg": e.message, **_key_info(e)})
                 if req.ordered:
                     break
                 continue
@@ -548,8 +563,15 @@ class ShardDecider:
             if unique in seen or self.documents.has_shard_key(ns, skey):
                 raise duplicate_key(ns, index_name(coll.pattern.spec), coll.pattern.extract(doc))
             seen.add(unique)
+        self._check_indexes(ns, doc, seen)
         seen.add(id_enc)
         return s.DocumentWritten(ns=ns, skey=skey.hex(), doc=doc)
+
+    def _check_indexes(self, ns: str, doc: dict, seen: set[bytes]) -> None:
+        """A write of `doc` that a secondary index cannot take is refused: a document it cannot
+        index, a second `_id` under a key of a ready unique index (DuplicateKey)."""
+        if self.documents.indexes.get(ns):
+            index_build.check_write(self.documents, ns, doc, seen, self._multikey)
 
     @on_request.register(s.Update)
     def update(self, req: s.Update) -> Decision:
@@ -566,6 +588,7 @@ class ShardDecider:
         events: list[Record] = []
         matched = modified = 0
         first: bytes | None = None
+        seen: set[bytes] = set()  # the unique keys the update's documents take
         try:
             blocked = self._write_blocked(coll, req.ns)
             for skey, doc in self._matching(coll, req.ns, req.filter):
@@ -577,6 +600,7 @@ class ShardDecider:
                 if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
                     self._check_key_unchanged(coll, skey, doc, new)
                     check_document_size(new)
+                    self._check_indexes(req.ns, new, seen)
                     events.append(s.DocumentWritten(ns=req.ns, skey=skey.hex(), doc=new))
                     modified += 1
                 if not req.multi:
@@ -664,6 +688,7 @@ class ShardDecider:
             if encode_value(new) != encode_value(doc):
                 self._check_key_unchanged(coll, skey, doc, new)
                 check_document_size(new)
+                self._check_indexes(req.ns, new, set())
                 events.append(s.DocumentWritten(ns=req.ns, skey=skey.hex(), doc=new))
             return Decision(events), skey, new if req.new else doc, {"n": 1, "updatedExisting": True}
         if req.upsert and req.update is not None:
@@ -681,13 +706,11 @@ def index_name(spec: dict[str, Any]) -> str:
 
 
 def duplicate_key(ns: str, index: str, key: dict[str, Any]) -> CommandError:
-    """MongoDB's DuplicateKey: `E11000 duplicate key error collection: db.c index: email_1 dup key: { email: "c" }`."""
-    shown = ", ".join(f"{f}: {json.dumps(to_record(v))}" for f, v in key.items())
-    return CommandError(
-        ErrorCode.DuplicateKey,
-        f"E11000 duplicate key error collection: {ns} index: {index} dup key: {{ {shown} }}",
-        {"keyPattern": {f: 1 for f in key} if index != "_id_" else {"_id": 1}, "keyValue": to_record(key)},
-    )
+    """MongoDB's DuplicateKey: `E11000 duplicate key error collection: db.c index: email_1 dup key: { email: "c" }`,
+    for the `_id_` index or a unique shard key's (secondary indexes: index_build.check_write);
+    one shape for every index (domain.indexes.duplicate_key_error)."""
+    spec = ID_INDEX if index == ID_INDEX.name else IndexSpec.make(index, tuple((f, 1) for f in key), unique=True)
+    return duplicate_key_error(ns, spec, tuple(key.values()))
 
 
 def check_existing_documents(ns: str, pattern: KeyPattern, unique: bool, docs: Iterable[dict]) -> int:
@@ -738,6 +761,11 @@ def _fam_reply(image: dict | None, last_error: dict, fields: dict | None) -> dic
     """findAndModify's reply: the document (projected) or null, and its lastErrorObject."""
     value = apply_projection(image, fields) if image is not None and fields is not None else image
     return {"value": value, "lastErrorObject": last_error}
+
+
+def _key_info(e: CommandError) -> dict[str, Any]:
+    """A DuplicateKey's keyPattern and keyValue, for its writeErrors element."""
+    return {k: e.info[k] for k in ("keyPattern", "keyValue") if e.info and k in e.info}
 
 
 def _enc(v: Any) -> bytes:

@@ -4,6 +4,9 @@ find a document by _id.
 
     d/<ns>\\0<shard key><_id>  -> the document (relaxed Extended JSON: decision 0016)
     i/<ns>\\0<_id>             -> its shard key (to find it by _id)
+    k/<ns>\\0<index>\\0<entry>  -> a secondary index's entry (domain.indexes.entry_key): the
+                                 entry's key values then its _id, in record form
+    n/<ns>\\0<index>           -> the index's latest IndexRecorded (spec, state, build progress)
     x/<lsid>/<txnNumber>/<part> -> a transactions-table record (retryable writes apply once)
     m/<migration id>          -> this shard's migration document (donor or recipient)
     t/<migration id>          -> a range-deletion task
@@ -15,14 +18,30 @@ Migration documents, range-deletion tasks, DDL critical sections and drops, and 
 transactions table (one entry per live session, its latest txnNumber's records) are also
 kept in memory.
 
-A dropped collection (LocalDataDropped) is deleted as ranges of keys, `d/<ns>\\0...` and
-`i/<ns>\\0...` (for a database, every `d/<db>.` and `i/<db>.` key): its pending writes leave
+A dropped collection (LocalDataDropped) is deleted as ranges of keys, `d/<ns>\\0...`,
+`i/<ns>\\0...`, `k/<ns>\\0...` and `n/<ns>\\0...` (for a database, every `d/<db>.` ... key): its pending writes leave
 the overlay, the ranges stay pending until the batch commits, where they are deleted before
 the batch's writes (`drain_range_deletions`, `Store.commit`), and reads meanwhile skip them.
 
 Shard keys and _ids are `domain.shardkey` order-preserving encodings, so a
 chunk [min, max) is one contiguous key range.  Writes decided in the current
 batch sit in an overlay until the batch commits; reads see them.
+
+**Secondary indexes (issue 15).**  An index is state of this fold: its latest
+`IndexRecorded` (kept under `n/`, and in memory in `indexes`) and its entries (`k/`).  Entries
+are never changelog records: every DocumentWritten / DocumentRemoved of a namespace with an
+index that is building or ready replaces the old document's entries with the new one's in the
+same batch, whatever decided it (a client's write, a migration's clone or catch-up, a range
+deletion, a rename, a refine).  Folding an `IndexRecorded`:
+
+    building, scannedTo K   index the existing documents up to K (after the previous
+                            record's scannedTo, if it is this build's; else from the start)
+    ready                   index the documents after the build's last scannedTo (a replay of
+                            a compacted log, with no building record before it: all of them)
+    failed                  delete every entry (no half index)
+
+and `IndexRemoved` deletes the entries and the state.  Entry puts are idempotent, so replay
+of the compacted changelog rebuilds the same entries as the live fold wrote.
 """
 
 from __future__ import annotations
@@ -34,15 +53,20 @@ from typing import Any
 
 from domain.bsonvalues import from_record, to_record
 from domain.clock import VectorClock
-from domain.shardkey import encode_value
+from domain.indexes import IndexSpec, entries, key_prefix
+from domain.shardkey import ShardKeyError, encode_value
+from libs.commands import CommandError
 from libs.dispatch import Dispatch
 from libs.store import META, Store
 from schemas import Record, Tombstone
 from schemas import ddl as dd
+from schemas import indexes as ix
 from schemas import shard as ev
 
 DOCS, IDS, SESSIONS, MIGRATIONS, TASKS = b"d/", b"i/", b"x/", b"m/", b"t/"
 SECTIONS, DROPS = b"c/", b"r/"
+INDEX_ENTRIES, INDEX_STATES = b"k/", b"n/"
+INDEX_KEY = b"idx/"  # changelog keys of index states: idx/<ns>\0<name>
 TXN_KEY = b"txn/"  # changelog keys of transactions-table records: txn/<lsid>/<txnNumber>/<part>
 # Documents of unsharded collections are ordered by _id alone, under a prefix below every
 # encoded shard key (tags start at 0x10): a collection sharded later finds them there.
@@ -85,10 +109,66 @@ def dropped_target(event: dd.LocalDataDropped) -> str:
 
 
 def dropped_ranges(ns: str | None = None, db: str | None = None) -> list[tuple[bytes, bytes]]:
-    """The [start, stop) key ranges holding the documents (and their _id index) of `ns`, or of
-    every collection of `db`."""
+    """The [start, stop) key ranges holding the documents (their _id index, their secondary
+    indexes' entries and states) of `ns`, or of every collection of `db`."""
     name = ns_prefix(ns) if ns is not None else f"{db}.".encode()
-    return [(p + name, _after_prefix(p + name)) for p in (DOCS, IDS)]
+    return [(p + name, _after_prefix(p + name)) for p in (DOCS, IDS, INDEX_ENTRIES, INDEX_STATES)]
+
+
+def index_base(ns: str, name: str) -> bytes:
+    """The prefix of every entry of index `name` of `ns`."""
+    return INDEX_ENTRIES + ns_prefix(ns) + name.encode() + b"\x00"
+
+
+def index_state_key(ns: str, name: str) -> bytes:
+    return INDEX_STATES + ns_prefix(ns) + name.encode()
+
+
+def index_changelog_key(ns: str, name: str) -> bytes:
+    """The changelog key of an index's state (what its removal's tombstone names)."""
+    return INDEX_KEY + ns_prefix(ns) + name.encode()
+
+
+def encode_entry_value(key: tuple[Any, ...], doc_id: Any) -> bytes:
+    return json.dumps(to_record([*key, doc_id]), separators=(",", ":")).encode()
+
+
+def decode_entry_value(raw: bytes) -> tuple[tuple[Any, ...], Any]:
+    """(key values, _id) of a stored entry."""
+    values = from_record(json.loads(raw))
+    return tuple(values[:-1]), values[-1]
+
+
+@dataclass(frozen=True)
+class Index:
+    """A secondary index of a namespace on this shard: its latest record and its spec."""
+
+    record: ix.IndexRecorded
+    spec: IndexSpec
+
+    @property
+    def state(self) -> str:
+        return self.record.state
+
+    @property
+    def maintained(self) -> bool:
+        """Writes keep its entries: it is building or ready."""
+        return self.record.state in ("building", "ready")
+
+    @classmethod
+    def of(cls, record: ix.IndexRecorded) -> Index:
+        return cls(record, IndexSpec.parse(record.spec))
+
+
+def document_entries(spec: IndexSpec, doc: dict[str, Any] | None) -> dict[bytes, tuple[Any, ...]]:
+    """The entries `doc` puts into `spec` (none for no document, or one that cannot be indexed:
+    a write of one is refused when decided, so only a log written otherwise holds it)."""
+    if doc is None:
+        return {}
+    try:
+        return entries(spec, doc)[0]
+    except (CommandError, ShardKeyError):
+        return {}
 
 
 def record_suffix(lsid: str, txn_number: int, part: str) -> bytes:
@@ -140,6 +220,10 @@ def changelog_key(event: Record) -> bytes | None:
         return b"rdel/" + event.id.encode()
     if isinstance(event, (dd.DDLCriticalSectionRecorded, dd.DDLCriticalSectionRemoved)):
         return b"ddlcs/" + event.id.encode()
+    if isinstance(event, ix.IndexRecorded):
+        return index_changelog_key(event.ns, IndexSpec.parse(event.spec).name)
+    if isinstance(event, ix.IndexRemoved):
+        return index_changelog_key(event.ns, event.name)
     if isinstance(event, dd.LocalDataDropped):
         # One key per drop, never written again: compaction keeps it after the documents it deletes.
         return b"drop/" + event.id.encode() + b"/" + dropped_target(event).encode()
@@ -160,6 +244,7 @@ class ShardDocuments:
         self.ddl_sections: dict[str, dd.DDLCriticalSectionRecorded] = {}  # by DDL id
         self.ddl_drops: dict[str, frozenset[str]] = {}  # DDL id -> the namespaces and databases it dropped here
         self._range_deletions: list[tuple[bytes, bytes]] = []  # pending, for the open batch
+        self.indexes: dict[str, dict[str, Index]] = {}  # secondary indexes: ns -> name -> index
         self.clock: VectorClock | None = None  # advanced by every stamp folded (docs/decisions/0014)
         self.max_ts = 0  # the largest stamp folded, persisted with the fold
 
@@ -189,6 +274,10 @@ class ShardDocuments:
             ddl_id, _, target = k[len(DROPS) :].decode().partition("\0")
             drops.setdefault(ddl_id, set()).add(target)
         self.ddl_drops = {ddl_id: frozenset(targets) for ddl_id, targets in drops.items()}
+        self.indexes = {}
+        for _, v in store.scan(INDEX_STATES):
+            index = Index.of(ix.IndexRecorded.model_validate_json(v))
+            self.indexes.setdefault(index.record.ns, {})[index.spec.name] = index
         self._range_deletions = []
 
     def tentative(self):
@@ -201,12 +290,14 @@ class ShardDocuments:
             dict(self.ddl_sections),
             dict(self.ddl_drops),
             list(self._range_deletions),
+            {ns: dict(named) for ns, named in self.indexes.items()},
         )
 
     def restore(self, saved) -> None:
-        changes, migrations, tasks, sessions, sections, drops, deletions = saved
+        changes, migrations, tasks, sessions, sections, drops, deletions, indexes = saved
         self._changes, self.migrations, self.range_tasks, self.sessions = changes, migrations, tasks, sessions
         self.ddl_sections, self.ddl_drops, self._range_deletions = sections, drops, deletions
+        self.indexes = indexes
 
     def drain_changes(self) -> dict[bytes, bytes | None]:
         out, self._changes = self._changes, {}
@@ -225,6 +316,9 @@ class ShardDocuments:
         id_enc = encode_value(event.doc["_id"])
         skey = bytes.fromhex(event.skey)
         old = self.get(id_key(event.ns, id_enc))
+        if maintained := self._maintained(event.ns):
+            raw = self.get(doc_key(event.ns, old, id_enc)) if old is not None else None
+            self._reindex(event.ns, maintained, decode_doc(raw) if raw is not None else None, event.doc)
         if old is not None and old != skey:
             self._changes[doc_key(event.ns, old, id_enc)] = None
         self._changes[doc_key(event.ns, skey, id_enc)] = encode_doc(event.doc)
@@ -235,10 +329,75 @@ class ShardDocuments:
     @on_event.register(ev.DocumentRemoved)
     def _document_removed(self, event: ev.DocumentRemoved) -> None:
         id_enc = encode_value(event.id)
-        self._changes[doc_key(event.ns, bytes.fromhex(event.skey), id_enc)] = None
+        key = doc_key(event.ns, bytes.fromhex(event.skey), id_enc)
+        if maintained := self._maintained(event.ns):
+            raw = self.get(key)
+            self._reindex(event.ns, maintained, decode_doc(raw) if raw is not None else None, None)
+        self._changes[key] = None
         self._changes[id_key(event.ns, id_enc)] = None
         if event.ts is not None:
             self._stamped(event.ts)
+
+    # ------------------------------------------------------------ indexes
+
+    def _maintained(self, ns: str) -> list[Index]:
+        return [i for i in self.indexes.get(ns, {}).values() if i.maintained]
+
+    def _reindex(self, ns: str, indexes: list[Index], old: dict | None, new: dict | None) -> None:
+        """Replace `old`'s entries in `indexes` with `new`'s (either may be None)."""
+        for index in indexes:
+            base = index_base(ns, index.spec.name)
+            before = document_entries(index.spec, old)
+            after = document_entries(index.spec, new)
+            for entry in before.keys() - after.keys():
+                self._changes[base + entry] = None
+            for entry, key in after.items():
+                self._changes[base + entry] = encode_entry_value(key, new["_id"])  # type: ignore[index]
+
+    def _index_documents(self, ns: str, spec: IndexSpec, after: bytes | None, upto: bytes | None) -> None:
+        """Put the entries of the documents of `ns` whose key is in (after, upto] (None: no
+        bound) into `spec`'s entries."""
+        base = index_base(ns, spec.name)
+        hi = upto + b"\x00" if upto is not None else None  # the smallest key after `upto`
+        for k, doc in self.scan(ns, after or b"", hi):
+            if after is not None and k == after:
+                continue
+            for entry, key in document_entries(spec, doc).items():
+                self._changes[base + entry] = encode_entry_value(key, doc["_id"])
+
+    def _delete_entries(self, ns: str, name: str) -> None:
+        start = index_base(ns, name)
+        rng = (start, _after_prefix(start))
+        self._changes = {k: v for k, v in self._changes.items() if not _within(k, [rng])}
+        self._range_deletions.append(rng)
+
+    @on_event.register(ix.IndexRecorded)
+    def _index_recorded(self, event: ix.IndexRecorded) -> None:
+        index = Index.of(event)
+        named = self.indexes.setdefault(event.ns, {})
+        prev = named.get(index.spec.name)
+        same_build = prev is not None and prev.state == "building" and prev.record.buildId == event.buildId
+        scanned = bytes.fromhex(prev.record.scannedTo) if same_build and prev and prev.record.scannedTo else None
+        if event.state == "failed":
+            self._delete_entries(event.ns, index.spec.name)
+        elif event.state == "building":
+            if not same_build and prev is not None and prev.state != "failed":
+                self._delete_entries(event.ns, index.spec.name)  # another build's entries (not ours)
+            if event.scannedTo and (scanned is None or bytes.fromhex(event.scannedTo) > scanned):
+                self._index_documents(event.ns, index.spec, scanned, bytes.fromhex(event.scannedTo))
+        elif prev is None or prev.state != "ready":  # ready: the rest of the documents
+            self._index_documents(event.ns, index.spec, scanned, None)
+        named[index.spec.name] = index
+        self._changes[index_state_key(event.ns, index.spec.name)] = event.model_dump_json().encode()
+
+    @on_event.register(ix.IndexRemoved)
+    def _index_removed(self, event: ix.IndexRemoved) -> None:
+        named = self.indexes.get(event.ns, {})
+        named.pop(event.name, None)
+        if not named:
+            self.indexes.pop(event.ns, None)
+        self._delete_entries(event.ns, event.name)
+        self._changes[index_state_key(event.ns, event.name)] = None
 
     def _stamped(self, ts: int) -> None:
         if ts > self.max_ts:
@@ -327,6 +486,11 @@ class ShardDocuments:
         ranges = dropped_ranges(event.ns, event.db)
         self._changes = {k: v for k, v in self._changes.items() if not _within(k, ranges)}
         self._range_deletions += ranges
+        if event.ns is not None:
+            self.indexes.pop(event.ns, None)
+        else:
+            for ns in [ns for ns in self.indexes if ns.partition(".")[0] == event.db]:
+                del self.indexes[ns]
         target = dropped_target(event)
         self.ddl_drops[event.id] = self.ddl_drops.get(event.id, frozenset()) | {target}
         self._changes[_drop_key(event.id, target)] = b""
@@ -378,22 +542,63 @@ class ShardDocuments:
         the batch's pending writes included."""
         base = DOCS + ns_prefix(ns)
         start, stop = base + lo, (base + hi) if hi is not None else _after_prefix(base)
-        pending = sorted((k, v) for k, v in self._changes.items() if start <= k < stop)
-        stored = self._stored(start, stop)
+        for k, v in self._merged(start, stop):
+            yield k[len(base) :], decode_doc(v)
+
+    def _merged(self, start: bytes, stop: bytes, *, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        """The keys in [start, stop) with their values, the open batch's pending writes and
+        range deletions included, in key order (or reversed)."""
+        pending = sorted(((k, v) for k, v in self._changes.items() if start <= k < stop), reverse=reverse)
+        stored = self._stored(start, stop, reverse=reverse)
         p = 0
+
+        def before(a: bytes, b: bytes) -> bool:
+            return a > b if reverse else a < b
+
         for k, v in stored:
-            while p < len(pending) and pending[p][0] < k:
+            while p < len(pending) and before(pending[p][0], k):
                 if pending[p][1] is not None:
-                    yield pending[p][0][len(base) :], decode_doc(pending[p][1])
+                    yield pending[p][0], pending[p][1]  # type: ignore[misc]
                 p += 1
             if p < len(pending) and pending[p][0] == k:
-                v = pending[p][1]
+                v = pending[p][1]  # type: ignore[assignment]
                 p += 1
             if v is not None:
-                yield k[len(base) :], decode_doc(v)
-        for k, v in pending[p:]:
-            if v is not None:
-                yield k[len(base) :], decode_doc(v)
+                yield k, v
+        for k, pv in pending[p:]:
+            if pv is not None:
+                yield k, pv
+
+    # ------------------------------------------------------------ index reads (the planner's API)
+
+    def get_by_id(self, ns: str, _id: Any) -> dict | None:
+        """The document of `ns` with this _id, if any (pending writes included)."""
+        hit = self.find_by_id(ns, _id)
+        return hit[1] if hit is not None else None
+
+    def scan_index(
+        self, ns: str, name: str, lo: bytes = b"", hi: bytes | None = None, reverse: bool = False
+    ) -> Iterator[tuple[bytes, tuple[Any, ...], Any]]:
+        """(entry key, key values, _id) of the entries of index `name` of `ns` whose entry key
+        (domain.indexes.entry_key) is in [lo, hi) (hi None or b"": to the end), in the index's
+        order or reversed, the batch's pending writes included."""
+        base = index_base(ns, name)
+        start = base + lo
+        stop = base + hi if hi else _after_prefix(base)
+        for k, v in self._merged(start, stop, reverse=reverse):
+            key, doc_id = decode_entry_value(v)
+            yield k[len(base) :], key, doc_id
+
+    def index_duplicate(self, ns: str, spec: IndexSpec, key: tuple[Any, ...], doc_id: Any) -> bool:
+        """Whether another document than `doc_id` has `key` in unique index `spec`: one seek.
+        The encoding of a key is prefix-free, so the entries under its prefix are exactly the
+        entries of that key."""
+        prefix = key_prefix(spec, key)
+        mine = encode_value(doc_id)
+        for entry, _, _ in self.scan_index(ns, spec.name, prefix, _prefix_end(prefix)):
+            if entry[len(prefix) :] != mine:
+                return True
+        return False
 
     def has_shard_key(self, ns: str, skey: bytes) -> bool:
         """Whether a document of `ns` has exactly this encoded shard key: one seek, as a unique
@@ -409,6 +614,11 @@ class ShardDocuments:
         stored = sum(1 for k, _ in self._stored(start, stop) if k not in pending)
         return stored + sum(1 for v in pending.values() if v is not None)
 
+    def count_documents(self, ns: str) -> int:
+        """The documents of `ns`, pending writes included, without decoding them."""
+        base = DOCS + ns_prefix(ns)
+        return sum(1 for _ in self._merged(base, _after_prefix(base)))
+
     def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]:
         """Like `scan`, but only what is committed (no pending writes), from `after` on."""
         base = DOCS + ns_prefix(ns)
@@ -417,22 +627,41 @@ class ShardDocuments:
                 continue
             yield k[len(base) :], decode_doc(v)
 
-    def _stored(self, start: bytes, stop: bytes, *, committed: bool = False) -> Iterator[tuple[bytes, bytes]]:
-        """The store's keys in [start, stop); unless `committed`, without those the open batch
-        deleted as ranges."""
+    def _stored(
+        self, start: bytes, stop: bytes, *, committed: bool = False, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The store's keys in [start, stop) (descending if `reverse`); unless `committed`,
+        without those the open batch deleted as ranges."""
         deleted = [] if committed else [(lo, hi) for lo, hi in self._range_deletions if lo < stop and start < hi]
         it = self.store.db.iter()
-        it.seek(start)
+        if not reverse:
+            it.seek(start)
+            while it.valid():
+                k = it.key()
+                if k >= stop:
+                    break
+                if deleted and _within(k, deleted):
+                    # Skip to the end of the deleted range rather than read through it.
+                    it.seek(max(hi for lo, hi in deleted if lo <= k < hi))
+                    continue
+                yield k, it.value()
+                it.next()
+            return
+        it.seek_for_prev(stop)
         while it.valid():
             k = it.key()
             if k >= stop:
+                it.prev()
+                continue
+            if k < start:
                 break
             if deleted and _within(k, deleted):
-                # Skip to the end of the deleted range rather than read through it.
-                it.seek(max(hi for lo, hi in deleted if lo <= k < hi))
+                it.seek_for_prev(min(lo for lo, hi in deleted if lo <= k < hi))
+                if it.valid() and _within(it.key(), deleted):
+                    it.prev()
                 continue
             yield k, it.value()
-            it.next()
+            it.prev()
 
 
 def _within(key: bytes, ranges: list[tuple[bytes, bytes]]) -> bool:
@@ -441,6 +670,12 @@ def _within(key: bytes, ranges: list[tuple[bytes, bytes]]) -> bool:
 
 def _drop_key(ddl_id: str, target: str) -> bytes:
     return DROPS + ddl_id.encode() + b"\0" + target.encode()
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with `prefix` (None: there is none)."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else None
 
 
 def _after_prefix(prefix: bytes) -> bytes:

@@ -48,7 +48,7 @@ from schemas import RecordError
 from schemas import config as cfg
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry, shard_key_part
-from services.shard.protocol import retryable
+from services.shard.protocol import index_build, retryable
 from services.shard.protocol.common import DONORS, RECIPIENTS, Documents, Shard
 from services.shard.protocol.donor import CannotDonate, donation_range
 from services.shard.protocol.donor import DonatedRange as Range
@@ -272,7 +272,15 @@ class DonorCoordinator:
             fault_point("migration.registered")
             await self._ask_recipient(
                 m,
-                s.StartReceipt(id=m.id, ns=m.ns, epoch=m.epoch, min=rng.min, max=rng.max, donor=self.shard_id),
+                s.StartReceipt(
+                    id=m.id,
+                    ns=m.ns,
+                    epoch=m.epoch,
+                    min=rng.min,
+                    max=rng.max,
+                    donor=self.shard_id,
+                    indexes=index_build.ready_specs(self.documents.indexes, m.ns),  # built there before the clone
+                ),
                 deadline=time.monotonic() + RECEIPT_WAIT_S,
                 retry=("RangeDeletionPending",),
             )
@@ -321,8 +329,16 @@ class DonorCoordinator:
         try:
             await self._ask_self(s.StartPrimaryMove(id=m.id, db=m.ns, recipient=m.recipient))
             self._progress(m.id, criticalSince=time.time())
-            await self._ask_recipient(m, s.StartPrimaryReceipt(id=m.id, db=m.ns, donor=self.shard_id))
             db = self.catalog.databases.get(m.ns)
+            indexes = {
+                ns: index_build.ready_specs(self.documents.indexes, ns) for ns in sorted(db.collections if db else ())
+            }
+            await self._ask_recipient(
+                m,
+                s.StartPrimaryReceipt(
+                    id=m.id, db=m.ns, donor=self.shard_id, indexes={ns: i for ns, i in indexes.items() if i}
+                ),
+            )
             cloned = 0
             for ns in sorted(db.collections if db else ()):
                 everything = Range(UNSHARDED_KEY, UNSHARDED_END, {}, {})

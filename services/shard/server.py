@@ -21,6 +21,7 @@ from schemas import shard as schema
 from services.shard.decide import ShardDecider
 from services.shard.documents import changelog_key
 from services.shard.donor import DonorCoordinator, DonorDeps
+from services.shard.indexes import BuilderDeps, IndexBuilder
 from services.shard.sessions import ReaperDeps, SessionReaper
 from services.shard.statistics import CountingDocuments, StatisticsPublisher
 
@@ -91,6 +92,16 @@ class ShardServer:
                 transactions=self.documents.session_last_writes,
             )
         )
+        self.index_builder = IndexBuilder(
+            BuilderDeps(
+                shard_id=shard_id,
+                topics=t,
+                bootstrap=settings.bootstrap,
+                active=self.processor.active,
+                documents=self.documents,
+                wake=self.decider.indexes.wake,
+            )
+        )
         self.statistics = StatisticsPublisher(
             settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active
         )
@@ -119,12 +130,14 @@ class ShardServer:
             await self.metrics.start()
             donor = supervised(asyncio.create_task(self.donor.run()), f"{self.name} migration coordinator")
             reaper = supervised(asyncio.create_task(self.reaper.run()), f"{self.name} session reaper")
+            builder = supervised(asyncio.create_task(self.index_builder.run()), f"{self.name} index builder")
             try:
                 await self.processor.run()
             finally:
                 donor.cancel()
                 reaper.cancel()
-                await asyncio.gather(donor, reaper, return_exceptions=True)
+                builder.cancel()
+                await asyncio.gather(donor, reaper, builder, return_exceptions=True)
         finally:
             await self.metrics.stop()
             await self.statistics.stop()  # before the store it scans is closed

@@ -48,6 +48,8 @@ def test_a_second_document_with_a_unique_key_is_refused_in_mongodbs_shape(shard)
             "index": 0,
             "code": "DuplicateKey",
             "errmsg": 'E11000 duplicate key error collection: d.u index: email_1 dup key: { email: "c" }',
+            "keyPattern": {"email": 1},  # as MongoDB's writeErrors element carries them
+            "keyValue": {"email": "c"},
         }
     ]
     assert _count(shard, "d.u") == 1

@@ -517,6 +517,29 @@ RECIPIENT = (
         Ok(["MigrationRecorded"], R_CLONING, ABSENT, "migration.registered"),
     ),
     Case(
+        "start receipt with the donor's indexes: those it lacks recorded ready before the document",
+        "b",
+        [],
+        START_RECEIPT.model_copy(
+            update={"indexes": [{"v": 2, "key": {"_id": 1}, "name": "_id_"}, {"v": 2, "key": {"a": 1}, "name": "a_1"}]}
+        ),
+        Ok(
+            ["IndexRecorded", "MigrationRecorded", "RangeDeletionRecorded"],
+            R_CLONING,
+            str(TaskState.PENDING),
+            "migration.registered",
+        ),
+    ),
+    Case(
+        "start primary receipt with the donor's indexes of its collections",
+        "b",
+        [],
+        s.StartPrimaryReceipt(
+            id=MID, db=DB, donor="a", indexes={UNSHARDED: [{"v": 2, "key": {"a": -1}, "name": "a_-1"}]}
+        ),
+        Ok(["IndexRecorded", "MigrationRecorded"], R_CLONING, ABSENT, "migration.registered"),
+    ),
+    Case(
         "start primary receipt again: joined",
         "b",
         [mig("primary-recipient", R_CLONING)],

@@ -326,15 +326,17 @@ def find_and_modify_record(cmd: dict[str, Any]) -> s.FindAndModify:
 # ------------------------------------------------------------------ replies (pure)
 
 
-def write_error(index: int, code: str, message: str) -> dict[str, Any]:
-    """A writeErrors element as mongos sends it: MongoDB's number, the message."""
+def write_error(index: int, code: str, message: str, info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A writeErrors element as mongos sends it: MongoDB's number, the message (a DuplicateKey's
+    keyPattern and keyValue too)."""
     number, _ = command_error_code(code)
-    return {"index": index, "code": number, "errmsg": message}
+    extra: dict[str, Any] = {k: info[k] for k in ("keyPattern", "keyValue") if info and k in info}
+    return {"index": index, "code": number, "errmsg": message, **extra}
 
 
 def insert_reply(result: dict[str, Any]) -> dict[str, Any]:
     reply: dict[str, Any] = {"n": result["inserted"]}
-    errors = [write_error(e["index"], e["code"], e["errmsg"]) for e in result.get("writeErrors") or []]
+    errors = [write_error(e["index"], e["code"], e["errmsg"], e) for e in result.get("writeErrors") or []]
     if errors:
         reply["writeErrors"] = errors
     return reply
@@ -395,7 +397,7 @@ async def _statements(
         except CommandError as e:
             if e.code in COMMAND_LEVEL:
                 raise
-            errors.append(write_error(i, e.code, e.message))
+            errors.append(write_error(i, e.code, e.message, e.info))
             if ordered:
                 break
     return results, errors

@@ -52,6 +52,9 @@ class Documents(Protocol):
     @property
     def ddl_drops(self) -> Mapping[str, frozenset[str]]: ...
 
+    @property
+    def indexes(self) -> Mapping[str, Mapping[str, Any]]: ...  # ns -> name -> documents.Index
+
     def find_by_id(self, ns: str, doc_id: Any) -> tuple[bytes, Doc] | None: ...
 
     def scan(self, ns: str, lo: bytes = b"", hi: bytes | None = None) -> Iterator[tuple[bytes, Doc]]: ...

@@ -10,7 +10,8 @@ changelog with its reply, in one transaction.
                                  (no section `id`)             as it was (a retry)
     DropLocalData                (`ns`/`db` not dropped by     every document of `ns` (every collection of
                                  `id` yet)                     `db`) gone, as one range deletion; their
-                                                               range-deletion tasks removed
+                                                               range-deletion tasks and secondary
+                                                               indexes (entries, states) removed
                                  (dropped by `id` already)     as it was (a retry: what a later
                                                                RenameLocalBatch moved in stays)
     RenameLocalBatch             (`ns` renamed to `to` in      up to `limit` documents of `ns` gone: the
@@ -18,6 +19,7 @@ changelog with its reply, in one transaction.
                                                                there, orphans only removed; the
                                                                range-deletion tasks of `ns` removed
                                  (`ns` empty here)             as it was: done
+                                 (the first batch)             the ready indexes of `ns` moved to `to`
     RekeyLocalBatch              (`ns` sharded: its current,   up to `limit` documents of `ns` after
                                  refined key)                  `after` examined: rewritten under the
                                                                refined key, or removed if not owned
@@ -46,10 +48,11 @@ from collections.abc import Callable
 from domain.protocol import ErrorCode
 from domain.shardkey import ShardKeyError
 from libs.commands import CommandError
-from schemas import Record
+from schemas import Record, Tombstone
 from schemas import ddl as d
+from schemas import indexes as ix
 from schemas import shard as s
-from services.shard.documents import UNSHARDED_KEY, shard_key_part
+from services.shard.documents import UNSHARDED_KEY, index_changelog_key, shard_key_part
 from services.shard.protocol.common import Doc, Shard, Step, owns
 
 
@@ -127,7 +130,32 @@ def drop_local_data(shard: Shard, req: d.DropLocalData) -> Step:
         return Step([], reply)  # dropped already: documents moved in since (a rename's) stay
     events: list[Record] = [d.LocalDataDropped(id=req.id, ns=req.ns, db=req.db)]
     events += _task_removals(shard, req.ns, req.db)
+    events += _index_removals(shard, req.ns, req.db)
     return Step(events, reply, fault(req))
+
+
+def _index_removals(shard: Shard, ns: str | None = None, db: str | None = None) -> list[Record]:
+    """The removal of the secondary indexes of `ns` (or of `db`'s collections) with a tombstone
+    each, so compaction drops their records (the fold of LocalDataDropped deleted them already)."""
+    out: list[Record] = []
+    for name_ns in sorted(n for n in shard.documents.indexes if _in(n, ns, db)):
+        for name in sorted(shard.documents.indexes[name_ns]):
+            out += [ix.IndexRemoved(ns=name_ns, name=name), Tombstone(key=index_changelog_key(name_ns, name))]
+    return out
+
+
+def _index_moves(shard: Shard, ns: str, to: str) -> list[Record]:
+    """A rename's first batch moves the ready indexes of `ns` to `to` (recorded ready there
+    before any document arrives, so each is indexed as it is written) and removes them from
+    `ns`; an index still building or failed is not carried (the DDL runs alone)."""
+    out: list[Record] = []
+    there = shard.documents.indexes.get(to, {})
+    for name, index in sorted(shard.documents.indexes.get(ns, {}).items()):
+        record: ix.IndexRecorded = index.record
+        if record.state == "ready" and name not in there:
+            out.append(record.model_copy(update={"ns": to, "scannedTo": "", "scanned": 0, "total": 0}))
+        out += [ix.IndexRemoved(ns=ns, name=name), Tombstone(key=index_changelog_key(ns, name))]
+    return out
 
 
 # --------------------------------------------------------------------- rename
@@ -160,7 +188,7 @@ def rename_local_batch(shard: Shard, req: d.RenameLocalBatch) -> Step:
             {"shard": shard.id, "configTime": shard.catalog.config_time + 1},
         )
     place = _placer(shard, req.to)
-    events: list[Record] = _task_removals(shard, req.ns)
+    events: list[Record] = _task_removals(shard, req.ns) + _index_moves(shard, req.ns, req.to)
     moved = removed = 0
     taken = list(itertools.islice(shard.documents.scan(req.ns), max(req.limit, 1)))
     for k, doc in taken:

@@ -5,9 +5,10 @@ The donor's coordinator sends these to the recipient; each is decided here and r
 in the recipient's changelog with its reply, in one transaction.
 
     request                 expects                 leaves
-    StartReceipt            (no migration here)     cloning, with a pending range-deletion task
+    StartReceipt            (no migration here)     cloning, with a pending range-deletion task,
+                                                    and the donor's indexes it lacked, ready
                             (this one registered)   as it was (a retry: "joined")
-    StartPrimaryReceipt     (no migration here)     cloning
+    StartPrimaryReceipt     (no migration here)     cloning, with the donor's indexes it lacked
                             (this one registered)   as it was (a retry: "joined")
     TransferBatch           cloning                 cloning, with the batch's documents written
                                                     (clone) or written and removed (mods), and its
@@ -40,7 +41,7 @@ from libs.commands import CommandError
 from schemas import Record
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY
-from services.shard.protocol import range_deletion, retryable
+from services.shard.protocol import index_build, range_deletion, retryable
 from services.shard.protocol.common import (
     RECIPIENTS,
     Role,
@@ -82,8 +83,12 @@ def start_receipt(shard: Shard, req: s.StartReceipt) -> Step:
                 f"{shard.id} still has orphans to delete in an overlapping range (task {task.id}); retry later",
                 {"task": task.id, "pending": task.pending},
             )
+    # The collection's indexes this shard lacks, before the first document arrives (seed 000
+    # step 3): from then on every cloned document is indexed as it is written.
+    indexes = index_build.missing_indexes(shard.documents.indexes, req.ns, req.indexes, f"migration:{req.id}")
     return Step(
         [
+            *indexes,
             range_move_record(
                 req.id, Role.RECIPIENT, req.ns, req.epoch, req.min, req.max, req.donor, RecipientState.CLONING.value
             ),
@@ -101,8 +106,17 @@ def start_primary_receipt(shard: Shard, req: s.StartPrimaryReceipt) -> Step:
         return retry
     if req.id not in shard.catalog.migrations:
         raise CommandError(ErrorCode.NoSuchMigration, f"primary move {req.id} is not active")
+    indexes = [
+        event
+        for ns, specs in sorted(req.indexes.items())
+        if ns.partition(".")[0] == req.db
+        for event in index_build.missing_indexes(shard.documents.indexes, ns, specs, f"migration:{req.id}")
+    ]
     return Step(
-        [primary_move_record(req.id, Role.PRIMARY_RECIPIENT, req.db, req.donor, RecipientState.CLONING.value)],
+        [
+            *indexes,
+            primary_move_record(req.id, Role.PRIMARY_RECIPIENT, req.db, req.donor, RecipientState.CLONING.value),
+        ],
         {"id": req.id, "state": RecipientState.CLONING.value},
         fault="migration.registered",
     )
