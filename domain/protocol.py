@@ -138,6 +138,8 @@ class ErrorCode(StrEnum):
     CannotIndexParallelArrays = ("CannotIndexParallelArrays", 171)
     InvalidIndexSpecificationOption = ("InvalidIndexSpecificationOption", 197)
     IndexBuildAborted = ("IndexBuildAborted", 276)
+    AmbiguousIndexKeyPattern = ("AmbiguousIndexKeyPattern", 181)
+    CannotDropShardKeyIndex = ("CannotDropShardKeyIndex", 370)
     DuplicateKey = ("DuplicateKey", 11000)
     Interrupted = ("Interrupted", 11601)
     InterruptedDueToReplStateChange = ("InterruptedDueToReplStateChange", 11602)
