@@ -194,6 +194,22 @@ def index_build_poll() -> float:
     return value if value > 0 else INDEX_BUILD_POLL_S
 
 
+INDEX_BUILD_TIMEOUT_ENV = "SHARDLOG_INDEX_BUILD_TIMEOUT_S"
+INDEX_BUILD_TIMEOUT_S = 3600.0
+
+
+def index_build_timeout() -> float:
+    """How long a createIndexes from a client (wire without maxTimeMS, CLI) waits for the build:
+    SHARDLOG_INDEX_BUILD_TIMEOUT_S seconds (default 3600).  Past it the client gets
+    ExceededTimeLimit and the build goes on (`shardlog ddl status`)."""
+    raw = os.environ.get(INDEX_BUILD_TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw else INDEX_BUILD_TIMEOUT_S
+    except ValueError:
+        return INDEX_BUILD_TIMEOUT_S
+    return value if value > 0 else INDEX_BUILD_TIMEOUT_S
+
+
 def index_name(item: Mapping[str, Any]) -> str | None:
     """The name of one entry of a shard's ListIndexes answer: an IndexRecorded-shaped entry
     (`{"spec": {...}, "state": ...}`) or a listIndexes document with a `state`."""

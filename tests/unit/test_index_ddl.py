@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from domain import index_ddl
+from domain import sharding_commands as sc
 from domain.catalog import Catalog
 from domain.ddl import Phase, before_point_of_no_return, next_phase, order_of
 from domain.indexes import ID_INDEX, IndexSpec
@@ -306,3 +307,95 @@ def test_drop_rename_refine_and_persist_carry_the_index_list(tmp_path: Path):
     loaded.load(store)
     assert loaded.indexes == {}
     store.close()
+
+
+# ------------------------------------------------------------------ wire commands (domain/sharding_commands.py)
+
+
+def test_create_indexes_command_is_parsed_as_mongos_parses_it():
+    r = sc.parse_create_indexes(
+        {
+            "createIndexes": "c",
+            "indexes": [{"key": {"a": 1}, "name": "a_1"}],
+            "commitQuorum": "votingMembers",
+            "$db": "db",
+        }
+    )
+    assert r.ns == "db.c" and r.indexes == [{"key": {"a": 1}, "name": "a_1"}]
+    r = sc.parse_create_indexes(
+        {
+            "createIndexes": "c",
+            "indexes": [{"key": {"a": 1}, "bogus": 1}],
+            "ignoreUnknownIndexOptions": True,
+            "$db": "db",
+        }
+    )
+    assert r.indexes == [{"key": {"a": 1}}]
+    bad = [
+        ({"createIndexes": "c", "$db": "db"}, "IDLFailedToParse"),
+        ({"createIndexes": "c", "indexes": {"key": {"a": 1}}, "$db": "db"}, "TypeMismatch"),
+        ({"createIndexes": "c", "indexes": [], "$db": "db"}, "BadValue"),
+        ({"createIndexes": "c", "indexes": [5], "$db": "db"}, "TypeMismatch"),
+        ({"createIndexes": "c", "indexes": [{"key": {"a": 1}}], "extra": 1, "$db": "db"}, "IDLUnknownField"),
+        ({"createIndexes": 5, "indexes": [{"key": {"a": 1}}], "$db": "db"}, "InvalidNamespace"),
+        ({"createIndexes": "", "indexes": [{"key": {"a": 1}}], "$db": "db"}, "InvalidNamespace"),
+        ({"createIndexes": "c$x", "indexes": [{"key": {"a": 1}}], "$db": "db"}, "InvalidNamespace"),
+        ({"createIndexes": "c", "indexes": [{"key": {"a": "2d"}}], "$db": "db"}, "CannotCreateIndex"),
+        ({"createIndexes": "c", "indexes": [{"key": {"a": 1}, "collation": {}}], "$db": "db"}, "CannotCreateIndex"),
+    ]
+    for cmd, code in bad:
+        with pytest.raises(CommandError) as e:
+            sc.parse_create_indexes(cmd)
+        assert e.value.code == code, (cmd, e.value.code, e.value.message)
+
+
+def test_drop_and_list_indexes_commands():
+    assert sc.parse_drop_indexes({"dropIndexes": "c", "index": "*", "$db": "db"}).index == "*"
+    assert sc.parse_drop_indexes({"dropIndexes": "c", "index": {"a": 1}, "$db": "db"}).index == {"a": 1}
+    assert sc.parse_drop_indexes({"dropIndexes": "c", "index": ["a_1", "b_1"], "$db": "db"}).index == ["a_1", "b_1"]
+    with pytest.raises(CommandError) as e:
+        sc.parse_drop_indexes({"dropIndexes": "c", "$db": "db"})
+    assert e.value.code == "IDLFailedToParse"
+    assert sc.parse_list_indexes({"listIndexes": "c", "cursor": {}, "$db": "db"}) == "db.c"
+    cat = sharded()
+    assert sc.list_indexes(cat, "db.c") == [
+        {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+        {"v": 2, "key": {"a": 1}, "name": "a_1"},
+    ]
+    with pytest.raises(CommandError) as e:
+        sc.list_indexes(cat, "db.nope")
+    assert e.value.code == "NamespaceNotFound"
+
+
+def test_replies_have_mongos_shape():
+    started = {"createdCollectionAutomatically": True, "numIndexesBefore": 1}
+    result = {"numIndexesBefore": 1, "numIndexesAfter": 3, "shards": ["s0", "s1"]}
+    reply = index_ddl.create_reply(result, started)
+    assert reply == {
+        "raw": {
+            s: {"createdCollectionAutomatically": True, "numIndexesBefore": 1, "numIndexesAfter": 3, "ok": 1}
+            for s in ("s0", "s1")
+        },
+        "createdCollectionAutomatically": True,
+        "numIndexesBefore": 1,
+        "numIndexesAfter": 3,
+    }
+    noop = index_ddl.create_reply({"numIndexesBefore": 2, "numIndexesAfter": 2, "note": "x"}, {})
+    assert noop["note"] == "all indexes already exist" and noop["numIndexesAfter"] == 2
+    assert index_ddl.drop_reply({"nIndexesWas": 3}, "*") == {"nIndexesWas": 3, "msg": index_ddl.DROPPED_ALL}
+    assert index_ddl.drop_reply({"nIndexesWas": 3}, "b_1") == {"nIndexesWas": 3}
+
+
+def test_build_states_read_a_shards_list_indexes_answer():
+    listed = {
+        "indexes": [
+            {"spec": {"v": 2, "key": {"_id": 1}, "name": "_id_"}},
+            {"spec": {"key": {"b": 1}, "name": "b_1"}, "state": "building", "scanned": 5, "total": 9},
+            {"name": "u", "state": "failed", "error": {"code": "DuplicateKey", "errmsg": "E11000"}},
+        ]
+    }
+    assert index_ddl.build_states(listed, ["b_1", "u", "later"]) == {
+        "b_1": {"state": "building", "scanned": 5, "total": 9},
+        "u": {"state": "failed", "scanned": 0, "total": 0, "error": {"code": "DuplicateKey", "errmsg": "E11000"}},
+        "later": {"state": "building", "scanned": 0, "total": 0},
+    }
