@@ -77,17 +77,27 @@ def create_human(result: dict[str, Any], started: dict[str, Any]) -> list[str]:
 # ------------------------------------------------------------------ running the DDL
 
 
+async def _shard_builds(
+    cx: CliContext, r: Requester, ns: str, names: list[str], shards: list[str], out: dict[str, Any]
+) -> None:
+    """One look at each shard's builds of `names` (those it lists: a shard that owns no chunk
+    builds nothing), into `out` by shard."""
+    for shard in shards:
+        with contextlib.suppress(RequestTimeout, CommandError):
+            reply = await r.request(cx.topics.shard_requests(shard), ix.ListIndexes(ns=ns), timeout=cx.timeout)
+            if reply.ok:
+                listed = {index_ddl.index_name(i) for i in (reply.result or {}).get("indexes") or []}
+                states = index_ddl.build_states(reply.result or {}, [n for n in names if n in listed])
+                if states:
+                    out[shard] = states
+
+
 async def _follow_builds(
     cx: CliContext, r: Requester, ns: str, names: list[str], shards: list[str], out: dict[str, Any]
 ) -> None:
     """Ask the shards how their builds go until cancelled (the figures `build_line` shows)."""
     while True:
-        for shard in shards:
-            with contextlib.suppress(RequestTimeout, CommandError):
-                reply = await r.request(cx.topics.shard_requests(shard), ix.ListIndexes(ns=ns), timeout=cx.timeout)
-                if reply.ok:
-                    states = index_ddl.build_states(reply.result or {}, names)
-                    out[shard] = states
+        await _shard_builds(cx, r, ns, names, shards, out)
         await asyncio.sleep(index_ddl.index_build_poll())
 
 
@@ -115,12 +125,15 @@ def _run(cx: CliContext, record: Record, names: list[str]) -> tuple[ddl_client.D
                     live.update(build_line(state, builds, time.time()))
 
             try:
-                return await ddl_client.run_ddl(send, record, timeout=index_ddl.index_build_timeout(), on_state=show)
+                run = await ddl_client.run_ddl(send, record, timeout=index_ddl.index_build_timeout(), on_state=show)
             finally:
                 if follower is not None:
                     follower.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await follower
+            if names and run.id is not None and run.result.get("shards"):  # where it ended, per shard
+                await _shard_builds(cx, r, str(run.result["ns"]), names, list(run.result["shards"]), builds)
+            return run
 
     try:
         if live:

@@ -399,3 +399,24 @@ def test_build_states_read_a_shards_list_indexes_answer():
         "u": {"state": "failed", "scanned": 0, "total": 0, "error": {"code": "DuplicateKey", "errmsg": "E11000"}},
         "later": {"state": "building", "scanned": 0, "total": 0},
     }
+
+
+# ------------------------------------------------------------------ the CLI's shaping (cli/indexes.py)
+
+
+def test_cli_lines():
+    from cli import indexes as cli_indexes
+
+    assert cli_indexes.options_text({"unique": True, "partialFilterExpression": {"a": {"$gt": 5}}}) == (
+        "unique, partial { a: { '$gt': 5 } }"
+    )
+    state = {"op": "createIndexes", "ns": "db.c", "phase": "buildIndexes", "id": "0123456789", "startedAt": 100.0}
+    builds = {"s1": {"b_1": {"state": "ready"}}, "s0": {"b_1": {"state": "building", "scanned": 40, "total": 90}}}
+    line = cli_indexes.build_line(state, builds, 101.0)
+    assert line.startswith("createIndexes db.c [buildIndexes] 1.0s (01234567)")
+    assert line.endswith("s0:b_1 40/90  s1:b_1 ready")
+    started = {"createdCollectionAutomatically": True, "numIndexesBefore": 1}
+    done = {"numIndexesBefore": 1, "numIndexesAfter": 2, "indexes": ["b_1"], "shards": ["s0", "s1"]}
+    assert cli_indexes.create_human(done, started) == ["created the collection", "built b_1 on s0, s1: 1 -> 2 indexes"]
+    noop = {"numIndexesBefore": 3, "numIndexesAfter": 3, "note": "all indexes already exist"}
+    assert cli_indexes.create_human(noop, noop) == ["all indexes already exist (3 indexes)"]
