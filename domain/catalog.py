@@ -669,7 +669,7 @@ class Catalog:
     @on_event.register(dd.DDLPhaseReached)
     def _on_DDLPhaseReached(self, e: dd.DDLPhaseReached) -> None:
         c = self.ddl[e.id]
-        c.phase, c.code, c.reason = Phase(e.phase), e.code, e.reason
+        c.phase, c.code, c.reason, c.info = Phase(e.phase), e.code, e.reason, e.info
         self._put(b"ddl/" + e.id.encode(), c.state())
 
     @on_event.register(dd.DDLFinished)

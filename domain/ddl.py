@@ -117,6 +117,7 @@ class Coordinator:
     code: str | None = None  # why it rolls back
     reason: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] | None = None  # rollback: the error's details
 
     @property
     def db(self) -> str:
@@ -147,6 +148,7 @@ class Coordinator:
             "shards": self.shards,
             "startedAt": self.started_at,
             **({"code": self.code, "reason": self.reason} if self.phase == Phase.ROLLBACK else {}),
+            **({"info": self.info} if self.info else {}),
         }
 
     def state(self) -> dict[str, Any]:
@@ -162,6 +164,7 @@ class Coordinator:
             "startedAt": self.started_at,
             "code": self.code,
             "reason": self.reason,
+            **({"info": self.info} if self.info else {}),
         }
 
     @classmethod
@@ -177,6 +180,7 @@ class Coordinator:
             r["startedAt"],
             r.get("code"),
             r.get("reason"),
+            info=r.get("info"),
         )
 
     @classmethod

@@ -659,8 +659,12 @@ def ddl_outcome(state: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = state.get("result") or {}
         return result
     code = state.get("code") or ErrorCode.OperationFailed
-    if state.get("op") == "createIndexes":  # as mongod words a failed build
-        raise CommandError(code, f"Index build failed: {state.get('ns')} :: caused by :: {state.get('reason') or code}")
+    if state.get("op") == "createIndexes":  # as mongod words a failed build; DuplicateKey's details
+        raise CommandError(
+            code,
+            f"Index build failed: {state.get('ns')} :: caused by :: {state.get('reason') or code}",
+            state.get("result") or None,
+        )
     raise CommandError(code, f"{state.get('op')} of {state.get('ns')} failed: {state.get('reason') or code}")
 
 

@@ -135,6 +135,7 @@ class DDLPhaseReached(Record):
     phase: str
     code: str | None = None
     reason: str | None = None
+    info: dict[str, Any] | None = None  # rollback: the error's details (DuplicateKey's keyPattern, keyValue)
 
 
 class DDLFinished(Record):

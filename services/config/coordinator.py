@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka.errors import KafkaError
 
@@ -57,9 +58,9 @@ RETRIABLE = {
 class Refused(Exception):
     """A request of the coordinator was refused: `code`, `reason`."""
 
-    def __init__(self, code: str | None, reason: str):
+    def __init__(self, code: str | None, reason: str, info: dict[str, Any] | None = None):
         super().__init__(f"{code}: {reason}")
-        self.code, self.reason = code, reason
+        self.code, self.reason, self.info = code, reason, info
 
 
 class NotActive(RuntimeError):
@@ -135,7 +136,7 @@ class DDLDriver:
                 if not before_point_of_no_return(phase, c.op) or phase == Phase.ROLLBACK:
                     raise  # retried from the phase by run(): after the point of no return we go forward
                 log.warning("DDL %s %s of %s: %s; rolling back", cid, c.op, c.ns, e)
-                await self._advance(c, phase, Phase.ROLLBACK, code=e.code, reason=e.reason)
+                await self._advance(c, phase, Phase.ROLLBACK, code=e.code, reason=e.reason, info=e.info)
                 continue
             self.fault(f"ddl.{phase}.done", c.op)
             try:
@@ -204,8 +205,11 @@ class DDLDriver:
             self.progress[c.id][f"built@{shard}"] = states
             if (failed := next((st for st in states.values() if st["state"] == "failed"), None)) is not None:
                 error = failed.get("error") or {}
+                info = {k: error[k] for k in ("keyPattern", "keyValue") if k in error}
                 raise Refused(
-                    error.get("code") or ErrorCode.IndexBuildAborted, error.get("errmsg") or "index build failed"
+                    error.get("code") or ErrorCode.IndexBuildAborted,
+                    error.get("errmsg") or "index build failed",
+                    info or None,
                 )
             if all(st["state"] == "ready" for st in states.values()):
                 return
@@ -289,10 +293,17 @@ class DDLDriver:
         return await self._ask(self.topics.shard_requests(shard), record)
 
     async def _advance(
-        self, c: Coordinator, phase: Phase, to: Phase, *, code: str | None = None, reason: str | None = None
+        self,
+        c: Coordinator,
+        phase: Phase,
+        to: Phase,
+        *,
+        code: str | None = None,
+        reason: str | None = None,
+        info: dict[str, Any] | None = None,
     ) -> None:
         """Checkpoint `to`, then wait until our own catalog shows it (the next loop reads it)."""
-        cmd = d.AdvanceDDL(id=c.id, phase=phase, to=to, code=code, reason=reason)
+        cmd = d.AdvanceDDL(id=c.id, phase=phase, to=to, code=code, reason=reason, result=info or {})
         await self._ask(self.topics.config_commands, cmd)
         deadline = time.monotonic() + 30.0
         while (now := self.catalog.ddl.get(c.id)) is not None and now.phase == phase:

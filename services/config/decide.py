@@ -1079,7 +1079,7 @@ def advance_ddl(catalog: Catalog, cmd: d.AdvanceDDL) -> Decision:
             raise CommandError(
                 ErrorCode.IllegalOperation, f"{c.id} is past its point of no return: it only goes forward"
             )
-        event = d.DDLPhaseReached(id=c.id, phase=to, code=cmd.code, reason=cmd.reason)
+        event = d.DDLPhaseReached(id=c.id, phase=to, code=cmd.code, reason=cmd.reason, info=cmd.result or None)
         return Decision([event], {"id": c.id, "phase": to})
     if to != ddl.next_phase(at, c.op):
         raise CommandError(
@@ -1089,7 +1089,7 @@ def advance_ddl(catalog: Catalog, cmd: d.AdvanceDDL) -> Decision:
     events: list[Record] = _commit_events(catalog, c) if commit else []
     if to == ddl.Phase.DONE:
         if at == ddl.Phase.ROLLBACK:
-            done = d.DDLFinished(id=c.id, ok=False, code=c.code, reason=c.reason)
+            done = d.DDLFinished(id=c.id, ok=False, code=c.code, reason=c.reason, result=c.info or {})
         else:
             done = d.DDLFinished(id=c.id, ok=True, result=_ddl_result(catalog, c))
         return Decision([*events, done], {"id": c.id, "phase": to, "ok": done.ok})

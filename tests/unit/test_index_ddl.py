@@ -213,10 +213,20 @@ def test_a_failed_build_rolls_back_and_lists_nothing():
     _, r = ok(cat, create("db.c", {"key": {"a": 1, "b": 1}, "unique": True}))
     drive(cat, r["id"], until=Phase.BUILD)
     reason = "E11000 duplicate key error collection: db.c index: a_1_b_1 dup key: { a: 1, b: 2 }"
-    ok(cat, d.AdvanceDDL(id=r["id"], phase=Phase.BUILD, to=Phase.ROLLBACK, code="DuplicateKey", reason=reason))
+    info = {"keyPattern": {"a": 1, "b": 1}, "keyValue": {"a": 1, "b": 2}}
+    ok(
+        cat,
+        d.AdvanceDDL(id=r["id"], phase=Phase.BUILD, to=Phase.ROLLBACK, code="DuplicateKey", reason=reason, result=info),
+    )
+    assert cat.ddl[r["id"]].record()["info"] == info
     (finish,) = drive(cat, r["id"])
     assert [type(e) for e in finish] == [d.DDLFinished] and not finish[0].ok
-    assert cat.ddl_outcomes[r["id"]]["code"] == "DuplicateKey"
+    outcome = cat.ddl_outcomes[r["id"]]
+    assert outcome["code"] == "DuplicateKey" and outcome["result"] == info
+    with pytest.raises(CommandError) as e:
+        sc.ddl_outcome(outcome)
+    assert e.value.code == "DuplicateKey" and e.value.info == info
+    assert e.value.message == f"Index build failed: db.c :: caused by :: {reason}"
     assert names(cat, "db.c") == ["_id_", "a_1"]
 
 
