@@ -611,7 +611,7 @@ def drop_reply(result: dict[str, Any]) -> dict[str, Any]:
     missing collection is ok with nothing to say (MongoDB 7.0)."""
     if not result.get("dropped"):
         return {}
-    return {"ns": result["ns"], "nIndexesWas": 1}
+    return {"ns": result["ns"], "nIndexesWas": int(result.get("nIndexesWas", 1))}
 
 
 def parse_drop_database(cmd: Mapping[str, Any]) -> d.DropDatabase:

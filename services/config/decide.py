@@ -920,6 +920,8 @@ def start_ddl(catalog: Catalog, cmd: Record, now: float | None = None) -> Decisi
     req = ddl.request_of(cmd)
     running = catalog.ddl_of_database(req.locks[0])
     reply: dict[str, Any] = {"op": req.op, "ns": req.ns}
+    if req.op == "dropCollection" and _exists(catalog, req.ns):  # what mongos's drop answers: the indexes it had
+        reply["nIndexesWas"] = len(catalog.index_list(req.ns))
     events: list[Record] = []
     if (
         running is not None

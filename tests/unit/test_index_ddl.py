@@ -310,7 +310,9 @@ def test_drop_rename_refine_and_persist_carry_the_index_list(tmp_path: Path):
         ns: [s.to_mongo() for s in v] for ns, v in cat.indexes.items()
     }
     assert loaded.indexes["db.r"][1].partial == {"p": {"$gt": 5}}
-    drive(cat, ok(cat, d.DropCollection(ns="db.r"))[1]["id"])
+    _, dropping = ok(cat, d.DropCollection(ns="db.r"))
+    assert dropping["nIndexesWas"] == 4  # _id_, the shard key's, b_1, p_1 (mongos's drop reply)
+    drive(cat, dropping["id"])
     drive(cat, ok(cat, d.DropDatabase(db="db"))[1]["id"])
     assert cat.indexes == {}
     store.commit(cat.drain_changes().items(), Checkpoint("t", 0, cat.config_time))
