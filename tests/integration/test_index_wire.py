@@ -90,20 +90,20 @@ def test_list_indexes_and_mongodb_errors_through_pymongo(data_cluster):
 def test_index_cli_lists_and_refuses(data_cluster):
     client = data_cluster.mongo_client()
     client.admin.command("enableSharding", "app", primaryShard="s0")
-    client.admin.command("shardCollection", "app.users", key={"k": -1})
+    client.admin.command("shardCollection", "app.users", key={"k": 1})
     r = cli(data_cluster.settings, "index", "list", "app.users", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert [i["name"] for i in doc["indexes"]] == ["_id_", "k_-1"] and doc["running"] == []
+    assert [i["name"] for i in doc["indexes"]] == ["_id_", "k_1"] and doc["running"] == []
     r = cli(data_cluster.settings, "index", "list", "app.users")
-    assert r.returncode == 0 and "k_-1" in r.stdout
+    assert r.returncode == 0 and "k_1" in r.stdout
     r = cli(data_cluster.settings, "index", "list", "app.nope", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["code"] == "NamespaceNotFound"
-    r = cli(data_cluster.settings, "index", "drop", "app.users", "k_-1", "--json")
+    r = cli(data_cluster.settings, "index", "drop", "app.users", "k_1", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["code"] == "CannotDropShardKeyIndex"
     r = cli(data_cluster.settings, "index", "create", "app.users", '{"b": 1}', "--unique", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["code"] == "CannotCreateIndex"
-    r = cli(data_cluster.settings, "index", "create", "app.users", '{"k": -1}', "--json")
+    r = cli(data_cluster.settings, "index", "create", "app.users", '{"k": 1}', "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["note"] == "all indexes already exist"
 
