@@ -39,6 +39,7 @@ from cli import (
     dead_letters,
     defragment,
     documents,
+    indexes,
     migrations,
     range_deletions,
     sessions,
@@ -90,6 +91,7 @@ app.add_typer(topics.topics_app, name="topics")
 app.add_typer(workload.workload_app, name="workload")
 app.add_typer(balancer.balancer_app, name="balancer")
 app.add_typer(ddl.ddl_status_app, name="ddl")
+app.add_typer(indexes.index_app, name="index")
 
 if __name__ == "__main__":
     app()

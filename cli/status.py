@@ -39,7 +39,7 @@ def status_document(cat: Catalog, verbose: bool) -> dict[str, Any]:
         for ns in sorted(cat.unsharded_zones)
         for z in cat.unsharded_zones[ns]
     ]
-    return {
+    doc = {
         "configTime": cat.config_time,
         "shards": shards,
         "databases": dbs,
@@ -48,6 +48,9 @@ def status_document(cat: Catalog, verbose: bool) -> dict[str, Any]:
         "migrations": migrations,
         "settings": cat.settings.model_dump(),
     }
+    if verbose:  # every collection with created indexes, sharded or not: what listIndexes shows
+        doc["indexes"] = {ns: [s.to_mongo() for s in cat.index_list(ns)] for ns in sorted(cat.indexes)}
+    return doc
 
 
 def _collection_document(coll: Collection, verbose: bool) -> dict[str, Any]:
@@ -97,6 +100,8 @@ def status(
     out.print(t)
     for coll in doc["collections"]:
         _print_collection(out, coll, verbose)
+    for ns, indexes in (doc.get("indexes") or {}).items() if verbose else ():
+        out.print(f"[bold]{ns}[/bold] indexes: " + ", ".join(f"{i['name']} {bound(i['key'])}" for i in indexes))
     for z in doc["unshardedZones"]:
         out.print(f"{z['ns']} (not sharded yet) zone {z['zone']}: {chunk_range(z['min'], z['max'])}")
     for m in doc["migrations"]:

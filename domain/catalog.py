@@ -16,8 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.bsonvalues import from_record, to_record
 from domain.clock import ClusterTimeKey, VectorClock
 from domain.ddl import Coordinator, Phase, extend_bound
+from domain.index_ddl import listed_indexes
+from domain.indexes import IndexSpec
 from domain.settings import ClusterSettings, CollectionSettings
 from domain.shardkey import KeyPattern, from_ejson, to_ejson
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
@@ -202,6 +205,9 @@ class Catalog:
         self.keys: dict[int, ClusterTimeKey] = {}  # cluster-time signing keys, every one ever made
         self.ddl: dict[str, Coordinator] = {}  # running DDL coordinators, by id (domain/ddl.py)
         self.ddl_outcomes: dict[str, dict[str, Any]] = {}  # finished ones: ok, code, reason, result
+        # Each collection's secondary indexes (sharded or not), in creation order; `_id_` and the
+        # shard key's are implicit (domain/index_ddl.py), never here.
+        self.indexes: dict[str, list[IndexSpec]] = {}
         self._vector_dirty = False
         self._changes: dict[bytes, bytes | None] = {}
 
@@ -227,6 +233,21 @@ class Catalog:
     def ddl_of_database(self, db: str) -> Coordinator | None:
         """The running DDL coordinator of database `db` (one at a time per database)."""
         return next((c for c in self.ddl.values() if c.db == db), None)
+
+    def index_list(self, ns: str) -> list[IndexSpec]:
+        """The indexes `ns` lists (listIndexes): `_id_`, the shard key's, then the created ones."""
+        coll = self.collections.get(ns)
+        return listed_indexes(
+            self.indexes.get(ns, []), coll.pattern.spec if coll else None, coll.unique if coll else False
+        )
+
+    def index_shards(self, ns: str) -> list[str]:
+        """The shards that hold `ns`'s indexes: those that own chunks of it, and its database's
+        primary (which holds it when unsharded)."""
+        out = set(self.collections[ns].chunks_per_shard()) if ns in self.collections else set()
+        if (db := self.databases.get(ns.partition(".")[0])) is not None:
+            out.add(db.primary)
+        return sorted(out)
 
     def uuid_of(self, ns: str) -> str | None:
         """The uuid of a collection, sharded or tracked unsharded."""
@@ -293,6 +314,10 @@ class Catalog:
                 "settings": c.settings.model_dump(),
             },
         )
+
+    def _put_indexes(self, ns: str) -> None:
+        specs = self.indexes.get(ns)
+        self._put(b"idx/" + ns.encode(), [to_record(s.to_mongo()) for s in specs] if specs else None)
 
     def _put_chunk(self, ns: str, ch: Chunk, doc: ev.ChunkDoc) -> None:
         # The event's own document is what is stored: serialising it is cheaper than rebuilding one.
@@ -366,6 +391,8 @@ class Catalog:
             self.ddl[c.id] = c
         for k, v in store.scan(b"ddlout/"):
             self.ddl_outcomes[k[7:].decode()] = json.loads(v)
+        for k, v in store.scan(b"idx/"):
+            self.indexes[k[4:].decode()] = [IndexSpec.parse(from_record(r)) for r in json.loads(v)]
         if (raw := store.get(b"settings")) is not None:
             self.settings = ClusterSettings.model_validate_json(raw)
         for _k, v in store.scan(b"ckey/"):
@@ -642,7 +669,7 @@ class Catalog:
     @on_event.register(dd.DDLPhaseReached)
     def _on_DDLPhaseReached(self, e: dd.DDLPhaseReached) -> None:
         c = self.ddl[e.id]
-        c.phase, c.code, c.reason = Phase(e.phase), e.code, e.reason
+        c.phase, c.code, c.reason, c.info = Phase(e.phase), e.code, e.reason, e.info
         self._put(b"ddl/" + e.id.encode(), c.state())
 
     @on_event.register(dd.DDLFinished)
@@ -654,10 +681,29 @@ class Catalog:
         self.ddl_outcomes[e.id] = out
         self._put(b"ddlout/" + e.id.encode(), out)
 
+    # ------------------------------------------------------ indexes
+
+    @on_event.register(dd.IndexesCreated)
+    def _on_IndexesCreated(self, e: dd.IndexesCreated) -> None:
+        specs = self.indexes.setdefault(e.ns, [])
+        names = {s.name for s in specs}
+        specs.extend(s for s in map(IndexSpec.parse, e.indexes) if s.name not in names)
+        self._put_indexes(e.ns)
+
+    @on_event.register(dd.IndexesDropped)
+    def _on_IndexesDropped(self, e: dd.IndexesDropped) -> None:
+        specs = [s for s in self.indexes.pop(e.ns, []) if s.name not in e.names]
+        if specs:
+            self.indexes[e.ns] = specs
+        self._put_indexes(e.ns)
+
     def _forget_collection(self, ns: str) -> None:
         """`ns` gone from the catalog, sharded (with its chunks and zones) or tracked unsharded.
-        Its zone ranges go too, sharded or not, as MongoDB's drop removes the namespace's tags."""
+        Its zone ranges go too, sharded or not, as MongoDB's drop removes the namespace's tags;
+        and its indexes."""
         self._forget_unsharded_zones(ns)
+        if self.indexes.pop(ns, None) is not None:
+            self._put_indexes(ns)
         if (coll := self.collections.pop(ns, None)) is not None:
             for ch in coll.chunks:
                 self._put(self._chunk_key(ns, ch.min_key), None)
@@ -675,7 +721,7 @@ class Catalog:
 
     @on_event.register(dd.DatabaseDropped)
     def _on_DatabaseDropped(self, e: dd.DatabaseDropped) -> None:
-        for ns in [n for n in [*self.collections, *self.unsharded_zones] if n.partition(".")[0] == e.db]:
+        for ns in [n for n in [*self.collections, *self.unsharded_zones, *self.indexes] if n.partition(".")[0] == e.db]:
             self._forget_collection(ns)
         if self.databases.pop(e.db, None) is not None:
             self._put(b"db/" + e.db.encode(), None)
@@ -683,7 +729,13 @@ class Catalog:
     def _replace_collection(
         self, old: Collection, new: Collection, chunks: list[Chunk], zones: list[ZoneRange]
     ) -> None:
+        """`old` becomes `new` (renamed or rekeyed): its indexes go with it."""
+        indexes = self.indexes.pop(old.ns, None)
+        self._put_indexes(old.ns)
         self._forget_collection(old.ns)
+        if indexes is not None:
+            self.indexes[new.ns] = indexes
+            self._put_indexes(new.ns)
         new.replace_chunks(0, 0, chunks)
         new.zones = sorted(zones, key=lambda z: z.min_key)
         self.collections[new.ns] = new
@@ -717,7 +769,12 @@ class Catalog:
             return
         db = self.databases[e.ns.partition(".")[0]]
         uuid = db.uuids.get(e.ns)
+        indexes = self.indexes.pop(e.ns, None)
+        self._put_indexes(e.ns)
         self._forget_collection(e.ns)
+        if indexes is not None:
+            self.indexes[e.to] = indexes
+            self._put_indexes(e.to)
         db.collections.add(e.to)
         if uuid is not None:
             db.uuids[e.to] = uuid

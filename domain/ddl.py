@@ -22,6 +22,17 @@ checkpointed and runs that phase again: each phase's work is idempotent.
     rollback           before the point of no return, an       every shard leaves the critical section,
                        error the coordinator cannot retry      then DDLFinished with the error
 
+The index DDLs (docs/reference/indexes.md) block no CRUD and take their own phases (ORDERS):
+
+    createIndexes      freezeMigrations -> buildIndexes -> commit -> done
+        buildIndexes   BuildIndexes on every shard that owns chunks and the primary, then
+                       ListIndexes until each is ready (or failed: rollback)
+        commit         nothing: the advance to done carries IndexesCreated (point of no return)
+        rollback       DropIndexes (missingOk) of the new indexes on every shard
+    dropIndexes        freezeMigrations -> commit -> applyOnShards -> done
+        commit         nothing: the advance to applyOnShards carries IndexesDropped
+        applyOnShards  DropIndexes (missingOk) on every shard
+
 Pure: the catalog and a request in, events (or a CommandError) out.  The async driver that does
 each phase's work is services/config/coordinator.py.
 """
@@ -34,6 +45,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from domain.bsonvalues import to_record
+from domain.index_ddl import check_drop_target
+from domain.indexes import IndexSpec
 from domain.protocol import ErrorCode, check_db_name, split_ns
 from domain.shardkey import MAX_KEY, MIN_KEY, InvalidKeyPattern, KeyPattern
 from libs.commands import CommandError
@@ -44,6 +58,7 @@ from schemas import ddl as d
 class Phase(StrEnum):
     FREEZE = "freezeMigrations"
     BLOCK_CRUD = "blockCRUD"
+    BUILD = "buildIndexes"
     COMMIT = "commit"
     APPLY = "applyOnShards"
     RELEASE = "releaseCRUD"
@@ -54,15 +69,37 @@ class Phase(StrEnum):
 ORDER = [Phase.FREEZE, Phase.BLOCK_CRUD, Phase.COMMIT, Phase.APPLY, Phase.RELEASE, Phase.DONE]
 POINT_OF_NO_RETURN = Phase.APPLY  # reached: the catalog has changed, the DDL only goes forward
 
+# The index DDLs block no CRUD: writes go on while the shards build (they maintain the index
+# themselves), and a dropped index is simply no longer used.
+ORDERS: dict[str, list[Phase]] = {
+    "createIndexes": [Phase.FREEZE, Phase.BUILD, Phase.COMMIT, Phase.DONE],
+    "dropIndexes": [Phase.FREEZE, Phase.COMMIT, Phase.APPLY, Phase.DONE],
+}
+# The phase whose checkpoint carries the catalog change: createIndexes lists the indexes only
+# once every shard has built them (its advance to done carries IndexesCreated).
+POINTS_OF_NO_RETURN: dict[str, Phase] = {"createIndexes": Phase.DONE}
 
-def next_phase(phase: Phase) -> Phase:
+
+def order_of(op: str) -> list[Phase]:
+    return ORDERS.get(op, ORDER)
+
+
+def point_of_no_return(op: str) -> Phase:
+    return POINTS_OF_NO_RETURN.get(op, POINT_OF_NO_RETURN)
+
+
+def next_phase(phase: Phase, op: str = "dropCollection") -> Phase:
     if phase == Phase.ROLLBACK:
         return Phase.DONE
-    return ORDER[ORDER.index(phase) + 1]
+    order = order_of(op)
+    return order[order.index(phase) + 1]
 
 
-def before_point_of_no_return(phase: Phase) -> bool:
-    return phase in (Phase.FREEZE, Phase.BLOCK_CRUD, Phase.COMMIT)
+def before_point_of_no_return(phase: Phase, op: str = "dropCollection") -> bool:
+    if phase in (Phase.ROLLBACK, Phase.DONE):
+        return False
+    order = order_of(op)
+    return order.index(phase) < order.index(point_of_no_return(op))
 
 
 @dataclass
@@ -80,6 +117,7 @@ class Coordinator:
     code: str | None = None  # why it rolls back
     reason: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] | None = None  # rollback: the error's details
 
     @property
     def db(self) -> str:
@@ -110,6 +148,7 @@ class Coordinator:
             "shards": self.shards,
             "startedAt": self.started_at,
             **({"code": self.code, "reason": self.reason} if self.phase == Phase.ROLLBACK else {}),
+            **({"info": self.info} if self.info else {}),
         }
 
     def state(self) -> dict[str, Any]:
@@ -125,6 +164,7 @@ class Coordinator:
             "startedAt": self.started_at,
             "code": self.code,
             "reason": self.reason,
+            **({"info": self.info} if self.info else {}),
         }
 
     @classmethod
@@ -140,6 +180,7 @@ class Coordinator:
             r["startedAt"],
             r.get("code"),
             r.get("reason"),
+            info=r.get("info"),
         )
 
     @classmethod
@@ -180,6 +221,15 @@ def request_of(cmd: Record) -> Request:
     if isinstance(cmd, d.RefineCollectionShardKey):
         db, _ = split_ns(cmd.ns)
         return Request("refineCollectionShardKey", cmd.ns, {"key": dict(cmd.key)}, [db, cmd.ns])
+    if isinstance(cmd, d.CreateCollectionIndexes):
+        db, _ = split_ns(cmd.ns)
+        if not cmd.indexes:
+            raise CommandError(ErrorCode.BadValue, "Must specify at least one index.")
+        specs = [IndexSpec.parse(spec) for spec in cmd.indexes]
+        return Request("createIndexes", cmd.ns, {"indexes": [to_record(s.to_mongo()) for s in specs]}, [db, cmd.ns])
+    if isinstance(cmd, d.DropCollectionIndexes):
+        db, _ = split_ns(cmd.ns)
+        return Request("dropIndexes", cmd.ns, {"index": check_drop_target(cmd.index)}, [db, cmd.ns])
     raise CommandError(ErrorCode.CommandNotFound, f"{cmd.type} is not a DDL")
 
 

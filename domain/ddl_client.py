@@ -43,6 +43,7 @@ class DDLRun:
     config_time: int | None = None
     joined: bool = False
     phases: list[str] = field(default_factory=list)
+    started: dict[str, Any] = field(default_factory=dict)  # the start's answer (createIndexes' counts)
 
 
 def _refused(reply: Reply) -> CommandError:
@@ -108,7 +109,7 @@ async def run_ddl(
         reply = await start_ddl(send, record, timeout=timeout, lock_wait=lock_wait)
         started: dict[str, Any] = reply.result or {}
         if not started.get("started"):
-            return DDLRun(started, None, reply.configTime)
+            return DDLRun(started, None, reply.configTime, started=started)
         cid = str(started["id"])
         phases: list[str] = []
 
@@ -123,4 +124,4 @@ async def run_ddl(
         raise CommandError(
             ErrorCode.ExceededTimeLimit, f"the config server did not answer {record.type} within {timeout:g} s"
         ) from None
-    return DDLRun(sc.ddl_outcome(state), cid, last.configTime, bool(started.get("joined")), phases)
+    return DDLRun(sc.ddl_outcome(state), cid, last.configTime, bool(started.get("joined")), phases, started)

@@ -18,6 +18,7 @@ from typing import Any
 from domain import ddl
 from domain.bsonvalues import type_name
 from domain.catalog import Catalog, Chunk, Collection
+from domain.index_ddl import check_drop_target, list_documents
 from domain.protocol import RESERVED_DBS, ErrorCode, check_db_name, check_shard_name, valid_collection_name
 from domain.settings import MB
 from domain.shardkey import InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, shell_range, to_ejson
@@ -560,6 +561,8 @@ COORDINATOR_DESC = {
     "dropDatabase": "DropDatabaseCoordinator",
     "renameCollection": "RenameCollectionCoordinator",
     "refineCollectionShardKey": "RefineCollectionShardKeyCoordinator",
+    "createIndexes": "CreateIndexesCoordinator",
+    "dropIndexes": "DropIndexesCoordinator",
 }
 
 
@@ -608,7 +611,7 @@ def drop_reply(result: dict[str, Any]) -> dict[str, Any]:
     missing collection is ok with nothing to say (MongoDB 7.0)."""
     if not result.get("dropped"):
         return {}
-    return {"ns": result["ns"], "nIndexesWas": 1}
+    return {"ns": result["ns"], "nIndexesWas": int(result.get("nIndexesWas", 1))}
 
 
 def parse_drop_database(cmd: Mapping[str, Any]) -> d.DropDatabase:
@@ -656,6 +659,12 @@ def ddl_outcome(state: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = state.get("result") or {}
         return result
     code = state.get("code") or ErrorCode.OperationFailed
+    if state.get("op") == "createIndexes":  # as mongod words a failed build; DuplicateKey's details
+        raise CommandError(
+            code,
+            f"Index build failed: {state.get('ns')} :: caused by :: {state.get('reason') or code}",
+            state.get("result") or None,
+        )
     raise CommandError(code, f"{state.get('op')} of {state.get('ns')} failed: {state.get('reason') or code}")
 
 
@@ -703,3 +712,99 @@ def current_op_filter(cmd: Mapping[str, Any]) -> dict[str, Any]:
     """`{currentOp: 1, $all?, $ownOps?, <filter>...}`: the rest is a query on the entries."""
     name = next(iter(cmd))
     return {k: v for k, v in cmd.items() if k != name and k not in CURRENT_OP_OPTIONS and k not in GENERIC_FIELDS}
+
+
+# ------------------------------------------------------------------ indexes (domain/index_ddl.py)
+#
+# createIndexes and dropIndexes are DDL coordinators too (the same loop, domain/ddl_client.py);
+# listIndexes is answered from the catalog the router (or the CLI) follows.
+
+
+def collection_ns(cmd: Mapping[str, Any]) -> str:
+    """`{<command>: "<collection>", $db}` -> "db.collection" (InvalidNamespace otherwise)."""
+    name = next(iter(cmd))
+    coll = cmd[name]
+    if not isinstance(coll, str):
+        raise CommandError(ErrorCode.InvalidNamespace, f"collection name has invalid type {type_name(coll)}")
+    if not valid_collection_name(coll):
+        raise CommandError(ErrorCode.InvalidNamespace, f"Invalid namespace specified '{cmd.get('$db')}.{coll}'")
+    return f"{cmd['$db']}.{coll}"
+
+
+def create_indexes(ns: str, specs: list[Any]) -> d.CreateCollectionIndexes:
+    """The request, every spec checked as MongoDB checks it (domain.indexes.IndexSpec.parse)."""
+    if not specs:
+        raise CommandError(ErrorCode.BadValue, "Must specify at least one index.")
+    for spec in specs:
+        if not isinstance(spec, dict):
+            raise CommandError(
+                ErrorCode.TypeMismatch,
+                f"BSON field 'createIndexes.indexes' elements must be objects, got {type_name(spec)}",
+            )
+    return _checked(d.CreateCollectionIndexes(ns=ns, indexes=specs))  # type: ignore[return-value]
+
+
+def index_spec(
+    key: Any,
+    *,
+    name: str | None = None,
+    unique: bool = False,
+    sparse: bool = False,
+    partial: Any = None,
+) -> dict[str, Any]:
+    """The CLI's options as a createIndexes spec."""
+    spec: dict[str, Any] = {"key": key}
+    if name is not None:
+        spec["name"] = name
+    if unique:
+        spec["unique"] = True
+    if sparse:
+        spec["sparse"] = True
+    if partial is not None:
+        spec["partialFilterExpression"] = partial
+    return spec
+
+
+def parse_create_indexes(cmd: Mapping[str, Any]) -> d.CreateCollectionIndexes:
+    """`{createIndexes: "<collection>", indexes: [...], commitQuorum?}` (every shard builds; a
+    commitQuorum is accepted and has nothing to count: shards are single nodes)."""
+    only_fields(cmd, {"indexes", "commitQuorum", "ignoreUnknownIndexOptions"})
+    ns = collection_ns(cmd)
+    specs = required(cmd, "indexes")
+    if not isinstance(specs, list):
+        raise CommandError(
+            ErrorCode.TypeMismatch,
+            f"BSON field 'createIndexes.indexes' is the wrong type '{type_name(specs)}', expected type 'array'",
+        )
+    if cmd.get("ignoreUnknownIndexOptions"):
+        specs = [{k: v for k, v in s.items() if k in KNOWN_INDEX_OPTIONS} if isinstance(s, dict) else s for s in specs]
+    return create_indexes(ns, specs)
+
+
+KNOWN_INDEX_OPTIONS = frozenset({"key", "name", "unique", "sparse", "partialFilterExpression", "v", "background"})
+
+
+def drop_indexes(ns: str, index: Any) -> d.DropCollectionIndexes:
+    return _checked(d.DropCollectionIndexes(ns=ns, index=check_drop_target(index)))  # type: ignore[return-value]
+
+
+def parse_drop_indexes(cmd: Mapping[str, Any]) -> d.DropCollectionIndexes:
+    """`{dropIndexes: "<collection>", index: "*" | name | key pattern | [names]}`."""
+    only_fields(cmd, {"index"})
+    ns = collection_ns(cmd)
+    return drop_indexes(ns, required(cmd, "index"))
+
+
+def parse_list_indexes(cmd: Mapping[str, Any]) -> str:
+    """`{listIndexes: "<collection>", cursor?: {batchSize}}` -> the namespace."""
+    only_fields(cmd, {"cursor", "includeBuildUUIDs", "includeIndexBuildInfo"})
+    typed(cmd, "cursor", dict, "object")
+    return collection_ns(cmd)
+
+
+def list_indexes(catalog: Catalog, ns: str) -> list[dict[str, Any]]:
+    """listIndexes from the catalog: NamespaceNotFound for a collection it does not know."""
+    db = catalog.databases.get(ns.partition(".")[0])
+    if ns not in catalog.collections and (db is None or ns not in db.collections):
+        raise CommandError(ErrorCode.NamespaceNotFound, f"ns does not exist: {ns}")
+    return list_documents(catalog.index_list(ns))

@@ -17,13 +17,17 @@ from schemas.ddl import (
     AdvanceDDL,
     CollectionDropped,
     CollectionRenamed,
+    CreateCollectionIndexes,
     DatabaseDropped,
     DDLFinished,
     DDLPhaseReached,
     DDLStarted,
     DropCollection,
+    DropCollectionIndexes,
     DropDatabase,
     GetDDL,
+    IndexesCreated,
+    IndexesDropped,
     RefineCollectionShardKey,
     RenameCollection,
     ShardKeyRefined,
@@ -259,6 +263,8 @@ ConfigCommand = Annotated[
     | DropDatabase
     | RenameCollection
     | RefineCollectionShardKey
+    | CreateCollectionIndexes
+    | DropCollectionIndexes
     | AdvanceDDL
     | GetDDL,
     Field(discriminator="type"),
@@ -289,6 +295,8 @@ COMMANDS = (
     DropDatabase,
     RenameCollection,
     RefineCollectionShardKey,
+    CreateCollectionIndexes,
+    DropCollectionIndexes,
     AdvanceDDL,
     GetDDL,
 )
@@ -540,7 +548,9 @@ ConfigEvent = Annotated[
     | CollectionDropped
     | DatabaseDropped
     | CollectionRenamed
-    | ShardKeyRefined,
+    | ShardKeyRefined
+    | IndexesCreated
+    | IndexesDropped,
     Field(discriminator="type"),
 ]
 EVENTS = (
@@ -572,6 +582,8 @@ EVENTS = (
     DatabaseDropped,
     CollectionRenamed,
     ShardKeyRefined,
+    IndexesCreated,
+    IndexesDropped,
 )
 
 commands: Codec[ConfigCommand] = Codec("config.commands", ConfigCommand, COMMANDS)

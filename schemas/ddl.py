@@ -15,8 +15,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from schemas import Record
+from schemas.bsonjson import BsonDoc
 
-DDLOp = Literal["dropCollection", "dropDatabase", "renameCollection", "refineCollectionShardKey"]
+DDLOp = Literal[
+    "dropCollection", "dropDatabase", "renameCollection", "refineCollectionShardKey", "createIndexes", "dropIndexes"
+]
 
 # ---------------------------------------------------------------- config commands
 
@@ -54,6 +57,27 @@ class RefineCollectionShardKey(Record):
     v: Literal[1] = 1
     ns: str
     key: dict[str, Any]
+
+
+class CreateCollectionIndexes(Record):
+    """createIndexes: build `indexes` (createIndexes specs, `{"key": {...}, "name": ...}`) on
+    every shard that owns chunks of `ns` and its database's primary, then list them in the
+    catalog.  A missing collection is created first; indexes that already exist are ok."""
+
+    type: Literal["CreateCollectionIndexes"] = "CreateCollectionIndexes"
+    v: Literal[1] = 1
+    ns: str
+    indexes: list[BsonDoc]
+
+
+class DropCollectionIndexes(Record):
+    """dropIndexes: `index` is "*" (every index but `_id_` and the shard key's), a name, a key
+    pattern, or a list of names."""
+
+    type: Literal["DropCollectionIndexes"] = "DropCollectionIndexes"
+    v: Literal[1] = 1
+    ns: str
+    index: str | list[str] | BsonDoc
 
 
 class AdvanceDDL(Record):
@@ -111,6 +135,7 @@ class DDLPhaseReached(Record):
     phase: str
     code: str | None = None
     reason: str | None = None
+    info: dict[str, Any] | None = None  # rollback: the error's details (DuplicateKey's keyPattern, keyValue)
 
 
 class DDLFinished(Record):
@@ -167,6 +192,28 @@ class ShardKeyRefined(Record):
     ns: str
     key: dict[str, Any]
     epoch: str
+
+
+class IndexesCreated(Record):
+    """`ns`'s catalog entry lists `indexes` too (listIndexes form, Extended JSON): they are
+    built on every shard that owned chunks of it (createIndexes' point of no return)."""
+
+    type: Literal["IndexesCreated"] = "IndexesCreated"
+    v: Literal[1] = 1
+    ts: int | None = None
+    ns: str
+    indexes: list[BsonDoc]
+
+
+class IndexesDropped(Record):
+    """`ns`'s catalog entry no longer lists the indexes `names` (dropIndexes' point of no
+    return: the shards drop them next)."""
+
+    type: Literal["IndexesDropped"] = "IndexesDropped"
+    v: Literal[1] = 1
+    ts: int | None = None
+    ns: str
+    names: list[str]
 
 
 # ---------------------------------------------------------------- shard requests

@@ -8,7 +8,8 @@ same coordinators in its replayed catalog and starts each again at its checkpoin
 
     reads   config.events (through the config server's catalog), topics.ddl_inbox (replies)
     writes  config.commands (AdvanceDDL), shard.<id>.requests (EnterDDLCriticalSection,
-            DropLocalData, RenameLocalBatch, RekeyLocalBatch, ExitDDLCriticalSection)
+            DropLocalData, RenameLocalBatch, RekeyLocalBatch, ExitDDLCriticalSection;
+            BuildIndexes, ListIndexes, DropIndexes for the index DDLs)
 
 Fault points, for the crash tests: `ddl.<phase>@<op>` fires once the phase is checkpointed and
 before its work, `ddl.<phase>.done@<op>` after its work, before the next checkpoint.
@@ -20,11 +21,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from domain.bsonvalues import from_record
 from domain.catalog import Catalog
 from domain.ddl import Coordinator, Phase, before_point_of_no_return, next_phase
+from domain.index_ddl import build_states, index_build_poll
 from domain.protocol import CONFIG_TIME, ErrorCode
 from libs import kafka
 from libs.faults import fault_point
@@ -32,6 +36,7 @@ from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import Record
 from schemas import ddl as d
+from schemas import indexes as ix
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +58,9 @@ RETRIABLE = {
 class Refused(Exception):
     """A request of the coordinator was refused: `code`, `reason`."""
 
-    def __init__(self, code: str | None, reason: str):
+    def __init__(self, code: str | None, reason: str, info: dict[str, Any] | None = None):
         super().__init__(f"{code}: {reason}")
-        self.code, self.reason = code, reason
+        self.code, self.reason, self.info = code, reason, info
 
 
 class NotActive(RuntimeError):
@@ -128,16 +133,16 @@ class DDLDriver:
             try:
                 await self._work(c, phase)
             except Refused as e:
-                if not before_point_of_no_return(phase) or phase == Phase.ROLLBACK:
+                if not before_point_of_no_return(phase, c.op) or phase == Phase.ROLLBACK:
                     raise  # retried from the phase by run(): after the point of no return we go forward
                 log.warning("DDL %s %s of %s: %s; rolling back", cid, c.op, c.ns, e)
-                await self._advance(c, phase, Phase.ROLLBACK, code=e.code, reason=e.reason)
+                await self._advance(c, phase, Phase.ROLLBACK, code=e.code, reason=e.reason, info=e.info)
                 continue
             self.fault(f"ddl.{phase}.done", c.op)
             try:
-                await self._advance(c, phase, next_phase(phase))
+                await self._advance(c, phase, next_phase(phase, c.op))
             except Refused as e:  # the commit's re-check failed: nothing changed, roll back
-                if not before_point_of_no_return(phase):
+                if not before_point_of_no_return(phase, c.op):
                     raise
                 log.warning("DDL %s %s of %s refused at %s: %s; rolling back", cid, c.op, c.ns, phase, e)
                 await self._advance(c, phase, Phase.ROLLBACK, code=e.code, reason=e.reason)
@@ -159,10 +164,57 @@ class DDLDriver:
                 id=c.id, namespaces=c.namespaces(), db=c.db if c.op == "dropDatabase" else None
             )
             await asyncio.gather(*(self._ask_shard(s, section) for s in shards))
+        elif phase == Phase.BUILD:
+            await self._build(c)
+        elif phase == Phase.APPLY and c.op == "dropIndexes":
+            # Every shard: one that no longer owns chunks may still hold the index.
+            drop = ix.DropIndexes(ns=c.ns, names=list(c.params["names"]), missingOk=True)
+            await asyncio.gather(*(self._ask_shard(s, drop) for s in shards))
         elif phase == Phase.APPLY:
             await asyncio.gather(*(self._apply(c, s) for s in shards))
+        elif phase == Phase.ROLLBACK and c.op == "createIndexes":
+            # No half index anywhere: the builds are dropped wherever they ran (or not).
+            names = [r["name"] for r in c.params["indexes"]]
+            drop = ix.DropIndexes(ns=c.ns, names=names, missingOk=True)
+            await asyncio.gather(*(self._ask_shard(s, drop) for s in shards))
+        elif c.op in ("createIndexes", "dropIndexes"):
+            return  # commit (the advance carries the catalog change); no critical section to leave
         elif phase in (Phase.RELEASE, Phase.ROLLBACK):
             await asyncio.gather(*(self._ask_shard(s, d.ExitDDLCriticalSection(id=c.id)) for s in shards))
+
+    async def _build(self, c: Coordinator) -> None:
+        """createIndexes' buildIndexes phase: BuildIndexes on every shard that owns chunks of the
+        collection and its primary (migrations are frozen: the set is stable, and the same
+        after a restart), then ListIndexes on each until every new index is ready there.  One
+        that failed anywhere (a duplicate key under a unique index) is Refused: the rollback."""
+        coll = self.catalog.collections.get(c.ns)
+        build = ix.BuildIndexes(
+            ns=c.ns,
+            indexes=[from_record(r) for r in c.params["indexes"]],
+            buildId=c.id,
+            shardKey=coll.pattern.spec if coll is not None else None,
+        )
+        names = [r["name"] for r in c.params["indexes"]]
+        await asyncio.gather(*(self._build_on(c, s, build, names) for s in self.catalog.index_shards(c.ns)))
+
+    async def _build_on(self, c: Coordinator, shard: str, build: ix.BuildIndexes, names: list[str]) -> None:
+        await self._ask_shard(shard, build)  # answered at once: the shard's own driver scans
+        while True:
+            listed = await self._ask_shard(shard, ix.ListIndexes(ns=c.ns))
+            states = build_states(listed, names)
+            self.progress[c.id][f"built@{shard}"] = states
+            if (failed := next((st for st in states.values() if st["state"] == "failed"), None)) is not None:
+                error = failed.get("error") or {}
+                info = {k: error[k] for k in ("keyPattern", "keyValue") if k in error}
+                raise Refused(
+                    error.get("code") or ErrorCode.IndexBuildAborted,
+                    error.get("errmsg") or "index build failed",
+                    info or None,
+                )
+            if all(st["state"] == "ready" for st in states.values()):
+                return
+            self._check_active()
+            await asyncio.sleep(index_build_poll())
 
     async def _migrations_stopped(self, c: Coordinator) -> None:
         """The catalog refuses new migrations of what `c` holds and the commits of running ones
@@ -241,10 +293,17 @@ class DDLDriver:
         return await self._ask(self.topics.shard_requests(shard), record)
 
     async def _advance(
-        self, c: Coordinator, phase: Phase, to: Phase, *, code: str | None = None, reason: str | None = None
+        self,
+        c: Coordinator,
+        phase: Phase,
+        to: Phase,
+        *,
+        code: str | None = None,
+        reason: str | None = None,
+        info: dict[str, Any] | None = None,
     ) -> None:
         """Checkpoint `to`, then wait until our own catalog shows it (the next loop reads it)."""
-        cmd = d.AdvanceDDL(id=c.id, phase=phase, to=to, code=code, reason=reason)
+        cmd = d.AdvanceDDL(id=c.id, phase=phase, to=to, code=code, reason=reason, result=info or {})
         await self._ask(self.topics.config_commands, cmd)
         deadline = time.monotonic() + 30.0
         while (now := self.catalog.ddl.get(c.id)) is not None and now.phase == phase:

@@ -13,8 +13,10 @@ import os
 import time
 from typing import Any, cast
 
-from domain import clock, ddl
+from domain import clock, ddl, index_ddl
+from domain.bsonvalues import from_record, to_record
 from domain.catalog import Catalog, Chunk, Collection, Migration, MigrationOutcome, Shard, ZoneRange
+from domain.indexes import IndexSpec
 from domain.protocol import ErrorCode, check_db_name, check_shard_name, check_zone_name, split_ns
 from domain.settings import ClusterSettings, CollectionSettings, validated
 from domain.shardkey import (
@@ -261,6 +263,14 @@ def shard_collection(catalog: Catalog, cmd: c.ShardCollection) -> Decision:
         )
     if cmd.unique and pattern.is_hashed:
         raise CommandError(ErrorCode.InvalidOptions, "a hashed shard key cannot be unique")
+    for index in catalog.indexes.get(cmd.ns, []):  # seed 003: uniqueness is only kept per shard
+        if index.unique and (pattern.is_hashed or list(index.paths[: len(pattern.fields)]) != list(pattern.fields)):
+            raise CommandError(
+                ErrorCode.InvalidOptions,
+                f"can't shard collection '{cmd.ns}' with unique index on {shell_form(dict(index.key))} and "
+                f"proposed shard key {shell_form(pattern.spec)}. Uniqueness can't be maintained unless "
+                "shard key is a prefix",
+            )
     hashed_prefix = pattern.hashed_field == pattern.fields[0]
     if cmd.numInitialChunks is not None and not hashed_prefix:
         raise CommandError(ErrorCode.InvalidOptions, "numInitialChunks is only for a shard key with a hashed prefix")
@@ -896,13 +906,36 @@ def _exists(catalog: Catalog, ns: str) -> bool:
     return ns in catalog.collections or (db is not None and ns in db.collections)
 
 
-@on_command.register(d.DropCollection, d.DropDatabase, d.RenameCollection, d.RefineCollectionShardKey)
+@on_command.register(
+    d.DropCollection,
+    d.DropDatabase,
+    d.RenameCollection,
+    d.RefineCollectionShardKey,
+    d.CreateCollectionIndexes,
+    d.DropCollectionIndexes,
+)
 def start_ddl(catalog: Catalog, cmd: Record, now: float | None = None) -> Decision:
     """A DDL request: a new coordinator (its state document first), the running one joined, a
     no-op, or refused — before anything is recorded."""
     req = ddl.request_of(cmd)
     running = catalog.ddl_of_database(req.locks[0])
     reply: dict[str, Any] = {"op": req.op, "ns": req.ns}
+    if req.op == "dropCollection" and _exists(catalog, req.ns):  # what mongos's drop answers: the indexes it had
+        reply["nIndexesWas"] = len(catalog.index_list(req.ns))
+    events: list[Record] = []
+    if (
+        running is not None
+        and (running.op, running.ns) == ("dropIndexes", req.ns) == (req.op, req.ns)
+        and running.params.get("index") == req.params["index"]
+    ):  # joined even once its commit has dropped the names from the catalog
+        return Decision([], {**reply, "id": running.id, "started": True, "joined": True})
+    if req.op in ("createIndexes", "dropIndexes") and (running is None or (running.op, running.ns) == (req.op, req.ns)):
+        # What the request does depends on the indexes listed (unchanged while one runs: it
+        # holds the namespace), so it is planned first; its params are what a joiner matches.
+        req, events, more = _plan_index_ddl(catalog, req, creating=running is None)
+        reply.update(more)
+        if running is None and not req.params:
+            return Decision(events, {**reply, "id": None, "started": False})
     if running is not None:
         if running.same_request(req.op, req.ns, req.params):
             return Decision([], {**reply, "id": running.id, "started": True, "joined": True})
@@ -920,17 +953,51 @@ def start_ddl(catalog: Catalog, cmd: Record, now: float | None = None) -> Decisi
     if req.op == "refineCollectionShardKey":
         _check_refine(catalog, req.ns, req.params["key"])
     cid = new_uuid()
-    event = d.DDLStarted(
-        id=cid,
-        op=req.op,  # type: ignore[arg-type]
-        ns=req.ns,
-        params=req.params,
-        locks=req.locks,
-        phase=ddl.Phase.FREEZE,
-        shards=sorted(catalog.shards),
-        startedAt=time.time() if now is None else now,
+    events.append(
+        d.DDLStarted(
+            id=cid,
+            op=req.op,  # type: ignore[arg-type]
+            ns=req.ns,
+            params=req.params,
+            locks=req.locks,
+            phase=ddl.Phase.FREEZE,
+            shards=sorted(catalog.shards),
+            startedAt=time.time() if now is None else now,
+        )
     )
-    return Decision([event], {**reply, "id": cid, "started": True, "joined": False})
+    return Decision(events, {**reply, "id": cid, "started": True, "joined": False})
+
+
+def _plan_index_ddl(
+    catalog: Catalog, req: ddl.Request, creating: bool
+) -> tuple[ddl.Request, list[Record], dict[str, Any]]:
+    """createIndexes / dropIndexes against the indexes `req.ns` lists: the request with what it
+    will do as its params (empty: nothing to do), the events that come first (createIndexes
+    creates a missing collection, as MongoDB does), and what the reply says besides."""
+    coll = catalog.collections.get(req.ns)
+    key, unique = (coll.pattern.spec, coll.unique) if coll is not None else (None, False)
+    listed = catalog.index_list(req.ns)
+    if req.op == "dropIndexes":
+        if not _exists(catalog, req.ns):
+            raise CommandError(ErrorCode.NamespaceNotFound, f"ns not found {req.ns}")
+        names = index_ddl.plan_drop(req.ns, listed, req.params["index"], key, unique)
+        params = {**req.params, "names": names, "nIndexesWas": len(listed)} if names else {}
+        return ddl.Request(req.op, req.ns, params, req.locks), [], {"nIndexesWas": len(listed), "names": names}
+    events: list[Record] = []
+    created = False
+    if not _exists(catalog, req.ns) and creating:
+        db = req.locks[0]
+        if db not in catalog.databases:
+            events += _create_database_events(catalog, db, None)
+        events.append(c.CollectionCreated(ns=req.ns, uuid=new_uuid()))
+        created = True
+    new = index_ddl.plan_create(listed, [IndexSpec.parse(from_record(r)) for r in req.params["indexes"]], key)
+    before = len(listed)
+    more: dict[str, Any] = {"createdCollectionAutomatically": created, "numIndexesBefore": before}
+    if not new:
+        more.update(numIndexesAfter=before, note=index_ddl.ALREADY_EXIST)
+    params = {"indexes": [to_record(s.to_mongo()) for s in new], "numIndexesBefore": before} if new else {}
+    return ddl.Request(req.op, req.ns, params, req.locks), events, more
 
 
 def _check_rename(catalog: Catalog, ns: str, to: str, drop_target: bool) -> None:
@@ -952,6 +1019,14 @@ def _check_refine(catalog: Catalog, ns: str, key: dict[str, Any]) -> KeyPattern:
 def _commit_events(catalog: Catalog, c: ddl.Coordinator) -> list[Record]:
     """The catalog change at the coordinator's point of no return (re-checked: a DDL that can
     no longer commit rolls back)."""
+    if c.op == "createIndexes":
+        if not _exists(catalog, c.ns):
+            raise CommandError(ErrorCode.NamespaceNotFound, f"collection {c.ns} is gone: its indexes are not listed")
+        return [d.IndexesCreated(ns=c.ns, indexes=[from_record(r) for r in c.params["indexes"]])]
+    if c.op == "dropIndexes":
+        held = {s.name for s in catalog.indexes.get(c.ns, [])}
+        names = [n for n in c.params["names"] if n in held]
+        return [d.IndexesDropped(ns=c.ns, names=names)] if names else []
     if c.op == "dropCollection":
         return [d.CollectionDropped(ns=c.ns)] if _exists(catalog, c.ns) else []
     if c.op == "dropDatabase":
@@ -965,7 +1040,18 @@ def _commit_events(catalog: Catalog, c: ddl.Coordinator) -> list[Record]:
     return [d.ShardKeyRefined(ns=c.ns, key=pattern.spec, epoch=new_epoch())]
 
 
-def _ddl_result(c: ddl.Coordinator) -> dict[str, Any]:
+def _ddl_result(catalog: Catalog, c: ddl.Coordinator) -> dict[str, Any]:
+    if c.op == "createIndexes":
+        before = int(c.params["numIndexesBefore"])
+        return {
+            "ns": c.ns,
+            "numIndexesBefore": before,
+            "numIndexesAfter": before + len(c.params["indexes"]),
+            "indexes": [r["name"] for r in c.params["indexes"]],
+            "shards": catalog.index_shards(c.ns),
+        }
+    if c.op == "dropIndexes":
+        return {"ns": c.ns, "nIndexesWas": c.params["nIndexesWas"], "dropped": c.params["names"]}
     if c.op == "dropCollection":
         return {"ns": c.ns, "dropped": True}
     if c.op == "dropDatabase":
@@ -991,21 +1077,24 @@ def advance_ddl(catalog: Catalog, cmd: d.AdvanceDDL) -> Decision:
     if c.phase != at:  # recorded already: say where the coordinator is
         return Decision([], {"id": c.id, "phase": c.phase})
     if to == ddl.Phase.ROLLBACK:
-        if not ddl.before_point_of_no_return(at):
+        if not ddl.before_point_of_no_return(at, c.op):
             raise CommandError(
                 ErrorCode.IllegalOperation, f"{c.id} is past its point of no return: it only goes forward"
             )
-        event = d.DDLPhaseReached(id=c.id, phase=to, code=cmd.code, reason=cmd.reason)
+        event = d.DDLPhaseReached(id=c.id, phase=to, code=cmd.code, reason=cmd.reason, info=cmd.result or None)
         return Decision([event], {"id": c.id, "phase": to})
-    if to != ddl.next_phase(at):
-        raise CommandError(ErrorCode.IllegalOperation, f"{c.id} is in phase {at}: the next is {ddl.next_phase(at)}")
+    if to != ddl.next_phase(at, c.op):
+        raise CommandError(
+            ErrorCode.IllegalOperation, f"{c.id} is in phase {at}: the next is {ddl.next_phase(at, c.op)}"
+        )
+    commit = to == ddl.point_of_no_return(c.op) and at != ddl.Phase.ROLLBACK
+    events: list[Record] = _commit_events(catalog, c) if commit else []
     if to == ddl.Phase.DONE:
         if at == ddl.Phase.ROLLBACK:
-            done = d.DDLFinished(id=c.id, ok=False, code=c.code, reason=c.reason)
+            done = d.DDLFinished(id=c.id, ok=False, code=c.code, reason=c.reason, result=c.info or {})
         else:
-            done = d.DDLFinished(id=c.id, ok=True, result=_ddl_result(c))
-        return Decision([done], {"id": c.id, "phase": to, "ok": done.ok})
-    events: list[Record] = _commit_events(catalog, c) if to == ddl.POINT_OF_NO_RETURN else []
+            done = d.DDLFinished(id=c.id, ok=True, result=_ddl_result(catalog, c))
+        return Decision([*events, done], {"id": c.id, "phase": to, "ok": done.ok})
     events.append(d.DDLPhaseReached(id=c.id, phase=to))
     return Decision(events, {"id": c.id, "phase": to})
 

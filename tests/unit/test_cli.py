@@ -49,6 +49,7 @@ TOP_LEVEL = [
     "workload",
     "balancer",
     "ddl",
+    "index",
 ]
 
 
@@ -60,7 +61,7 @@ def test_the_command_tree_and_its_order():
     root = typer.main.get_command(app)
     assert root.list_commands(typer.Context(root)) == TOP_LEVEL  # the order `shardlog --help` shows
     assert invoke("--help").exit_code == 0
-    for group in ("zone", "settings", "topics", "workload", "balancer"):
+    for group in ("zone", "settings", "topics", "workload", "balancer", "index"):
         assert invoke(group, "--help").exit_code == 0, group
 
 
@@ -73,6 +74,13 @@ REFUSED = [
     (("find", "a.b", "[1]"), "TypeMismatch", "the filter must be a document"),
     (("balancer", "window", "--start", "01:00"), "BadValue", "give --start, --stop and --time-zone"),
     (("workload", "run", "ycsb-z", "--ops", "1"), "BadValue", "unknown workload 'ycsb-z'"),
+    (("index", "create", "a.b", '{"x": "text"}'), "CannotCreateIndex", "text indexes are not supported"),
+    (("index", "create", "a.b", "{bad"), "FailedToParse", "invalid JSON for KEY"),
+    (("index", "create", "a.b", '{"x": 1}', "--sparse", "--partial", '{"x": 1}'), "CannotCreateIndex", "sparse"),
+    (("index", "create", "a.system.b", '{"x": 1}'), "InvalidNamespace", "invalid collection name"),
+    (("index", "drop", "a.b"), "BadValue", "give one of NAME, --all or --key"),
+    (("index", "drop", "a.b", "x_1", "--all"), "BadValue", "give one of NAME, --all or --key"),
+    (("index", "drop", "a.b", "--key", "{}"), "IndexNotFound", "can't find index with key"),
     (
         ("workload", "load", "ycsb", "--records", "1", "--ns", "nodot"),
         "InvalidNamespace",

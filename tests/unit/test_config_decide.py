@@ -166,6 +166,8 @@ def test_every_command_has_a_decision():
         c.DropDatabase: None,
         c.RenameCollection: None,
         c.RefineCollectionShardKey: None,
+        c.CreateCollectionIndexes: None,  # tests/unit/test_index_ddl.py
+        c.DropCollectionIndexes: None,
         c.AdvanceDDL: None,
         c.GetDDL: c.GetDDL(),
     }

@@ -122,6 +122,7 @@ def test_rename_is_refused_or_stays_in_its_database(a: str, b: str):
 
 def test_replies_as_mongos_gives_them():
     assert sc.drop_reply({"ns": "app.c", "dropped": True}) == {"ns": "app.c", "nIndexesWas": 1}
+    assert sc.drop_reply({"ns": "app.c", "dropped": True, "nIndexesWas": 3})["nIndexesWas"] == 3
     assert sc.drop_reply({"id": None, "started": False, "ns": "app.c", "dropped": False}) == {}
     assert sc.drop_database_reply({"db": "app", "dropped": True, "collections": ["app.c"]}) == {"dropped": "app"}
     assert sc.drop_database_reply({"id": None, "started": False, "dropped": False}) == {

@@ -18,6 +18,7 @@ Writes:  replies on the same connections: OP_MSG, OP_REPLY (to OP_QUERY); to Kaf
 - `config_db.py` the read-only `config` database from the catalog projection
 - `databases.py` listDatabases, listCollections, dbStats, collStats, serverStatus
 - `ddl.py`       drop, dropDatabase, renameCollection, refineCollectionShardKey, currentOp
+- `indexes.py`   createIndexes, dropIndexes, listIndexes
 - `server.py`    the asyncio streams server: one task per connection, no threads
 - `__main__.py`  `python -m services.router.wire --port 27017`: the skeleton alone, for trying a client
 
@@ -25,4 +26,4 @@ Design note: docs/design/wire-protocol.md.
 """
 
 # Each module registers its commands in commands.SERVER_COMMANDS when imported.
-from services.router.wire import admin, aggregate, config_db, crud, databases, ddl  # noqa: E402, F401
+from services.router.wire import admin, aggregate, config_db, crud, databases, ddl, indexes  # noqa: E402, F401

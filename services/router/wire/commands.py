@@ -199,6 +199,8 @@ class CommandTable:
         except CommandError as e:
             number, code_name = command_error_code(e.code)
             reply = error_reply(number, code_name, e.message if code_name == e.code else f"{e.code}: {e.message}")
+            if e.code == ErrorCode.DuplicateKey and e.info:  # as mongod: the index's key and the value
+                reply.update({k: e.info[k] for k in ("keyPattern", "keyValue") if k in e.info})
         if not reply["ok"] and retryable_write_error(name, cmd, reply["code"]):
             reply["errorLabels"] = ["RetryableWriteError"]
         return self._times(conn, reply)

@@ -169,8 +169,8 @@ def coll_stats(cat: Catalog, ns: str, scale: int) -> dict[str, Any]:
         "totalIndexSize": 0,
         "totalSize": 0,
         "avgObjSize": 0,
-        "nindexes": 1,
-        "indexSizes": {"_id_": 0},
+        "nindexes": len(cat.index_list(ns)),
+        "indexSizes": {i.name: 0 for i in cat.index_list(ns)},
         "scaleFactor": scale,
     }
     if coll is not None:

@@ -39,7 +39,7 @@ async def run(edge: RouterEdge, record: Record, timeout: float) -> dict[str, Any
     done = await ddl_client.run_ddl(_sender(edge), record, timeout=timeout)
     if done.config_time is not None:
         await edge.follower.wait_for(done.config_time, timeout)
-    return done.result
+    return {**done.started, **done.result}  # the start's answer too (drop's nIndexesWas)
 
 
 def _ddl(name: str, parse: Callable[[Any], Record], shape: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
