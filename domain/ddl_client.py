@@ -60,14 +60,15 @@ async def start_ddl(send: Send, record: Record, *, timeout: float, lock_wait: fl
         reply = await send(record, timeout)
         if reply.ok:
             return reply
-        if reply.code != ErrorCode.ConflictingOperationInProgress or loop.time() + LOCK_RETRY_S > deadline:
-            if reply.code == ErrorCode.ConflictingOperationInProgress:
-                raise CommandError(
-                    ErrorCode.ConflictingOperationInProgress,
-                    f"{reply.error} (waited {wait:g} s: SHARDLOG_DDL_LOCK_WAIT)",
-                )
+        if reply.code != ErrorCode.ConflictingOperationInProgress:
             raise _refused(reply)
-        await asyncio.sleep(LOCK_RETRY_S)
+        left = deadline - loop.time()
+        if left <= 0:  # the whole wait is over (a last attempt was made at its end)
+            raise CommandError(
+                ErrorCode.ConflictingOperationInProgress,
+                f"{reply.error} (waited {wait:g} s: SHARDLOG_DDL_LOCK_WAIT)",
+            )
+        await asyncio.sleep(min(LOCK_RETRY_S, left))
 
 
 async def await_ddl(

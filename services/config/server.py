@@ -10,7 +10,7 @@ import time
 from domain import clock as vclock
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
-from libs import kafka
+from libs import kafka, tracing
 from libs.commands import CommandProcessor
 from libs.projection import Projection
 from libs.requests import Requester
@@ -139,8 +139,12 @@ class ConfigServer:
                 await self.processor.active.wait()
                 interval = self.catalog.settings.KeysRotationIntervalSec
                 if vclock.keys_to_create(self.catalog.keys, time.time(), interval):
+                    with tracing.untraced():  # housekeeping, not work a user asked for: no trace
+                        headers = tracing.inject()
                     await producer.send_and_wait(
-                        self.settings.topics.config_commands, schema.commands.encode(schema.RotateClusterTimeKeys())
+                        self.settings.topics.config_commands,
+                        schema.commands.encode(schema.RotateClusterTimeKeys()),
+                        headers=headers,
                     )
                     log.info("%s: cluster-time signing keys are due; asked for them", NAME)
                     await asyncio.sleep(1.0)  # let the command be decided before looking again
