@@ -125,8 +125,9 @@ def test_create_list_drop_with_documents_on_two_shards(data_cluster):
     assert app.users.create_index([("k", ASCENDING), ("e", DESCENDING)], unique=True) == "k_1_e_-1"
 
     # a unique build that finds a duplicate: DuplicateKey, and no index listed
-    app.users.insert_one({"_id": 1000, "k": 1000, "b": 1})
-    app.users.insert_one({"_id": 1001, "k": 1000, "b": 1})
+    # (distinct e: the unique k_1_e_-1 index above takes both)
+    app.users.insert_one({"_id": 1000, "k": 1000, "b": 1, "e": "x"})
+    app.users.insert_one({"_id": 1001, "k": 1000, "b": 1, "e": "y"})
     with pytest.raises(DuplicateKeyError):
         app.users.create_index([("k", ASCENDING), ("b", ASCENDING)], unique=True)
     assert "k_1_b_1" not in app.users.index_information()
