@@ -105,10 +105,12 @@ from domain.query import (
 from domain.shardkey import MAX_KEY, MIN_KEY, compare_values, encode_value, hash_value, is_max_key, is_min_key
 from libs.commands import CommandError
 
+IDHACK = "IDHACK"  # a Plan's hint when the shard reads one document by its _id (MongoDB's IDHACK)
 MAX_SCAN_POINTS = 4096  # points of an equality prefix's product before a field becomes its hull
 
 __all__ = [
     "FULL",
+    "IDHACK",
     "MAX_SCAN_POINTS",
     "Candidate",
     "IndexInfo",
@@ -700,8 +702,13 @@ def _hashed_pattern(info: IndexInfo) -> dict[str, Any]:
 def _stages(plan: Plan, cand: Candidate | None, stats: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The stage tree of `cand` (None: COLLSCAN), innermost first, as MongoDB nests it."""
     flt = plan.matcher.filter
-    if cand is None:
-        node: dict[str, Any] = {"stage": "COLLSCAN", "direction": "forward"}
+    if cand is None and plan.hint == IDHACK:
+        node: dict[str, Any] = {"stage": "IDHACK"}
+        if stats is not None:
+            node["keysExamined"] = stats.get("docsExamined", 0)
+            node["docsExamined"] = stats.get("docsExamined", 0)
+    elif cand is None:
+        node = {"stage": "COLLSCAN", "direction": "forward"}
         if flt:
             node["filter"] = flt
         if stats is not None:
@@ -738,7 +745,7 @@ def explain(plan: Plan, stats: Mapping[str, int] | None = None) -> dict[str, Any
             "rejectedPlans": [_stages(plan, c) for c in plan.rejected],
         }
     }
-    if plan.hint is not None:
+    if plan.hint is not None and plan.hint != IDHACK:
         out["queryPlanner"]["hint"] = plan.hint
     if stats is not None:
         out["executionStats"] = {
@@ -755,7 +762,7 @@ def explain(plan: Plan, stats: Mapping[str, int] | None = None) -> dict[str, Any
 def describe(plan: Plan) -> str:
     """One line for humans: `IXSCAN a_1 {a: ["[5, 5]"]}` / `COLLSCAN`."""
     if plan.winner is None:
-        return "COLLSCAN"
+        return "IDHACK" if plan.hint == IDHACK else "COLLSCAN"
     extra = " covered" if plan.covered else ""
     extra += " sorted" if plan.sort and plan.sort_provided else ""
     bounds = ", ".join(f"{p}: {' ∪ '.join(ivs) or 'none'}" for p, ivs in format_bounds(plan.winner).items())
