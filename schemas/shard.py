@@ -184,6 +184,9 @@ class Explain(Record):
     skip: int = Field(0, ge=0)
     limit: int = Field(0, ge=0)  # 0: no limit
     hint: Any = None
+    # MongoDB's: "queryPlanner" plans only; "executionStats" / "allPlansExecution" also run the
+    # winning plan for its counts
+    verbosity: Literal["queryPlanner", "executionStats", "allPlansExecution"] = "allPlansExecution"
     routing: Routing | None = None  # None: from a client to a router
 
 

@@ -462,12 +462,13 @@ class ShardDecider:
             plan, access = self._query(
                 coll, req.ns, req.filter, sort=req.sort, projection=req.projection, hint=req.hint
             )
-            for _ in query_plan.run(plan, access, skip=req.skip, limit=req.limit, stats=stats):
-                pass
+            if req.verbosity != "queryPlanner":
+                for _ in query_plan.run(plan, access, skip=req.skip, limit=req.limit, stats=stats):
+                    pass
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
         counts = {**stats.as_dict(), "executionTimeMillis": int((time.monotonic() - started) * 1000)}
-        out = planner.explain(plan, counts)
+        out = planner.explain(plan, counts if req.verbosity != "queryPlanner" else None)
         out["queryPlanner"]["namespace"] = req.ns
         out["summary"] = planner.describe(plan)
         return Decision([], out)
