@@ -187,3 +187,61 @@ def test_sharded_collection_plans_the_shard_key_index_and_filters_orphans(shard)
         IndexedDocuments(shard.documents, {"d.s": [a_1()]}).refresh()
     _, r = shard.run(s.Find(ns="d.s", filter={"a": 2}, routing=shard.routing("d.s")))
     assert sorted(d["_id"] for d in r["docs"]) == [i for i in range(50) if i % 5 == 2]
+
+
+# ------------------------------------------------------------------ the property, on a real shard
+
+REAL = hasattr(__import__("services.shard.documents", fromlist=["ShardDocuments"]).ShardDocuments, "scan_index")
+
+
+@pytest.mark.skipif(not REAL, reason="needs the shard's own indexes (idx-shard)")
+def test_finds_through_the_shards_own_indexes_equal_a_collscan(tmp_path_factory):
+    """test_planner's soundness property, through the shard's requests, its RocksDB store, its
+    index entries (key values back from their record form) and its read overlay."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from domain.query import apply_projection, compile_filter, sort_key
+    from tests.unit.test_planner import dense_docs, dense_index, focused_conditions, key_of
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(dense_docs, st.lists(dense_index, min_size=1, max_size=2), st.data())
+    def prop(raw_docs, raw_indexes, data):
+        sh = Shard(tmp_path_factory.mktemp("p"))
+        try:
+            sh.config(c.CreateDatabase(db="d", primary="a"))
+            specs = list(
+                {
+                    k: IndexSpec.make(f"i{n}", k, sparse=kind == "sparse", partial=p if kind == "partial" else None)
+                    for n, (k, kind, p) in enumerate(raw_indexes)
+                }.values()
+            )
+            docs = [{"_id": i, **d} for i, d in enumerate(raw_docs)]
+            load(sh, "d.p", docs, *specs)
+            key = specs[0].key
+            flt = {"$and": [{p: data.draw(focused_conditions)} for p, _ in key[: data.draw(st.integers(1, len(key)))]]}
+            sort = {p: d for p, d in key} if data.draw(st.booleans()) else None
+            projection = {key[0][0]: 1, "_id": data.draw(st.sampled_from([0, 1]))} if data.draw(st.booleans()) else None
+            _, r = sh.run(
+                s.Find(
+                    ns="d.p", filter=flt, sort=sort, projection=projection, batchSize=1000, routing=sh.routing("d.p")
+                )
+            )
+            m = compile_filter(flt)
+            stored = [d for _, d in sh.documents.scan("d.p")]
+            want = [d for d in stored if m.matches(d)]
+            if sort:
+                want.sort(key=sort_key(sort))
+                got_full = (
+                    [next(d for d in stored if d["_id"] == g["_id"]) for g in r["docs"]]
+                    if projection is None or projection["_id"]
+                    else None
+                )
+                if got_full is not None:
+                    assert [sort_key(sort)(d) for d in got_full] == [sort_key(sort)(d) for d in want]
+            proj = (lambda d: apply_projection(d, projection)) if projection else (lambda d: d)
+            assert sorted(key_of(d) for d in r["docs"]) == sorted(key_of(proj(d)) for d in want)
+        finally:
+            sh.store.close()
+
+    prop()
