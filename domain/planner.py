@@ -81,6 +81,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from bson import Decimal128
@@ -141,9 +142,17 @@ class Interval:
     def is_point(self) -> bool:
         return self.lo_inclusive and self.hi_inclusive and encode_value(self.lo) == encode_value(self.hi)
 
+    @cached_property
+    def _ends(self) -> tuple[bytes, bytes]:
+        return encode_value(self.lo), encode_value(self.hi)
+
     def contains(self, v: Any) -> bool:
-        lo, hi = compare_values(v, self.lo), compare_values(v, self.hi)
-        return (lo > 0 or (lo == 0 and self.lo_inclusive)) and (hi < 0 or (hi == 0 and self.hi_inclusive))
+        return self.contains_encoded(encode_value(v))
+
+    def contains_encoded(self, enc: bytes) -> bool:
+        """`contains` for a value's encoding (domain.shardkey.encode_value): byte comparisons only."""
+        lo, hi = self._ends
+        return (enc > lo or (enc == lo and self.lo_inclusive)) and (enc < hi or (enc == hi and self.hi_inclusive))
 
     @property
     def is_empty(self) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from domain.indexes import IndexSpec, entries
-from domain.planner import FULL, Plan
+from domain.planner import FULL, Interval, Plan
 from domain.query import apply_projection, sort_key
 from domain.shardkey import encode_value
 
@@ -79,6 +79,13 @@ def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
     for p in parts[:-1]:
         node = node.setdefault(p, {})
     node[parts[-1]] = value
+
+
+def _within(v: Any, ivs: tuple[Interval, ...]) -> bool:
+    if ivs == (FULL,):
+        return True
+    enc = encode_value(v)
+    return any(iv.contains_encoded(enc) for iv in ivs)
 
 
 def matching(plan: Plan, access: Access, stats: ExecStats | None = None) -> Iterator[tuple[bytes, dict[str, Any]]]:
