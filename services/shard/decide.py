@@ -727,8 +727,9 @@ class ShardDecider:
     ) -> tuple[Decision, bytes | None, dict | None, dict]:
         """(decision, shard key of the document, the image to return, lastErrorObject)."""
         blocked = self._write_blocked(coll, req.ns)
-        matching = self._matching(coll, req.ns, req.query)
-        if req.sort:
+        plan, access = self._query(coll, req.ns, req.query, sort=req.sort)  # issue 15: an index may give the order
+        matching = query_plan.matching(plan, access)
+        if req.sort and not plan.sort_provided:
             found = min(matching, key=lambda hit: sort_key(req.sort)(hit[1]), default=None)
         else:
             found = next(matching, None)

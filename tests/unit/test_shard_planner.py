@@ -41,8 +41,9 @@ class IndexedDocuments:
             (k, values, d["_id"]) for _, d in self.documents.scan(ns) for k, values in entries(spec, d)[0].items()
         )
         part = [r for r in rows if lo <= r[0] and (not hi or r[0] < hi)]
-        self.scanned += len(part)
-        return iter(part[::-1] if reverse else part)
+        for row in part[::-1] if reverse else part:
+            self.scanned += 1  # as read: a limit stops the scan
+            yield row
 
 
 @pytest.fixture
@@ -245,3 +246,12 @@ def test_finds_through_the_shards_own_indexes_equal_a_collscan(tmp_path_factory)
             sh.store.close()
 
     prop()
+
+
+def test_find_and_modify_takes_the_first_document_in_the_indexs_order(shard):
+    ix = load(shard, "d.c", DOCS, a_1())
+    before = ix.scanned
+    _, r = shard.run(
+        s.FindAndModify(ns="d.c", query={"a": {"$gte": 7}}, sort={"a": -1}, remove=True, routing=shard.routing("d.c"))
+    )
+    assert r["value"]["a"] == 9 and ix.scanned - before == 1  # the first key, read backward
