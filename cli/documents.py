@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from rich.markup import escape
 
 from cli.context import CliContext, JsonOpt, parse_documents
 from domain.bsonvalues import to_record
@@ -135,16 +136,30 @@ def count(ctx: typer.Context, ns: str, filter: str = typer.Argument("{}"), json_
 
 
 @documents_app.command("explain")
-def explain(ctx: typer.Context, ns: str, filter: str = typer.Argument("{}"), json_out: bool = JsonOpt) -> None:
-    """Which shards a query targets, and why."""
+def explain(
+    ctx: typer.Context,
+    ns: str,
+    filter: str = typer.Argument("{}"),
+    sort: str = typer.Option(None, "--sort", help="a sort, e.g. '{\"a\": -1}'"),
+    hint: str = typer.Option(None, "--hint", help="an index name, or a key pattern as JSON"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Which shards a query targets and why, and each shard's plan: the index it uses (or
+    COLLSCAN), keys and documents examined."""
     cx = CliContext.of(ctx)
     flt = _filter(cx, filter)
-    r = cx.with_client(lambda c: _collection(c, ns).explain(flt))
+    order = cx.parse_ejson(sort, "the sort") if sort else None
+    hinted: Any = cx.parse_ejson(hint, "the hint") if hint and hint.lstrip().startswith("{") else hint
+    r = cx.with_client(lambda c: _collection(c, ns).explain(flt, sort=order, hint=hinted))
     if cx.json:
         cx.print_json(r)
-    else:
+        return
+    cx.out.print(f"{r['ns']}: {', '.join(r['shards']) or 'no shard'} — {r['reason']} (ConfigTime {r['configTime']})")
+    for p in r.get("plans", []):
+        stats = p.get("executionStats", {})
         cx.out.print(
-            f"{r['ns']}: {', '.join(r['shards']) or 'no shard'} — {r['reason']} (ConfigTime {r['configTime']})"
+            f"  {p['shard']}: {escape(p.get('summary', '?'))} — keys examined {stats.get('totalKeysExamined', 0)}, "
+            f"documents examined {stats.get('totalDocsExamined', 0)}, returned {stats.get('nReturned', 0)}"
         )
 
 

@@ -526,8 +526,19 @@ class AsyncCollection:
         value: Document | None = (await self.cluster.write(req, session=session))["value"]
         return value
 
-    async def explain(self, filter: Document | None = None) -> Document:
-        return await self.cluster.call(s.Explain(ns=self.ns, filter=filter or {}))
+    async def explain(
+        self,
+        filter: Document | None = None,
+        *,
+        sort: Document | None = None,
+        projection: Document | None = None,
+        limit: int = 0,
+        hint: Any = None,
+    ) -> Document:
+        """Which shards the query targets and why, and each shard's plan and its counts
+        (`plans`: queryPlanner, executionStats, summary)."""
+        req = s.Explain(ns=self.ns, filter=filter or {}, sort=sort, projection=projection, limit=limit, hint=hint)
+        return await self.cluster.call(req)
 
 
 class AsyncCursor:

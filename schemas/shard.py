@@ -101,6 +101,7 @@ class Find(Record):
     lsid: Any = None
     clusterTime: Any = None
     readConcern: Any = None
+    hint: Any = None  # an index name or key pattern, or {"$natural": 1} (domain/planner.py)
 
 
 class GetMore(Record):
@@ -181,12 +182,22 @@ class FindAndModify(Record):
 
 
 class Explain(Record):
-    """Which shards a query targets and why (answered by a router)."""
+    """Which shards a query targets and why (a router), and each shard's plan and execution
+    (the router asks each targeted shard with `routing`: domain/planner.py's explain)."""
 
     type: Literal["Explain"] = "Explain"
     v: Literal[1] = 1
     ns: str
     filter: Doc = Field(default_factory=dict)
+    sort: Doc | None = None
+    projection: Doc | None = None
+    skip: int = Field(0, ge=0)
+    limit: int = Field(0, ge=0)  # 0: no limit
+    hint: Any = None
+    # MongoDB's: "queryPlanner" plans only; "executionStats" / "allPlansExecution" also run the
+    # winning plan for its counts
+    verbosity: Literal["queryPlanner", "executionStats", "allPlansExecution"] = "allPlansExecution"
+    routing: Routing | None = None  # None: from a client to a router
 
 
 class EndSessions(Record):

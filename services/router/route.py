@@ -500,6 +500,7 @@ class OperationRouter:
                         batchSize=10_000,
                         routing=self._routing(req.ns, shard),
                         readConcern=req.readConcern,
+                        hint=req.hint,
                     ),
                 )
                 for shard in t.shards
@@ -594,12 +595,21 @@ class OperationRouter:
     async def explain(self, req: s.Explain) -> dict:
         compile_filter(req.filter)  # refuse a bad filter here too
         t = targeting.for_query(self.catalog, req.ns, req.filter)
+        # issue 15: each targeted shard's plan and execution (domain/planner.py's explain); the
+        # shards apply skip + limit, as for a find
+        want = req.skip + req.limit if req.limit else 0
+        parts = [
+            (shard, req.model_copy(update={"skip": 0, "limit": want, "routing": self._routing(req.ns, shard)}))
+            for shard in t.shards
+        ]
+        plans = [{"shard": shard, **r} for (shard, _), r in zip(parts, await self._ask_all(parts))]
         return {
             "ns": req.ns,
             "shards": list(t.shards),
             "reason": t.reason,
             "sharded": t.sharded,
             "configTime": self.follower.config_time,
+            "plans": plans,
         }
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain import clock as vclock
-from domain import targeting
+from domain import planner, query_plan, targeting
 from domain.bsonvalues import to_record
 from domain.catalog import Catalog, Collection
 from domain.indexes import ID_INDEX, IndexSpec, duplicate_key_error
@@ -54,7 +54,7 @@ from schemas import ddl as dd
 from schemas import shard as s
 from services.shard.ddl import REQUESTS as DDL_REQUESTS
 from services.shard.ddl import DDLDecider
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, shard_key_part
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, id_key, shard_key_part
 from services.shard.indexes import REQUESTS as INDEX_REQUESTS
 from services.shard.indexes import IndexDecider
 from services.shard.migrations import REQUESTS as MIGRATION_REQUESTS
@@ -286,6 +286,36 @@ class ShardDecider:
 
     def _matching(self, coll: Collection | None, ns: str, flt: dict) -> Iterator[tuple[bytes, dict]]:
         """(shard key, document) of every owned document matching the filter."""
+        plan, access = self._query(coll, ns, flt)
+        return query_plan.matching(plan, access)
+
+    # ---- issue 15: the query planner (domain/planner.py, domain/query_plan.py) ------------------
+    # Every read path (Find, Count, Explain, and the filters of Update, Delete, FindAndModify) plans
+    # here: an index scan over a ready secondary index, the shard key's ranges (targeting), or the
+    # owned ranges (COLLSCAN); the executor fetches, re-checks the filter and the ownership filter.
+
+    def _ready_indexes(self, ns: str) -> list[planner.IndexInfo]:
+        """The ready secondary indexes of `ns` (a building one misses documents)."""
+        named = getattr(self.documents, "indexes", {}).get(ns, {})
+        return [
+            planner.IndexInfo(index.spec, bool(index.record.multikey))
+            for index in named.values()
+            if index.record.state == "ready"
+        ]
+
+    def _query(
+        self,
+        coll: Collection | None,
+        ns: str,
+        flt: dict,
+        *,
+        sort: dict | None = None,
+        projection: dict | None = None,
+        hint: Any = None,
+    ) -> tuple[planner.Plan, query_plan.Access]:
+        """The plan of a query and how it reaches this shard's documents: refusals (a bad filter, a
+        critical section) now, the reading lazily.  A filter on `_id` by value is the IDHACK
+        (`plan.hint == IDHACK`): at most one document, by its _id."""
         try:
             matcher = compile_filter(flt)
         except QueryError as e:
@@ -293,13 +323,23 @@ class ShardDecider:
         if coll is None and self.migrations.primary_blocked(ns, reads=True):
             raise self.migrations.critical_section_wait(ns, "a read")
         blocked = self.migrations.blocked_ranges(ns, reads=True) if coll is not None else []
-        if "_id" in flt and not isinstance(flt["_id"], dict):  # fast path by _id
+
+        def location(doc: dict) -> bytes:
+            return self.documents.get(id_key(ns, encode_value(doc["_id"]))) or b""
+
+        def locate(doc_id: Any) -> bytes | None:
+            return self.documents.get(id_key(ns, encode_value(doc_id)))
+
+        def owned(skey: bytes) -> bool:
+            return self._owns(coll, skey)
+
+        if "_id" in flt and not isinstance(flt["_id"], dict) and hint is None:  # fast path by _id
             hit = self.documents.find_by_id(ns, flt["_id"])
             if hit is not None and self._owns(coll, hit[0]) and matcher.matches(hit[1]):
                 if any(lo <= hit[0] < hi for lo, hi in blocked):
                     raise self.migrations.critical_section_wait(ns, "a read")
-                yield hit
-            return
+            plan = self._choose(matcher, sort, projection, [], None, planner.IDHACK)
+            return plan, query_plan.Access(self.documents, ns, lambda: [hit] if hit else [], location, owned)
         ranges = self._owned_ranges(coll)
         if coll is not None and (wanted := targeting.key_ranges(coll, matcher)) is not None:
             # Scan only where the filter can match: the critical section of another range,
@@ -314,10 +354,29 @@ class ShardDecider:
             lo < b_hi and b_lo < (hi if hi is not None else b"\xff" * 8) for lo, hi in ranges for b_lo, b_hi in blocked
         ):
             raise self.migrations.critical_section_wait(ns, "a read")
-        for lo, hi in ranges:
-            for k, doc in self.documents.scan(ns, lo, hi):
-                if matcher.matches(doc):
+
+        def collscan() -> Iterator[tuple[bytes, dict]]:
+            for lo, hi in ranges:
+                for k, doc in self.documents.scan(ns, lo, hi):
                     yield shard_key_part(k, doc), doc
+
+        shard_key = coll.pattern.spec if coll is not None else None
+        plan = self._choose(matcher, sort, projection, self._ready_indexes(ns), shard_key, hint)
+        access = query_plan.Access(self.documents, ns, collscan, location, owned, locate if coll is not None else None)
+        return plan, access
+
+    @staticmethod
+    def _choose(matcher, sort, projection, indexes, shard_key, hint) -> planner.Plan:
+        try:
+            if hint == planner.IDHACK:
+                return planner.Plan(matcher, sort, projection, None, hint=planner.IDHACK)
+            return planner.choose(
+                matcher, sort=sort, projection=projection, indexes=indexes, shard_key=shard_key, hint=hint
+            )
+        except QueryError as e:
+            raise CommandError(e.code, str(e)) from None
+
+    # ---- end of issue 15's planner block ---------------------------------------------------------
 
     def _read_after(self, req: s.Find | s.Count) -> None:
         """Causal consistency (docs/decisions/0014): this shard is the single writer of its
@@ -341,16 +400,16 @@ class ShardDecider:
     def find(self, req: s.Find) -> Decision:
         self._read_after(req)
         coll = self._placement(req.ns, req.routing)
-        matching = self._matching(coll, req.ns, req.filter)
-        first = next(matching, None)  # starts the scan now: ownership and blocking as of this request
-        docs: Iterator[dict] = (d for _, d in itertools.chain([first] if first else [], matching))
         try:
-            if req.sort:
-                docs = iter(sorted(docs, key=sort_key(req.sort)))
-            docs = itertools.islice(docs, req.skip, req.skip + req.limit if req.limit else None)
             if req.projection is not None:
                 apply_projection({}, req.projection)  # refuse a bad projection before reading anything
-                docs = (apply_projection(d, req.projection) for d in docs)
+            plan, access = self._query(
+                coll, req.ns, req.filter, sort=req.sort, projection=req.projection, hint=req.hint
+            )
+            # issue 15: the plan sorts (unless its index gives the order), skips, limits, projects
+            docs = query_plan.run(plan, access, skip=req.skip, limit=req.limit)
+            first = next(docs, None)  # starts the scan now: ownership and blocking as of this request
+            docs = itertools.chain([first] if first is not None else [], docs)
             return Decision([], self._batch(docs, req.batchSize, req.ns))
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
@@ -401,7 +460,33 @@ class ShardDecider:
     def count(self, req: s.Count) -> Decision:
         self._read_after(req)
         coll = self._placement(req.ns, req.routing)
-        return Decision([], {"n": sum(1 for _ in self._matching(coll, req.ns, req.filter))})
+        # issue 15: `{_id: 1}` lets a covered plan count from the index's keys, without fetching
+        plan, access = self._query(coll, req.ns, req.filter, projection={"_id": 1})
+        return Decision([], {"n": sum(1 for _ in query_plan.matching(plan, access))})
+
+    @on_request.register(s.Explain)
+    def explain(self, req: s.Explain) -> Decision:
+        """issue 15: this shard's plan for a query and its execution (MongoDB's explain, one shard's
+        part: queryPlanner and executionStats)."""
+        coll = self._placement(req.ns, req.routing)
+        started = time.monotonic()
+        stats = query_plan.ExecStats()
+        try:
+            if req.projection is not None:
+                apply_projection({}, req.projection)
+            plan, access = self._query(
+                coll, req.ns, req.filter, sort=req.sort, projection=req.projection, hint=req.hint
+            )
+            if req.verbosity != "queryPlanner":
+                for _ in query_plan.run(plan, access, skip=req.skip, limit=req.limit, stats=stats):
+                    pass
+        except QueryError as e:
+            raise CommandError(e.code, str(e)) from None
+        counts = {**stats.as_dict(), "executionTimeMillis": int((time.monotonic() - started) * 1000)}
+        out = planner.explain(plan, counts if req.verbosity != "queryPlanner" else None)
+        out["queryPlanner"]["namespace"] = req.ns
+        out["summary"] = planner.describe(plan)
+        return Decision([], out)
 
     @on_request.register(s.CheckShardKey)
     def check_shard_key(self, req: s.CheckShardKey) -> Decision:
@@ -666,8 +751,9 @@ class ShardDecider:
     ) -> tuple[Decision, bytes | None, dict | None, dict]:
         """(decision, shard key of the document, the image to return, lastErrorObject)."""
         blocked = self._write_blocked(coll, req.ns)
-        matching = self._matching(coll, req.ns, req.query)
-        if req.sort:
+        plan, access = self._query(coll, req.ns, req.query, sort=req.sort)  # issue 15: an index may give the order
+        matching = query_plan.matching(plan, access)
+        if req.sort and not plan.sort_provided:
             found = min(matching, key=lambda hit: sort_key(req.sort)(hit[1]), default=None)
         else:
             found = next(matching, None)

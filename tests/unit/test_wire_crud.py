@@ -268,3 +268,12 @@ def test_cluster_time_round_trips_between_bson_and_the_domain(secs, inc, proof, 
     assert back == signed
     parsed = vclock.parse_signed_cluster_time(back)
     assert (parsed.time, parsed.key_id, parsed.proof) == (t, key_id, proof)
+
+
+def test_find_takes_a_hint_by_name_or_key_pattern():
+    assert find_record({"find": "c", "hint": "a_1", "$db": "a"})[0].hint == "a_1"
+    assert find_record({"find": "c", "hint": {"a": 1}, "$db": "a"})[0].hint == {"a": 1}
+    assert find_record({"find": "c", "hint": {}, "$db": "a"})[0].hint is None
+    with pytest.raises(CommandError) as e:
+        find_record({"find": "c", "hint": 5, "$db": "a"})
+    assert e.value.code == "TypeMismatch"

@@ -108,7 +108,11 @@ async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     edge = conn.cluster()
     if cmd.get("explain"):
         targets = (
-            [] if db == "config" else (await edge.routing.handle(s.Explain(ns=ns, filter=shard_part.filter)))["shards"]
+            []
+            if db == "config"
+            else (await edge.routing.handle(s.Explain(ns=ns, filter=shard_part.filter, verbosity="queryPlanner")))[
+                "shards"
+            ]
         )
         return {
             "mergeType": "mongos",

@@ -221,6 +221,7 @@ def find_record(cmd: dict[str, Any]) -> tuple[s.Find, int, bool]:
         projection=_doc(cmd, "find", "projection"),
         batchSize=max(batch, 1),
         readConcern=wire_read_concern(cmd.get("readConcern")),
+        hint=_hint(cmd, "find"),  # issue 15: the shards' planner takes it
         **session_fields(cmd, write=False),
     )
     return record, batch, _bool(cmd, "find", "singleBatch", False)
@@ -542,32 +543,87 @@ async def _distinct(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
 
 @SERVER_COMMANDS.register("explain")
 async def _explain(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
-    """Which shards a find / count / update / delete targets (mongos's queryPlanner shape, no plans)."""
+    """mongos's explain: which shards a find / count / update / delete / findAndModify / distinct
+    targets, and each shard's plan (winningPlan, rejectedPlans) and, unless the verbosity is
+    queryPlanner, its executionStats (issue 15: domain/planner.py)."""
     inner = cmd.get("explain")
     if not isinstance(inner, dict) or not inner:
         raise _wrong_type("explain", "explain", inner, "object")
     name = next(iter(inner))
     inner = {**inner, "$db": cmd["$db"]}
-    if name in ("find", "count"):
-        flt = _doc(inner, name, "filter" if name == "find" else "query", {}) or {}
+    verbosity = cmd.get("verbosity", "allPlansExecution")
+    if verbosity not in ("queryPlanner", "executionStats", "allPlansExecution"):
+        raise CommandError(
+            ErrorCode.FailedToParse,
+            f"verbosity string must be one of queryPlanner, executionStats, allPlansExecution: {verbosity!r}",
+        )
+    shape: dict[str, Any] = {}
+    if name == "find":
+        record, _, _ = find_record(inner)
+        flt = record.filter
+        shape = {"sort": record.sort, "projection": record.projection, "skip": record.skip, "limit": record.limit}
+        shape["hint"] = record.hint
+    elif name == "count":
+        flt = _doc(inner, name, "query", {}) or {}
+        shape["hint"] = _hint(inner, name)
     elif name in ("update", "delete"):
         ops = inner.get("updates" if name == "update" else "deletes")
-        flt = ops[0].get("q", {}) if isinstance(ops, list) and ops and isinstance(ops[0], dict) else {}
+        first = ops[0] if isinstance(ops, list) and ops and isinstance(ops[0], dict) else {}
+        flt = first.get("q", {})
+        shape["hint"] = _hint(first, name)
     elif name in ("findAndModify", "findandmodify", "distinct"):
         flt = _doc(inner, name, "query", {}) or {}
+        if name != "distinct":
+            shape["sort"] = _doc(inner, name, "sort") or None
     else:
         raise CommandError(ErrorCode.CommandNotFound, f"Explain failed due to unknown command: {name}")
-    result = await _run(conn, s.Explain(ns=namespace(inner), filter=flt))
+    result = await _run(conn, s.Explain(ns=namespace(inner), filter=flt, verbosity=verbosity, **shape))
     shards = result["shards"]
-    stage = "SINGLE_SHARD" if len(shards) == 1 else "SHARD_MERGE"
-    return {
+    plans = result.get("plans", [])
+    stage = "SINGLE_SHARD" if len(shards) == 1 else ("SHARD_MERGE_SORT" if shape.get("sort") else "SHARD_MERGE")
+    out: dict[str, Any] = {
         "queryPlanner": {
             "mongosPlannerVersion": 1,
-            "winningPlan": {"stage": stage, "shards": [{"shardName": sh, "namespace": result["ns"]} for sh in shards]},
+            "winningPlan": {
+                "stage": stage,
+                "shards": [{"shardName": p["shard"], "namespace": result["ns"], **p["queryPlanner"]} for p in plans]
+                or [{"shardName": sh, "namespace": result["ns"]} for sh in shards],
+            },
         },
-        "shardlog": {"reason": result["reason"], "sharded": result["sharded"], "configTime": result["configTime"]},
+        "shardlog": {
+            "reason": result["reason"],
+            "sharded": result["sharded"],
+            "configTime": result["configTime"],
+            "plans": [{"shard": p["shard"], "summary": p.get("summary")} for p in plans],
+        },
         "command": {k: v for k, v in inner.items() if k != "$db"},
     }
+    if verbosity != "queryPlanner":
+        per_shard = [{"shardName": p["shard"], **p["executionStats"]} for p in plans if "executionStats" in p]
+        out["executionStats"] = {
+            "nReturned": sum(x["nReturned"] for x in per_shard),
+            "executionTimeMillis": max((x["executionTimeMillis"] for x in per_shard), default=0),
+            "totalKeysExamined": sum(x["totalKeysExamined"] for x in per_shard),
+            "totalDocsExamined": sum(x["totalDocsExamined"] for x in per_shard),
+            "executionStages": {
+                "stage": stage,
+                "nReturned": sum(x["nReturned"] for x in per_shard),
+                "totalKeysExamined": sum(x["totalKeysExamined"] for x in per_shard),
+                "totalDocsExamined": sum(x["totalDocsExamined"] for x in per_shard),
+                "shards": per_shard,
+            },
+        }
+    return out
+
+
+def _hint(cmd: dict[str, Any], where: str) -> Any:
+    """A `hint`: an index name or key pattern (None when absent or empty)."""
+    hint = cmd.get("hint")
+    if hint is None or hint == {} or hint == "":
+        return None
+    if not isinstance(hint, (str, dict)):
+        raise _wrong_type(where, "hint", hint, "string or object")
+    return hint
 
 
 # ------------------------------------------------------------------ sessions
