@@ -10,6 +10,7 @@ and only documents in chunks this shard owns are ever read or written
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import json
@@ -330,8 +331,17 @@ class ShardDecider:
         def locate(doc_id: Any) -> bytes | None:
             return self.documents.get(id_key(ns, encode_value(doc_id)))
 
+        # Ownership as of this request, not as of each getMore: a cursor opened before a
+        # migration's commit goes on reading the moved range, whose deletion waits for it.
+        owned_at_start = sorted(self._owned_ranges(coll))
+        starts = [lo for lo, _ in owned_at_start]
+
         def owned(skey: bytes) -> bool:
-            return self._owns(coll, skey)
+            i = bisect.bisect_right(starts, skey) - 1
+            if i < 0:
+                return False
+            hi = owned_at_start[i][1]
+            return hi is None or skey < hi
 
         if "_id" in flt and not isinstance(flt["_id"], dict) and hint is None:  # fast path by _id
             hit = self.documents.find_by_id(ns, flt["_id"])
