@@ -9,6 +9,7 @@ import os
 import subprocess
 
 import pytest
+from bson import MaxKey
 
 from tests.unit.test_wire_mongosh import _mongosh
 
@@ -102,3 +103,40 @@ def test_crud_from_the_shell(mongosh, data_cluster):
     lines = out.strip().splitlines()
     assert lines[0] == "[1,2,3]", out
     assert json.loads(lines[1]) == [{"_id": "a", "total": 4}, {"_id": "b", "total": 2}], out
+
+
+def test_index_helpers_from_the_shell(mongosh, data_cluster):
+    """createIndex / getIndexes / explain / dropIndex as a mongosh user types them, on a sharded
+    collection with documents on two shards."""
+    client = data_cluster.mongo_client()
+    client.admin.command("shardCollection", "app.people", key={"k": 1})
+    client.admin.command("split", "app.people", middle={"k": 50})
+    client.admin.command("moveRange", "app.people", min={"k": 50}, max={"k": MaxKey()}, toShard="s1")
+    client.app.people.insert_many([{"_id": i, "k": i, "city": f"c{i % 10}"} for i in range(100)])
+    out = run(
+        mongosh,
+        data_cluster,
+        """
+        const c = db.getSiblingDB("app").people;
+        print("created", c.createIndex({city: 1}));
+        print("unique", c.createIndex({k: 1, city: 1}, {unique: true}));
+        print("names", JSON.stringify(c.getIndexes().map(i => i.name).sort()));
+        const e = c.find({city: "c3"}).explain("executionStats");
+        const shards = e.queryPlanner.winningPlan.shards.map(s => JSON.stringify(s.winningPlan)).join(" ");
+        print("ixscan", shards.includes('"IXSCAN"') && shards.includes('"city_1"'));
+        print("docs", e.executionStats.totalDocsExamined, "returned", e.executionStats.nReturned);
+        try { c.insertOne({_id: 1000, k: 3, city: "c3"}) } catch (err) { print("dup", err.code) }
+        try { c.createIndex({city: 1}, {unique: true, name: "u"}) } catch (err) { print("refused", err.code, err.codeName) }
+        try { c.dropIndex("_id_") } catch (err) { print("id", err.code) }
+        print("dropped", c.dropIndex("city_1").ok);
+        print("left", JSON.stringify(c.getIndexes().map(i => i.name).sort()));
+        """,
+    )
+    lines = out.strip().splitlines()
+    assert lines[:2] == ["created city_1", "unique k_1_city_1"], out
+    assert lines[2] == '["_id_","city_1","k_1","k_1_city_1"]', out
+    assert lines[3] == "ixscan true", out
+    assert lines[4] == "docs 10 returned 10", out
+    assert lines[5:9] == ["dup 11000", "refused 67 CannotCreateIndex", "id 72", "dropped 1"], out
+    assert lines[9] == '["_id_","k_1","k_1_city_1"]', out
+    assert client.app.people.count_documents({}) == 100
