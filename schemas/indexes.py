@@ -84,6 +84,11 @@ class IndexRecorded(Record):
     total: int = 0  # documents in the collection when the build began (progress)
     multikey: bool = False
     error: BsonDoc | None = None  # failed: {"code": ..., "errmsg": ...}
+    # building, unique: the keys (hex of domain.indexes.key_prefix) that two documents may hold,
+    # as the steps and the writes found them; the last step rechecks only these.  Overflow:
+    # too many to list, the last step checks the whole index.
+    dupPrefixes: list[str] = []
+    dupOverflow: bool = False
 
 
 class IndexRemoved(Record):

@@ -107,8 +107,9 @@ class ShardDecider:
         self.ddl = DDLDecider(shard_id, catalog, documents)
         # Secondary indexes: their builds, drops and listing (services/shard/indexes.py).
         self.indexes = IndexDecider(catalog, documents)
-        # The index records the write being decided made multikey, recorded with it.
-        self._multikey: dict[tuple[str, str], Record] = {}
+        # The index records the write being decided changed (made multikey, or gave a unique
+        # build a key to recheck), recorded with it.
+        self._index_records: dict[tuple[str, str], Record] = {}
 
     @property
     def progress(self) -> dict[str, dict[str, Any]]:
@@ -120,7 +121,7 @@ class ShardDecider:
             raise CommandError(ErrorCode.CommandNotFound, f"unknown shard request {req.type!r}")
         self.served[(req.type, getattr(req, "ns", None))] += 1
         self._begun, self._statements = None, []
-        self._multikey = {}
+        self._index_records = {}
         if isinstance(req, WRITES) and (write := shard_session(req)) is not None:
             # TransactionTooOld here; a retry learns which of its statements ran already.
             self._begun = retryable.begin(self.documents.sessions.get(write.lsid), write)
@@ -136,12 +137,12 @@ class ShardDecider:
                 # replaces the session's older ones (tombstones first).
                 decision.events[:0] = list(self._begun.tombstones)
                 decision.events += retryable.record(self._begun, self._statements, self.wall())
-            if self._multikey:
-                decision.events += list(self._multikey.values())
+            if self._index_records:
+                decision.events += list(self._index_records.values())
             return decision
         finally:
             self._begun, self._statements = None, []
-            self._multikey = {}
+            self._index_records = {}
 
     def _statement(self) -> int:
         """The statement id of a single-statement write being decided (its index in a wire
@@ -666,7 +667,7 @@ class ShardDecider:
         """A write of `doc` that a secondary index cannot take is refused: a document it cannot
         index, a second `_id` under a key of a ready unique index (DuplicateKey)."""
         if self.documents.indexes.get(ns):
-            index_build.check_write(self.documents, ns, doc, seen, self._multikey)
+            index_build.check_write(self.documents, ns, doc, seen, self._index_records)
 
     @on_request.register(s.Update)
     def update(self, req: s.Update) -> Decision:

@@ -589,6 +589,11 @@ class ShardDocuments:
             key, doc_id = decode_entry_value(v)
             yield k[len(base) :], key, doc_id
 
+    def index_holders(self, ns: str, name: str, prefix: bytes) -> dict[bytes, tuple[Any, ...]]:
+        """The entries of index `name` under the key prefix `prefix` (domain.indexes.key_prefix),
+        one seek: each holder's encoded `_id` -> its key values."""
+        return {entry[len(prefix) :]: key for entry, key, _ in self.scan_index(ns, name, prefix, _prefix_end(prefix))}
+
     def index_duplicate(self, ns: str, spec: IndexSpec, key: tuple[Any, ...], doc_id: Any) -> bool:
         """Whether another document than `doc_id` has `key` in unique index `spec`: one seek.
         The encoding of a key is prefix-free, so the entries under its prefix are exactly the

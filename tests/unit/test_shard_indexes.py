@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from domain.catalog import Catalog
-from domain.indexes import IndexSpec, entries
+from domain.indexes import IndexSpec, entries, key_prefix
 from libs.commands import CommandError
 from libs.store import Store
 from schemas import Tombstone
@@ -238,6 +238,66 @@ def test_a_duplicate_written_during_a_unique_build_fails_it(shard):
     replies = shard.build("d.c", {"key": {"a": 1}, "unique": True}, limit=4, between=dup)
     assert replies[-1]["state"] == "failed"
     assert shard.entries("d.c", "a_1") == []
+
+
+def test_a_duplicate_gone_before_the_end_lets_a_unique_build_succeed(shard):
+    """As MongoDB's hybrid build: a write is not refused for a key a building index holds
+    twice, and the build fails only if the key is still held twice at its end."""
+    shard.insert("d.c", *({"_id": i, "a": i} for i in range(10)))
+    steps = iter(range(100))
+
+    def between():
+        n = next(steps)
+        if n == 1:
+            assert shard.insert("d.c", {"_id": 50, "a": 3})["inserted"] == 1
+            assert shard.documents.indexes["d.c"]["a_1"].record.dupPrefixes  # noted for the end
+        elif n == 2:
+            shard.run(s.Delete(ns="d.c", filter={"_id": 3}, routing=shard.routing("d.c")))
+
+    replies = shard.build("d.c", {"key": {"a": 1}, "unique": True}, limit=4, between=between)
+    assert replies[-1]["state"] == "ready"
+    record = shard.documents.indexes["d.c"]["a_1"].record
+    assert record.dupPrefixes == [] and not record.dupOverflow
+    shard.commit()
+    assert shard.entries("d.c", "a_1") == expected_entries(shard, "d.c", {"key": {"a": 1}})
+    assert shard.insert("d.c", {"_id": 51, "a": 3})["writeErrors"]  # ready: enforced
+
+
+def test_a_write_into_the_scanned_part_that_duplicates_a_key_fails_the_build(shard):
+    """The steps never see again a document behind `scannedTo`: the write itself notes the key."""
+    shard.insert("d.c", *({"_id": i, "a": i} for i in range(6)))
+    shard.commit()
+    shard.run(ix.BuildIndexes(ns="d.c", indexes=[{"key": {"a": 1}, "unique": True}], buildId="b"))
+    shard.run(ix.IndexBuildStep(ns="d.c", name="a_1", buildId="b", limit=3))  # _ids 0, 1, 2
+    shard.run(s.Update(ns="d.c", filter={"_id": 0}, update={"$set": {"a": 2}}, routing=shard.routing("d.c")))
+    while not (r := shard.run(ix.IndexBuildStep(ns="d.c", name="a_1", buildId="b", limit=3))[1])["done"]:
+        pass
+    assert r["state"] == "failed" and r["error"]["keyValue"] == {"a": 2}
+
+
+def test_a_unique_builds_last_step_reads_only_the_keys_it_must_recheck(shard):
+    """The exclusive last step is short: it rechecks the noted keys, it does not read the index."""
+    shard.insert("d.c", *({"_id": i, "a": i} for i in range(200)))
+    shard.commit()
+    shard.run(ix.BuildIndexes(ns="d.c", indexes=[{"key": {"a": 1}, "unique": True}], buildId="b"))
+    read: list[int] = []
+    scan_index = shard.documents.scan_index
+
+    def counted(*args, **kwargs):
+        for item in scan_index(*args, **kwargs):
+            read[-1] += 1
+            yield item
+
+    shard.documents.scan_index = counted  # type: ignore[method-assign]
+    shard.insert("d.c", {"_id": 500, "a": 150})  # a key to recheck: _id 150 is not indexed yet
+    while True:
+        read.append(0)
+        _, r = shard.run(ix.IndexBuildStep(ns="d.c", name="a_1", buildId="b", limit=64))
+        if r["done"]:
+            break
+    assert r["state"] == "failed" and r["error"]["keyValue"] == {"a": 150}
+    # Last step: 201 - 3 * 64 = 9 documents, each one seek; then one key's two holders.
+    assert read[-1] <= 9 + 2, read
 
 
 def test_a_document_the_index_cannot_take_fails_the_build_and_is_refused_once_ready(shard):
@@ -552,3 +612,57 @@ def test_property_the_merged_view_forward_and_reversed_is_the_store_with_the_ope
         assert list(docs._merged(start, stop, reverse=True)) == want[::-1]
     finally:
         store.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(4, 16),
+    program=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "update", "update", "delete", "commit", "step", "step"]),
+            st.integers(0, 15),
+            st.one_of(st.integers(0, 15), st.none()),
+        ),
+        max_size=40,
+    ),
+    limit=st.integers(1, 3),
+)
+def test_property_a_unique_build_fails_exactly_when_a_key_is_held_twice_at_its_end(tmp_path_factory, n, program, limit):
+    """The documents start with distinct keys: only the writes between the steps make duplicates."""
+    sh = Shard(tmp_path_factory.mktemp("u"))
+    sh.config(c.CreateDatabase(db="d", primary="a"))
+    spec = {"key": {"a": 1}, "unique": True}
+    index = IndexSpec.parse(spec)
+
+    def held_twice() -> bool:
+        holders: dict = {}
+        for _, key, _id in expected_entries(sh, "d.c", {"key": {"a": 1}}):
+            holders.setdefault(key_prefix(index, key), set()).add(_id)
+        return any(len(ids) > 1 for ids in holders.values())
+
+    def step() -> bool:
+        twice = held_twice()  # the documents as the step sees them
+        r = sh.run(ix.IndexBuildStep(ns="d.c", name="a_1", buildId="b", limit=limit))[1]
+        if r["done"]:
+            assert r["state"] == ("failed" if twice else "ready"), r
+        return r["done"]
+
+    try:
+        sh.insert("d.c", *({"_id": i, "a": i} for i in range(n)))
+        sh.commit()
+        sh.run(ix.BuildIndexes(ns="d.c", indexes=[spec], buildId="b"))
+        for op, i, v in program:
+            if op == "insert":
+                sh.insert("d.c", {"_id": 100 + i, "a": v})
+            elif op == "update":
+                sh.run(s.Update(ns="d.c", filter={"_id": i}, update={"$set": {"a": v}}, routing=sh.routing("d.c")))
+            elif op == "delete":
+                sh.run(s.Delete(ns="d.c", filter={"_id": i}, routing=sh.routing("d.c")))
+            elif op == "commit":
+                sh.commit()
+            elif step():
+                return
+        while not step():
+            pass
+    finally:
+        sh.store.close()

@@ -6,8 +6,10 @@ the entries).  The shard's command processor serializes writes and build steps, 
 never blocks writes: every write decided after the build began keeps the index right itself
 (its entries go in the same batch as the document), and the steps index the documents that
 were there before, in key order, `limit` at a time.  The last step is the short exclusive
-one: it indexes what is left and, for a unique index, looks through the entries for two
-`_id`s under one key.
+one: it indexes what is left and, for a unique index, rechecks the keys that two documents may
+hold.  Those are found as they arise, as MongoDB's duplicate-key tracker does: each step looks
+up each key it indexes (one seek), and so does each write while the index builds; a write is
+never refused for a key a building index has twice (the other document may go before the end).
 
     request          expects                          leaves
     BuildIndexes     (no index `name`)                building (scannedTo "", total: the
@@ -35,7 +37,8 @@ one: it indexes what is left and, for a unique index, looks through the entries 
                                                       its state and progress
     a write          building or ready                multikey once a document made it so;
                                                       a ready unique index refuses a second
-                                                      `_id` under a key (DuplicateKey)
+                                                      `_id` under a key (DuplicateKey); a
+                                                      building one notes the key (dupPrefixes)
 
 `failed` keeps no entries (the fold deletes them): no half index.  The DDL coordinator rolls
 a failed build back with DropIndexes(missingOk) on every shard.  The driver
@@ -62,7 +65,7 @@ from domain.indexes import (
     key_prefix,
 )
 from domain.protocol import ErrorCode
-from domain.shardkey import ShardKeyError, shell_form
+from domain.shardkey import ShardKeyError, encode_value, shell_form
 from libs.commands import CommandError
 from schemas import Record, Tombstone
 from schemas import indexes as ix
@@ -72,6 +75,9 @@ from services.shard.protocol.common import Step
 Doc = dict[str, Any]
 
 DEFAULT_STEP_LIMIT = 1000  # documents per IndexBuildStep (SHARDLOG_INDEX_BUILD_BATCH)
+# Keys a unique build remembers to recheck; past this, its last step checks the whole index
+# (a build over data full of duplicates fails anyway, so the slow path is the rare one).
+MAX_DUP_CANDIDATES = 1000
 
 
 class IndexState(StrEnum):
@@ -95,6 +101,8 @@ class IndexDocuments(Protocol):
     ) -> Iterator[tuple[bytes, tuple[Any, ...], Any]]: ...
 
     def index_duplicate(self, ns: str, spec: IndexSpec, key: tuple[Any, ...], doc_id: Any) -> bool: ...
+
+    def index_holders(self, ns: str, name: str, prefix: bytes) -> dict[bytes, tuple[Any, ...]]: ...
 
 
 def _error(e: CommandError) -> dict[str, Any]:
@@ -204,6 +212,9 @@ def build_step(documents: IndexDocuments, req: ix.IndexBuildStep) -> Step:
             break
     multikey = record.multikey
     pending: dict[bytes, tuple[Any, ...]] = {}  # the last step's own entries, not in the store yet
+    # A unique index: this step's keys (prefix -> encoded _id -> key), and the keys to recheck.
+    batch: dict[bytes, dict[bytes, tuple[Any, ...]]] = {}
+    candidates = _Candidates(record)
     last = len(taken) < req.limit
     for _, doc in taken:
         try:
@@ -217,23 +228,81 @@ def build_step(documents: IndexDocuments, req: ix.IndexBuildStep) -> Step:
         multikey = multikey or made_multikey
         if last:
             pending.update({entry: (*key, doc["_id"]) for entry, key in found.items()})
+        if spec.unique:
+            mine = encode_value(doc["_id"])
+            for key in found.values():
+                prefix = key_prefix(spec, key)
+                held = batch.setdefault(prefix, {})
+                held[mine] = key
+                if len(held) > 1 or documents.index_duplicate(req.ns, spec, key, doc["_id"]):
+                    candidates.add(prefix)
     scanned = record.scanned + len(taken)
     progress = {"ns": req.ns, "name": req.name, "scanned": scanned, "total": record.total}
     if not last:
-        scanned_to = taken[-1][0].hex()
-        step = record.model_copy(update={"scannedTo": scanned_to, "scanned": scanned, "multikey": multikey})
+        step = record.model_copy(
+            update={"scannedTo": taken[-1][0].hex(), "scanned": scanned, "multikey": multikey, **candidates.fields()}
+        )
         return Step([step], {**progress, "state": IndexState.BUILDING.value, "done": False}, "index.build_step")
-    if spec.unique and (dup := first_duplicate(documents, req.ns, spec, pending)) is not None:
-        return _failed(record, duplicate_key_error(req.ns, spec, dup))
+    if spec.unique:
+        if candidates.overflow:
+            dup = first_duplicate(documents, req.ns, spec, pending)
+        else:
+            dup = recheck(documents, req.ns, spec, candidates.prefixes, batch)
+        if dup is not None:
+            return _failed(record, duplicate_key_error(req.ns, spec, dup))
     ready = record.model_copy(
         update={
             "state": IndexState.READY.value,
             "scannedTo": taken[-1][0].hex() if taken else record.scannedTo,
             "scanned": scanned,
             "multikey": multikey,
+            "dupPrefixes": [],
+            "dupOverflow": False,
         }
     )
     return Step([ready], {**progress, "state": IndexState.READY.value, "done": True}, "index.build_ready")
+
+
+class _Candidates:
+    """The keys a unique build must recheck at its end: an ordered set of key prefixes that
+    gives up listing (overflow) past MAX_DUP_CANDIDATES."""
+
+    def __init__(self, record: ix.IndexRecorded):
+        self.overflow = record.dupOverflow
+        self._hex: dict[str, None] = dict.fromkeys(record.dupPrefixes)
+        self.changed = False
+
+    def add(self, prefix: bytes) -> None:
+        if self.overflow or (h := prefix.hex()) in self._hex:
+            return
+        self.changed = True
+        if len(self._hex) >= MAX_DUP_CANDIDATES:
+            self.overflow, self._hex = True, {}
+        else:
+            self._hex[h] = None
+
+    @property
+    def prefixes(self) -> list[bytes]:
+        return sorted(bytes.fromhex(h) for h in self._hex)
+
+    def fields(self) -> dict[str, Any]:
+        return {"dupPrefixes": list(self._hex), "dupOverflow": self.overflow}
+
+
+def recheck(
+    documents: IndexDocuments,
+    ns: str,
+    spec: IndexSpec,
+    prefixes: list[bytes],
+    batch: Mapping[bytes, Mapping[bytes, tuple[Any, ...]]],
+) -> tuple[Any, ...] | None:
+    """The first of `prefixes` (in index order) that two documents hold now: the stored
+    entries under it plus the last step's own (`batch`), one seek each."""
+    for prefix in prefixes:
+        holders = {**documents.index_holders(ns, spec.name, prefix), **batch.get(prefix, {})}
+        if len(holders) > 1:
+            return next(iter(holders.values()))
+    return None
 
 
 def _failed(record: ix.IndexRecorded, error: CommandError) -> Step:
@@ -322,32 +391,44 @@ def list_indexes(catalog: Catalog, documents: IndexDocuments, req: ix.ListIndexe
 
 
 def check_write(
-    documents: IndexDocuments, ns: str, doc: Doc, seen: set[bytes], multikey: dict[tuple[str, str], ix.IndexRecorded]
+    documents: IndexDocuments, ns: str, doc: Doc, seen: set[bytes], records: dict[tuple[str, str], Any]
 ) -> None:
     """Refuse a write of `doc` to `ns` that an index cannot take: a document it cannot index
     (e.g. CannotIndexParallelArrays), or, for a ready unique index, a key another document
-    holds, here or earlier in the same request (`seen`, updated).  The index records a write
-    makes multikey are added to `multikey` (by (ns, name)), to record with the write."""
+    holds, here or earlier in the same request (`seen`, updated).  A building unique index
+    notes such a key for its last step instead.  The index records a write changes (multikey,
+    noted keys) are put in `records` (by (ns, name)), to record with the write."""
     named = documents.indexes.get(ns, {})
     for name, index in named.items():
         record: ix.IndexRecorded = index.record
-        if state_of(record) is IndexState.FAILED:
+        state = state_of(record)
+        if state is IndexState.FAILED:
             continue
         spec: IndexSpec = index.spec
         try:
             found, made_multikey = entries(spec, doc)
         except ShardKeyError as e:
             raise CommandError(ErrorCode.CannotCreateIndex, f"cannot index {spec.name}: {e}") from None
-        if made_multikey and not record.multikey and (ns, name) not in multikey:
-            multikey[(ns, name)] = record.model_copy(update={"multikey": True})
-        if not spec.unique or state_of(record) is not IndexState.READY:
-            continue  # a building unique index is checked by its last step
-        for key in {key_prefix(spec, k): k for k in found.values()}.values():
-            mark = b"u/" + name.encode() + b"\x00" + key_prefix(spec, key)
-            if mark in seen or documents.index_duplicate(ns, spec, key, doc["_id"]):
-                raise duplicate_key_error(ns, spec, key)
-        for key in found.values():
-            seen.add(b"u/" + name.encode() + b"\x00" + key_prefix(spec, key))
+        changed = records.get((ns, name), record)
+        if made_multikey and not changed.multikey:
+            changed = changed.model_copy(update={"multikey": True})
+        if spec.unique:
+            keys = {key_prefix(spec, k): k for k in found.values()}
+            marks = {prefix: b"u/" + name.encode() + b"\x00" + prefix for prefix in keys}
+            held = [
+                p for p, k in keys.items() if marks[p] in seen or documents.index_duplicate(ns, spec, k, doc["_id"])
+            ]
+            if held and state is IndexState.READY:
+                raise duplicate_key_error(ns, spec, keys[held[0]])
+            if held:  # building: its last step rechecks these keys
+                candidates = _Candidates(changed)
+                for prefix in held:
+                    candidates.add(prefix)
+                if candidates.changed:
+                    changed = changed.model_copy(update=candidates.fields())
+            seen.update(marks.values())
+        if changed is not record:
+            records[(ns, name)] = changed
 
 
 def missing_indexes(
