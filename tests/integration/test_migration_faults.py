@@ -114,8 +114,11 @@ def stored(settings, sid: str, ns: str) -> dict:
     return {d["_id"]: d for d in docs.values()}
 
 
-async def write_while(settings, ns: str, stop: asyncio.Event, acked: dict) -> None:
-    """Increment documents of the moving range until told to stop; record what was acknowledged."""
+async def write_while(
+    settings, ns: str, stop: asyncio.Event, acked: dict, writing: asyncio.Event | None = None
+) -> None:
+    """Increment documents of the moving range until told to stop; record what was acknowledged.
+    `writing` is set once the first write is acknowledged (the client is connected)."""
     async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120, attempt_timeout=10) as cl:
         coll = cl[ns.split(".")[0]][ns.split(".")[1]]
         for n in itertools.count():
@@ -125,6 +128,8 @@ async def write_while(settings, ns: str, stop: asyncio.Event, acked: dict) -> No
             r = await coll.update_one({"k": k}, {"$inc": {"n": 1}})
             assert r["matched"] == 1, r
             acked[k] = acked.get(k, 0) + 1
+            if writing is not None:
+                writing.set()
 
 
 async def load(settings, ns: str) -> None:
@@ -172,8 +177,12 @@ def test_kill9_during_a_migration(procs, service, fault):
 
     async def scenario():
         stop = asyncio.Event()
-        writer = asyncio.create_task(write_while(settings, ns, stop, acked))
-        await asyncio.sleep(0.2)  # writes in flight before the migration starts, not a synchronisation
+        writing = asyncio.Event()
+        writer = asyncio.create_task(write_while(settings, ns, stop, acked, writing))
+        # Writes flowing before the migration starts: a recipient armed at catching_up gets mods
+        # only if writes reach the range during the move (a 150-document clone takes well under a
+        # second; the writer's client can take longer than that to connect).
+        await asyncio.wait_for(writing.wait(), 60)
         async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
             while True:  # the config server itself may be the victim: the request stays queued
                 try:
