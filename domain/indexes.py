@@ -29,16 +29,21 @@ Unique indexes of a sharded collection must have the shard key as a prefix (seed
 
 from __future__ import annotations
 
+import datetime
 import itertools
-import json
+import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import bson
+from bson.datetime_ms import DatetimeMS
+
 from domain.bsonvalues import to_record
 from domain.protocol import ErrorCode
 from domain.query import MISSING, QueryError, compile_filter
-from domain.shardkey import ShardKeyError, encode_value, shell_form
+from domain.shardkey import MAX_KEY, MIN_KEY, ShardKeyError, encode_value, shell_form
 from libs.commands import CommandError
 
 MAX_INDEXES = 64  # per collection, the _id index included (MongoDB's limit)
@@ -195,8 +200,7 @@ def parse_key(key: Any) -> tuple[tuple[str, int], ...]:
         raise _fail(ErrorCode.CannotCreateIndex, f"Index key pattern has more than {MAX_INDEX_FIELDS} fields")
     out: list[tuple[str, int]] = []
     for path, direction in key.items():
-        if not isinstance(path, str) or not path or "" in path.split(".") or path.startswith("$"):
-            raise _fail(ErrorCode.CannotCreateIndex, f"Index key contains an invalid field name: {path!r}")
+        _check_key_path(path)
         if isinstance(direction, str):
             kind = _NAME_TYPES.get(direction)
             what = f"{kind} indexes" if kind else f"index type {direction!r}"
@@ -214,6 +218,25 @@ def parse_key(key: Any) -> tuple[tuple[str, int], ...]:
             )
         out.append((path, 1 if direction > 0 else -1))
     return tuple(out)
+
+
+def _check_key_path(path: Any) -> None:
+    """MongoDB's field-name checks of a key pattern (index_key_validate.cpp), with its messages
+    and code CannotCreateIndex: no empty path or component (`a..b`, `.a`, `a.`), no component
+    starting with `$` (`$a`, `a.$b`).  MongoDB lets a DBRef's `$ref` / `$id` / `$db` through
+    after the first component; shardlog refuses them too, as its key generation does not look
+    inside a DBRef."""
+    if not isinstance(path, str) or not path:
+        raise _fail(ErrorCode.CannotCreateIndex, "Index keys cannot be an empty field.")
+    if path == "_fts":
+        raise _fail(ErrorCode.CannotCreateIndex, "Index key contains an illegal field name: '_fts'")
+    for part in path.split("."):
+        if not part:
+            raise _fail(ErrorCode.CannotCreateIndex, "Index keys cannot contain an empty field.")
+        if part.startswith("$"):
+            raise _fail(
+                ErrorCode.CannotCreateIndex, "Index key contains an illegal field name: field name starts with '$'."
+            )
 
 
 def default_name(key: tuple[tuple[str, int], ...]) -> str:
@@ -361,11 +384,87 @@ def entries(spec: IndexSpec, doc: Mapping[str, Any]) -> tuple[dict[bytes, tuple[
     return {entry_key(spec, k, _id): k for k in keys}, multikey
 
 
+# A regex's flags as the server stores them (letters in this order).
+_REGEX_FLAGS = (
+    (re.IGNORECASE, "i"),
+    (re.LOCALE, "l"),
+    (re.MULTILINE, "m"),
+    (re.DOTALL, "s"),
+    (re.UNICODE, "u"),
+    (re.VERBOSE, "x"),
+)
+
+
+def _server_double(x: float) -> str:
+    """A double as the server prints one (StringBuilder::appendDoubleNice): `%.16g`, then `.0`
+    when that has no `.`, `E` or `N` (so 2.0 -> `2.0`, 1e+20 -> `1e+20.0`)."""
+    text = "%.16g" % x  # noqa: UP031 -- C's printf format, as the server's snprintf
+    return text if any(c in text for c in ".EN") else text + ".0"
+
+
+def server_form(value: Any) -> str:
+    """A value as mongod's BSONElement::toString writes it in an errmsg (the `dup key` of a
+    DuplicateKey): `{ a: 1, b.c: "x" }`, field names bare, strings in double quotes unescaped
+    (cut to 150 bytes and `..."` past 159), `ObjectId('...')`, a double always with a point,
+    a long as a plain number, `new Date(<ms>)`, `Timestamp(s, i)`, `/re/flags`,
+    `BinData(<subtype>, <HEX>)` or `UUID("...")`.  Not mongosh's form (domain.shardkey.shell_form:
+    single quotes, `Long('5')`, `ISODate(...)`)."""
+    v = value
+    if v is None:
+        return "null"
+    if v is True or v is False:
+        return "true" if v else "false"
+    if v is MIN_KEY or isinstance(v, bson.MinKey):
+        return "MinKey"
+    if v is MAX_KEY or isinstance(v, bson.MaxKey):
+        return "MaxKey"
+    if isinstance(v, int):  # bson.Int64 too
+        return str(int(v))
+    if isinstance(v, float):
+        return _server_double(v)
+    if isinstance(v, bson.Decimal128):
+        return str(v)
+    if isinstance(v, bson.Code):  # before str: Code is a str subclass
+        if v.scope is not None:
+            return f"CodeWScope( {v}, {server_form(dict(v.scope))})"
+        return str(v) if len(v.encode()) <= 80 else v.encode()[:70].decode(errors="ignore") + "..."
+    if isinstance(v, str):
+        raw = v.encode()
+        return f'"{v}"' if len(raw) <= 159 else '"' + raw[:150].decode(errors="ignore") + '..."'
+    if isinstance(v, bson.DBRef):
+        v = v.as_doc()
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{k}: {server_form(x)}" for k, x in v.items()) + " }" if v else "{}"
+    if isinstance(v, (list, tuple)):
+        return "[ " + ", ".join(server_form(x) for x in v) + " ]" if v else "[]"
+    if isinstance(v, bson.ObjectId):
+        return f"ObjectId('{v}')"
+    if isinstance(v, (datetime.datetime, DatetimeMS)):
+        return f"new Date({int(DatetimeMS(v)) if isinstance(v, datetime.datetime) else int(v)})"
+    if isinstance(v, bson.Timestamp):
+        return f"Timestamp({v.time}, {v.inc})"
+    if isinstance(v, (bson.Regex, re.Pattern)):
+        flags = v.flags if isinstance(v.flags, int) else 0
+        return f"/{v.pattern}/" + "".join(letter for flag, letter in _REGEX_FLAGS if flags & flag)
+    if isinstance(v, uuid.UUID):
+        return f'UUID("{v}")'
+    if isinstance(v, bson.Binary):
+        if v.subtype == bson.binary.UUID_SUBTYPE and len(v) == 16:
+            return f'UUID("{uuid.UUID(bytes=bytes(v))}")'
+        data = bytes(v)
+        return (
+            f"BinData({v.subtype}, {data[:70].hex().upper()}...)"
+            if len(data) > 80
+            else f"BinData({v.subtype}, {data.hex().upper()})"
+        )
+    return shell_form(v)
+
+
 def duplicate_key_message(ns: str, spec: IndexSpec, key: tuple[Any, ...]) -> str:
     """MongoDB's errmsg of a DuplicateKey: `E11000 duplicate key error collection: db.c index:
-    email_1 dup key: { email: "a@x" }` (values as relaxed Extended JSON)."""
-    dup = ", ".join(f"{p}: {json.dumps(to_record(v))}" for p, v in zip(spec.paths, key, strict=True))
-    return f"E11000 duplicate key error collection: {ns} index: {spec.name} dup key: {{ {dup} }}"
+    email_1 dup key: { email: "a@x" }`, the key as the server prints a document (`server_form`)."""
+    dup = server_form(dict(zip(spec.paths, key, strict=True)))
+    return f"E11000 duplicate key error collection: {ns} index: {spec.name} dup key: {dup}"
 
 
 def duplicate_key_info(spec: IndexSpec, key: tuple[Any, ...]) -> dict[str, Any]:
@@ -396,4 +495,5 @@ __all__ = [
     "key_prefix",
     "parse_key",
     "path_values",
+    "server_form",
 ]

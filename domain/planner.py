@@ -8,7 +8,8 @@ Candidates
   passes only ready ones), each with its multikey flag.
 * The shard key's index, implicit: the documents are stored in shard-key order, so it is a
   *clustered* index whose scan is the caller's targeted range scan (``domain.targeting``).
-* COLLSCAN.  (A filter on ``_id`` alone is the shard's IDHACK, before any planning.)
+* COLLSCAN.  (A filter setting ``_id`` to a value, without a hint, is the shard's IDHACK,
+  before any planning.)
 
 Bounds
 ------

@@ -2,10 +2,9 @@
 `shardlog index` CLI, against a live cluster (data_cluster: config server with its DDL
 coordinators, shards s0..s2, one router, the real broker).
 
-What needs no shard to build runs now: listing a fresh collection's implicit indexes (`_id_`,
-the shard key's), MongoDB's errors for bad input (nothing changed afterwards), and "all indexes
-already exist".  The end-to-end builds need the shards' side of issue 15 (BuildIndexes,
-ListIndexes, DropIndexes in the shard's codec): they are skipped until it is there.
+Listing a fresh collection's implicit indexes (`_id_`, the shard key's), MongoDB's errors for
+bad input (nothing changed afterwards), "all indexes already exist", and builds end to end on
+shards that hold documents.
 """
 
 from __future__ import annotations
@@ -16,16 +15,9 @@ import pytest
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from schemas import indexes as ix
-from schemas import shard as shard_schema
 from tests.conftest import cli
 
 pytestmark = pytest.mark.kafka
-
-SHARDS_BUILD = ix.BuildIndexes in shard_schema.REQUESTS
-needs_shard_builds = pytest.mark.skipif(
-    not SHARDS_BUILD, reason="the shards' index builds (branch idx-shard) are not merged yet"
-)
 
 
 def code_of(fn, *args, **kw) -> int:
@@ -108,7 +100,6 @@ def test_index_cli_lists_and_refuses(data_cluster):
     assert json.loads(r.stdout)["note"] == "all indexes already exist"
 
 
-@needs_shard_builds
 def test_create_list_drop_with_documents_on_two_shards(data_cluster):
     client = data_cluster.mongo_client()
     admin, app = client.admin, client.app

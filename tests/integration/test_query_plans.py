@@ -10,7 +10,6 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from schemas import config as c
-from schemas import shard as s
 
 pytestmark = pytest.mark.kafka
 
@@ -82,20 +81,11 @@ def test_cli_explain_prints_each_shards_plan(data_cluster):
     assert p["summary"] == "COLLSCAN" and p["executionStats"]["totalDocsExamined"] == 20
 
 
-def _builds_indexes() -> bool:
-    """The shards build indexes (idx-shard) and the routers take createIndexes (idx-ddl)."""
-    import services.router.wire  # noqa: F401  (registers the wire commands)
-    from services.router.wire.commands import SERVER_COMMANDS
-
-    return hasattr(s, "BuildIndexes") and SERVER_COMMANDS.handles("createIndexes")
-
-
-@pytest.mark.skipif(not _builds_indexes(), reason="needs idx-shard (BuildIndexes) and idx-ddl (createIndexes) merged")
 def test_a_secondary_index_serves_a_query_and_the_same_query_without_it_reads_everything(data_cluster):
     data_cluster.command(c.ShardCollection(ns="app.ix", key={"k": 1}))
     coll = data_cluster.mongo_client().app.ix
     coll.insert_many([{"_id": i, "k": i, "x": i % 10, "y": i} for i in range(200)])
-    assert coll.create_index("x") == "x_1"  # createIndexes (idx-ddl) builds on the shards (idx-shard)
+    assert coll.create_index("x") == "x_1"  # the DDL coordinator has every shard build it
 
     plan, stats = shard_plan(coll.find({"x": 3}).explain())
     assert innermost(plan)["indexName"] == "x_1"

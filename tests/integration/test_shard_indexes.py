@@ -1,6 +1,6 @@
 """Secondary indexes on real shards against a real broker, driven through the shards' own
-requests (BuildIndexes, ListIndexes, DropIndexes; the DDL coordinator that sends them is
-issue 15's idx-ddl part): a build on a loaded collection while a client writes, unique
+requests (BuildIndexes, ListIndexes, DropIndexes, as the config server's DDL coordinator
+sends them): a build on a loaded collection while a client writes, unique
 builds and unique writes, a migration's recipient that builds the index before it clones,
 range deletion, drop and rename; kill -9 of a shard mid-build, and a shard that lost its
 store rebuilding the same entries from its changelog.

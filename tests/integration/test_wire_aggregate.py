@@ -12,7 +12,6 @@ from pymongo.errors import OperationFailure
 from domain.shardkey import hash_value
 from schemas import config as c
 from schemas import shard as s
-from services.router.wire.commands import SERVER_COMMANDS
 
 pytestmark = pytest.mark.kafka
 
@@ -107,7 +106,6 @@ def test_unwind_sort_limit_count_and_count_documents(orders):
     assert orders.count_documents({"cust": "nobody"}) == 0
 
 
-@pytest.mark.skipif(not SERVER_COMMANDS.handles("getMore"), reason="getMore is wire-crud's (crud.py), not merged yet")
 def test_small_batches_across_get_more(orders):
     cursor = orders.aggregate([{"$sort": {"k": 1}}, {"$project": {"k": 1}}], batchSize=7)
     assert [d["k"] for d in cursor] == list(range(60))

@@ -3,9 +3,12 @@ and entries whose byte order is the index's order."""
 
 from __future__ import annotations
 
+import datetime
 import functools
+import uuid
 
 import pytest
+from bson import Binary, Decimal128, Int64, MinKey, ObjectId, Regex, Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,6 +23,7 @@ from domain.indexes import (
     entry_key,
     index_keys,
     key_prefix,
+    server_form,
 )
 from domain.protocol import ErrorCode
 from domain.shardkey import compare_values, encode_value
@@ -69,6 +73,31 @@ def test_a_spec_gets_mongodbs_default_name_and_lists_as_mongodb_lists_it():
 )
 def test_a_bad_spec_gets_mongodbs_code(spec, code):
     assert code_of(lambda: IndexSpec.parse(spec)) == code
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("$a", "Index key contains an illegal field name: field name starts with '$'."),
+        ("a.$b", "Index key contains an illegal field name: field name starts with '$'."),
+        ("a.b.$", "Index key contains an illegal field name: field name starts with '$'."),
+        ("a.$id", "Index key contains an illegal field name: field name starts with '$'."),  # DBRef: refused
+        ("a..b", "Index keys cannot contain an empty field."),
+        ("a.", "Index keys cannot contain an empty field."),
+        (".a", "Index keys cannot contain an empty field."),
+        (".", "Index keys cannot contain an empty field."),
+        ("", "Index keys cannot be an empty field."),
+        ("_fts", "Index key contains an illegal field name: '_fts'"),
+    ],
+)
+def test_a_bad_key_path_gets_mongodbs_message(path, message):
+    with pytest.raises(CommandError) as e:
+        IndexSpec.parse({"key": {"a": 1, path: 1}})
+    assert (e.value.code, e.value.message) == (ErrorCode.CannotCreateIndex, message)
+
+
+def test_dollars_and_dots_inside_a_component_are_fine():
+    assert IndexSpec.parse({"key": {"a$.b$c": 1, "_fts.x": 1}}).paths == ("a$.b$c", "_fts.x")
 
 
 def test_conflicts_are_mongodbs():
@@ -140,6 +169,41 @@ def test_duplicate_key_errors_read_as_mongodbs():
         'E11000 duplicate key error collection: app.users index: email_1 dup key: { email: "a@x" }'
     )
     assert duplicate_key_info(spec, ("a@x",)) == {"keyPattern": {"email": 1}, "keyValue": {"email": "a@x"}}
+
+
+def test_duplicate_keys_print_as_the_server_prints_them():
+    """Not Extended JSON and not mongosh's form: BSONObj::toString's, as mongod's errmsg has it."""
+    spec = IndexSpec.parse({"key": {"k": 1, "b.c": -1, "n": 1}, "unique": True})
+    oid = ObjectId("65a1b2c3d4e5f60718293a4b")
+    key = (oid, {"x": "y", "z": [1, 2.0, None], "e": {}}, Int64(5))
+    assert duplicate_key_message("db.c", spec, key) == (
+        "E11000 duplicate key error collection: db.c index: k_1_b.c_-1_n_1 dup key: "
+        "{ k: ObjectId('65a1b2c3d4e5f60718293a4b'), b.c: { x: \"y\", z: [ 1, 2.0, null ], e: {} }, n: 5 }"
+    )
+    assert duplicate_key_info(spec, key)["keyValue"]["k"] == {"$oid": "65a1b2c3d4e5f60718293a4b"}
+
+
+@pytest.mark.parametrize(
+    ("value", "printed"),
+    [
+        (True, "true"),
+        (1.5, "1.5"),
+        (-0.0, "-0.0"),
+        (1e20, "1e+20.0"),  # appendDoubleNice: "%.16g", then ".0" without a "."
+        ("it's", '"it\'s"'),
+        ("é" * 100, '"' + "é" * 75 + '..."'),  # past 159 bytes: 150 bytes, then ..."
+        ([], "[]"),
+        (datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC), "new Date(1704067200000)"),
+        (Timestamp(5, 1), "Timestamp(5, 1)"),
+        (Regex("a.c", "im"), "/a.c/im"),
+        (Binary(b"ab", 0), "BinData(0, 6162)"),
+        (Binary(uuid.UUID(int=1).bytes, 4), 'UUID("00000000-0000-0000-0000-000000000001")'),
+        (Decimal128("1.50"), "1.50"),
+        (MinKey(), "MinKey"),
+    ],
+)
+def test_server_form_of_each_type(value, printed):
+    assert server_form(value) == printed
 
 
 # ------------------------------------------------------------------ entry order

@@ -1,49 +1,19 @@
 """The shard's read paths through the planner (issue 15): Find, Count, Explain and the filters of
-Update, Delete and FindAndModify, over a real RocksDB store.  The shard's index state and
-`scan_index` come from the idx-shard branch; here a test double derives them from the documents
-(entries recomputed on each scan), with the same signatures."""
+Update, Delete and FindAndModify, over a real RocksDB store and the shard's own indexes (built by
+its BuildIndexes / IndexBuildStep requests, kept in the write batch of each document)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from domain.indexes import IndexSpec, entries
+from domain.indexes import IndexSpec
 from domain.shardkey import encode_value
 from schemas import config as c
+from schemas import indexes as ixs
 from schemas import shard as s
 from tests.unit.test_shard_decide import Shard
-
-
-class IndexedDocuments:
-    """Adds `indexes` and `scan_index` to a ShardDocuments, as idx-shard's documents have them."""
-
-    def __init__(self, documents, specs: dict[str, list[IndexSpec]]):
-        self.documents = documents
-        self.specs = specs
-        documents.indexes = {}
-        documents.scan_index = self.scan_index
-        self.scanned = 0
-
-    def refresh(self) -> None:
-        for ns, specs in self.specs.items():
-            named = {}
-            for spec in specs:
-                multikey = any(entries(spec, d)[1] for _, d in self.documents.scan(ns))
-                named[spec.name] = SimpleNamespace(spec=spec, record=SimpleNamespace(state="ready", multikey=multikey))
-            self.documents.indexes[ns] = named
-
-    def scan_index(self, ns: str, name: str, lo: bytes = b"", hi: bytes | None = None, reverse: bool = False):
-        spec = next(sp for sp in self.specs[ns] if sp.name == name)
-        rows = sorted(
-            (k, values, d["_id"]) for _, d in self.documents.scan(ns) for k, values in entries(spec, d)[0].items()
-        )
-        part = [r for r in rows if lo <= r[0] and (not hi or r[0] < hi)]
-        for row in part[::-1] if reverse else part:
-            self.scanned += 1  # as read: a limit stops the scan
-            yield row
 
 
 @pytest.fixture
@@ -54,12 +24,10 @@ def shard(tmp_path):
     sh.store.close()
 
 
-class RealIndexes:
-    """With idx-shard merged: the shard's own indexes, built by its own requests; scans counted."""
+class ShardIndexes:
+    """The shard's own indexes, built by its own requests; the index entries it scans counted."""
 
     def __init__(self, shard, ns: str, specs: list[IndexSpec]):
-        from schemas import indexes as ixs
-
         shard.run(ixs.BuildIndexes(ns=ns, indexes=[sp.to_mongo() for sp in specs], buildId="b"))
         for sp in specs:
             while not shard.run(ixs.IndexBuildStep(ns=ns, name=sp.name, buildId="b", limit=1000))[1]["done"]:
@@ -74,19 +42,10 @@ class RealIndexes:
 
         shard.documents.scan_index = counted
 
-    def refresh(self) -> None:  # the shard keeps its own indexes
-        pass
 
-
-def load(shard, ns: str, docs: list[dict], *specs: IndexSpec) -> IndexedDocuments | RealIndexes:
+def load(shard, ns: str, docs: list[dict], *specs: IndexSpec) -> ShardIndexes:
     shard.run(s.Insert(ns=ns, docs=docs, routing=shard.routing(ns)))
-    if hasattr(type(shard.documents), "scan_index"):
-        return RealIndexes(shard, ns, list(specs))
-    ix = IndexedDocuments(shard.documents, {ns: list(specs)})
-    ix.refresh()
-    if not hasattr(shard.documents, "get_by_id"):
-        shard.documents.get_by_id = lambda ns, _id: hit[1] if (hit := shard.documents.find_by_id(ns, _id)) else None
-    return ix
+    return ShardIndexes(shard, ns, list(specs))
 
 
 def explain(shard, ns: str, **kw: Any) -> dict:
@@ -144,10 +103,8 @@ def test_writes_find_their_documents_through_the_index(shard):
         s.Update(ns="d.c", filter={"a": 4}, update={"$set": {"x": 1}}, multi=True, routing=shard.routing("d.c"))
     )
     assert r["matched"] == 10 and ix.scanned == 10
-    ix.refresh()
     _, r = shard.run(s.Delete(ns="d.c", filter={"a": 4, "x": 1}, multi=True, routing=shard.routing("d.c")))
     assert r["deleted"] == 10
-    ix.refresh()
     _, r = shard.run(
         s.FindAndModify(
             ns="d.c", query={"a": 5}, sort={"b": -1}, update={"$set": {"y": 1}}, new=True, routing=shard.routing("d.c")
@@ -187,18 +144,13 @@ def test_sharded_collection_plans_the_shard_key_index_and_filters_orphans(shard)
     ranges = shard.decider._owned_ranges
     shard.decider._owned_ranges = lambda coll: [(lo, encode_value(10**6)) for lo, _ in ranges(coll)]  # type: ignore[method-assign]
     shard.decider._owns = lambda coll, skey: skey != encode_value(10**6)  # type: ignore[method-assign]
-    if not hasattr(type(shard.documents), "scan_index"):
-        IndexedDocuments(shard.documents, {"d.s": [a_1()]}).refresh()
     _, r = shard.run(s.Find(ns="d.s", filter={"a": 2}, routing=shard.routing("d.s")))
     assert sorted(d["_id"] for d in r["docs"]) == [i for i in range(50) if i % 5 == 2]
 
 
 # ------------------------------------------------------------------ the property, on a real shard
 
-REAL = hasattr(__import__("services.shard.documents", fromlist=["ShardDocuments"]).ShardDocuments, "scan_index")
 
-
-@pytest.mark.skipif(not REAL, reason="needs the shard's own indexes (idx-shard)")
 def test_finds_through_the_shards_own_indexes_equal_a_collscan(tmp_path_factory):
     """test_planner's soundness property, through the shard's requests, its RocksDB store, its
     index entries (key values back from their record form) and its read overlay."""
