@@ -125,7 +125,8 @@ def test_a_shard_that_gains_its_first_chunk_has_the_index_and_plans_with_it(data
     """createIndexes while s0 owns every chunk (s1 has neither chunk nor index), then moveRange to
     s1: the recipient builds the index before it clones, lists it, and its planner uses it.
     Then a query on both shards: each shard's own plan, and per-shard counts that sum to the totals."""
-    from tests.integration.test_shard_indexes import index_state, kept_and_rebuilt
+    from tests.conftest import wait_until
+    from tests.integration.test_shard_indexes import ask, index_state, kept_and_rebuilt
 
     cl = data_cluster
     client = cl.mongo_client()
@@ -155,22 +156,46 @@ def test_a_shard_that_gains_its_first_chunk_has_the_index_and_plans_with_it(data
     assert sorted(d["_id"] for d in coll.find({"k": {"$gte": 200}, "x": 3})) == list(range(203, 300, 10))
 
     # A query on both shards: each shard plans with its own x_1 and counts its own keys and
-    # documents (s0 holds 200 documents, s1 100); the router's totals are their sums.
-    explained = coll.find({"x": {"$in": [3, 4]}}).explain()
-    plans = plans_by_shard(explained)
-    assert sorted(plans) == ["s0", "s1"], explained
-    for sid, (plan, _) in plans.items():
-        scan = innermost(plan)
-        assert (scan["stage"], scan["indexName"]) == ("IXSCAN", "x_1"), (sid, plan)
-    counts = {
-        sid: (st["nReturned"], st["totalKeysExamined"], st["totalDocsExamined"]) for sid, (_, st) in plans.items()
-    }
-    assert counts == {"s0": (40, 40, 40), "s1": (20, 20, 20)}, counts
-    totals = explained["executionStats"]
-    assert (totals["nReturned"], totals["totalKeysExamined"], totals["totalDocsExamined"]) == tuple(
-        sum(c[n] for c in counts.values()) for n in range(3)
-    )
-    assert len(list(coll.find({"x": {"$in": [3, 4]}}))) == 60
+    # documents; the router's totals are their sums.  s0 still holds the moved range's
+    # documents (orphans: no range deleter runs here), so it examines their 20 keys and
+    # documents too and its SHARDING_FILTER drops them; once their range is deleted it does not.
+    def per_shard() -> dict[str, tuple[int, int, int]]:
+        explained = coll.find({"x": {"$in": [3, 4]}}).explain()
+        plans = plans_by_shard(explained)
+        assert sorted(plans) == ["s0", "s1"], explained
+        for sid, (plan, _) in plans.items():
+            scan = innermost(plan)
+            assert plan["stage"] == "SHARDING_FILTER" and (scan["stage"], scan["indexName"]) == ("IXSCAN", "x_1"), (
+                sid,
+                plan,
+            )
+        counts = {
+            sid: (st["nReturned"], st["totalKeysExamined"], st["totalDocsExamined"]) for sid, (_, st) in plans.items()
+        }
+        totals = explained["executionStats"]
+        assert (totals["nReturned"], totals["totalKeysExamined"], totals["totalDocsExamined"]) == tuple(
+            sum(c[n] for c in counts.values()) for n in range(3)
+        ), (totals, counts)
+        assert _ids(coll.find({"x": {"$in": [3, 4]}})) == [i for i in range(300) if i % 10 in (3, 4)]
+        return counts
+
+    assert per_shard() == {"s0": (40, 60, 60), "s1": (20, 20, 20)}
+    tasks = cl.shards["s0"].documents.range_tasks  # the move's range deletion on the donor
+    task_id = wait_until(lambda: next(iter(list(tasks)), None), 30, "the donor's range-deletion task")
+
+    def task_ready():
+        task = cl.shards["s0"].documents.range_tasks.get(task_id)
+        return task is not None and not task.pending
+
+    wait_until(task_ready, 30, "the donor's range-deletion task to be ready")
+
+    def delete_batch():
+        rep = ask(cl, "s0", s.DeleteRangeBatch(task=task_id, limit=50))
+        assert rep.ok, rep
+        return rep.result["done"]
+
+    wait_until(delete_batch, 60, "the range deletion")
+    assert per_shard() == {"s0": (40, 40, 40), "s1": (20, 20, 20)}
 
 
 def _ids(cursor) -> list:
