@@ -95,3 +95,147 @@ def test_a_secondary_index_serves_a_query_and_the_same_query_without_it_reads_ev
     assert sorted(d["_id"] for d in coll.find({"x": 3})) == [i for i in range(200) if i % 10 == 3]
     covered, stats = shard_plan(coll.find({"x": {"$gte": 8}}, {"x": 1, "_id": 0}).explain())
     assert covered["stage"] == "PROJECTION_COVERED" and stats["totalDocsExamined"] == 0
+
+
+needs_index_builds = pytest.mark.skipif(
+    not _builds_indexes(), reason="needs idx-shard (BuildIndexes) and idx-ddl (createIndexes) merged"
+)
+
+
+def plans_by_shard(explained: dict) -> dict[str, tuple[dict, dict]]:
+    """shard -> (its winningPlan, its executionStats), from a router's explain."""
+    planners = {p["shardName"]: p["winningPlan"] for p in explained["queryPlanner"]["winningPlan"]["shards"]}
+    stats = {x["shardName"]: x for x in explained["executionStats"]["executionStages"]["shards"]}
+    assert sorted(planners) == sorted(stats), explained
+    return {sid: (planners[sid], stats[sid]) for sid in planners}
+
+
+@needs_index_builds
+def test_a_shard_that_gains_its_first_chunk_has_the_index_and_plans_with_it(data_cluster):
+    """createIndexes while s0 owns every chunk (s1 has neither chunk nor index), then moveRange to
+    s1: the recipient builds the index before it clones, lists it, and its planner uses it.
+    Then a query on both shards: each shard's own plan, and per-shard counts that sum to the totals."""
+    from tests.conftest import wait_until
+    from tests.integration.test_shard_indexes import ask, index_state, kept_and_rebuilt
+
+    cl = data_cluster
+    client = cl.mongo_client()
+    client.admin.command("enableSharding", "mv", primaryShard="s0")
+    client.admin.command("shardCollection", "mv.c", key={"k": 1})
+    coll = client.mv.c
+    coll.insert_many([{"_id": i, "k": i, "x": i % 10} for i in range(300)])
+    assert coll.create_index("x") == "x_1"
+    assert index_state(cl, "s0", "mv.c", "x_1")["state"] == "ready"
+    assert index_state(cl, "s1", "mv.c", "x_1") == {}  # no chunk, no index
+
+    client.admin.command("split", "mv.c", middle={"k": 200})
+    client.admin.command("moveRange", "mv.c", min={"k": 200}, toShard="s1")
+    on_s1 = index_state(cl, "s1", "mv.c", "x_1")  # the shard's own ListIndexes
+    assert on_s1["state"] == "ready" and on_s1["spec"]["key"] == {"x": 1}, on_s1
+    kept, rebuilt = kept_and_rebuilt(cl, "s1", "mv.c", {"key": {"x": 1}})
+    assert len(kept) == 100 and kept == rebuilt
+
+    # A query that targets s1 alone: s1's plan is an IXSCAN of x_1.
+    explained = coll.find({"k": {"$gte": 200}, "x": 3}).explain()
+    plans = plans_by_shard(explained)
+    assert list(plans) == ["s1"], explained
+    plan, stats = plans["s1"]
+    scan = innermost(plan)
+    assert (scan["stage"], scan["indexName"]) == ("IXSCAN", "x_1"), plan
+    assert (stats["nReturned"], stats["totalKeysExamined"], stats["totalDocsExamined"]) == (10, 10, 10), stats
+    assert sorted(d["_id"] for d in coll.find({"k": {"$gte": 200}, "x": 3})) == list(range(203, 300, 10))
+
+    # A query on both shards: each shard plans with its own x_1 and counts its own keys and
+    # documents; the router's totals are their sums.  s0 still holds the moved range's
+    # documents (orphans: no range deleter runs here), so it examines their 20 keys and
+    # documents too and its SHARDING_FILTER drops them; once their range is deleted it does not.
+    def per_shard() -> dict[str, tuple[int, int, int]]:
+        explained = coll.find({"x": {"$in": [3, 4]}}).explain()
+        plans = plans_by_shard(explained)
+        assert sorted(plans) == ["s0", "s1"], explained
+        for sid, (plan, _) in plans.items():
+            scan = innermost(plan)
+            assert plan["stage"] == "SHARDING_FILTER" and (scan["stage"], scan["indexName"]) == ("IXSCAN", "x_1"), (
+                sid,
+                plan,
+            )
+        counts = {
+            sid: (st["nReturned"], st["totalKeysExamined"], st["totalDocsExamined"]) for sid, (_, st) in plans.items()
+        }
+        totals = explained["executionStats"]
+        assert (totals["nReturned"], totals["totalKeysExamined"], totals["totalDocsExamined"]) == tuple(
+            sum(c[n] for c in counts.values()) for n in range(3)
+        ), (totals, counts)
+        assert _ids(coll.find({"x": {"$in": [3, 4]}})) == [i for i in range(300) if i % 10 in (3, 4)]
+        return counts
+
+    assert per_shard() == {"s0": (40, 60, 60), "s1": (20, 20, 20)}
+    tasks = cl.shards["s0"].documents.range_tasks  # the move's range deletion on the donor
+    task_id = wait_until(lambda: next(iter(list(tasks)), None), 30, "the donor's range-deletion task")
+
+    def task_ready():
+        task = cl.shards["s0"].documents.range_tasks.get(task_id)
+        return task is not None and not task.pending
+
+    wait_until(task_ready, 30, "the donor's range-deletion task to be ready")
+
+    def delete_batch():
+        rep = ask(cl, "s0", s.DeleteRangeBatch(task=task_id, limit=50))
+        assert rep.ok, rep
+        return rep.result["done"]
+
+    wait_until(delete_batch, 60, "the range deletion")
+    assert per_shard() == {"s0": (40, 40, 40), "s1": (20, 20, 20)}
+
+
+def _ids(cursor) -> list:
+    return sorted(d["_id"] for d in cursor)
+
+
+@needs_index_builds
+def test_sparse_and_partial_indexes_serve_only_the_queries_they_can_answer(data_cluster):
+    data_cluster.command(c.ShardCollection(ns="app.sp", key={"k": 1}))
+    coll = data_cluster.mongo_client().app.sp
+    docs = []
+    for i in range(120):
+        doc = {"_id": i, "k": i, "p": i, "status": "a" if i % 3 == 0 else "b"}
+        if i % 2 == 0:
+            doc["s"] = i % 6  # 0, 2 or 4
+        elif i % 10 == 1:
+            doc["s"] = None  # present, null: a sparse index holds it
+        docs.append(doc)
+    coll.insert_many(docs)
+    assert coll.create_index("s", sparse=True) == "s_1"
+    assert coll.create_index("p", partialFilterExpression={"status": "a"}) == "p_1"
+    info = coll.index_information()
+    assert info["s_1"].get("sparse") is True and info["p_1"]["partialFilterExpression"] == {"status": "a"}
+
+    def check(flt: dict, expected: list, index: str | None) -> dict:
+        """The plan's innermost stage uses `index` (None: COLLSCAN), and the results are the
+        expected documents and those of a $natural (no index) run."""
+        plan, stats = shard_plan(coll.find(flt).explain())
+        scan = innermost(plan)
+        if index is None:
+            assert scan["stage"] == "COLLSCAN" and stats["totalDocsExamined"] == 120, (flt, plan, stats)
+        else:
+            assert (scan["stage"], scan["indexName"]) == ("IXSCAN", index), (flt, plan)
+        assert _ids(coll.find(flt)) == expected == _ids(coll.find(flt).hint([("$natural", 1)])), flt
+        return stats
+
+    # sparse: {s: 2} needs a value in s, so the index holds every match
+    stats = check({"s": 2}, [d["_id"] for d in docs if d.get("s") == 2], "s_1")
+    assert stats["totalKeysExamined"] == stats["totalDocsExamined"] == 20, stats
+    # ... {s: null} also matches the documents without s, which it does not hold
+    nulls = check({"s": None}, [d["_id"] for d in docs if d.get("s") is None], None)
+    assert nulls["nReturned"] == 60  # 12 with s: null, 48 without s
+    with pytest.raises(OperationFailure) as refused:  # nor may a hint make it answer
+        list(coll.find({"s": None}).hint("s_1"))
+    assert refused.value.code == 2
+
+    # partial {status: "a"}: a query that implies it uses the index ...
+    served = [d["_id"] for d in docs if d["status"] == "a" and d["p"] >= 60]
+    stats = check({"p": {"$gte": 60}, "status": "a"}, served, "p_1")
+    assert stats["totalKeysExamined"] == stats["totalDocsExamined"] == len(served) == 20, stats
+    # ... one that does not (status "b" documents are not in it) reads the collection
+    check({"p": {"$gte": 60}}, list(range(60, 120)), None)
+    check({"p": {"$gte": 60}, "status": "b"}, [d["_id"] for d in docs if d["status"] == "b" and d["p"] >= 60], None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
+import signal
 import threading
 import time
 
@@ -85,9 +86,16 @@ class Writer(threading.Thread):
         super().__init__(daemon=True)
         self.coll, self.next_id, self.ids = coll, start_id, ids
         self.stop_event = threading.Event()
-        self.done = 0
+        self.done = 0  # writes completed (acknowledged by the router)
+        self.error: BaseException | None = None  # what stopped the writer early, if anything
 
     def run(self):
+        try:
+            self._write()
+        except BaseException as e:  # noqa: BLE001  (reported by the test, not lost in the thread)
+            self.error = e
+
+    def _write(self):
         i = 0
         while not self.stop_event.is_set():
             i += 1
@@ -119,10 +127,19 @@ def test_a_build_on_a_loaded_collection_while_a_client_writes_indexes_every_docu
     specs = [{"key": {"a": 1, "_id": -1}, "name": "a_id"}, {"key": {"t": 1}}]
     rep = ask(cl, "s0", ix.BuildIndexes(ns="ib.c", indexes=specs, buildId="it-1"))
     assert rep.ok and [i["state"] for i in rep.result["indexes"]] == ["building", "building"], rep
-    wait_until(lambda: index_state(cl, "s0", "ib.c", "a_id").get("scanned", 0) > 0, 60, "the build's progress")
+    under_way = wait_until(
+        lambda: (i := index_state(cl, "s0", "ib.c", "a_id")).get("scanned", 0) > 0 and i, 60, "the build's progress"
+    )
+    writes_at_first_step = writer.done  # writes completed once the build has stepped at least once
     states = [finished(cl, "s0", "ib.c", n) for n in ("a_id", "t_1")]
+    writes_at_ready = writer.done  # ... and once both indexes are ready
     wait_until(lambda: writer.done > 200, 60, "more writes after the build")
     writer.stop()
+    assert writer.error is None, writer.error
+    # The build was seen mid-way (its steps left), so the writes counted between the two
+    # readings were made while it was running: it did not block them.
+    assert under_way["state"] == "building", under_way
+    assert writes_at_ready > writes_at_first_step, (writes_at_first_step, writes_at_ready)
     assert [st["state"] for st in states] == ["ready", "ready"], states
     assert states[1]["multikey"] and not states[0]["multikey"]
     for spec in specs:
@@ -260,19 +277,21 @@ class Cluster(ProcessCluster):
         "shard": ("services.shard", ("--shard-id", "s0"), "shard-s0", "active"),
     }
 
-    def start_shard(self):
+    def spawn_shard(self, fault: str | None = None):
+        """A new shard process (the running one stops first), 25 documents per build step,
+        killing itself (SIGKILL) at the fault point `fault` if given; not waited for."""
         from tests.conftest import ServiceProcess
 
         if "shard" in self.procs:
             self.procs["shard"].stop()
+        env = {"SHARDLOG_INDEX_BUILD_BATCH": "25", "SHARDLOG_FAULTS": f"{fault}=kill" if fault else ""}
         p = self.procs["shard"] = ServiceProcess(
-            self.settings,
-            "services.shard",
-            "--shard-id",
-            "s0",
-            ready_name="shard-s0",
-            env={"SHARDLOG_INDEX_BUILD_BATCH": "25"},
+            self.settings, "services.shard", "--shard-id", "s0", ready_name="shard-s0", env=env
         )
+        return p
+
+    def start_shard(self, fault: str | None = None):
+        p = self.spawn_shard(fault)
         p.wait_ready(timeout=90, role="active")
         return p
 
@@ -280,6 +299,12 @@ class Cluster(ProcessCluster):
         reply = self.ask(self.settings.topics.shard_requests("s0"), req, timeout=30)
         assert reply.ok, reply
         return reply.result
+
+
+def died_at(p, point: str, timeout: float = 120) -> None:
+    """Wait for the shard to kill itself at fault point `point` (SIGKILL: exit status -9)."""
+    wait_until(lambda: p.proc.poll() is not None, timeout, f"the shard to die at {point}", detail=p.tail)
+    assert p.proc.returncode == -signal.SIGKILL, (p.proc.returncode, p.tail())
 
 
 def stored_entries(data_dir, ns: str, spec: dict) -> tuple[list, list]:
@@ -299,39 +324,75 @@ def stored_entries(data_dir, ns: str, spec: dict) -> tuple[list, list]:
         store.close()
 
 
-def test_kill9_mid_build_resumes_and_a_lost_store_rebuilds_the_same_entries(bootstrap, tmp_path):
+def stored_index(data_dir, ns: str, name: str) -> tuple[ix.IndexRecorded | None, int]:
+    """(the index's record, the number of its entry keys) in the stopped shard's store."""
+    store = Store(data_dir / "shard-s0" / "documents")
+    try:
+        docs = ShardDocuments()
+        docs.load(store)
+        index = docs.indexes.get(ns, {}).get(name)
+        prefix = b"k/" + ns.encode() + b"\x00" + name.encode() + b"\x00"
+        return (index.record if index is not None else None), sum(1 for _ in store.scan(prefix))
+    finally:
+        store.close()
+
+
+def process_cluster(bootstrap, tmp_path) -> tuple[Cluster, object]:
     from libs import kafka
     from libs.topics import Topics
 
     name = f"ik{next(_numbers)}{int(time.time()) % 100000}"
     asyncio.run(kafka.ensure_topics(bootstrap, Topics(name).core()))
     data_dir = tmp_path / "data"
-    cl = Cluster(ServiceSettings(bootstrap, name, data_dir, session_timeout_ms=6000))
+    return Cluster(ServiceSettings(bootstrap, name, data_dir, session_timeout_ms=6000)), data_dir
+
+
+def test_kill9_mid_build_resumes_and_a_lost_store_rebuilds_the_same_entries(bootstrap, tmp_path):
+    """The shard kills itself at two fixed points of a build (fault points, not a race): at its
+    first step (nothing scanned yet) and at its last, exclusive step (everything scanned, not
+    ready).  Each time the store says `building`; the restarted shard resumes from there."""
+    cl, data_dir = process_cluster(bootstrap, tmp_path)
     try:
         cl.start("config")
         cl.config(c.AddShard(shard="s0"))
         at = cl.config(c.CreateDatabase(db="ik", primary="s0")).configTime
-        shard = cl.start_shard()
+        shard = cl.start_shard(fault="index.build_step")
         routing = s.Routing(configTime=at)
         for part in range(6):
             docs = [{"_id": i, "a": (i * 37) % 101, "b": [i % 3, "x"]} for i in range(part * 500, (part + 1) * 500)]
             assert cl.shard(s.Insert(ns="ik.c", docs=docs, routing=routing))["inserted"] == 500
         spec = {"key": {"b": 1, "a": -1}}
-        cl.shard(ix.BuildIndexes(ns="ik.c", indexes=[spec], buildId="k-1"))
+        built = cl.shard(ix.BuildIndexes(ns="ik.c", indexes=[spec], buildId="k-1"))
+        assert [i["state"] for i in built["indexes"]] == ["building"], built
+
+        # 1. Killed deciding the first step: recorded building, nothing scanned, no entry.
+        died_at(shard, "index.build_step")
+        record, n_entries = stored_index(data_dir, "ik.c", "b_1_a_-1")
+        assert record is not None and record.state == "building", record
+        assert (record.scanned, record.scannedTo, record.total, n_entries) == (0, "", 3000, 0), (record, n_entries)
+
+        # 2. Restarted: the build resumes and is killed at its last step (the one that would
+        #    record it ready): every step before it recorded, still building.
+        shard = cl.spawn_shard(fault="index.build_ready")
+        died_at(shard, "index.build_ready")
+        record, n_entries = stored_index(data_dir, "ik.c", "b_1_a_-1")
+        assert record is not None and record.state == "building", record
+        assert record.scanned == 3000 and record.scannedTo != "", record
+        assert n_entries == 3000 * 2  # two entries per document (b is [i % 3, "x"]): all of them, once
+        kept, rebuilt = stored_entries(data_dir, "ik.c", spec)
+        assert kept == rebuilt
+
+        # 3. Restarted without a fault: it resumes from its scannedTo (not from the start: the
+        #    count of documents scanned does not go past the documents) while writes go on.
+        shard = cl.start_shard()
 
         def listed():
             return next(i for i in cl.shard(ix.ListIndexes(ns="ik.c"))["indexes"] if i["spec"]["name"] == "b_1_a_-1")
 
-        wait_until(lambda: listed()["scanned"] >= 500, 60, "the build to be under way")
-        shard.kill9()
-        shard = cl.start_shard()
-        at_kill = listed()
-        assert at_kill["state"] in ("building", "ready") and at_kill["scanned"] >= 500, at_kill
-        # Writes go on while it resumes.
         cl.shard(s.Insert(ns="ik.c", docs=[{"_id": 5000 + i, "a": i, "b": i} for i in range(50)], routing=routing))
         cl.shard(s.Delete(ns="ik.c", filter={"_id": {"$lt": 40}}, multi=True, routing=routing))
         done = wait_until(lambda: (i := listed())["state"] != "building" and i, 120, "the resumed build")
-        assert done["state"] == "ready" and done["scanned"] >= 3000, done
+        assert done["state"] == "ready" and 3000 <= done["scanned"] <= 3050, done
         shard.stop()
         kept, rebuilt = stored_entries(data_dir, "ik.c", spec)
         assert len(kept) == (3000 - 40) * 2 + 50 and kept == rebuilt
@@ -343,5 +404,52 @@ def test_kill9_mid_build_resumes_and_a_lost_store_rebuilds_the_same_entries(boot
         shard.stop()
         again, _ = stored_entries(data_dir, "ik.c", spec)
         assert again == kept
+    finally:
+        cl.stop_all()
+
+
+def test_kill9_at_a_unique_builds_failing_step_rolls_back_cleanly(bootstrap, tmp_path):
+    """A unique build over a duplicate: the shard kills itself deciding the step that records
+    the build failed.  It died `building`, with the earlier steps' entries in its store (a half
+    index); restarted, the build resumes, fails again on the same key, keeps no entry, and the
+    coordinator's rollback (DropIndexes missingOk) leaves no trace of it."""
+    cl, data_dir = process_cluster(bootstrap, tmp_path)
+    try:
+        cl.start("config")
+        cl.config(c.AddShard(shard="s0"))
+        at = cl.config(c.CreateDatabase(db="iku", primary="s0")).configTime
+        shard = cl.start_shard(fault="index.build_failed")
+        routing = s.Routing(configTime=at)
+        docs = [{"_id": i, "email": f"u{i}@x"} for i in range(300)] + [{"_id": 999, "email": "u123@x"}]
+        assert cl.shard(s.Insert(ns="iku.c", docs=docs, routing=routing))["inserted"] == 301
+        spec = {"key": {"email": 1}, "unique": True}
+        cl.shard(ix.BuildIndexes(ns="iku.c", indexes=[spec], buildId="ku-1"))
+
+        died_at(shard, "index.build_failed")
+        record, n_entries = stored_index(data_dir, "iku.c", "email_1")
+        assert record is not None and record.state == "building", record
+        assert record.scanned == 300 and n_entries == 300, (record, n_entries)  # 12 steps of 25: a half index
+
+        shard = cl.start_shard()
+
+        def listed():
+            return next(
+                (i for i in cl.shard(ix.ListIndexes(ns="iku.c"))["indexes"] if i["spec"]["name"] == "email_1"), None
+            )
+
+        failed = wait_until(lambda: (i := listed()) is not None and i["state"] != "building" and i, 120, "the build")
+        assert failed["state"] == "failed" and failed["error"]["code"] == "DuplicateKey", failed
+        assert failed["error"]["keyValue"] == {"email": "u123@x"}
+        dropped = cl.shard(ix.DropIndexes(ns="iku.c", names=["email_1"], missingOk=True))  # the rollback
+        assert dropped["dropped"] == ["email_1"], dropped
+        assert listed() is None
+        shard.stop()
+        record, n_entries = stored_index(data_dir, "iku.c", "email_1")
+        assert (record, n_entries) == (None, 0)
+        store = Store(data_dir / "shard-s0" / "documents")
+        try:
+            assert [k for k, _ in store.scan(b"k/iku.c\x00")] == [] and [k for k, _ in store.scan(b"n/iku.c\x00")] == []
+        finally:
+            store.close()
     finally:
         cl.stop_all()
