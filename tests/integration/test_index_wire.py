@@ -15,6 +15,7 @@ import pytest
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
+from schemas import indexes as ix
 from tests.conftest import cli
 from tests.integration.test_shard_indexes import ask, kept_and_rebuilt, stored_keys
 

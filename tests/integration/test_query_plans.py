@@ -10,6 +10,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from schemas import config as c
+from schemas import shard as s
 
 pytestmark = pytest.mark.kafka
 
@@ -97,11 +98,6 @@ def test_a_secondary_index_serves_a_query_and_the_same_query_without_it_reads_ev
     assert covered["stage"] == "PROJECTION_COVERED" and stats["totalDocsExamined"] == 0
 
 
-needs_index_builds = pytest.mark.skipif(
-    not _builds_indexes(), reason="needs idx-shard (BuildIndexes) and idx-ddl (createIndexes) merged"
-)
-
-
 def plans_by_shard(explained: dict) -> dict[str, tuple[dict, dict]]:
     """shard -> (its winningPlan, its executionStats), from a router's explain."""
     planners = {p["shardName"]: p["winningPlan"] for p in explained["queryPlanner"]["winningPlan"]["shards"]}
@@ -110,7 +106,6 @@ def plans_by_shard(explained: dict) -> dict[str, tuple[dict, dict]]:
     return {sid: (planners[sid], stats[sid]) for sid in planners}
 
 
-@needs_index_builds
 def test_a_shard_that_gains_its_first_chunk_has_the_index_and_plans_with_it(data_cluster):
     """createIndexes while s0 owns every chunk (s1 has neither chunk nor index), then moveRange to
     s1: the recipient builds the index before it clones, lists it, and its planner uses it.
@@ -192,7 +187,6 @@ def _ids(cursor) -> list:
     return sorted(d["_id"] for d in cursor)
 
 
-@needs_index_builds
 def test_sparse_and_partial_indexes_serve_only_the_queries_they_can_answer(data_cluster):
     data_cluster.command(c.ShardCollection(ns="app.sp", key={"k": 1}))
     coll = data_cluster.mongo_client().app.sp
