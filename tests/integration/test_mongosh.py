@@ -134,9 +134,9 @@ def test_index_helpers_from_the_shell(mongosh, data_cluster):
     )
     lines = out.strip().splitlines()
     assert lines[:2] == ["created city_1", "unique k_1_city_1"], out
-    assert lines[2] == '["_id_","city_1","k_1","k_1_city_1"]', out
+    assert lines[2] == 'names ["_id_","city_1","k_1","k_1_city_1"]', out
     assert lines[3] == "ixscan true", out
     assert lines[4] == "docs 10 returned 10", out
     assert lines[5:9] == ["dup 11000", "refused 67 CannotCreateIndex", "id 72", "dropped 1"], out
-    assert lines[9] == '["_id_","k_1","k_1_city_1"]', out
+    assert lines[9] == 'left ["_id_","k_1","k_1_city_1"]', out
     assert client.app.people.count_documents({}) == 100
