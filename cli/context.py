@@ -140,6 +140,19 @@ class CliContext:
         except (OSError, KafkaError) as e:
             self.fail(f"cannot reach Kafka at {self.bootstrap}: {e}", code=ErrorCode.KafkaUnavailable)
 
+    def run_live(self, live: Any, coro: Coroutine[Any, Any, T]) -> T:
+        """`run`, with a rich Live progress display (None: none) shown meanwhile; a
+        CommandError is the command's one error line."""
+        try:
+            if live:
+                live.start()
+            return self.run(coro)
+        except CommandError as e:
+            self.fail(e.message, code=e.code)
+        finally:
+            if live:
+                live.stop()
+
     def _kafka_answers(self) -> bool:
         async def probe() -> None:
             await asyncio.wait_for(kafka.missing_topics(self.bootstrap, [self.topics.config_commands]), 5)

@@ -21,7 +21,6 @@ from rich.table import Table
 from cli.context import CliContext, JsonOpt, bound
 from domain import ddl_client
 from domain import sharding_commands as sc
-from libs.commands import CommandError
 from schemas import Record
 from schemas import ddl as d
 from schemas.reply import Reply
@@ -86,15 +85,7 @@ def _run(cx: CliContext, record: Record, human: Any) -> None:
 
             return await ddl_client.run_ddl(send, record, timeout=cx.timeout, on_state=show)
 
-    try:
-        if live:
-            live.start()
-        run = cx.run(go())
-    except CommandError as e:
-        cx.fail(e.message, code=e.code)
-    finally:
-        if live:
-            live.stop()
+    run = cx.run_live(live, go())
     if cx.json:
         cx.print_json(run_document(run))
         return

@@ -135,15 +135,7 @@ def _run(cx: CliContext, record: Record, names: list[str]) -> tuple[ddl_client.D
                 await _shard_builds(cx, r, str(run.result["ns"]), names, list(run.result["shards"]), builds)
             return run
 
-    try:
-        if live:
-            live.start()
-        run = cx.run(go())
-    except CommandError as e:
-        cx.fail(e.message, code=e.code)
-    finally:
-        if live:
-            live.stop()
+    run = cx.run_live(live, go())
     return run, builds
 
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from domain.catalog import Catalog
 from domain.indexes import IndexSpec, entries, key_prefix
 from libs.commands import CommandError
 from libs.store import Store
@@ -19,46 +18,24 @@ from schemas import config as c
 from schemas import ddl as dd
 from schemas import indexes as ix
 from schemas import shard as s
-from services.config.decide import decide as config_decide
 from services.shard.decide import ShardDecider
 from services.shard.documents import ShardDocuments, changelog_key
 from services.shard.protocol import index_build
+from tests.unit import test_shard_decide
 
 
-class Shard:
+class Shard(test_shard_decide.Shard):
+    """test_shard_decide's shard, keeping its changelog (for the replay tests)."""
+
     def __init__(self, path, shard_id: str = "a"):
+        super().__init__(path, shard_id)
         self.path = path
-        self.catalog = Catalog(track_changes=False)
-        for sid in ("a", "b"):
-            self.config(c.AddShard(shard=sid))
-        self.store = Store(path / "docs")
-        self.documents = ShardDocuments()
-        self.documents.load(self.store)
-        self.decider = ShardDecider(shard_id, self.catalog, self.documents)
         self.log: list = []  # the changelog, in order
 
-    def config(self, cmd) -> dict:
-        d = config_decide(self.catalog, cmd)
-        for e in d.events:
-            self.catalog.apply(e, self.catalog.config_time)
-        return d.result
-
-    def routing(self, ns: str) -> s.Routing:
-        coll = self.catalog.collections.get(ns)
-        if coll is None:
-            return s.Routing(configTime=self.catalog.config_time)
-        return s.Routing(
-            configTime=self.catalog.config_time,
-            epoch=coll.epoch,
-            version=coll.shard_version(self.decider.shard_id).pair,
-        )
-
     def run(self, req):
-        d = self.decider.decide(req)
-        for e in d.events:
-            self.documents.apply(e, -1)
-        self.log += d.events
-        return d.events, d.result
+        events, result = super().run(req)
+        self.log += events
+        return events, result
 
     def commit(self) -> None:
         self.store.commit(self.documents.drain_changes().items(), None, self.documents.drain_range_deletions())
