@@ -88,7 +88,9 @@ def catalog_events(
     produced = 0
 
     def emit(obj: dict) -> bytes:
-        return _dumps(obj).encode()
+        # Codec.encode's field order: type, v, ts (the record's stamp: none in a generated log), then the rest.
+        head = {"type": obj["type"], "v": obj["v"], "ts": None}
+        return _dumps({**head, **obj}).encode()
 
     setup: list[dict] = [{"type": "ShardAdded", "v": 1, "shard": f"shard{i}"} for i in range(shards)]
     setup.append(
