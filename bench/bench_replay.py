@@ -40,10 +40,10 @@ async def project(bootstrap: str, topic: str, path: Path, profile: bool) -> dict
     batches = 0
     orig_commit = store.commit
 
-    def counting_commit(changes, checkpoint):
+    def counting_commit(*args, **kwargs):  # Store.commit's signature, whatever it grows
         nonlocal batches
         batches += 1
-        orig_commit(changes, checkpoint)
+        orig_commit(*args, **kwargs)
 
     store.commit = counting_commit
     proj = Projection(bootstrap, topic, schema.events, catalog, store, name="bench-replay")
@@ -120,7 +120,7 @@ async def instrumented_pass(bootstrap: str, topic: str, path: Path) -> dict:
     streamed: list[tuple[list[tuple[bytes, bytes | None]], bytes, bytes]] = []
     t_capture = 0.0
 
-    def capture(changes, checkpoint):
+    def capture(changes, checkpoint, *_range_deletions):  # a catalog has no range deletions
         nonlocal t_capture
         t = time.perf_counter()
         key, value = Store._ckpt_key(checkpoint.topic, checkpoint.partition), checkpoint.to_bytes()
