@@ -89,8 +89,8 @@ class TimedCatalog(Catalog):
     """Times apply + drain_changes, and keeps every write of every event before a
     batch's writes to one key collapse into one (for the second baseline)."""
 
-    def __init__(self, track_changes: bool = True):
-        super().__init__(track_changes)
+    def __init__(self, track_changes: bool = True, clock=None):
+        super().__init__(track_changes, clock)
         self.seconds = 0.0
         self.stream: list[tuple[bytes, bytes | None]] = []
 
