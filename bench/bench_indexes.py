@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import os
 import shutil
 import statistics
 import tempfile
@@ -45,14 +44,11 @@ import time
 from pathlib import Path
 
 import _events as E
-from bench_e2e import Proc, delete_cluster_topics, wait_group, wait_ready
+import bench_sessions
+from bench_e2e import delete_cluster_topics
 from rocksdict import Options, Rdict, WriteBatch
 
 from domain.indexes import IndexSpec, entry_key, index_keys
-from libs import kafka
-from libs.requests import Requester
-from libs.topics import Topics
-from schemas import config as cfg
 from services.shard.documents import encode_entry_value, index_base
 
 ROOT = E.ROOT
@@ -67,59 +63,15 @@ def say(*a) -> None:
     print(*a, flush=True)
 
 
-class Cluster:
-    """config + shards + router r1 (wire edge on a free port) as processes."""
+class Cluster(bench_sessions.Cluster):
+    """bench_sessions' cluster: config + shards + router r1, whose wire edge takes a free port."""
 
     def __init__(self, bootstrap: str, shards: int, tmp: Path):
-        self.bootstrap, self.tmp = bootstrap, tmp
-        self.shards = tuple(f"s{i}" for i in range(shards))
-        self.cluster = E.cluster_name("benchidx")
-        self.t = Topics(self.cluster)
-        self.data, self.logs = tmp / "data", tmp / "logs"
-        self.data.mkdir()
-        self.logs.mkdir()
-        self.env = {
-            **os.environ,
-            "KAFKA_BOOTSTRAP": bootstrap,
-            "SHARDLOG_CLUSTER": self.cluster,
-            "SHARDLOG_DATA_DIR": str(self.data),
-            "SHARDLOG_ROUTER_PORT": "0",
-            "PYTHONPATH": str(ROOT),
-        }
-        self.procs: dict[str, Proc] = {}
-        self.uri = ""
+        shard_ids = tuple(f"s{i}" for i in range(shards))
+        super().__init__(bootstrap, shard_ids, tmp, name="benchidx", env={"SHARDLOG_ROUTER_PORT": "0"})
 
-    def service(self, name: str, module: str, *args: str) -> Proc:
-        p = Proc(name, ["-m", module, *args], self.env, self.logs, self.data / f"{name}.ready")
-        self.procs[name] = p
-        return p
-
-    async def command(self, cmd) -> dict:
-        async with Requester(self.bootstrap, self.t.cli_replies, client_id="bench-indexes") as r:
-            reply = await r.request(self.t.config_commands, cmd, timeout=60)
-        assert reply.ok, reply
-        return reply.result or {}
-
-    async def start(self, collections: list[str]) -> None:
-        t = self.t
-        await kafka.ensure_topics(self.bootstrap, [*t.core(), *(s for sh in self.shards for s in t.for_shard(sh))])
-        t0 = time.monotonic()
-        config = self.service("config", "services.config")
-        await wait_ready([config], lambda p: "active")
-        for sid in self.shards:
-            await self.command(cfg.AddShard(shard=sid))
-        for coll in collections:
-            await self.command(cfg.ShardCollection(ns=f"{DB}.{coll}", key={"_id": "hashed"}))
-        shards = [self.service(f"shard-{s}", "services.shard", "--shard-id", s) for s in self.shards]
-        router = self.service("router-r1", "services.router", "--instance", "r1")
-        await wait_ready([*shards, router], lambda p: "active" if p.name.startswith("shard") else None)
-        await wait_group(self.bootstrap, f"{self.cluster}.router", 1)
-        self.uri = router.info()["uri"]
-        say(f"  config, {len(self.shards)} shard(s), router r1 ({self.uri}) up in {time.monotonic() - t0:.1f}s")
-
-    def stop(self) -> None:
-        for p in reversed(list(self.procs.values())):
-            p.stop()
+    async def start(self, collections: list[str]) -> None:  # type: ignore[override]
+        await super().start(namespaces=[f"{DB}.{coll}" for coll in collections])
 
 
 # ------------------------------------------------------------------ documents

@@ -60,11 +60,14 @@ AGGRESSIVE_COMPACTION = {
 
 
 class Cluster:
-    """config + shards + router r1 as processes, under a fresh cluster name."""
+    """config + shards + router r1 as processes, under a fresh cluster name (`name` and a
+    suffix); `env`: more settings for every service (bench_indexes shares this)."""
 
-    def __init__(self, bootstrap: str, shards: tuple[str, ...], tmp: Path):
-        self.bootstrap, self.shards, self.tmp = bootstrap, shards, tmp
-        self.cluster = E.cluster_name("benchsess")
+    def __init__(
+        self, bootstrap: str, shards: tuple[str, ...], tmp: Path, *, name: str = "benchsess", env: dict | None = None
+    ):
+        self.bootstrap, self.shards, self.tmp, self.name = bootstrap, shards, tmp, name
+        self.cluster = E.cluster_name(name)
         self.t = Topics(self.cluster)
         self.data, self.logs = tmp / "data", tmp / "logs"
         self.data.mkdir()
@@ -75,8 +78,10 @@ class Cluster:
             "SHARDLOG_CLUSTER": self.cluster,
             "SHARDLOG_DATA_DIR": str(self.data),
             "PYTHONPATH": str(ROOT),
+            **(env or {}),
         }
         self.procs: dict[str, Proc] = {}
+        self.uri = ""  # the router's wire edge, once started
 
     def service(self, name: str, module: str, *args: str) -> Proc:
         p = Proc(name, ["-m", module, *args], self.env, self.logs, self.data / f"{name}.ready")
@@ -84,12 +89,16 @@ class Cluster:
         return p
 
     async def command(self, cmd) -> dict:
-        async with Requester(self.bootstrap, self.t.cli_replies, client_id="bench-sessions") as r:
+        async with Requester(self.bootstrap, self.t.cli_replies, client_id=f"{self.name}-cli") as r:
             reply = await r.request(self.t.config_commands, cmd, timeout=60)
         assert reply.ok, reply
         return reply.result or {}
 
-    async def start(self, *, changelog_config: dict[str, str] | None = None, chunks: int = 0) -> None:
+    async def start(
+        self, *, changelog_config: dict[str, str] | None = None, chunks: int = 0, namespaces: list[str] | None = None
+    ) -> None:
+        """Topics, config, AddShard, each of `namespaces` (default the YCSB table) sharded on a
+        hashed _id, then the shards and the router."""
         t = self.t
         specs = [*t.core(), *(s for sh in self.shards for s in t.for_shard(sh))]
         if changelog_config:  # created here with it, before the shard creates it without
@@ -106,14 +115,15 @@ class Cluster:
         for sid in self.shards:
             await self.command(cfg.AddShard(shard=sid))
         key = {"_id": "hashed"}
-        await self.command(
-            cfg.ShardCollection(ns=f"{NS_DB}.{NS_COLL}", key=key, **({"numInitialChunks": chunks} if chunks else {}))
-        )
+        for ns in namespaces if namespaces is not None else [f"{NS_DB}.{NS_COLL}"]:
+            await self.command(cfg.ShardCollection(ns=ns, key=key, **({"numInitialChunks": chunks} if chunks else {})))
         shards = [self.service(f"shard-{s}", "services.shard", "--shard-id", s) for s in self.shards]
         router = self.service("router-r1", "services.router", "--instance", "r1")
         await wait_ready([*shards, router], lambda p: "active" if p.name.startswith("shard") else None)
         await wait_group(self.bootstrap, f"{self.cluster}.router", 1)
-        print(f"  config, {len(self.shards)} shard(s), router r1 up in {time.monotonic() - t0:.1f}s")
+        self.uri = (router.info() or {}).get("uri", "")
+        at = f" ({self.uri})" if self.uri else ""
+        print(f"  config, {len(self.shards)} shard(s), router r1{at} up in {time.monotonic() - t0:.1f}s", flush=True)
 
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
