@@ -133,12 +133,21 @@ def services_and_spans(trace: list[dict]) -> dict[str, set[str]]:
     return out
 
 
-def whole_trace(zipkin: str, trace_id: str, services: set[str]) -> list[dict]:
-    """GET /api/v2/trace/{id}, once every service in `services` has shipped its spans of it."""
+def whole_trace(zipkin: str, trace_id: str, want: dict[str, set[str]]) -> list[dict]:
+    """GET /api/v2/trace/{id}, once every service in `want` has shipped the spans named for it.
+
+    A parent span (the donor's `migration donate`) ends, and so ships, after its children: waiting
+    for each service's first span only would read the trace before the parent is in it.
+    """
+
+    def holds(t: list[dict]) -> bool:
+        got = services_and_spans(t)
+        return all(names <= got.get(service, set()) for service, names in want.items())
+
     return wait_until(
-        lambda: (t := api(zipkin, f"/api/v2/trace/{trace_id}")) and services <= set(services_and_spans(t)) and t,
+        lambda: (t := api(zipkin, f"/api/v2/trace/{trace_id}")) and holds(t) and t,
         30,
-        f"trace {trace_id} to hold spans of {sorted(services)}",
+        f"trace {trace_id} to hold {want}",
         interval=0.3,
         detail=lambda: str(services_and_spans(api(zipkin, f"/api/v2/trace/{trace_id}"))),
     )
@@ -182,7 +191,7 @@ def test_an_insert_and_a_move_range_are_traces_in_zipkin_api_and_ui(settings, tr
     move_want = expected(MOVE_SPANS, cluster=cluster, donor=donor, recipient=recipient)
     move = find_trace(zipkin, "shardlog-cli", "shardlog move-range", "the move-range's trace")
     move_id = move[0]["traceId"]
-    got = services_and_spans(whole_trace(zipkin, move_id, set(move_want)))
+    got = services_and_spans(whole_trace(zipkin, move_id, move_want))
     for service, names in move_want.items():
         assert names <= got[service], f"{service}: want {names}, the trace has {got}"
 
@@ -195,7 +204,7 @@ def test_an_insert_and_a_move_range_are_traces_in_zipkin_api_and_ui(settings, tr
     owner_span = f"shard-{recipient} insert"
     insert = find_trace(zipkin, f"shardlog-shard-{recipient}", owner_span, "the insert's trace")
     insert_id = insert[0]["traceId"]
-    got = services_and_spans(whole_trace(zipkin, insert_id, set(insert_want)))
+    got = services_and_spans(whole_trace(zipkin, insert_id, insert_want))
     assert f"shardlog-shard-{donor}" not in got, f"the insert of k=7 reached {donor}, which does not own it: {got}"
     for service, names in insert_want.items():
         assert names <= got[service], f"{service}: want {names}, the trace has {got}"
