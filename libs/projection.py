@@ -21,6 +21,10 @@ from schemas import Codec, Record, RecordError, Tombstone
 
 log = logging.getLogger(__name__)
 
+# How long a fetch of the log may wait for records at the broker (aiokafka's default is 500 ms).
+# A seek (activation, rewind) waits for the fetch in flight, so this bounds a take-over's pause.
+PROJECTION_FETCH_WAIT_MS = 100
+
 
 class State(Protocol):
     """What a projection folds into.  `apply` must be deterministic.  A null value in the log
@@ -72,7 +76,9 @@ class Projection:
     async def start(self) -> None:
         self.state.load(self.store)
         ckpt = self.store.checkpoint(self.topic, self.tp.partition)
-        self._consumer = c = kafka.consumer(self.bootstrap, client_id=f"{self.name}-projection")
+        self._consumer = c = kafka.consumer(
+            self.bootstrap, client_id=f"{self.name}-projection", fetch_max_wait_ms=PROJECTION_FETCH_WAIT_MS
+        )
         await c.start()
         c.assign([self.tp])
         # Seek before any await: otherwise the consumer starts fetching from the log's
@@ -140,6 +146,23 @@ class Projection:
         ckpt = self.store.checkpoint(self.topic, self.tp.partition)
         self.position = ckpt.next_offset if ckpt else 0
         self.last_fingerprint = ckpt.last_fingerprint if ckpt else None
+        self.consumer.seek(self.tp, self.position)
+
+    def rewind(self) -> None:
+        """Resume reading at the position the in-memory state stands at, without reloading it.
+
+        Every batch `poll`, `catch_up` and `advance` apply is committed to the store with its
+        checkpoint, and a failed transaction calls `reset()`, so the state *is* the store at
+        `position`: an O(1) seek replaces an O(state) reload (what made a take-over slow).
+        Should the store's checkpoint disagree, this falls back to `reset()`."""
+        ckpt = self.store.checkpoint(self.topic, self.tp.partition)
+        stored = ckpt.next_offset if ckpt else 0
+        if stored != self.position:
+            log.warning(
+                "%s: state at offset %d but its store at %d: reloading from the store", self.name, self.position, stored
+            )
+            self.reset()
+            return
         self.consumer.seek(self.tp, self.position)
 
     async def stop(self) -> None:

@@ -72,7 +72,9 @@ class ConfigServer:
         )
 
     def _report(self, role: str) -> None:
-        report_ready(self.settings, self.ready_name, role=role, configTime=self.projection.position)
+        # An active one also says how long its take-over took (libs.commands: last_activation).
+        activation = {"activation": self.processor.last_activation} if role == "active" else {}
+        report_ready(self.settings, self.ready_name, role=role, configTime=self.projection.position, **activation)
 
     @property
     def ready_name(self) -> str:

@@ -64,7 +64,7 @@ class ShardServer:
             session_timeout_ms=settings.session_timeout_ms,
             event_key=changelog_key,
             prepare=self._catch_up_config,
-            on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
+            on_role=self._report,
             clock=self.clock,
         )
         self.donor = DonorCoordinator(
@@ -117,6 +117,11 @@ class ShardServer:
                 await self.follower.wait_for(wanted, CONFIG_WAIT_S)
             except TimeoutError:  # a causally consistent read is refused then (ShardDecider._read_after)
                 log.warning("%s: catalog still behind ConfigTime %d after %.0fs", self.name, wanted, CONFIG_WAIT_S)
+
+    def _report(self, role: str) -> None:
+        # An active shard also says how long its activation took (libs.commands: last_activation).
+        activation = {"activation": self.processor.last_activation} if role == "active" else {}
+        report_ready(self.settings, self.name, role=role, configTime=self.follower.config_time, **activation)
 
     async def run(self) -> None:
         t = self.settings.topics

@@ -189,3 +189,56 @@ def test_a_missing_store_is_rebuilt_from_the_log(settings, tmp_path):
         assert (third, end3) == (first, end)
 
     asyncio.run(go())
+
+
+def test_rewind_resumes_at_the_state_without_reloading_and_reloads_if_the_store_disagrees(settings, tmp_path):
+    """What a take-over relies on: rewind() keeps the folded state (no O(state) reload) and
+    resumes exactly at its position, so nothing is applied twice; a store whose checkpoint is not
+    the state's position makes it fall back to a reload."""
+    topic = settings.topics.config_events
+    events = list(catalog_events(300))
+    half = len(events) // 2
+
+    async def go():
+        await produce(settings.bootstrap, topic, events[:half], f"{settings.cluster}.w1")
+        store = Store(tmp_path / "store")
+        catalog = Catalog()
+        loads = 0
+        load = catalog.load
+
+        def counted(s):
+            nonlocal loads
+            loads += 1
+            load(s)
+
+        catalog.load = counted
+        proj = Projection(settings.bootstrap, topic, c.events, catalog, store)
+        await proj.start()
+        await proj.catch_up()
+        assert loads == 1
+        at = proj.position
+        proj.rewind()
+        assert (loads, proj.position) == (1, at), "a rewind with an agreeing store must not reload"
+        await produce(settings.bootstrap, topic, events[half:], f"{settings.cluster}.w1")
+        end = await proj.catch_up()
+        await proj.stop()
+        store.close()
+        return end, durable_entities(tmp_path / "store")
+
+    end, entities = asyncio.run(go())
+    fresh, fresh_end = asyncio.run(fresh_replay(settings.bootstrap, topic, tmp_path / "fresh"))
+    assert (end, entities) == (fresh_end, fresh), "rewind then catch-up must equal one fresh replay"
+
+    async def disagreeing():
+        store = Store(tmp_path / "store")
+        proj = Projection(settings.bootstrap, topic, c.events, Catalog(), store)
+        await proj.start()
+        await proj.catch_up()
+        proj.position -= 5  # as if the state were behind its store: rewind must not trust it
+        proj.rewind()
+        reloaded = proj.position
+        await proj.stop()
+        store.close()
+        return reloaded
+
+    assert asyncio.run(disagreeing()) == end, "a disagreeing store must be reloaded, resuming at its checkpoint"
