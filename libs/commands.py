@@ -178,7 +178,8 @@ class CommandProcessor:
                     # Standby: heartbeat through getmany until the partition is ours, and keep
                     # the projection warm so that taking over needs only a short catch-up.
                     await consumer.getmany(timeout_ms=100)
-                    await self.projection.poll(timeout_ms=100)
+                    if not self._assigned.is_set():  # (just assigned: activate without another wait)
+                        await self.projection.poll(timeout_ms=100)
                     continue
                 if not self.active.is_set():
                     if time.monotonic() < self._hold_until:  # fenced: let the group speak first

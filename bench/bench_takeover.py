@@ -1,0 +1,248 @@
+"""Take-over: how soon a standby config server serves after the active one is killed (kill -9).
+
+A catalog of ~100,000 chunks (`--collections` x `--chunks`, the generated log of
+`_events.catalog_events`) is written to a cluster's config.events, then two config server
+processes run on it (`python -m services.config --instance 0|1`): one active, one standing by
+with its projection warm.  Each round kill -9s the active one, waits for the other to report
+`active` in its readiness file, sends it a command (SetSetting) and times the reply, then
+restarts the killed one as the new standby.
+
+The figure is the heir's `activation` (libs.commands: last_activation), measured from the moment
+the consumer group gives it the command partition to the moment it serves: fence (InitProducerId),
+committed offset + rewind, catch-up of what the dead one wrote.  The time before the assignment
+is the group's session timeout (`--session-timeout-ms`), which detection needs and the issue sets
+aside.  Baselines measured in the same run:
+
+- the Kafka floor: a fresh transactional producer's start (InitProducerId) plus one OffsetFetch,
+  what any take-over must wait for;
+- `Catalog.load` of a store holding the same catalog: the reload a take-over used to do.
+
+    KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_takeover.py [--rounds 3] [--chunks 25001]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _events as E
+
+from domain.catalog import Catalog
+from libs import kafka
+from libs.projection import Projection
+from libs.requests import Requester
+from libs.service import ServiceSettings
+from libs.store import Store
+from libs.topics import TopicSpec
+from schemas import config as schema
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigProcess:
+    """One config server instance in its own process, with its readiness file."""
+
+    def __init__(self, settings: ServiceSettings, instance: str, log_dir: Path) -> None:
+        self.settings, self.instance = settings, instance
+        name = "config" if instance == "0" else f"config-{instance}"
+        self.ready_file = settings.data_dir / f"{name}.ready"
+        self.ready_file.unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP": settings.bootstrap,
+            "SHARDLOG_CLUSTER": settings.cluster,
+            "SHARDLOG_DATA_DIR": str(settings.data_dir),
+            "SHARDLOG_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+            "OTEL_TRACES_EXPORTER": "none",
+            "PYTHONPATH": str(ROOT),
+        }
+        self.log = log_dir / f"{name}.log"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.config", "--instance", instance],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def info(self) -> dict | None:
+        try:
+            info = json.loads(self.ready_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return info if info.get("pid") == self.proc.pid else None
+
+    def wait(self, role: str | None, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"config instance {self.instance} exited:\n{self.log.read_text()[-3000:]}")
+            info = self.info()
+            if info and (role is None or info.get("role") == role):
+                return info
+            time.sleep(0.02)
+        raise SystemExit(
+            f"config instance {self.instance} not {role or 'ready'} within {timeout:g}s:\n"
+            f"{self.log.read_text()[-3000:]}"
+        )
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+
+async def serves(settings: ServiceSettings, round_no: int, timeout: float) -> float:
+    """Send the config server a command; seconds until its reply (which must be ok)."""
+    async with Requester(settings.bootstrap, settings.topics.client_inbox("takeover-bench")) as r:
+        t0 = time.perf_counter()
+        cmd = schema.SetSetting(key="rangeDeleterBatchSize", value=100 + round_no)
+        reply = await r.request(settings.topics.config_commands, cmd, timeout=timeout)
+        if not reply.ok:
+            raise SystemExit(f"SetSetting was refused after the take-over: {reply}")
+        return time.perf_counter() - t0
+
+
+async def kafka_floor(bootstrap: str, group: str, topic: str, repeat: int) -> list[float]:
+    """What a take-over cannot avoid: InitProducerId (fencing) + OffsetFetch of the group."""
+    from aiokafka import TopicPartition
+
+    out = []
+    tp = TopicPartition(topic, 0)
+    # In the group (to fetch its offsets) but never joining it: nothing is assigned away.
+    consumer = kafka.consumer(bootstrap, group_id=group, client_id="takeover-floor")
+    await consumer.start()
+    try:
+        for i in range(repeat):
+            t0 = time.perf_counter()
+            p = kafka.producer(bootstrap, transactional_id=f"{group}.floor-{i}", client_id="takeover-floor")
+            await p.start()
+            await consumer.committed(tp)
+            out.append(time.perf_counter() - t0)
+            await p.stop()
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def reload_time(bootstrap: str, topic: str, path: Path, repeat: int) -> tuple[int, list[float]]:
+    """Project the same log into a store of our own, then time Catalog.load of it."""
+    store = Store(path)
+    proj = Projection(bootstrap, topic, schema.events, Catalog(), store, name="takeover-bench")
+    await proj.start()
+    await proj.catch_up()
+    await proj.stop()
+    loads = []
+    chunks = 0
+    for _ in range(repeat):
+        catalog = Catalog()
+        t0 = time.perf_counter()
+        catalog.load(store)
+        loads.append(time.perf_counter() - t0)
+        chunks = sum(len(c.chunks) for c in catalog.collections.values())
+    store.close()
+    return chunks, loads
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--collections", type=int, default=4, help="sharded collections (default 4)")
+    p.add_argument("--chunks", type=int, default=25_001, help="chunks per collection (default 25,001: 100,004 in all)")
+    p.add_argument("--rounds", type=int, default=3, help="take-overs timed (default 3)")
+    p.add_argument("--session-timeout-ms", type=int, default=6000, help="the group's session timeout (default 6000)")
+    args = p.parse_args()
+    bootstrap, cluster = E.bootstrap(), E.cluster_name("takeover")
+    tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-takeover-"))
+    settings = ServiceSettings(bootstrap, cluster, tmp / "data", args.session_timeout_ms)
+    topics = settings.topics
+    n = 3 + 1 + args.collections * args.chunks  # shards, database, collections, splits
+    print(f"take-over benchmark: cluster {cluster}, {args.collections} x {args.chunks:_} chunks, stores under {tmp}")
+    procs: dict[str, ConfigProcess] = {}
+    rounds: list[dict] = []
+    try:
+        asyncio.run(kafka.ensure_topics(bootstrap, [*topics.core(), TopicSpec(topics.client_inbox("takeover-bench"))]))
+        count, t_prod = asyncio.run(
+            E.produce(
+                bootstrap, topics.config_events, E.catalog_events(n, collections=args.collections, chunks=args.chunks)
+            )
+        )
+        print(f"produced {count:_} config events in {t_prod:.1f}s")
+        chunks, loads = asyncio.run(reload_time(bootstrap, topics.config_events, tmp / "reload", 3))
+        print(
+            f"Catalog.load of the same {chunks:_} chunks: median {statistics.median(loads):.3f}s (the reload avoided)"
+        )
+        for inst in ("0", "1"):
+            procs[inst] = ConfigProcess(settings, inst, tmp)
+        for proc in procs.values():
+            proc.wait(None, 600)
+        deadline = time.monotonic() + 120  # the first activation may still be running
+        active = None
+        while active is None:
+            active = next((i for i, pr in procs.items() if (pr.info() or {}).get("role") == "active"), None)
+            if time.monotonic() > deadline:
+                raise SystemExit("no config instance became active within 120 s")
+            time.sleep(0.05)
+        print(f"instance {active} is active; both replayed the catalog")
+        for r in range(args.rounds):
+            heir = "1" if active == "0" else "0"
+            procs[heir].wait("standby", 120)
+            t_kill = time.perf_counter()
+            procs[active].kill9()
+            info = procs[heir].wait("active", args.session_timeout_ms / 1000 * 3 + 60)
+            t_active = time.perf_counter() - t_kill
+            reply_s = asyncio.run(serves(settings, r, 30))
+            act = info["activation"]
+            rounds.append({**act, "killToActiveS": round(t_active, 3), "replyS": round(reply_s, 4)})
+            print(
+                f"  round {r + 1}: instance {heir} serving {act['sinceAssignedS']:.3f}s after its assignment "
+                f"(fence {act['fenceS']:.3f} + committed/rewind {act['committedS']:.3f} + catch-up "
+                f"{act['catchUpS']:.3f}); kill -9 -> active {t_active:.2f}s (session timeout "
+                f"{args.session_timeout_ms} ms); first command's reply {reply_s * 1e3:.0f} ms",
+                flush=True,
+            )
+            procs[active] = ConfigProcess(settings, active, tmp)  # the killed one comes back as standby
+            active = heir
+        floor = asyncio.run(kafka_floor(bootstrap, topics.group("config"), topics.config_commands, args.rounds))
+    finally:
+        for proc in procs.values():
+            proc.stop()
+        E.delete_topics(bootstrap, [*(t.name for t in topics.core()), topics.client_inbox("takeover-bench")])
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: round(statistics.median(r[k] for r in rounds), 4) for k in rounds[0]}
+    floor_s, load_s = statistics.median(floor), statistics.median(loads)
+    print(
+        f"take-over, assignment -> serving: median {med['sinceAssignedS']:.3f}s over {len(rounds)} rounds "
+        f"(goal <= 2 s); Kafka floor (InitProducerId + OffsetFetch) {floor_s:.3f}s, ratio "
+        f"{med['sinceAssignedS'] / floor_s:.1f}x the floor; the reload no longer done (Catalog.load) {load_s:.3f}s"
+    )
+    E.result_line(
+        "takeover",
+        chunks=chunks,
+        rounds=rounds,
+        median=med,
+        kafka_floor_s=round(floor_s, 4),
+        catalog_load_s=round(load_s, 4),
+        ratio_to_floor=round(med["sinceAssignedS"] / floor_s, 2),
+    )
+
+
+if __name__ == "__main__":
+    main()
