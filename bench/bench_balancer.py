@@ -479,12 +479,22 @@ class Bench:
                 "chunk bounds changed during convergence: 'minimum needed' compares owners by chunk min"
             )
         sizes_after = shard_sizes(after["snapshot"])
+        # The cluster-wide rebalance rate (issue 17, beside bench_migration's single move): the
+        # chunks are alike by construction, so the data moved is the chunks moved x the mean chunk.
+        sizes_before = shard_sizes(before["snapshot"])
+        chunk_mib = sum(sizes_before.values()) / max(len(owners_before), 1) / MIB
+        t = timing(requested, committed, added)
+        moving_s = (t["last_commit_s"] or 0) - (t["first_request_s"] or 0)
+        mib_moved = len(moved) * chunk_mib
         return {
             "rounds": len(rounds),
             "rounds_by_counter": after["lastRound"]["round"] - before["lastRound"]["round"],
             "rounds_with_failures": sum(1 for r in rounds if r.summary.get("failed")),
-            **timing(requested, committed, added),
+            **t,
             "converged_s": round(converged - added, 2),
+            "mib_moved": round(mib_moved, 2),
+            "mib_per_s_moving": round(mib_moved / moving_s, 2) if moving_s > 0 else None,
+            "mib_per_s_to_converged": round(mib_moved / (converged - added), 2) if converged > added else None,
             "migrations_issued": len(requested),
             "committed": len(committed),
             "aborted": len(aborted),
@@ -512,6 +522,11 @@ class Bench:
             f"   migrations issued {c['migrations_issued']} (committed {c['committed']}, aborted {c['aborted']}"
             f"{': ' + '; '.join(c['abort_reasons']) if c['abort_reasons'] else ''}), minimum needed {c['minimum']}; "
             f"ranges moved more than once {c['ranges_moved_more_than_once']}; moves {c['moves']}"
+        )
+        print(
+            f"   rebalance rate: {c['mib_moved']} MiB moved ({c['committed']} migrations), "
+            f"{c['mib_per_s_moving']} MiB/s from the first MoveRange to the last commit, "
+            f"{c['mib_per_s_to_converged']} MiB/s from AddShard to converged"
         )
         print(
             f"   each migration MoveRange -> committed: {c['migration_s']} s; a commit -> the next MoveRange: "

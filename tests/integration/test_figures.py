@@ -54,7 +54,11 @@ def test_a_workload_shows_per_shard_and_per_collection_figures_and_top_prints_th
         f = last_minute(data_cluster, figures)
         shards, coll = f["shards"], f["collections"].get(NS, {})
         every_shard = all(shards.get(sid, {}).get("ops", {}).get("insert", 0) > 0 for sid in data_cluster.shards)
-        return f if every_shard and coll.get("ops", {}).get("insert", 0) >= 60 and coll["ops"]["find"] >= 60 else None
+        # The collection's row comes from the router's summaries and the shard rows from each
+        # shard's: they publish on their own schedules, so wait for both to count the inserts.
+        shard_inserts = sum(s.get("ops", {}).get("insert", 0) for s in shards.values())
+        router_done = coll.get("ops", {}).get("insert", 0) >= 60 and coll["ops"]["find"] >= 60
+        return f if every_shard and router_done and shard_inserts >= 60 else None
 
     f = wait_until(busy, 30, "figures of the workload on every shard and on the collection", interval=0.5)
     for row in [*f["shards"].values(), f["collections"][NS], *f["routers"].values()]:
