@@ -31,16 +31,19 @@ CONFIG_WAIT_S = 10.0
 
 
 class ShardServer:
-    def __init__(self, settings: ServiceSettings, shard_id: str, *, max_batch: int = 500):
+    def __init__(self, settings: ServiceSettings, shard_id: str, *, instance: str = "0", max_batch: int = 500):
         self.settings, self.shard_id = settings, shard_id
-        self.name = f"shard-{shard_id}"
+        self.name = f"shard-{shard_id}"  # the consumer group and transactional id: shared by its instances
+        # Each instance keeps stores of its own (a standby folds the changelog into its copy) and
+        # its own readiness file; the first one keeps the plain name.
+        self.ready_name = self.name if instance == "0" else f"{self.name}-{instance}"
         t = settings.topics
         # Ticked once per document write; resumes from the largest stamp of the store and the catalog.
         self.clock = VectorClock()
-        self.follower = CatalogFollower(settings, self.name, clock=self.clock)
+        self.follower = CatalogFollower(settings, self.ready_name, clock=self.clock)
         self.documents = CountingDocuments()  # ShardDocuments that also counts bytes written, for statistics
         self.documents.clock = self.clock
-        self.store = Store(settings.data_dir / self.name / "documents")
+        self.store = Store(settings.data_dir / self.ready_name / "documents")
         self.projection = Projection(
             settings.bootstrap,
             t.shard_changelog(shard_id),
@@ -121,7 +124,7 @@ class ShardServer:
     def _report(self, role: str) -> None:
         # An active shard also says how long its activation took (libs.commands: last_activation).
         activation = {"activation": self.processor.last_activation} if role == "active" else {}
-        report_ready(self.settings, self.name, role=role, configTime=self.follower.config_time, **activation)
+        report_ready(self.settings, self.ready_name, role=role, configTime=self.follower.config_time, **activation)
 
     async def run(self) -> None:
         t = self.settings.topics
@@ -129,7 +132,7 @@ class ShardServer:
         at = await self.follower.start()
         await self.projection.start()
         await self.projection.catch_up()
-        report_ready(self.settings, self.name, role="standby", configTime=at)
+        report_ready(self.settings, self.ready_name, role="standby", configTime=at)
         try:
             await self.statistics.start()  # reports while this instance is the active one
             await self.metrics.start()
@@ -146,7 +149,7 @@ class ShardServer:
         finally:
             await self.metrics.stop()
             await self.statistics.stop()  # before the store it scans is closed
-            clear_ready(self.settings, self.name)
+            clear_ready(self.settings, self.ready_name)
             await self.projection.stop()
             self.store.close()
             await self.follower.stop()

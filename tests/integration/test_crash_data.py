@@ -132,3 +132,25 @@ def test_a_shard_that_lost_its_disk_rebuilds_from_its_changelog(settings, cluste
 
     assert asyncio.run(read()) == before
     assert len(before) == 50
+
+
+def test_kill9_an_active_shard_mid_workload_its_standby_takes_over(settings, cluster_procs):
+    """A shard with a standby instance (its own store, folding the changelog while it waits):
+    kill -9 the active one mid-workload and leave it dead; the standby fences it, takes over,
+    and every acknowledged write is there exactly once."""
+    standby = cluster_procs["spawn"]("services.shard", "--shard-id", "s1", "--instance", "1", ready_name="shard-s1-1")
+    assert standby.wait_ready(role="standby")["role"] == "standby"
+    state = {"killed": False}
+
+    def on_progress(n):
+        if not state["killed"] and n >= N_DOCS // 3:
+            state["killed"] = True
+            cluster_procs["s1"].kill9()
+
+    result = asyncio.run(asyncio.wait_for(workload(settings, on_progress), 240))
+    assert state["killed"]
+    check_exactly_once(result)
+    info = standby.wait_ready(role="active", timeout=5)
+    # The heir seeks to its state rather than reloading it; the readiness file says how long it took.
+    assert set(info["activation"]) >= {"fenceS", "committedS", "catchUpS", "sinceAssignedS"}
+    assert (settings.data_dir / "shard-s1-1" / "documents").is_dir(), "the standby keeps a store of its own"
