@@ -17,7 +17,12 @@ aside.  Baselines measured in the same run:
   what any take-over must wait for;
 - `Catalog.load` of a store holding the same catalog: the reload a take-over used to do.
 
+`--service shard` does the same for shard s0 (two `services.shard --shard-id s0 --instance 0|1`,
+each with a store of its own, behind a config server and router r1) holding `--docs` documents;
+the first command is an update through the router.
+
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_takeover.py [--rounds 3] [--chunks 25001]
+    KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_takeover.py --service shard [--docs 50000]
 """
 
 from __future__ import annotations
@@ -33,29 +38,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import _events as E
 
 from domain.catalog import Catalog
 from libs import kafka
+from libs.client import AsyncCluster
 from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings
 from libs.store import Store
 from libs.topics import TopicSpec
+from schemas import config as cfg
 from schemas import config as schema
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class ConfigProcess:
-    """One config server instance in its own process, with its readiness file."""
+class ServiceProcess:
+    """One service instance in its own process, with its readiness file."""
 
-    def __init__(self, settings: ServiceSettings, instance: str, log_dir: Path) -> None:
-        self.settings, self.instance = settings, instance
-        name = "config" if instance == "0" else f"config-{instance}"
-        self.ready_file = settings.data_dir / f"{name}.ready"
+    def __init__(self, settings: ServiceSettings, module: str, args: list[str], ready_name: str, log_dir: Path) -> None:
+        self.settings, self.ready_name = settings, ready_name
+        self.ready_file = settings.data_dir / f"{ready_name}.ready"
         self.ready_file.unlink(missing_ok=True)
         env = {
             **os.environ,
@@ -66,14 +73,10 @@ class ConfigProcess:
             "OTEL_TRACES_EXPORTER": "none",
             "PYTHONPATH": str(ROOT),
         }
-        self.log = log_dir / f"{name}.log"
+        self.log = log_dir / f"{ready_name}.log"
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.config", "--instance", instance],
-                env=env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
+                [sys.executable, "-m", module, *args], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
             )
 
     def info(self) -> dict | None:
@@ -87,14 +90,13 @@ class ConfigProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SystemExit(f"config instance {self.instance} exited:\n{self.log.read_text()[-3000:]}")
+                raise SystemExit(f"{self.ready_name} exited:\n{self.log.read_text()[-3000:]}")
             info = self.info()
             if info and (role is None or info.get("role") == role):
                 return info
             time.sleep(0.02)
         raise SystemExit(
-            f"config instance {self.instance} not {role or 'ready'} within {timeout:g}s:\n"
-            f"{self.log.read_text()[-3000:]}"
+            f"{self.ready_name} not {role or 'ready'} within {timeout:g}s:\n{self.log.read_text()[-3000:]}"
         )
 
     def kill9(self) -> None:
@@ -162,10 +164,62 @@ async def reload_time(bootstrap: str, topic: str, path: Path, repeat: int) -> tu
     return chunks, loads
 
 
+def instances(settings: ServiceSettings, service: str, log_dir: Path) -> dict[str, Callable[[], ServiceProcess]]:
+    """How to start instance 0 and 1 of the service under test."""
+    if service == "config":
+        return {
+            i: (lambda i=i: ServiceProcess(settings, "services.config", ["--instance", i], READY["config"][i], log_dir))
+            for i in ("0", "1")
+        }
+    return {
+        i: (
+            lambda i=i: ServiceProcess(
+                settings, "services.shard", ["--shard-id", "s0", "--instance", i], READY["shard"][i], log_dir
+            )
+        )
+        for i in ("0", "1")
+    }
+
+
+READY = {"config": {"0": "config", "1": "config-1"}, "shard": {"0": "shard-s0", "1": "shard-s0-1"}}
+
+
+async def shard_cluster(settings: ServiceSettings, docs: int) -> None:
+    """The shard mode's catalog: s0 owns bench.kv, sharded on {_id: hashed}."""
+    async with Requester(settings.bootstrap, settings.topics.client_inbox("takeover-bench")) as r:
+        for cmd in (cfg.AddShard(shard="s0"), cfg.ShardCollection(ns=NS, key={"_id": "hashed"})):
+            reply = await r.request(settings.topics.config_commands, cmd, timeout=60)
+            if not reply.ok:
+                raise SystemExit(f"{cmd.type} refused: {reply}")
+
+
+async def load_documents(settings: ServiceSettings, docs: int) -> None:
+    async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
+        coll = cl[NS.split(".")[0]][NS.split(".")[1]]
+        for start in range(0, docs, 1000):
+            await coll.insert_many([{"_id": i, "v": "x" * 100} for i in range(start, min(start + 1000, docs))])
+
+
+async def shard_serves(settings: ServiceSettings, round_no: int, timeout: float) -> float:
+    """A write through the router to the heir: seconds until it is acknowledged."""
+    async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=timeout) as cl:
+        coll = cl[NS.split(".")[0]][NS.split(".")[1]]
+        t0 = time.perf_counter()
+        await coll.update_one({"_id": round_no}, {"$set": {"round": round_no}})
+        return time.perf_counter() - t0
+
+
+NS = "bench.kv"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--collections", type=int, default=4, help="sharded collections (default 4)")
-    p.add_argument("--chunks", type=int, default=25_001, help="chunks per collection (default 25,001: 100,004 in all)")
+    p.add_argument("--service", choices=("config", "shard"), default="config", help="whose take-over (default config)")
+    p.add_argument("--collections", type=int, default=4, help="config: sharded collections (default 4)")
+    p.add_argument(
+        "--chunks", type=int, default=25_001, help="config: chunks per collection (default 25,001: 100,004 in all)"
+    )
+    p.add_argument("--docs", type=int, default=50_000, help="shard: documents on the shard (default 50,000)")
     p.add_argument("--rounds", type=int, default=3, help="take-overs timed (default 3)")
     p.add_argument("--session-timeout-ms", type=int, default=6000, help="the group's session timeout (default 6000)")
     args = p.parse_args()
@@ -173,42 +227,73 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-takeover-"))
     settings = ServiceSettings(bootstrap, cluster, tmp / "data", args.session_timeout_ms)
     topics = settings.topics
-    n = 3 + 1 + args.collections * args.chunks  # shards, database, collections, splits
-    print(f"take-over benchmark: cluster {cluster}, {args.collections} x {args.chunks:_} chunks, stores under {tmp}")
-    procs: dict[str, ConfigProcess] = {}
+    what = (
+        f"{args.collections} x {args.chunks:_} chunks"
+        if args.service == "config"
+        else f"shard s0 with {args.docs:_} documents"
+    )
+    print(f"take-over benchmark ({args.service}): cluster {cluster}, {what}, stores under {tmp}")
+    procs: dict[str, ServiceProcess] = {}
+    others: list[ServiceProcess] = []
     rounds: list[dict] = []
+    loads: list[float] = []
+    size = 0
     try:
-        asyncio.run(kafka.ensure_topics(bootstrap, [*topics.core(), TopicSpec(topics.client_inbox("takeover-bench"))]))
-        count, t_prod = asyncio.run(
-            E.produce(
-                bootstrap, topics.config_events, E.catalog_events(n, collections=args.collections, chunks=args.chunks)
+        asyncio.run(
+            kafka.ensure_topics(
+                bootstrap, [*topics.core(), *topics.for_shard("s0"), TopicSpec(topics.client_inbox("takeover-bench"))]
             )
         )
-        print(f"produced {count:_} config events in {t_prod:.1f}s")
-        chunks, loads = asyncio.run(reload_time(bootstrap, topics.config_events, tmp / "reload", 3))
-        print(
-            f"Catalog.load of the same {chunks:_} chunks: median {statistics.median(loads):.3f}s (the reload avoided)"
-        )
+        start = instances(settings, args.service, tmp)
+        if args.service == "config":
+            n = 3 + 1 + args.collections * args.chunks  # shards, database, collections, splits
+            count, t_prod = asyncio.run(
+                E.produce(
+                    bootstrap,
+                    topics.config_events,
+                    E.catalog_events(n, collections=args.collections, chunks=args.chunks),
+                )
+            )
+            print(f"produced {count:_} config events in {t_prod:.1f}s")
+            size, loads = asyncio.run(reload_time(bootstrap, topics.config_events, tmp / "reload", 3))
+            print(
+                f"Catalog.load of the same {size:_} chunks: median {statistics.median(loads):.3f}s (the reload avoided)"
+            )
+        else:
+            config = ServiceProcess(settings, "services.config", [], "config", tmp)
+            others.append(config)
+            config.wait("active", 120)
+            asyncio.run(shard_cluster(settings, args.docs))
+            router = ServiceProcess(settings, "services.router", ["--instance", "r1"], "router-r1", tmp)
+            others.append(router)
         for inst in ("0", "1"):
-            procs[inst] = ConfigProcess(settings, inst, tmp)
-        for proc in procs.values():
+            procs[inst] = start[inst]()
+        for proc in [*procs.values(), *others]:
             proc.wait(None, 600)
         deadline = time.monotonic() + 120  # the first activation may still be running
         active = None
         while active is None:
             active = next((i for i, pr in procs.items() if (pr.info() or {}).get("role") == "active"), None)
             if time.monotonic() > deadline:
-                raise SystemExit("no config instance became active within 120 s")
+                raise SystemExit("no instance became active within 120 s")
             time.sleep(0.05)
-        print(f"instance {active} is active; both replayed the catalog")
+        if args.service == "shard":
+            t0 = time.perf_counter()
+            asyncio.run(load_documents(settings, args.docs))
+            size = args.docs
+            print(f"loaded {args.docs:_} documents in {time.perf_counter() - t0:.1f}s")
+        print(f"instance {active} is active; the other stands by with its state warm")
         for r in range(args.rounds):
             heir = "1" if active == "0" else "0"
-            procs[heir].wait("standby", 120)
+            procs[heir].wait("standby", 300)
             t_kill = time.perf_counter()
             procs[active].kill9()
             info = procs[heir].wait("active", args.session_timeout_ms / 1000 * 3 + 60)
             t_active = time.perf_counter() - t_kill
-            reply_s = asyncio.run(serves(settings, r, 30))
+            if args.service == "config":
+                reply_s = asyncio.run(serves(settings, r, 30))
+            else:
+                reply_s = asyncio.run(shard_serves(settings, r, 30))
             act = info["activation"]
             rounds.append({**act, "killToActiveS": round(t_active, 3), "replyS": round(reply_s, 4)})
             print(
@@ -218,28 +303,40 @@ def main() -> None:
                 f"{args.session_timeout_ms} ms); first command's reply {reply_s * 1e3:.0f} ms",
                 flush=True,
             )
-            procs[active] = ConfigProcess(settings, active, tmp)  # the killed one comes back as standby
+            procs[active] = start[active]()  # the killed one comes back as standby
             active = heir
-        floor = asyncio.run(kafka_floor(bootstrap, topics.group("config"), topics.config_commands, args.rounds))
+        group = topics.group("config" if args.service == "config" else "shard-s0")
+        command_topic = topics.config_commands if args.service == "config" else topics.shard_requests("s0")
+        floor = asyncio.run(kafka_floor(bootstrap, group, command_topic, args.rounds))
     finally:
-        for proc in procs.values():
+        for proc in [*procs.values(), *reversed(others)]:
             proc.stop()
-        E.delete_topics(bootstrap, [*(t.name for t in topics.core()), topics.client_inbox("takeover-bench")])
+        E.delete_topics(
+            bootstrap,
+            [
+                *(t.name for t in topics.core()),
+                *(t.name for t in topics.for_shard("s0")),
+                topics.client_inbox("takeover-bench"),
+            ],
+        )
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: round(statistics.median(r[k] for r in rounds), 4) for k in rounds[0]}
-    floor_s, load_s = statistics.median(floor), statistics.median(loads)
+    floor_s = statistics.median(floor)
+    load_s = statistics.median(loads) if loads else None
+    reload = f"; the reload no longer done (Catalog.load) {load_s:.3f}s" if load_s is not None else ""
     print(
-        f"take-over, assignment -> serving: median {med['sinceAssignedS']:.3f}s over {len(rounds)} rounds "
-        f"(goal <= 2 s); Kafka floor (InitProducerId + OffsetFetch) {floor_s:.3f}s, ratio "
-        f"{med['sinceAssignedS'] / floor_s:.1f}x the floor; the reload no longer done (Catalog.load) {load_s:.3f}s"
+        f"{args.service} take-over, assignment -> serving: median {med['sinceAssignedS']:.3f}s over {len(rounds)} "
+        f"rounds (goal <= 2 s); Kafka floor (InitProducerId + OffsetFetch) {floor_s:.3f}s, ratio "
+        f"{med['sinceAssignedS'] / floor_s:.1f}x the floor{reload}"
     )
     E.result_line(
         "takeover",
-        chunks=chunks,
+        service=args.service,
+        size=size,
         rounds=rounds,
         median=med,
         kafka_floor_s=round(floor_s, 4),
-        catalog_load_s=round(load_s, 4),
+        catalog_load_s=round(load_s, 4) if load_s is not None else None,
         ratio_to_floor=round(med["sinceAssignedS"] / floor_s, 2),
     )
 

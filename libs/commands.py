@@ -35,6 +35,10 @@ from schemas.reply import Reply
 log = logging.getLogger(__name__)
 
 REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
+# How long a reply waits for its inbox's metadata before the inbox counts as gone (its requester
+# deleted it), and how long it then counts as gone before it is looked up again.
+INBOX_WAIT_S = 2.0
+GONE_INBOX_MEMORY_S = 60.0
 VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and reply (docs/decisions/0014)
 
 
@@ -134,6 +138,7 @@ class CommandProcessor:
         self._assigned_at = 0.0  # when the group gave us the partition (monotonic)
         self.last_activation: dict[str, float] = {}  # the last take-over's timings, in seconds
         self._hold_until = 0.0
+        self._gone: dict[str, float] = {}  # reply inboxes found missing, and when (_live_inboxes)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -404,9 +409,10 @@ class CommandProcessor:
                     last_event.offset + 1 if last_event else self.projection.position
                 )  # events so far in this batch count
                 answers.append((reply_to.decode(), answer.model_copy(update={"configTime": at}), reply_headers))
-        for inbox in {inbox for inbox, _, _ in answers}:
-            await p.partitions_for(inbox)  # its metadata now: the replies below go out without a pause
+        live = await self._live_inboxes({inbox for inbox, _, _ in answers})
         for inbox, answer, reply_headers in answers:
+            if inbox not in live:
+                continue  # its requester is gone (_live_inboxes)
             if self.clock is not None:
                 reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
             await p.send(inbox, Codec.encode(answer), headers=reply_headers)
@@ -416,6 +422,33 @@ class CommandProcessor:
         self.commands_done += len(records)
         if last_event is not None:
             self.projection.advance(last_event.offset + 1, fingerprint(last_value))
+
+    async def _live_inboxes(self, inboxes: set[str]) -> set[str]:
+        """The inboxes replies can go to, their metadata known (so the replies go out without a pause).
+
+        A requester that is gone (a router or client stopped, its inbox deleted, while its request
+        waited uncommitted: across a restart, a crash or a take-over) cannot read its reply.  aiokafka
+        would wait `request_timeout_ms` for the missing topic and then fail the transaction, and the
+        next owner would decide the same batch again, forever.  So its reply is dropped, as a MongoDB
+        server drops the reply to a closed connection; the command's effects still commit."""
+        p = self.producer
+        now = time.monotonic()
+        self._gone = {inbox: since for inbox, since in self._gone.items() if now - since < GONE_INBOX_MEMORY_S}
+
+        async def known(inbox: str) -> str | None:
+            if inbox in self._gone:
+                return None
+            try:
+                await asyncio.wait_for(p.partitions_for(inbox), INBOX_WAIT_S)
+                return inbox
+            except (TimeoutError, KafkaError) as e:
+                self._gone[inbox] = time.monotonic()
+                log.warning(
+                    "%s: reply inbox %s is gone (%s): its replies are dropped", self.name, inbox, type(e).__name__
+                )
+                return None
+
+        return {inbox for inbox in await asyncio.gather(*map(known, inboxes)) if inbox is not None}
 
     @staticmethod
     def _stamp(clock: Gossip, event: Record) -> Record:

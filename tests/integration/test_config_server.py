@@ -284,3 +284,32 @@ def test_a_zombie_config_server_cannot_append(settings, spawn):
     asyncio.run(go())
     shards = [e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events)]
     assert shards == ["before", "zombie-shard", "after"]
+
+
+def test_a_reply_to_a_requester_that_is_gone_is_dropped_and_the_server_carries_on(settings, config_server):
+    """A request whose requester is gone (its inbox deleted: a router stopped while its request
+    waited uncommitted, e.g. across `make down`/`up`) must not wedge the processor: the command
+    takes effect, its reply is dropped, and the next request is answered."""
+    from libs import kafka
+    from libs.commands import CORRELATION_ID, REPLY_TO
+    from schemas import Codec
+
+    async def go():
+        p = kafka.producer(settings.bootstrap)
+        await p.start()
+        try:
+            await p.send_and_wait(
+                settings.topics.config_commands,
+                Codec.encode(c.SetSetting(key="rangeDeleterBatchSize", value=77)),
+                headers=[(REPLY_TO, settings.topics.inbox("router-gone").encode()), (CORRELATION_ID, b"gone")],
+            )
+        finally:
+            await p.stop()
+        async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
+            return await r.request(settings.topics.config_commands, c.SetSetting(key="balancerEnabled", value=False))
+
+    # Bounded by the requester's 30 s: aiokafka alone would wait ~40 s for the missing inbox, then
+    # fail the transaction, and the same batch would fail again after every re-activation.
+    assert asyncio.run(go()).ok
+    changed = [e for _, e in read_events(settings.bootstrap, settings.topics.config_events) if e.type == "SettingChanged"]
+    assert ("rangeDeleterBatchSize", 77) in [(e.key, e.value) for e in changed], "the gone requester's command applies"
