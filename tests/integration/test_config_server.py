@@ -311,5 +311,7 @@ def test_a_reply_to_a_requester_that_is_gone_is_dropped_and_the_server_carries_o
     # Bounded by the requester's 30 s: aiokafka alone would wait ~40 s for the missing inbox, then
     # fail the transaction, and the same batch would fail again after every re-activation.
     assert asyncio.run(go()).ok
-    changed = [e for _, e in read_events(settings.bootstrap, settings.topics.config_events) if e.type == "SettingChanged"]
+    changed = [
+        e for _, e in read_events(settings.bootstrap, settings.topics.config_events) if e.type == "SettingChanged"
+    ]
     assert ("rangeDeleterBatchSize", 77) in [(e.key, e.value) for e in changed], "the gone requester's command applies"
