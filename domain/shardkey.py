@@ -155,6 +155,8 @@ MIN_KEY = MinKey()
 MAX_KEY = MaxKey()
 
 _EJSON_SENTINELS: dict[str, _Sentinel] = {"$minKey": MIN_KEY, "$maxKey": MAX_KEY}
+# Exactly these types (not subclasses such as bson.Int64 or bson.Code) are their own value.
+_PLAIN_SCALARS = frozenset({int, str, float, bool, type(None)})
 
 
 def is_min_key(v: Any) -> bool:
@@ -172,6 +174,8 @@ def from_ejson(value: Any) -> Any:
     any depth) become the sentinels, other wrappers (``{"$oid": ...}``, ``{"$date": ...}``)
     their BSON values; values already BSON values are returned as they are (containers are
     copied)."""
+    if type(value) in _PLAIN_SCALARS:  # most of a bound: nothing to convert (replay's hot path)
+        return value
     if is_min_key(value):
         return MIN_KEY
     if is_max_key(value):
@@ -179,6 +183,8 @@ def from_ejson(value: Any) -> Any:
     if isinstance(value, dict):
         if len(value) == 1:
             ((name, one),) = value.items()
+            if type(one) in _PLAIN_SCALARS and type(name) is str and not name.startswith("$"):  # a one-field bound {"x": 5}
+                return {name: one}
             if name in _EJSON_SENTINELS:
                 # A malformed sentinel would otherwise silently become an object,
                 # sorting between strings and arrays: a wrong chunk bound.
@@ -489,8 +495,23 @@ def _write_body(out: bytearray, tag: int, v: Any, depth: int) -> None:
     # null, MinKey, MaxKey: the tag says it all.
 
 
+# Integers a double holds exactly: their tie is 0, so the whole encoding (tag, image, tie)
+# is one integer (_exact_int).
+_EXACT_INT = 2**53
+_pack_double = struct.Struct(">d").pack
+
+
+def _exact_int(v: int) -> bytes:
+    """`encode_value` of an int with |v| <= 2**53, built as one integer (the same bytes)."""
+    bits = int.from_bytes(_pack_double(v), "big")
+    bits = bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT
+    return ((_NUMBER << 80) | (bits << 16) | _TIE_BIAS).to_bytes(11, "big")
+
+
 def encode_value(v: Any) -> bytes:
     """Order-preserving, prefix-free encoding of one value (see module docstring)."""
+    if type(v) is int and -_EXACT_INT <= v <= _EXACT_INT:  # chunk bounds' usual value
+        return _exact_int(v)
     out = bytearray()
     tag = _tag_of(v)
     out.append(tag)
@@ -660,6 +681,8 @@ class KeyPattern:
     def encode_bound(self, bound: dict[str, Any]) -> bytes:
         """Byte image of a validated bound (or extracted key): sorts like the bound."""
         try:
+            if len(self.fields) == 1:
+                return encode_value(bound[self.fields[0]])
             return b"".join(encode_value(bound[f]) for f in self.fields)
         except KeyError as e:
             raise ShardKeyError(f"bound {shell_form(bound)} lacks shard key field {e.args[0]!r}") from None
