@@ -141,8 +141,8 @@ def _plain_json_str(s: str) -> bool:
 
 
 def _one_field_json(bound: dict[str, Any] | None) -> str | None:
-    """JSON of a one-field bound holding an int or MinKey/MaxKey (`{"x":5}`), as pydantic writes
-    it; None for any other bound."""
+    """JSON of a one-field bound holding an int, a plain string or MinKey/MaxKey (`{"x":5}`), as
+    pydantic writes it; None for any other bound."""
     if bound is None or len(bound) != 1:
         return None
     ((name, v),) = bound.items()
@@ -150,6 +150,8 @@ def _one_field_json(bound: dict[str, Any] | None) -> str | None:
         return None
     if type(v) is int:
         return f'{{"{name}":{v}}}'
+    if type(v) is str and _plain_json_str(v):
+        return f'{{"{name}":"{v}"}}'
     if type(v) is dict and len(v) == 1:
         ((wrapper, one),) = v.items()
         if (wrapper == "$minKey" or wrapper == "$maxKey") and type(one) is int and one == 1:
@@ -192,8 +194,8 @@ def _same_json(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
 
 
 def _ejson_key(field: str | None, bound: dict[str, Any]) -> bytes | None:
-    """The encoded key of Extended JSON bound {field: an int or MinKey/MaxKey}, without parsing
-    it; None for any other bound (the caller parses it)."""
+    """The encoded key of Extended JSON bound {field: an int, a string or MinKey/MaxKey},
+    without parsing it; None for any other bound (the caller parses it)."""
     if len(bound) != 1:
         return None
     ((name, v),) = bound.items()
@@ -201,6 +203,8 @@ def _ejson_key(field: str | None, bound: dict[str, Any]) -> bytes | None:
         return None
     if type(v) is int:
         return encode_value(v) if INT64_MIN <= v <= INT64_MAX else None
+    if type(v) is str:
+        return encode_value(v)
     if type(v) is dict and len(v) == 1:
         ((wrapper, one),) = v.items()
         if type(one) is int and one == 1:
@@ -600,7 +604,7 @@ class Catalog:
     def _split_in_two(self, coll: Collection, e: ev.ChunkSplit) -> bool:
         """Fold a split of one chunk into two pieces reusing the parent's parsed bounds: only the
         split point is parsed.  False (nothing done) unless the pieces' outer bounds are the
-        parent's own JSON and every bound is a one-field int or MinKey/MaxKey bound."""
+        parent's own JSON and every bound is a one-field int, string or MinKey/MaxKey bound."""
         d0, d1 = e.chunks
         at_doc = d0.max
         at_key = _ejson_key(coll.single_field, at_doc)
@@ -635,8 +639,8 @@ class Catalog:
 
     def _merge_reusing(self, coll: Collection, e: ev.ChunksMerged) -> bool:
         """Fold a merge reusing the first and last merged chunks' parsed bounds (nothing parsed).
-        False (nothing done) unless those are the merged chunk's own JSON, one-field int or
-        MinKey/MaxKey bounds."""
+        False (nothing done) unless those are the merged chunk's own JSON, one-field int, string
+        or MinKey/MaxKey bounds."""
         d = e.chunk
         lo_key, hi_key = _ejson_key(coll.single_field, d.min), _ejson_key(coll.single_field, d.max)
         pair = d.version
