@@ -22,7 +22,7 @@ from domain.ddl import Coordinator, Phase, extend_bound
 from domain.index_ddl import listed_indexes
 from domain.indexes import IndexSpec
 from domain.settings import ClusterSettings, CollectionSettings
-from domain.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, KeyPattern, encode_value, from_ejson, to_ejson
+from domain.shardkey import KeyPattern, from_ejson, simple_bound_key, to_ejson
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version
 from libs.dispatch import Dispatch
 from libs.store import Store
@@ -191,28 +191,6 @@ def _same_json(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
         tx = type(xa)
         return tx is type(xb) and (tx is int or tx is str)
     return False
-
-
-def _ejson_key(field: str | None, bound: dict[str, Any]) -> bytes | None:
-    """The encoded key of Extended JSON bound {field: an int, a string or MinKey/MaxKey},
-    without parsing it; None for any other bound (the caller parses it)."""
-    if len(bound) != 1:
-        return None
-    ((name, v),) = bound.items()
-    if name != field:
-        return None
-    if type(v) is int:
-        return encode_value(v) if INT64_MIN <= v <= INT64_MAX else None
-    if type(v) is str:
-        return encode_value(v)
-    if type(v) is dict and len(v) == 1:
-        ((wrapper, one),) = v.items()
-        if type(one) is int and one == 1:
-            return _SENTINEL_KEYS.get(wrapper)
-    return None
-
-
-_SENTINEL_KEYS = {"$minKey": encode_value(MIN_KEY), "$maxKey": encode_value(MAX_KEY)}
 
 
 @dataclass
@@ -607,7 +585,7 @@ class Catalog:
         parent's own JSON and every bound is a one-field int, string or MinKey/MaxKey bound."""
         d0, d1 = e.chunks
         at_doc = d0.max
-        at_key = _ejson_key(coll.single_field, at_doc)
+        at_key = simple_bound_key(coll.single_field, at_doc)
         if at_key is None or not _same_json(at_doc, d1.min):
             return False
         i = bisect.bisect_right(coll.mins, at_key) - 1
@@ -642,7 +620,7 @@ class Catalog:
         False (nothing done) unless those are the merged chunk's own JSON, one-field int, string
         or MinKey/MaxKey bounds."""
         d = e.chunk
-        lo_key, hi_key = _ejson_key(coll.single_field, d.min), _ejson_key(coll.single_field, d.max)
+        lo_key, hi_key = simple_bound_key(coll.single_field, d.min), simple_bound_key(coll.single_field, d.max)
         pair = d.version
         if lo_key is None or hi_key is None or pair[0] < 0 or pair[1] < 0:
             return False

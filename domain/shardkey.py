@@ -80,6 +80,7 @@ __all__ = [
     "is_max_key",
     "is_min_key",
     "to_ejson",
+    "simple_bound_key",
     "to_ejson_bound",
 ]
 
@@ -174,8 +175,13 @@ def from_ejson(value: Any) -> Any:
     any depth) become the sentinels, other wrappers (``{"$oid": ...}``, ``{"$date": ...}``)
     their BSON values; values already BSON values are returned as they are (containers are
     copied)."""
-    if type(value) in _PLAIN_SCALARS:  # most of a bound: nothing to convert (replay's hot path)
+    t = type(value)
+    if t in _PLAIN_SCALARS:  # nothing to convert
         return value
+    if t is dict and len(value) == 1:  # a one-field bound {"x": 5}: replay's hot path
+        ((name, one),) = value.items()
+        if type(one) in _PLAIN_SCALARS and type(name) is str and not name.startswith("$"):
+            return {name: one}
     if is_min_key(value):
         return MIN_KEY
     if is_max_key(value):
@@ -183,8 +189,6 @@ def from_ejson(value: Any) -> Any:
     if isinstance(value, dict):
         if len(value) == 1:
             ((name, one),) = value.items()
-            if type(one) in _PLAIN_SCALARS and type(name) is str and not name.startswith("$"):  # a one-field bound {"x": 5}
-                return {name: one}
             if name in _EJSON_SENTINELS:
                 # A malformed sentinel would otherwise silently become an object,
                 # sorting between strings and arrays: a wrong chunk bound.
@@ -496,16 +500,17 @@ def _write_body(out: bytearray, tag: int, v: Any, depth: int) -> None:
 
 
 # Integers a double holds exactly: their tie is 0, so the whole encoding (tag, image, tie)
-# is one integer (_exact_int).
+# is one struct (_exact_int).
 _EXACT_INT = 2**53
 _pack_double = struct.Struct(">d").pack
+_unpack_bits = struct.Struct(">Q").unpack
+_pack_number = struct.Struct(">BQH").pack
 
 
 def _exact_int(v: int) -> bytes:
-    """`encode_value` of an int with |v| <= 2**53, built as one integer (the same bytes)."""
-    bits = int.from_bytes(_pack_double(v), "big")
-    bits = bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT
-    return ((_NUMBER << 80) | (bits << 16) | _TIE_BIAS).to_bytes(11, "big")
+    """`encode_value` of an int with |v| <= 2**53 (the same bytes, in one pack)."""
+    (bits,) = _unpack_bits(_pack_double(v))
+    return _pack_number(_NUMBER, bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT, _TIE_BIAS)
 
 
 def encode_value(v: Any) -> bytes:
@@ -517,6 +522,31 @@ def encode_value(v: Any) -> bytes:
     out.append(tag)
     _write_body(out, tag, v, 0)
     return bytes(out)
+
+
+def simple_bound_key(field: str | None, bound: Any) -> bytes | None:
+    """The key (`encode_bound`) of an Extended JSON bound `{field: v}` with v an int, a string or
+    `{"$minKey": 1}` / `{"$maxKey": 1}`, straight from the JSON (no `from_ejson`: a replay's
+    hot path); None for any other bound, which the caller parses."""
+    if len(bound) != 1:
+        return None
+    ((name, v),) = bound.items()
+    if name != field:
+        return None
+    if type(v) is int:
+        if -_EXACT_INT <= v <= _EXACT_INT:
+            return _exact_int(v)
+        return encode_value(v) if INT64_MIN <= v <= INT64_MAX else None
+    if type(v) is str:
+        return encode_value(v)
+    if type(v) is dict and len(v) == 1:
+        ((wrapper, one),) = v.items()
+        if type(one) is int and one == 1:
+            return _SENTINEL_KEYS.get(wrapper)
+    return None
+
+
+_SENTINEL_KEYS = {"$minKey": bytes([_MINKEY]), "$maxKey": bytes([_MAXKEY])}
 
 
 def compare_values(a: Any, b: Any) -> int:
