@@ -52,13 +52,14 @@ class Chunk:
     """A chunk: [min, max) (bounds with MinKey/MaxKey sentinels, and their order-preserving
     encodings `min_key` / `max_key`) owned by `shard` at `version`.
 
-    A replay builds one per split piece and merge, millions of them: the version is kept as
-    its (major, minor) `pair` and `epoch` and made a ChunkVersion only when read; `min_doc` /
-    `max_doc` are the bounds as the event wrote them (Extended JSON), which is what the store
-    keeps, and what a later event's bounds are compared with to reuse the parsed ones (None:
-    not known, the store keeps `to_ejson` of the bounds)."""
+    A replay builds one per split piece and merge, millions of them, and reads few: the
+    version is kept as its (major, minor) `pair` and `epoch` and made a ChunkVersion only when
+    read, and the bounds of a chunk folded from its document (`from_doc`) are parsed only when
+    read.  `min_doc` / `max_doc` are the bounds as the event wrote them (Extended JSON), which is
+    what the store keeps, and what a later event's bounds are compared with (None: not known,
+    the store keeps `to_ejson` of the bounds)."""
 
-    __slots__ = ("min", "max", "min_key", "max_key", "shard", "pair", "epoch", "jumbo", "min_doc", "max_doc", "_version")
+    __slots__ = ("_min", "_max", "min_key", "max_key", "shard", "pair", "epoch", "jumbo", "min_doc", "max_doc", "_version")
 
     def __init__(
         self,
@@ -70,7 +71,7 @@ class Chunk:
         version: ChunkVersion,
         jumbo: bool = False,
     ) -> None:
-        self.min, self.max, self.min_key, self.max_key, self.shard = min, max, min_key, max_key, shard
+        self._min, self._max, self.min_key, self.max_key, self.shard = min, max, min_key, max_key, shard
         self.pair, self.epoch, self._version = (version.major, version.minor), version.epoch, version
         self.jumbo = jumbo
         self.min_doc: dict[str, Any] | None = None
@@ -92,9 +93,31 @@ class Chunk:
     ) -> Chunk:
         """A chunk from an event's document: no ChunkVersion yet (`pair` must be >= 0)."""
         ch = _new_chunk(cls)
-        ch.min, ch.max, ch.min_key, ch.max_key, ch.shard = min, max, min_key, max_key, shard
+        ch._min, ch._max, ch.min_key, ch.max_key, ch.shard = min, max, min_key, max_key, shard
         ch.pair, ch.epoch, ch._version, ch.jumbo, ch.min_doc, ch.max_doc = pair, epoch, None, jumbo, min_doc, max_doc
         return ch
+
+    @classmethod
+    def from_doc(cls, doc: ev.ChunkDoc, min_key: bytes, max_key: bytes, epoch: str) -> Chunk:
+        """The chunk of an event's document whose keys the caller knows (they must be
+        `encode_bound(from_ejson(doc.min / doc.max))`): bounds parsed when first read."""
+        ch = _new_chunk(cls)
+        ch._min = ch._max = ch._version = None
+        ch.min_key, ch.max_key, ch.shard, ch.pair, ch.epoch = min_key, max_key, doc.shard, doc.version, epoch
+        ch.jumbo, ch.min_doc, ch.max_doc = doc.jumbo, doc.min, doc.max
+        return ch
+
+    @property
+    def min(self) -> dict[str, Any]:
+        if self._min is None:
+            self._min = from_ejson(self.min_doc)
+        return self._min
+
+    @property
+    def max(self) -> dict[str, Any]:
+        if self._max is None:
+            self._max = from_ejson(self.max_doc)
+        return self._max
 
     @property
     def version(self) -> ChunkVersion:
@@ -580,64 +603,61 @@ class Catalog:
         return ch
 
     def _split_in_two(self, coll: Collection, e: ev.ChunkSplit) -> bool:
-        """Fold a split of one chunk into two pieces reusing the parent's parsed bounds: only the
-        split point is parsed.  False (nothing done) unless the pieces' outer bounds are the
-        parent's own JSON and every bound is a one-field int, string or MinKey/MaxKey bound."""
+        """Fold a split of one chunk into two pieces, the parent's keys reused: only the split
+        point is encoded, nothing parsed.  False (nothing done) unless every bound is a
+        one-field int, string or MinKey/MaxKey bound and the pieces' outer bounds are the
+        parent's."""
         d0, d1 = e.chunks
+        field = coll.single_field
         at_doc = d0.max
-        at_key = simple_bound_key(coll.single_field, at_doc)
-        if at_key is None or not _same_json(at_doc, d1.min):
+        at_key = simple_bound_key(field, at_doc)
+        if at_key is None or not (_same_json(at_doc, d1.min) or simple_bound_key(field, d1.min) == at_key):
             return False
         i = bisect.bisect_right(coll.mins, at_key) - 1
         if i < 0:
             return False
         parent = coll.chunks[i]
+        lo_key, hi_key = parent.min_key, parent.max_key
         p0, p1 = d0.version, d1.version
         if not (
-            parent.min_key < at_key < parent.max_key
-            and _same_json(parent.min_doc, d0.min)
-            and _same_json(parent.max_doc, d1.max)
+            lo_key < at_key < hi_key
+            and (_same_json(parent.min_doc, d0.min) or simple_bound_key(field, d0.min) == lo_key)
+            and (_same_json(parent.max_doc, d1.max) or simple_bound_key(field, d1.max) == hi_key)
             and p0[0] >= 0
             and p0[1] >= 0
             and p1[0] >= 0
             and p1[1] >= 0
         ):
             return False
-        at = from_ejson(at_doc)
-        epoch = coll.epoch
-        a = Chunk.folded(parent.min, at, parent.min_key, at_key, d0.shard, p0, epoch, d0.jumbo, d0.min, at_doc)
-        b = Chunk.folded(at, parent.max, at_key, parent.max_key, d1.shard, p1, epoch, d1.jumbo, d1.min, d1.max)
+        a, b = Chunk.from_doc(d0, lo_key, at_key, coll.epoch), Chunk.from_doc(d1, at_key, hi_key, coll.epoch)
         coll.chunks[i : i + 1] = (a, b)
-        coll.mins[i : i + 1] = (parent.min_key, at_key)
+        coll.mins[i : i + 1] = (lo_key, at_key)
         coll._versions = None
         if self.track_changes:
-            self._changes[coll.chunk_prefix + parent.min_key] = a
+            self._changes[coll.chunk_prefix + lo_key] = a
             self._changes[coll.chunk_prefix + at_key] = b
         return True
 
-    def _merge_reusing(self, coll: Collection, e: ev.ChunksMerged) -> bool:
-        """Fold a merge reusing the first and last merged chunks' parsed bounds (nothing parsed).
-        False (nothing done) unless those are the merged chunk's own JSON, one-field int, string
-        or MinKey/MaxKey bounds."""
+    def _merge_by_keys(self, coll: Collection, e: ev.ChunksMerged) -> bool:
+        """Fold a merge with its bounds encoded straight from their JSON, nothing parsed.  False
+        (nothing done) unless both are one-field int, string or MinKey/MaxKey bounds that are
+        a first chunk's min and a last chunk's max."""
         d = e.chunk
-        lo_key, hi_key = simple_bound_key(coll.single_field, d.min), simple_bound_key(coll.single_field, d.max)
+        field = coll.single_field
+        lo_key, hi_key = simple_bound_key(field, d.min), simple_bound_key(field, d.max)
         pair = d.version
         if lo_key is None or hi_key is None or pair[0] < 0 or pair[1] < 0:
             return False
         chunks = coll.chunks
-        lo = max(bisect.bisect_right(coll.mins, lo_key) - 1, 0)
-        first = chunks[lo]
-        if first.min_key != lo_key or not _same_json(first.min_doc, d.min):
+        lo = bisect.bisect_right(coll.mins, lo_key) - 1
+        if lo < 0 or chunks[lo].min_key != lo_key:
             return False
         hi, n = lo, len(chunks)
         while hi < n and chunks[hi].max_key <= hi_key:
             hi += 1
-        if hi == lo:
+        if hi == lo or chunks[hi - 1].max_key != hi_key:
             return False
-        last = chunks[hi - 1]
-        if last.max_key != hi_key or not _same_json(last.max_doc, d.max):
-            return False
-        merged = Chunk.folded(first.min, last.max, lo_key, hi_key, d.shard, pair, coll.epoch, d.jumbo, d.min, d.max)
+        merged = Chunk.from_doc(d, lo_key, hi_key, coll.epoch)
         if self.track_changes:
             prefix = coll.chunk_prefix
             for ch in chunks[lo + 1 : hi]:
@@ -663,7 +683,12 @@ class Catalog:
         return zones
 
     def apply(self, e: Record, offset: int) -> None:
-        on_event(self, e)
+        # on_event(self, e), its table read here: one call less on a replay's every event.
+        handler = _EVENT_HANDLERS.get(type(e))
+        if handler is None:
+            on_event(self, e)  # raises Unhandled
+        else:
+            handler(self, e)
         if offset >= 0:
             self.config_time = offset + 1
         ts: int | None = getattr(e, "ts", None)
@@ -763,7 +788,7 @@ class Catalog:
     @on_event.register(ev.ChunksMerged)
     def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
         coll = self.collections[e.ns]
-        if self.fast_fold and self._merge_reusing(coll, e):
+        if self.fast_fold and self._merge_by_keys(coll, e):
             return
         merged = self._chunk(coll, e.chunk)
         lo = coll.chunk_index(merged.min_key)
@@ -875,6 +900,7 @@ class Catalog:
         coll = self.collections[e.ns]
         ch = coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(e.min)))]
         ch.jumbo = True
+        ch._min, ch._max = ch.min, ch.max  # parsed from the documents, which are forgotten:
         ch.min_doc = ch.max_doc = None  # stored as `doc()` writes the bounds from now on
         self._put_chunk(e.ns, ch)
 
@@ -1034,3 +1060,6 @@ class Catalog:
 
     def iter_chunks(self, ns: str) -> Iterator[Chunk]:
         yield from self.collections[ns].chunks
+
+
+_EVENT_HANDLERS = on_event.table
