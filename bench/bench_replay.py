@@ -171,7 +171,9 @@ async def instrumented_pass(bootstrap: str, topic: str, path: Path) -> dict:
         key, value = Store._ckpt_key(checkpoint.topic, checkpoint.partition), checkpoint.to_bytes()
         captured.append((list(changes), key, value))
         # A chunk write is kept as the chunk (serialised once per batch by drain_changes): as bytes here.
-        streamed.append(([(k, v if v is None or type(v) is bytes else chunk_json(v)) for k, v in catalog.stream], key, value))
+        streamed.append(
+            ([(k, v if v is None or type(v) is bytes else chunk_json(v)) for k, v in catalog.stream], key, value)
+        )
         catalog.stream = []
         t_capture += time.perf_counter() - t
 

@@ -59,7 +59,19 @@ class Chunk:
     what the store keeps, and what a later event's bounds are compared with (None: not known,
     the store keeps `to_ejson` of the bounds)."""
 
-    __slots__ = ("_min", "_max", "min_key", "max_key", "shard", "pair", "epoch", "jumbo", "min_doc", "max_doc", "_version")
+    __slots__ = (
+        "_min",
+        "_max",
+        "min_key",
+        "max_key",
+        "shard",
+        "pair",
+        "epoch",
+        "jumbo",
+        "min_doc",
+        "max_doc",
+        "_version",
+    )
 
     def __init__(
         self,
@@ -71,8 +83,11 @@ class Chunk:
         version: ChunkVersion,
         jumbo: bool = False,
     ) -> None:
-        self._min, self._max, self.min_key, self.max_key, self.shard = min, max, min_key, max_key, shard
-        self.pair, self.epoch, self._version = (version.major, version.minor), version.epoch, version
+        self._min: dict[str, Any] | None = min  # None: parsed from min_doc when first read
+        self._max: dict[str, Any] | None = max
+        self.min_key, self.max_key, self.shard = min_key, max_key, shard
+        self.pair, self.epoch = (version.major, version.minor), version.epoch
+        self._version: ChunkVersion | None = version  # None: built from pair and epoch when first read
         self.jumbo = jumbo
         self.min_doc: dict[str, Any] | None = None
         self.max_doc: dict[str, Any] | None = None

@@ -115,7 +115,9 @@ def random_log(rng: random.Random, steps: int) -> list[Any]:
         i = rng.randrange(n)
         if kind == "split":
             lo, hi = c.bounds[i], c.bounds[i + 1]
-            inside = [v for v in c.values if (lo is None or c.key(v) > c.key(lo)) and (hi is None or c.key(v) < c.key(hi))]
+            inside = [
+                v for v in c.values if (lo is None or c.key(v) > c.key(lo)) and (hi is None or c.key(v) < c.key(hi))
+            ]
             if not inside:
                 continue
             points = sorted(rng.sample(inside, min(len(inside), rng.choice([1, 1, 1, 2]))), key=c.key)
@@ -123,14 +125,10 @@ def random_log(rng: random.Random, steps: int) -> list[Any]:
             c.shards[i + 1 : i + 1] = [c.shards[i]] * len(points)
             m = c.minor
             c.minor += len(points) + 1
-            pieces = [
-                c.doc(rng, i + k, i + k + 1, c.shards[i], (c.major, m + 1 + k)) for k in range(len(points) + 1)
-            ]
+            pieces = [c.doc(rng, i + k, i + k + 1, c.shards[i], (c.major, m + 1 + k)) for k in range(len(points) + 1)]
             if rng.random() < 0.1:  # a split point written two ways: the pieces must not share it
                 pieces[1] = pieces[1].model_copy(update={"min": c.form(rng, i + 1)})
-            events.append(
-                ev.ChunkSplit(ns=c.ns, epoch=c.epoch, min=pieces[0].min, max=pieces[-1].max, chunks=pieces)
-            )
+            events.append(ev.ChunkSplit(ns=c.ns, epoch=c.epoch, min=pieces[0].min, max=pieces[-1].max, chunks=pieces))
         elif kind == "merge" and n >= 2:
             i = min(i, n - 2)
             j = min(n, i + rng.choice([2, 2, 3]))
@@ -251,12 +249,17 @@ bound_values = st.one_of(
     st.booleans(),
     st.none(),
 )
-bounds = st.dictionaries(st.text(min_size=1, max_size=3).filter(lambda s: not s.startswith("$")), bound_values, min_size=1, max_size=2)
+bounds = st.dictionaries(
+    st.text(min_size=1, max_size=3).filter(lambda s: not s.startswith("$")), bound_values, min_size=1, max_size=2
+)
 
 
 @given(bounds, bounds, st.text(max_size=6), st.integers(0, 2**40), st.integers(0, 2**40), st.booleans())
 def test_chunk_json_is_model_dump_json_byte_for_byte(lo, hi, shard, major, minor, jumbo):
     ch = chunk(lo, hi, shard, (major, minor), jumbo)
-    assert chunk_json(ch) == ev.ChunkDoc(min=lo, max=hi, shard=shard, version=(major, minor), jumbo=jumbo).model_dump_json().encode()
+    assert (
+        chunk_json(ch)
+        == ev.ChunkDoc(min=lo, max=hi, shard=shard, version=(major, minor), jumbo=jumbo).model_dump_json().encode()
+    )
     ch.min_doc = ch.max_doc = None  # bounds known only parsed: written as doc() writes them
     assert chunk_json(ch) == ch.doc().model_dump_json().encode()
