@@ -126,9 +126,11 @@ class RecordingChanges(dict):
     def __init__(self, owner: TimedCatalog) -> None:
         super().__init__()
         self.owner = owner
+        self.recording = True  # off once drained: drain_changes serialises chunks in place
 
     def __setitem__(self, key: bytes, value) -> None:
-        self.owner.stream.append((key, value))
+        if self.recording:
+            self.owner.stream.append((key, value))
         super().__setitem__(key, value)
 
 
@@ -148,6 +150,7 @@ class TimedCatalog(Catalog):
         self.seconds += time.perf_counter() - t
 
     def drain_changes(self):
+        self._changes.recording = False
         t = time.perf_counter()
         out = super().drain_changes()
         self.seconds += time.perf_counter() - t
