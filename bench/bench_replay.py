@@ -6,7 +6,11 @@
     checkpoint in it;
 (b) the baseline: the very same write batches (keys, values, deletes and
     checkpoints, captured by folding the same events in memory) written with
-    raw rocksdict into a fresh database.
+    raw rocksdict into a fresh database;
+(c) the replay target's baseline: the same `Projection` loop over the same log
+    with a state that only counts the decoded events (fetch + decode, nothing
+    folded), run before and after (a); fold rate / the faster of the two is the
+    ratio issue 17 asks to be >= 0.7 (the fold is then not the bottleneck).
 
 Also splits the real path's time into fetch / decode / apply+drain / write,
 measured in a second, instrumented pass over the same log.
@@ -28,7 +32,7 @@ from pathlib import Path
 import _events as E
 from rocksdict import Options, Rdict, WriteBatch
 
-from domain.catalog import Catalog
+from domain.catalog import Catalog, chunk_json
 from libs.projection import Projection
 from libs.store import Store
 from schemas import config as schema
@@ -71,6 +75,36 @@ async def project(bootstrap: str, topic: str, path: Path, profile: bool) -> dict
     }
 
 
+class DecodeOnly:
+    """A projection state that folds nothing: it counts the events the projection decoded."""
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def load(self, store: Store) -> None:
+        pass
+
+    def apply(self, event, offset: int) -> None:
+        self.events += 1
+
+    def drain_changes(self) -> dict[bytes, bytes | None]:
+        return {}
+
+
+async def decode_pass(bootstrap: str, topic: str, path: Path) -> dict:
+    """Fetch + decode only: the real Projection (its fetch loop, codec and per-batch checkpoint
+    write) with `DecodeOnly` as its state."""
+    store, state = Store(path), DecodeOnly()
+    proj = Projection(bootstrap, topic, schema.events, state, store, name="bench-replay-decode")
+    t0 = time.perf_counter()
+    await proj.start()
+    position = await proj.catch_up()
+    seconds = time.perf_counter() - t0
+    await proj.stop()
+    store.close()
+    return {"seconds": seconds, "position": position, "events": state.events, "skipped": proj.skipped}
+
+
 class TimedCodec:
     """The projection's codec, timing every decode."""
 
@@ -85,18 +119,30 @@ class TimedCodec:
             self.seconds += time.perf_counter() - t
 
 
+class RecordingChanges(dict):
+    """A catalog's pending changes that also keep every write, in order, before a batch's
+    writes to one key collapse into one: whichever method of the catalog writes them."""
+
+    def __init__(self, owner: TimedCatalog) -> None:
+        super().__init__()
+        self.owner = owner
+        self.recording = True  # off once drained: drain_changes serialises chunks in place
+
+    def __setitem__(self, key: bytes, value) -> None:
+        if self.recording:
+            self.owner.stream.append((key, value))
+        super().__setitem__(key, value)
+
+
 class TimedCatalog(Catalog):
-    """Times apply + drain_changes, and keeps every write of every event before a
-    batch's writes to one key collapse into one (for the second baseline)."""
+    """Times apply + drain_changes, and keeps every write of every event (for the second
+    baseline)."""
 
     def __init__(self, track_changes: bool = True, clock=None):
         super().__init__(track_changes, clock)
         self.seconds = 0.0
-        self.stream: list[tuple[bytes, bytes | None]] = []
-
-    def _put(self, key: bytes, value: dict | None) -> None:
-        super()._put(key, value)
-        self.stream.append((key, self._changes[key]))
+        self.stream: list[tuple[bytes, object]] = []
+        self._changes = RecordingChanges(self)
 
     def apply(self, event, offset: int) -> None:
         t = time.perf_counter()
@@ -104,9 +150,11 @@ class TimedCatalog(Catalog):
         self.seconds += time.perf_counter() - t
 
     def drain_changes(self):
+        self._changes.recording = False
         t = time.perf_counter()
         out = super().drain_changes()
         self.seconds += time.perf_counter() - t
+        self._changes = RecordingChanges(self)
         return out
 
 
@@ -125,7 +173,10 @@ async def instrumented_pass(bootstrap: str, topic: str, path: Path) -> dict:
         t = time.perf_counter()
         key, value = Store._ckpt_key(checkpoint.topic, checkpoint.partition), checkpoint.to_bytes()
         captured.append((list(changes), key, value))
-        streamed.append((catalog.stream, key, value))
+        # A chunk write is kept as the chunk (serialised once per batch by drain_changes): as bytes here.
+        streamed.append(
+            ([(k, v if v is None or type(v) is bytes else chunk_json(v)) for k, v in catalog.stream], key, value)
+        )
         catalog.stream = []
         t_capture += time.perf_counter() - t
 
@@ -199,13 +250,32 @@ def main() -> None:
         n, t_prod = asyncio.run(E.produce(bootstrap, topic, events))
         print(f"produced {n:_} events in {t_prod:.1f}s ({E.rate(n, t_prod):,.0f}/s, transactions of 10k)")
 
+        decoded = [asyncio.run(decode_pass(bootstrap, topic, tmp / "decode-before"))]
         proj = asyncio.run(project(bootstrap, topic, tmp / "projection", args.profile))
         if proj["skipped"]:
             raise SystemExit(f"projection skipped {proj['skipped']} undecodable events")
+        decoded.append(asyncio.run(decode_pass(bootstrap, topic, tmp / "decode-after")))
+        for d in decoded:
+            if d["events"] != n or d["skipped"] or d["position"] != proj["position"]:
+                raise SystemExit(
+                    f"the decode-only pass decoded {d['events']:_} of {n:_} events ({d['skipped']} skipped), "
+                    f"reached {d['position']:_}, the projection {proj['position']:_}"
+                )
         proj_rate = E.rate(n, proj["seconds"])
         print(
             f"(a) projection start+catch_up: {n:_} events in {proj['seconds']:.2f}s = {proj_rate:,.0f} events/s "
             f"({proj['batches']:_} write batches, position {proj['position']:_}, {proj['chunks']} chunks)"
+        )
+        fetch_decode_s = min(d["seconds"] for d in decoded)
+        fetch_decode_rate = E.rate(n, fetch_decode_s)
+        fold_ratio = proj_rate / fetch_decode_rate
+        print(
+            f"(c) the same Projection, fetch + decode only (nothing folded): "
+            f"{' / '.join(format(d['seconds'], '.2f') + 's' for d in decoded)} before / after (a) = "
+            f"{fetch_decode_rate:,.0f} events/s (the faster)\n"
+            f"ratio fold / fetch+decode = {fold_ratio:.3f}  "
+            f"(folding costs {(proj['seconds'] - fetch_decode_s) / n * 1e6:.2f} µs/event on top of "
+            f"{fetch_decode_s / n * 1e6:.2f} µs/event fetch + decode)"
         )
 
         br = asyncio.run(instrumented_pass(bootstrap, topic, tmp / "instrumented"))
@@ -264,6 +334,9 @@ def main() -> None:
                 "rocksdb_write": round(write_est, 3),
             },
             decode_only_eps=round(E.rate(n, br["decode"])),
+            fetch_decode_s=[round(d["seconds"], 3) for d in decoded],
+            fetch_decode_eps=round(fetch_decode_rate),
+            ratio_fold_over_fetch_decode=round(fold_ratio, 4),
             stores_identical=identical,
         )
     finally:

@@ -22,8 +22,8 @@ from domain.ddl import Coordinator, Phase, extend_bound
 from domain.index_ddl import listed_indexes
 from domain.indexes import IndexSpec
 from domain.settings import ClusterSettings, CollectionSettings
-from domain.shardkey import KeyPattern, from_ejson, to_ejson
-from domain.versions import ChunkVersion, DatabaseVersion, collection_version, shard_version
+from domain.shardkey import KeyPattern, from_ejson, simple_bound_key, to_ejson
+from domain.versions import ChunkVersion, DatabaseVersion, collection_version
 from libs.dispatch import Dispatch
 from libs.store import Store
 from schemas import Record
@@ -48,24 +48,187 @@ class MigrationOutcome:
         return f"aborted: {self.code}: {self.reason}" if self.code else f"aborted: {self.reason}"
 
 
-@dataclass
 class Chunk:
-    min: dict[str, Any]  # bounds with MinKey/MaxKey sentinels
-    max: dict[str, Any]
-    min_key: bytes  # order-preserving encodings of the bounds
-    max_key: bytes
-    shard: str
-    version: ChunkVersion
-    jumbo: bool = False
+    """A chunk: [min, max) (bounds with MinKey/MaxKey sentinels, and their order-preserving
+    encodings `min_key` / `max_key`) owned by `shard` at `version`.
+
+    A replay builds one per split piece and merge, millions of them, and reads few: the
+    version is kept as its (major, minor) `pair` and `epoch` and made a ChunkVersion only when
+    read, and the bounds of a chunk folded from its document (`from_doc`) are parsed only when
+    read.  `min_doc` / `max_doc` are the bounds as the event wrote them (Extended JSON), which is
+    what the store keeps, and what a later event's bounds are compared with (None: not known,
+    the store keeps `to_ejson` of the bounds)."""
+
+    __slots__ = (
+        "_min",
+        "_max",
+        "min_key",
+        "max_key",
+        "shard",
+        "pair",
+        "epoch",
+        "jumbo",
+        "min_doc",
+        "max_doc",
+        "_version",
+    )
+
+    def __init__(
+        self,
+        min: dict[str, Any],
+        max: dict[str, Any],
+        min_key: bytes,
+        max_key: bytes,
+        shard: str,
+        version: ChunkVersion,
+        jumbo: bool = False,
+    ) -> None:
+        self._min: dict[str, Any] | None = min  # None: parsed from min_doc when first read
+        self._max: dict[str, Any] | None = max
+        self.min_key, self.max_key, self.shard = min_key, max_key, shard
+        self.pair, self.epoch = (version.major, version.minor), version.epoch
+        self._version: ChunkVersion | None = version  # None: built from pair and epoch when first read
+        self.jumbo = jumbo
+        self.min_doc: dict[str, Any] | None = None
+        self.max_doc: dict[str, Any] | None = None
+
+    @classmethod
+    def folded(
+        cls,
+        min: dict[str, Any],
+        max: dict[str, Any],
+        min_key: bytes,
+        max_key: bytes,
+        shard: str,
+        pair: tuple[int, int],
+        epoch: str,
+        jumbo: bool,
+        min_doc: dict[str, Any] | None,
+        max_doc: dict[str, Any] | None,
+    ) -> Chunk:
+        """A chunk from an event's document: no ChunkVersion yet (`pair` must be >= 0)."""
+        ch = _new_chunk(cls)
+        ch._min, ch._max, ch.min_key, ch.max_key, ch.shard = min, max, min_key, max_key, shard
+        ch.pair, ch.epoch, ch._version, ch.jumbo, ch.min_doc, ch.max_doc = pair, epoch, None, jumbo, min_doc, max_doc
+        return ch
+
+    @classmethod
+    def from_doc(cls, doc: ev.ChunkDoc, min_key: bytes, max_key: bytes, epoch: str) -> Chunk:
+        """The chunk of an event's document whose keys the caller knows (they must be
+        `encode_bound(from_ejson(doc.min / doc.max))`): bounds parsed when first read."""
+        ch = _new_chunk(cls)
+        ch._min = ch._max = ch._version = None
+        ch.min_key, ch.max_key, ch.shard, ch.pair, ch.epoch = min_key, max_key, doc.shard, doc.version, epoch
+        ch.jumbo, ch.min_doc, ch.max_doc = doc.jumbo, doc.min, doc.max
+        return ch
+
+    @property
+    def min(self) -> dict[str, Any]:
+        if self._min is None:
+            self._min = from_ejson(self.min_doc)
+        return self._min
+
+    @property
+    def max(self) -> dict[str, Any]:
+        if self._max is None:
+            self._max = from_ejson(self.max_doc)
+        return self._max
+
+    @property
+    def version(self) -> ChunkVersion:
+        if self._version is None:
+            self._version = ChunkVersion(self.pair[0], self.pair[1], self.epoch)
+        return self._version
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.min, self.max, self.min_key, self.max_key, self.shard, self.pair, self.epoch, self.jumbo)
+
+    def __eq__(self, other: object) -> bool:
+        return self._fields() == other._fields() if isinstance(other, Chunk) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable (jumbo), as the dataclass it was
+
+    def __repr__(self) -> str:
+        return (
+            f"Chunk(min={self.min!r}, max={self.max!r}, shard={self.shard!r}, "
+            f"version={self.version}, jumbo={self.jumbo})"
+        )
 
     def doc(self) -> ev.ChunkDoc:
         return ev.ChunkDoc(
-            min=to_ejson(self.min),
-            max=to_ejson(self.max),
+            min=to_ejson(self.min), max=to_ejson(self.max), shard=self.shard, version=self.pair, jumbo=self.jumbo
+        )
+
+    def stored_doc(self) -> ev.ChunkDoc:
+        """The document the store keeps: the bounds as the event wrote them, when known."""
+        return ev.ChunkDoc(
+            min=self.min_doc if self.min_doc is not None else to_ejson(self.min),
+            max=self.max_doc if self.max_doc is not None else to_ejson(self.max),
             shard=self.shard,
-            version=self.version.pair,
+            version=self.pair,
             jumbo=self.jumbo,
         )
+
+
+_new_chunk = object.__new__
+
+
+def _plain_json_str(s: str) -> bool:
+    """Whether JSON writes `s` as itself between quotes (pydantic and json alike)."""
+    return s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
+
+
+def _one_field_json(bound: dict[str, Any] | None) -> str | None:
+    """JSON of a one-field bound holding an int, a plain string or MinKey/MaxKey (`{"x":5}`), as
+    pydantic writes it; None for any other bound."""
+    if bound is None or len(bound) != 1:
+        return None
+    ((name, v),) = bound.items()
+    if type(name) is not str or not _plain_json_str(name):
+        return None
+    if type(v) is int:
+        return f'{{"{name}":{v}}}'
+    if type(v) is str and _plain_json_str(v):
+        return f'{{"{name}":"{v}"}}'
+    if type(v) is dict and len(v) == 1:
+        ((wrapper, one),) = v.items()
+        if (wrapper == "$minKey" or wrapper == "$maxKey") and type(one) is int and one == 1:
+            return f'{{"{name}":{{"{wrapper}":1}}}}'
+    return None
+
+
+def chunk_json(ch: Chunk) -> bytes:
+    """What the store keeps of a chunk: `ch.stored_doc().model_dump_json()`, byte for byte (a
+    property test holds it to that), written directly for the bounds a range-sharded replay is
+    made of."""
+    lo, hi = _one_field_json(ch.min_doc), _one_field_json(ch.max_doc)
+    if lo is not None and hi is not None and _plain_json_str(ch.shard):
+        major, minor = ch.pair
+        return (
+            f'{{"type":"Chunk","v":1,"min":{lo},"max":{hi},"shard":"{ch.shard}",'
+            f'"version":[{major},{minor}],"jumbo":{"true" if ch.jumbo else "false"}}}'
+        ).encode()
+    return ch.stored_doc().model_dump_json().encode()
+
+
+def _same_json(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    """Whether two one-field bounds are the same JSON (same field, same types, equal values), so
+    they parse to identical bounds; False when not sure (any other shape)."""
+    if a is None or a != b or len(a) != 1:  # dict equality first: 1 == 1.0 == True, checked below
+        return False
+    (va,) = a.values()
+    (vb,) = b.values()
+    t = type(va)
+    if t is not type(vb):
+        return False
+    if t is int or t is str:
+        return True
+    if t is dict and len(va) == 1:  # a wrapper such as {"$minKey": 1}
+        (xa,) = va.values()
+        (xb,) = vb.values()
+        tx = type(xa)
+        return tx is type(xb) and (tx is int or tx is str)
+    return False
 
 
 @dataclass
@@ -95,6 +258,14 @@ class Collection:
     settings: CollectionSettings = field(default_factory=CollectionSettings)
 
     mins: list[bytes] = field(default_factory=list)  # chunks[i].min_key, kept beside for bisect
+    # Catalog._chunk_key(ns, b""): what every chunk's store key starts with.
+    chunk_prefix: bytes = field(default=b"", init=False, repr=False, compare=False)
+    # The shard key's field when it has one (None: compound): the fold's fast paths take only those.
+    single_field: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.chunk_prefix = b"chunk/" + self.ns.encode() + b"\x00"
+        self.single_field = self.pattern.fields[0] if len(self.pattern.fields) == 1 else None
 
     def chunk_index(self, key: bytes) -> int:
         """Index of the chunk whose [min, max) contains the encoded key: O(log chunks)."""
@@ -112,10 +283,12 @@ class Collection:
 
     def _shard_versions(self) -> dict[str, ChunkVersion]:
         if self._versions is None:
-            by_shard: dict[str, list[ChunkVersion]] = {}
+            # Each shard's highest chunk by (major, minor): only those chunks' versions are built.
+            top: dict[str, Chunk] = {}
             for c in self.chunks:
-                by_shard.setdefault(c.shard, []).append(c.version)
-            self._versions = {s: shard_version(vs, self.epoch) for s, vs in by_shard.items()}
+                if (t := top.get(c.shard)) is None or t.pair < c.pair:
+                    top[c.shard] = c
+            self._versions = {s: c.version for s, c in top.items()}
         return self._versions
 
     def version(self) -> ChunkVersion:
@@ -181,7 +354,15 @@ on_event: Dispatch[Catalog, None] = Dispatch("catalog event")
 
 
 class Catalog:
-    """In-memory catalog; with `track_changes`, also the entity writes to persist."""
+    """In-memory catalog; with `track_changes`, also the entity writes to persist.
+
+    A replay folds millions of splits and merges: those reuse the bounds the catalog already
+    parsed (only a split point is parsed), and a chunk written is kept as the chunk until
+    `drain_changes`, which serialises each key once per batch however often it was written.
+    `fast_fold = False` (a subclass's) parses and serialises every event's chunks as they come:
+    the reference the fast paths are tested against (the same store bytes, the same catalog)."""
+
+    fast_fold = True
 
     def __init__(self, track_changes: bool = True, clock: VectorClock | None = None) -> None:
         self.track_changes = track_changes
@@ -209,7 +390,8 @@ class Catalog:
         # shard key's are implicit (domain/index_ddl.py), never here.
         self.indexes: dict[str, list[IndexSpec]] = {}
         self._vector_dirty = False
-        self._changes: dict[bytes, bytes | None] = {}
+        # A chunk's pending write is the Chunk itself (drain_changes serialises it).
+        self._changes: dict[bytes, bytes | Chunk | None] = {}
 
     # ------------------------------------------------------------- queries
 
@@ -282,7 +464,10 @@ class Catalog:
             self._put(b"vector", [self.config_ts, self.topology_ts])
             self._vector_dirty = False
         out, self._changes = self._changes, {}
-        return out
+        for k, v in out.items():
+            if type(v) is Chunk:
+                out[k] = chunk_json(v)
+        return out  # type: ignore[return-value]  # every Chunk serialised above
 
     @staticmethod
     def _chunk_key(ns: str, min_key: bytes) -> bytes:
@@ -319,10 +504,15 @@ class Catalog:
         specs = self.indexes.get(ns)
         self._put(b"idx/" + ns.encode(), [to_record(s.to_mongo()) for s in specs] if specs else None)
 
-    def _put_chunk(self, ns: str, ch: Chunk, doc: ev.ChunkDoc) -> None:
-        # The event's own document is what is stored: serialising it is cheaper than rebuilding one.
+    def _put_chunk(self, ns: str, ch: Chunk, doc: ev.ChunkDoc | None = None) -> None:
+        """Write chunk `ch`: its stored document is the event's `doc` when given (the same as
+        `ch.stored_doc()`)."""
         if self.track_changes:
-            self._changes[self._chunk_key(ns, ch.min_key)] = doc.model_dump_json().encode()
+            key = self._chunk_key(ns, ch.min_key)
+            if self.fast_fold:
+                self._changes[key] = ch  # serialised once per key per batch, by drain_changes
+            else:
+                self._changes[key] = (doc or ch.stored_doc()).model_dump_json().encode()
 
     def load(self, store: Store) -> None:
         """Rebuild the in-memory catalog from the store's entities (no replay needed)."""
@@ -409,16 +599,89 @@ class Catalog:
 
     @staticmethod
     def _chunk(coll: Collection, doc: ev.ChunkDoc) -> Chunk:
+        """The chunk of an event's document, every bound parsed."""
         lo, hi = from_ejson(doc.min), from_ejson(doc.max)
-        return Chunk(
+        version = ChunkVersion(doc.version[0], doc.version[1], coll.epoch)  # refuses a negative version
+        ch = Chunk.folded(
             lo,
             hi,
             coll.pattern.encode_bound(lo),
             coll.pattern.encode_bound(hi),
             doc.shard,
-            ChunkVersion(doc.version[0], doc.version[1], coll.epoch),
+            version.pair,
+            coll.epoch,
             doc.jumbo,
+            doc.min,
+            doc.max,
         )
+        ch._version = version
+        return ch
+
+    def _split_in_two(self, coll: Collection, e: ev.ChunkSplit) -> bool:
+        """Fold a split of one chunk into two pieces, the parent's keys reused: only the split
+        point is encoded, nothing parsed.  False (nothing done) unless every bound is a
+        one-field int, string or MinKey/MaxKey bound and the pieces' outer bounds are the
+        parent's."""
+        d0, d1 = e.chunks
+        field = coll.single_field
+        at_doc = d0.max
+        at_key = simple_bound_key(field, at_doc)
+        if at_key is None or not (_same_json(at_doc, d1.min) or simple_bound_key(field, d1.min) == at_key):
+            return False
+        i = bisect.bisect_right(coll.mins, at_key) - 1
+        if i < 0:
+            return False
+        parent = coll.chunks[i]
+        lo_key, hi_key = parent.min_key, parent.max_key
+        p0, p1 = d0.version, d1.version
+        if not (
+            lo_key < at_key < hi_key
+            and (_same_json(parent.min_doc, d0.min) or simple_bound_key(field, d0.min) == lo_key)
+            and (_same_json(parent.max_doc, d1.max) or simple_bound_key(field, d1.max) == hi_key)
+            and p0[0] >= 0
+            and p0[1] >= 0
+            and p1[0] >= 0
+            and p1[1] >= 0
+        ):
+            return False
+        a, b = Chunk.from_doc(d0, lo_key, at_key, coll.epoch), Chunk.from_doc(d1, at_key, hi_key, coll.epoch)
+        coll.chunks[i : i + 1] = (a, b)
+        coll.mins[i : i + 1] = (lo_key, at_key)
+        coll._versions = None
+        if self.track_changes:
+            self._changes[coll.chunk_prefix + lo_key] = a
+            self._changes[coll.chunk_prefix + at_key] = b
+        return True
+
+    def _merge_by_keys(self, coll: Collection, e: ev.ChunksMerged) -> bool:
+        """Fold a merge with its bounds encoded straight from their JSON, nothing parsed.  False
+        (nothing done) unless both are one-field int, string or MinKey/MaxKey bounds that are
+        a first chunk's min and a last chunk's max."""
+        d = e.chunk
+        field = coll.single_field
+        lo_key, hi_key = simple_bound_key(field, d.min), simple_bound_key(field, d.max)
+        pair = d.version
+        if lo_key is None or hi_key is None or pair[0] < 0 or pair[1] < 0:
+            return False
+        chunks = coll.chunks
+        lo = bisect.bisect_right(coll.mins, lo_key) - 1
+        if lo < 0 or chunks[lo].min_key != lo_key:
+            return False
+        hi, n = lo, len(chunks)
+        while hi < n and chunks[hi].max_key <= hi_key:
+            hi += 1
+        if hi == lo or chunks[hi - 1].max_key != hi_key:
+            return False
+        merged = Chunk.from_doc(d, lo_key, hi_key, coll.epoch)
+        if self.track_changes:
+            prefix = coll.chunk_prefix
+            for ch in chunks[lo + 1 : hi]:
+                self._changes[prefix + ch.min_key] = None
+            self._changes[prefix + lo_key] = merged
+        chunks[lo:hi] = (merged,)
+        coll.mins[lo:hi] = (lo_key,)
+        coll._versions = None
+        return True
 
     @staticmethod
     def _zone(coll: Collection, lo: dict[str, Any], hi: dict[str, Any], zone: str) -> ZoneRange:
@@ -435,7 +698,12 @@ class Catalog:
         return zones
 
     def apply(self, e: Record, offset: int) -> None:
-        on_event(self, e)
+        # on_event(self, e), its table read here: one call less on a replay's every event.
+        handler = _EVENT_HANDLERS.get(type(e))
+        if handler is None:
+            on_event(self, e)  # raises Unhandled
+        else:
+            handler(self, e)
         if offset >= 0:
             self.config_time = offset + 1
         ts: int | None = getattr(e, "ts", None)
@@ -524,6 +792,8 @@ class Catalog:
     @on_event.register(ev.ChunkSplit)
     def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
         coll = self.collections[e.ns]
+        if self.fast_fold and len(e.chunks) == 2 and self._split_in_two(coll, e):
+            return
         new = [self._chunk(coll, d) for d in e.chunks]
         i = coll.chunk_index(new[0].min_key)
         coll.replace_chunks(i, i + 1, new)
@@ -533,6 +803,8 @@ class Catalog:
     @on_event.register(ev.ChunksMerged)
     def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
         coll = self.collections[e.ns]
+        if self.fast_fold and self._merge_by_keys(coll, e):
+            return
         merged = self._chunk(coll, e.chunk)
         lo = coll.chunk_index(merged.min_key)
         hi = lo
@@ -643,7 +915,9 @@ class Catalog:
         coll = self.collections[e.ns]
         ch = coll.chunks[coll.chunk_index(coll.pattern.encode_bound(from_ejson(e.min)))]
         ch.jumbo = True
-        self._put_chunk(e.ns, ch, ch.doc())
+        ch._min, ch._max = ch.min, ch.max  # parsed from the documents, which are forgotten:
+        ch.min_doc = ch.max_doc = None  # stored as `doc()` writes the bounds from now on
+        self._put_chunk(e.ns, ch)
 
     @on_event.register(ev.SettingChanged)
     def _on_SettingChanged(self, e: ev.SettingChanged) -> None:
@@ -741,7 +1015,7 @@ class Catalog:
         self.collections[new.ns] = new
         self._put_collection(new)
         for ch in new.chunks:
-            self._put_chunk(new.ns, ch, ch.doc())
+            self._put_chunk(new.ns, ch)
         for z in new.zones:
             self._put(
                 self._zone_key(new.ns, z.min_key), {"min": to_ejson(z.min), "max": to_ejson(z.max), "zone": z.zone}
@@ -801,3 +1075,6 @@ class Catalog:
 
     def iter_chunks(self, ns: str) -> Iterator[Chunk]:
         yield from self.collections[ns].chunks
+
+
+_EVENT_HANDLERS = on_event.table

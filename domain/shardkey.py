@@ -80,6 +80,7 @@ __all__ = [
     "is_max_key",
     "is_min_key",
     "to_ejson",
+    "simple_bound_key",
     "to_ejson_bound",
 ]
 
@@ -155,6 +156,8 @@ MIN_KEY = MinKey()
 MAX_KEY = MaxKey()
 
 _EJSON_SENTINELS: dict[str, _Sentinel] = {"$minKey": MIN_KEY, "$maxKey": MAX_KEY}
+# Exactly these types (not subclasses such as bson.Int64 or bson.Code) are their own value.
+_PLAIN_SCALARS = frozenset({int, str, float, bool, type(None)})
 
 
 def is_min_key(v: Any) -> bool:
@@ -172,6 +175,13 @@ def from_ejson(value: Any) -> Any:
     any depth) become the sentinels, other wrappers (``{"$oid": ...}``, ``{"$date": ...}``)
     their BSON values; values already BSON values are returned as they are (containers are
     copied)."""
+    t = type(value)
+    if t in _PLAIN_SCALARS:  # nothing to convert
+        return value
+    if t is dict and len(value) == 1:  # a one-field bound {"x": 5}: replay's hot path
+        ((name, one),) = value.items()
+        if type(one) in _PLAIN_SCALARS and type(name) is str and not name.startswith("$"):
+            return {name: one}
     if is_min_key(value):
         return MIN_KEY
     if is_max_key(value):
@@ -489,13 +499,55 @@ def _write_body(out: bytearray, tag: int, v: Any, depth: int) -> None:
     # null, MinKey, MaxKey: the tag says it all.
 
 
+# Integers a double holds exactly: their tie is 0, so the whole encoding (tag, image, tie)
+# is one struct (_exact_int).
+_EXACT_INT = 2**53
+_pack_double = struct.Struct(">d").pack
+_unpack_bits = struct.Struct(">Q").unpack
+_pack_number = struct.Struct(">BQH").pack
+
+
+def _exact_int(v: int) -> bytes:
+    """`encode_value` of an int with |v| <= 2**53 (the same bytes, in one pack)."""
+    (bits,) = _unpack_bits(_pack_double(v))
+    return _pack_number(_NUMBER, bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT, _TIE_BIAS)
+
+
 def encode_value(v: Any) -> bytes:
     """Order-preserving, prefix-free encoding of one value (see module docstring)."""
+    if type(v) is int and -_EXACT_INT <= v <= _EXACT_INT:  # chunk bounds' usual value
+        return _exact_int(v)
     out = bytearray()
     tag = _tag_of(v)
     out.append(tag)
     _write_body(out, tag, v, 0)
     return bytes(out)
+
+
+def simple_bound_key(field: str | None, bound: Any) -> bytes | None:
+    """The key (`encode_bound`) of an Extended JSON bound `{field: v}` with v an int, a string or
+    `{"$minKey": 1}` / `{"$maxKey": 1}`, straight from the JSON (no `from_ejson`: a replay's
+    hot path); None for any other bound, which the caller parses."""
+    if len(bound) != 1:
+        return None
+    ((name, v),) = bound.items()
+    if name != field:
+        return None
+    if type(v) is int:
+        if -_EXACT_INT <= v <= _EXACT_INT:  # _exact_int, inlined: a replay's every bound
+            (bits,) = _unpack_bits(_pack_double(v))
+            return _pack_number(_NUMBER, bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT, _TIE_BIAS)
+        return encode_value(v) if INT64_MIN <= v <= INT64_MAX else None
+    if type(v) is str:
+        return encode_value(v)
+    if type(v) is dict and len(v) == 1:
+        ((wrapper, one),) = v.items()
+        if type(one) is int and one == 1:
+            return _SENTINEL_KEYS.get(wrapper)
+    return None
+
+
+_SENTINEL_KEYS = {"$minKey": bytes([_MINKEY]), "$maxKey": bytes([_MAXKEY])}
 
 
 def compare_values(a: Any, b: Any) -> int:
@@ -660,6 +712,8 @@ class KeyPattern:
     def encode_bound(self, bound: dict[str, Any]) -> bytes:
         """Byte image of a validated bound (or extracted key): sorts like the bound."""
         try:
+            if len(self.fields) == 1:
+                return encode_value(bound[self.fields[0]])
             return b"".join(encode_value(bound[f]) for f in self.fields)
         except KeyError as e:
             raise ShardKeyError(f"bound {shell_form(bound)} lacks shard key field {e.args[0]!r}") from None
