@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, ProducerFenced
 from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from libs import kafka, tracing
 from libs.faults import fault_point
@@ -320,7 +321,9 @@ class CommandProcessor:
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
         # Per command: the futures of its events (each with how many records past the one it names
         # it covers: a bulk batch's names its first), its reply and where to send it (or None), its headers.
-        pending: list[tuple[list[tuple[asyncio.Future[RecordMetadata], int]], tuple[Reply, bytes] | None, tracing.Headers]] = []
+        pending: list[
+            tuple[list[tuple[asyncio.Future[RecordMetadata], int]], tuple[Reply, bytes] | None, tracing.Headers]
+        ] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
         for rec in records:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
@@ -388,7 +391,10 @@ class CommandProcessor:
                         if bulk is not None and bulk_records[1]:
                             bulk.apply()
                             keys, bulk_values = bulk_records
-                            attributes = {"shardlog.event": bulk.kind, "shardlog.events": len(bulk_values)}
+                            attributes: dict[str, AttributeValue] = {
+                                "shardlog.event": bulk.kind,
+                                "shardlog.events": len(bulk_values),
+                            }
                             with tracing.producer_span(events_topic, **attributes):
                                 futures += await self._send_bulk(p, events_topic, keys, bulk_values)
                             last_value = bulk_values[-1]
@@ -396,7 +402,9 @@ class CommandProcessor:
                             self.projection.state.apply(event, -1)  # its offset is known once acked
                             with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
                                 key = event.key if isinstance(event, Tombstone) else self.event_key(event)
-                                futures.append((await p.send(events_topic, value, key=key, headers=tracing.inject()), 0))
+                                futures.append(
+                                    (await p.send(events_topic, value, key=key, headers=tracing.inject()), 0)
+                                )
                             last_value = value
                     txn.set_attribute("shardlog.transaction.events", len(events) + len(bulk_records[1]))
                 if not reply.ok:

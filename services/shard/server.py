@@ -80,6 +80,7 @@ class ShardServer:
                 documents=self.documents,
                 changelog_position=lambda: self.projection.position,
                 progress=self.decider.migrations.progress,
+                client_busy=self.decider.migrations.client_busy,
             )
         )
         self.reaper = SessionReaper(

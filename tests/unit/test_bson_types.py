@@ -22,7 +22,6 @@ from domain.bsonvalues import RecordFormError, from_record, to_record
 from domain.protocol import MAX_DOCUMENT_BYTES, check_document_size, doc_bytes, record_bytes
 from domain.query import QueryError, apply_update, compile_filter, sort_key
 from domain.shardkey import (
-    key_length,
     INT64_MAX,
     INT64_MIN,
     MAX_KEY,
@@ -32,6 +31,7 @@ from domain.shardkey import (
     encode_value,
     from_ejson,
     hash_value,
+    key_length,
     to_ejson,
 )
 from libs.commands import CommandError
