@@ -709,6 +709,33 @@ class Bench:
         out["machine"] = round((b1 - b0) / max(1, t1 - t0) * 100 * os.cpu_count(), 1)
         return out
 
+    # ---------------------------------------------------------------- memory
+
+    def rss_reset(self) -> None:
+        """Restart the peak-RSS count of every service (Linux: 5 > /proc/<pid>/clear_refs)."""
+        for p in self.procs.values():
+            try:
+                Path(f"/proc/{p.proc.pid}/clear_refs").write_text("5")
+            except OSError:
+                pass
+
+    def rss_peaks(self) -> dict[str, float]:
+        """Each service's peak RSS (MB, VmHWM) since `rss_reset`."""
+        out = {}
+        for n, p in self.procs.items():
+            try:
+                status = Path(f"/proc/{p.proc.pid}/status").read_text()
+                out[n] = round(int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) * 1024 / MB, 1)  # type: ignore[index]
+            except (OSError, TypeError):
+                pass
+        return out
+
+    @staticmethod
+    def print_rss(rss: dict[str, float], donor: str, recipient: str) -> None:
+        print(
+            f"      peak RSS: donor {donor} {rss.get(donor, '?')} MB, recipient {recipient} {rss.get(recipient, '?')} MB"
+        )
+
     @staticmethod
     def print_cpu(cpu: dict) -> None:
         parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if k != "machine")
@@ -718,13 +745,17 @@ class Bench:
 
     async def part_idle(self) -> None:
         print(f"1. idle: [0, {self.n:,}) s0 -> s1", flush=True)
+        self.rss_reset()
         m = await self.migrate(0, self.n, "s1", label="idle", cpu_mark=self.cpu_mark())
+        rss = self.rss_peaks()
         cpu = m["cpu"]
         f = self.describe(m, await self.timeline(m))
         f["cpu_pct"] = cpu
+        f["peak_rss_mb"] = rss
         self.figures["idle"] = f
         self.print_migration("idle", f)
         self.print_cpu(cpu)
+        self.print_rss(rss, "shard-s0", "shard-s1")
 
     async def part_loaded(self, coll) -> None:
         a = self.args
@@ -759,7 +790,9 @@ class Bench:
             w0 = time.time()
             await asyncio.sleep(a.load_before)
             w1 = time.time()
+            self.rss_reset()
             m = await self.migrate(0, self.n, "s2", label="loaded", cpu_mark=self.cpu_mark())
+            rss = self.rss_peaks()
             cpu = m["cpu"]
         finally:
             stop.set()
@@ -782,6 +815,7 @@ class Bench:
             client_during=during,
             client_errors=errors,
             cpu_pct=cpu,
+            peak_rss_mb=rss,
             concurrency=a.concurrency,
             filter=a.filter,
             ops_over_1s=[
@@ -810,6 +844,7 @@ class Bench:
                 )
             )
         self.print_cpu(cpu)
+        self.print_rss(rss, "shard-s1", "shard-s2")
 
     async def part_raw(self) -> None:
         print(
