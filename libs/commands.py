@@ -131,6 +131,7 @@ class CommandProcessor:
         event_key: Callable[[Record], bytes | None] | None = None,
         prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
         clock: Gossip | None = None,
+        batch_bytes: int = 1024 * 1024,
     ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
@@ -142,6 +143,7 @@ class CommandProcessor:
         # With a clock: each event with a `ts` field is stamped with a tick of its own, replies carry
         # operationTime and the clock's gossip, requests' gossip advances it.
         self.clock = clock
+        self.batch_bytes = batch_bytes  # the producer's batch: a decision's bulk events fill whole ones
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -215,7 +217,9 @@ class CommandProcessor:
                 return
             consumer = self.consumer
             consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
-            self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id, client_id=self.name)
+            self._producer = kafka.producer(
+                self.bootstrap, transactional_id=self.transactional_id, client_id=self.name, batch_bytes=self.batch_bytes
+            )
             await self._producer.start()  # init_transactions: fences every earlier owner
             # Only now is the committed offset final (the fenced owner cannot commit any more).
             committed = await consumer.committed(self.tp)
