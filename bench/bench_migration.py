@@ -387,6 +387,8 @@ class Bench:
             await self.command(cfg.AddShard(shard=sid))
         await self.command(cfg.CreateDatabase(db=DB, primary="s0"))
         await self.command(cfg.ShardCollection(ns=NS, key={"k": 1}))
+        for key, value in self.args.set:
+            await self.command(cfg.SetSetting(key=key, value=value))
         await self.command(cfg.SplitChunk(ns=NS, at=[{"k": 0}, {"k": self.n}, {"k": self.n + self.r}]))
         shards = [self.service(f"shard-{sid}", "services.shard", "--shard-id", sid) for sid in SHARDS]
         router = self.service("router-r1", "services.router", "--instance", "r1")
@@ -1072,6 +1074,13 @@ def summary(b: Bench, wall: float) -> None:
             print("   " + p)
 
 
+def _setting(text: str) -> tuple[str, object]:
+    key, eq, value = text.partition("=")
+    if not eq:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=JSON")
+    return key, json.loads(value)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -1115,6 +1124,14 @@ def main() -> None:
         help="the client's per-attempt timeout before it resends (AsyncCluster's default 10 s)",
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=JSON",
+        help="a cluster setting before the moves, e.g. migrationThrottleUnderLoad=false; repeatable",
+    )
     p.add_argument(
         "--profile-service",
         action="append",
