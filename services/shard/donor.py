@@ -420,18 +420,18 @@ class DonorCoordinator:
         """Clone, then mods until nearly caught up, then the critical section and the last mods."""
         start = self.changelog_position()  # the changelog offset the clone is at least as new as
         self._progress(m.id, phase="cloning")
-        with self._phase("clone") as clone:
-            cloned = await self._bulk_clone(m, rng)
-            # Every clone batch is acknowledged (the barrier): only now the sessions and the mods.
-            # The records of retryable writes to the range, as committed now; the catch-up below
-            # sends the ones written since `start` (a record sent twice merges to the same).
-            for sessions in self._session_batches(m.ns, rng):
-                self._check_active(m)
-                await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
-            clone.set_attributes({"shardlog.documents": cloned, "shardlog.bytes": self.progress[m.id]["bytes"]})
-        self._progress(m.id, phase="catching up")
         mods = _ModReader(self, m, rng, start)
-        async with mods:
+        async with mods:  # its reader opens while the clone runs
+            with self._phase("clone") as clone:
+                cloned = await self._bulk_clone(m, rng)
+                # Every clone batch is acknowledged (the barrier): only now the sessions and the mods.
+                # The records of retryable writes to the range, as committed now; the catch-up below
+                # sends the ones written since `start` (a record sent twice merges to the same).
+                for sessions in self._session_batches(m.ns, rng):
+                    self._check_active(m)
+                    await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
+                clone.set_attributes({"shardlog.documents": cloned, "shardlog.bytes": self.progress[m.id]["bytes"]})
+            self._progress(m.id, phase="catching up")
             with self._phase("catch-up") as catch_up:
                 passes = 0
                 for passes in range(1, MAX_CATCH_UP_PASSES + 1):  # noqa: B007 (the count is the attribute)
@@ -693,14 +693,22 @@ class _ModReader:
         self.bytes = 0  # of the changelog records forwarded
 
     async def __aenter__(self):
+        # Opened in the background (a consumer takes ~0.1 s to start): the first pass waits for it.
         self._reader = kafka.partition_reader(
             self.c.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
         )
-        self.consumer, _ = await asyncio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S)
+        self._opening = asyncio.create_task(asyncio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S))
         return self
 
     async def __aexit__(self, *exc):
+        try:
+            await self._opening
+        except Exception:
+            return  # it never opened
         await self._reader.__aexit__(*exc)
+
+    async def _opened(self) -> None:
+        self.consumer, _ = await self._opening
 
     async def _position(self) -> int:
         # aiokafka's position() waits for a valid position with no limit of its own.
@@ -708,6 +716,7 @@ class _ModReader:
 
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""
+        await self._opened()
         target = end if end is not None else await kafka.log_end(self.consumer, self.tp)
         deadline = time.monotonic() + STEP_DEADLINE_S
         written, removed, n, size = [], [], 0, 0
