@@ -49,7 +49,7 @@ from schemas import Codec, RecordError
 from schemas import config as cfg
 from schemas import shard as s
 from schemas.reply import Reply
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry, shard_key_part
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry, decode_doc, shard_key_part
 from services.shard.protocol import index_build, retryable
 from services.shard.protocol.clone_window import CloneWindow
 from services.shard.protocol.common import DONORS, RECIPIENTS, Documents, Shard
@@ -63,6 +63,8 @@ CLONE_BATCH_BYTES = 2 * 1024 * 1024
 # migrationThrottleUnderLoad: while either shard serves clients (within the last
 # CLIENT_ACTIVITY_HOLD_S, as its replies say), one clone batch of at most this many bytes is in flight.
 THROTTLED_BATCH_BYTES = 512 * 1024
+# A stored value longer than this goes decoded (TransferBatch.written), not as a JSON string.
+STORED_VALUE_MAX = kafka.MAX_RECORD_BYTES // 4
 CATCH_UP_MODS = 200  # enter the critical section once a pass of mods is this small
 MAX_CATCH_UP_PASSES = 20
 REQUEST_TIMEOUT_S = 10.0
@@ -491,7 +493,7 @@ class DonorCoordinator:
                         scanned_all = True
                         break
                     stored, size = batch
-                    request = Codec.encode(s.TransferBatch(id=m.id, phase="clone", stored=stored))
+                    request = Codec.encode(_clone_request(m.id, stored))
                     seq = window.sent((request, len(stored), size))
                     await self._send_clone_batch(topic, seq, request, len(stored), size, replies)
                     await asyncio.sleep(0)  # the replies' reader runs between two scans
@@ -665,6 +667,17 @@ class DonorCoordinator:
         )
         fault_point("migration.range_tasks_updated")
         await self._ask_self(s.ForgetMigration(id=mid))
+
+
+def _clone_request(mid: str, stored: list[tuple[str, int, str]]) -> s.TransferBatch:
+    """A clone batch: its documents' stored bytes, but for a document so large that its value,
+    escaped as a JSON string (at most twice as long), might not fit a record: that one goes
+    decoded, as the per-document path sends it (its record form fits, MAX_DOCUMENT_RECORD_BYTES)."""
+    if all(len(v) <= STORED_VALUE_MAX for _, _, v in stored):
+        return s.TransferBatch(id=mid, phase="clone", stored=stored)
+    written = [{"skey": k[: 2 * n], "doc": decode_doc(v.encode())} for k, n, v in stored if len(v) > STORED_VALUE_MAX]
+    small = [e for e in stored if len(e[2]) <= STORED_VALUE_MAX]
+    return s.TransferBatch(id=mid, phase="clone", stored=small, written=written)
 
 
 def _shard_key_length(key: bytes) -> int:

@@ -231,3 +231,33 @@ def test_a_smaller_limit_throttles_without_dropping_what_is_in_flight() -> None:
 def test_a_limit_below_one_still_sends() -> None:
     w: CloneWindow[str] = CloneWindow(0)
     assert w.open()
+
+
+# --------------------------------------------------------------- the donor's batches
+
+
+def test_the_donor_splits_a_stored_key_into_shard_key_and_id() -> None:
+    from services.shard.donor import _shard_key_length
+
+    for pattern, doc in [
+        (KeyPattern.parse({"k": 1}), {"_id": ObjectId(), "k": Decimal128("0.1")}),
+        (KeyPattern.parse({"a": 1, "b": 1}), {"_id": {"x": "y\x00"}, "a": "s", "b": {"c": [1, 2]}}),
+        (KeyPattern.parse({"k": "hashed"}), {"_id": -0.0, "k": 5}),
+    ]:
+        skey, id_enc, _ = _stored(doc, pattern)
+        assert _shard_key_length(skey + id_enc) == len(skey)
+
+
+def test_a_huge_document_goes_decoded(monkeypatch) -> None:
+    from services.shard import donor
+
+    monkeypatch.setattr(donor, "STORED_VALUE_MAX", 40)
+    pattern = KeyPattern.parse({"k": 1})
+    small, big = {"_id": 1, "k": 1}, {"_id": 2, "k": 2, "text": "x" * 50}
+    stored = []
+    for doc in (small, big):
+        skey, id_enc, raw = _stored(doc, pattern)
+        stored.append(((skey + id_enc).hex(), len(skey), raw.decode()))
+    req = donor._clone_request("m", stored)
+    assert req.stored == stored[:1]
+    assert req.written == [{"skey": pattern.encode_doc(big).hex(), "doc": big}]
