@@ -218,7 +218,10 @@ class CommandProcessor:
             consumer = self.consumer
             consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
             self._producer = kafka.producer(
-                self.bootstrap, transactional_id=self.transactional_id, client_id=self.name, batch_bytes=self.batch_bytes
+                self.bootstrap,
+                transactional_id=self.transactional_id,
+                client_id=self.name,
+                batch_bytes=self.batch_bytes,
             )
             await self._producer.start()  # init_transactions: fences every earlier owner
             # Only now is the committed offset final (the fenced owner cannot commit any more).
