@@ -807,6 +807,12 @@ class Bench:
         before, during = window(w0, w1), window(m["t0"], m["t_end"])
         slow = sorted((o for o in ops if o[1] > 1000), key=lambda o: -o[1])
         f = self.describe(m, await self.timeline(m))
+        tl = f.get("timeline_ms", {})
+        if tl.get("receipt") is not None and tl.get("clone_end") is not None:
+            # The clone alone (its throttle's doing), apart from the critical section's blocked writes.
+            c0, c1 = m["t0"] + tl["receipt"] / 1000, m["t0"] + tl["clone_end"] / 1000
+            if c1 > c0:
+                f["client_during_clone"] = window(c0, c1)
         pr = m["progress"]
         if pr.get("criticalSince") and pr.get("criticalMs") is not None:
             c0, c1 = pr["criticalSince"], pr["criticalSince"] + pr["criticalMs"] / 1000
@@ -833,6 +839,13 @@ class Bench:
             f"{before['p99_ms']} ms); during it {during['ops_s']:,.0f} ops/s (p50 {during['p50_ms']} ms, p99 "
             f"{during['p99_ms']} ms, max {during['max_ms']} ms); errors {errors or 'none'}"
         )
+        if "client_during_clone" in f:
+            dc = f["client_during_clone"]
+            print(
+                f"      client during the clone phase alone: {dc['ops_s']:,.0f} ops/s (p50 {dc['p50_ms']} ms, "
+                f"p99 {dc['p99_ms']} ms): {(dc['ops_s'] / before['ops_s'] - 1) * 100 if before['ops_s'] else 0:+.0f} %"
+                " against before the move"
+            )
         if "updates_overlapping_critical" in f:
             o = f["updates_overlapping_critical"]
             print(
