@@ -783,7 +783,11 @@ class _ModReader:
                     if len(written) + len(removed) >= CLONE_BATCH_DOCS or size >= CLONE_BATCH_BYTES:
                         await flush()
 
-        while await self._position() < target:
+        # A pass to the log's end (end None) stops one short of it rather than wait 100 ms for
+        # nothing: read_committed stops before the last commit marker, and a record left there is
+        # the next pass's (the consumer keeps its position; the last pass goes to an exact `end`).
+        stop = target if end is not None else target - 1
+        while await self._position() < stop:
             # Bounded, and an abort (setAllowMigrations false, a DDL, the config server's
             # decision) ends the pass at once rather than after the log reaches the target.
             self.c._check_active(self.m)
