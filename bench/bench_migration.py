@@ -387,6 +387,8 @@ class Bench:
             await self.command(cfg.AddShard(shard=sid))
         await self.command(cfg.CreateDatabase(db=DB, primary="s0"))
         await self.command(cfg.ShardCollection(ns=NS, key={"k": 1}))
+        for key, value in self.args.set:
+            await self.command(cfg.SetSetting(key=key, value=value))
         await self.command(cfg.SplitChunk(ns=NS, at=[{"k": 0}, {"k": self.n}, {"k": self.n + self.r}]))
         shards = [self.service(f"shard-{sid}", "services.shard", "--shard-id", sid) for sid in SHARDS]
         router = self.service("router-r1", "services.router", "--instance", "r1")
@@ -709,6 +711,33 @@ class Bench:
         out["machine"] = round((b1 - b0) / max(1, t1 - t0) * 100 * os.cpu_count(), 1)
         return out
 
+    # ---------------------------------------------------------------- memory
+
+    def rss_reset(self) -> None:
+        """Restart the peak-RSS count of every service (Linux: 5 > /proc/<pid>/clear_refs)."""
+        for p in self.procs.values():
+            try:
+                Path(f"/proc/{p.proc.pid}/clear_refs").write_text("5")
+            except OSError:
+                pass
+
+    def rss_peaks(self) -> dict[str, float]:
+        """Each service's peak RSS (MB, VmHWM) since `rss_reset`."""
+        out = {}
+        for n, p in self.procs.items():
+            try:
+                status = Path(f"/proc/{p.proc.pid}/status").read_text()
+                out[n] = round(int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) * 1024 / MB, 1)  # type: ignore[index]
+            except (OSError, TypeError):
+                pass
+        return out
+
+    @staticmethod
+    def print_rss(rss: dict[str, float], donor: str, recipient: str) -> None:
+        print(
+            f"      peak RSS: donor {donor} {rss.get(donor, '?')} MB, recipient {recipient} {rss.get(recipient, '?')} MB"
+        )
+
     @staticmethod
     def print_cpu(cpu: dict) -> None:
         parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if k != "machine")
@@ -718,13 +747,17 @@ class Bench:
 
     async def part_idle(self) -> None:
         print(f"1. idle: [0, {self.n:,}) s0 -> s1", flush=True)
+        self.rss_reset()
         m = await self.migrate(0, self.n, "s1", label="idle", cpu_mark=self.cpu_mark())
+        rss = self.rss_peaks()
         cpu = m["cpu"]
         f = self.describe(m, await self.timeline(m))
         f["cpu_pct"] = cpu
+        f["peak_rss_mb"] = rss
         self.figures["idle"] = f
         self.print_migration("idle", f)
         self.print_cpu(cpu)
+        self.print_rss(rss, "shard-s0", "shard-s1")
 
     async def part_loaded(self, coll) -> None:
         a = self.args
@@ -759,7 +792,9 @@ class Bench:
             w0 = time.time()
             await asyncio.sleep(a.load_before)
             w1 = time.time()
+            self.rss_reset()
             m = await self.migrate(0, self.n, "s2", label="loaded", cpu_mark=self.cpu_mark())
+            rss = self.rss_peaks()
             cpu = m["cpu"]
         finally:
             stop.set()
@@ -772,6 +807,12 @@ class Bench:
         before, during = window(w0, w1), window(m["t0"], m["t_end"])
         slow = sorted((o for o in ops if o[1] > 1000), key=lambda o: -o[1])
         f = self.describe(m, await self.timeline(m))
+        tl = f.get("timeline_ms", {})
+        if tl.get("receipt") is not None and tl.get("clone_end") is not None:
+            # The clone alone (its throttle's doing), apart from the critical section's blocked writes.
+            c0, c1 = m["t0"] + tl["receipt"] / 1000, m["t0"] + tl["clone_end"] / 1000
+            if c1 > c0:
+                f["client_during_clone"] = window(c0, c1)
         pr = m["progress"]
         if pr.get("criticalSince") and pr.get("criticalMs") is not None:
             c0, c1 = pr["criticalSince"], pr["criticalSince"] + pr["criticalMs"] / 1000
@@ -782,6 +823,7 @@ class Bench:
             client_during=during,
             client_errors=errors,
             cpu_pct=cpu,
+            peak_rss_mb=rss,
             concurrency=a.concurrency,
             filter=a.filter,
             ops_over_1s=[
@@ -797,6 +839,13 @@ class Bench:
             f"{before['p99_ms']} ms); during it {during['ops_s']:,.0f} ops/s (p50 {during['p50_ms']} ms, p99 "
             f"{during['p99_ms']} ms, max {during['max_ms']} ms); errors {errors or 'none'}"
         )
+        if "client_during_clone" in f:
+            dc = f["client_during_clone"]
+            print(
+                f"      client during the clone phase alone: {dc['ops_s']:,.0f} ops/s (p50 {dc['p50_ms']} ms, "
+                f"p99 {dc['p99_ms']} ms): {(dc['ops_s'] / before['ops_s'] - 1) * 100 if before['ops_s'] else 0:+.0f} %"
+                " against before the move"
+            )
         if "updates_overlapping_critical" in f:
             o = f["updates_overlapping_critical"]
             print(
@@ -810,6 +859,7 @@ class Bench:
                 )
             )
         self.print_cpu(cpu)
+        self.print_rss(rss, "shard-s1", "shard-s2")
 
     async def part_raw(self) -> None:
         print(
@@ -1037,6 +1087,13 @@ def summary(b: Bench, wall: float) -> None:
             print("   " + p)
 
 
+def _setting(text: str) -> tuple[str, object]:
+    key, eq, value = text.partition("=")
+    if not eq:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=JSON")
+    return key, json.loads(value)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
@@ -1080,6 +1137,14 @@ def main() -> None:
         help="the client's per-attempt timeout before it resends (AsyncCluster's default 10 s)",
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="KEY=JSON",
+        help="a cluster setting before the moves, e.g. migrationThrottleUnderLoad=false; repeatable",
+    )
     p.add_argument(
         "--profile-service",
         action="append",

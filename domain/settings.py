@@ -62,6 +62,11 @@ class ClusterSettings(BaseModel):
     orphanCleanupDelaySecs: int = Field(900, ge=0)
     rangeDeleterBatchSize: int = Field(128, ge=1)
     rangeDeleterBatchDelayMS: int = Field(20, ge=0)
+    # chunk migration's bulk clone (docs/reference/chunk-migration.md): clone batches a donor has
+    # unacknowledged at most; and whether it sends one small batch at a time while either shard
+    # serves clients
+    migrationCloneBatchesInFlight: int = Field(4, ge=1, le=64)
+    migrationThrottleUnderLoad: bool = True
     # auto-merger and defragmentation
     autoMergerEnabled: bool = True
     autoMergerIntervalSecs: int = Field(3600, ge=1)

@@ -550,6 +550,76 @@ def simple_bound_key(field: str | None, bound: Any) -> bytes | None:
 _SENTINEL_KEYS = {"$minKey": bytes([_MINKEY]), "$maxKey": bytes([_MAXKEY])}
 
 
+def key_length(key: bytes, start: int = 0) -> int:
+    """The length of the one encoded value at `start` of `key` (a concatenation of
+    ``encode_value`` encodings: a shard key, then an _id), read off the bytes alone: a
+    migration's donor splits a stored key into its shard key and _id without decoding
+    anything.  ValueError for bytes that are no encoding."""
+    end = _skip_value(key, start, 0)
+    if end > len(key):
+        raise ValueError(f"truncated key encoding at byte {start}")
+    return end - start
+
+
+def _skip_string(key: bytes, i: int) -> int:
+    """Just past a string body (0x00 0xFF is an escaped NUL; 0x00 0x00 ends it)."""
+    while True:
+        j = key.index(b"\x00", i)
+        if key[j + 1 : j + 2] == b"\x00":
+            return j + 2
+        if key[j + 1 : j + 2] != b"\xff":
+            raise ValueError(f"bad string encoding at byte {j}")
+        i = j + 2
+
+
+def _skip_body(key: bytes, tag: int, i: int, depth: int) -> int:
+    if tag == _NUMBER:
+        i += 8  # the image
+        tie = key[i : i + 2]
+        i += 2
+        if tie == b"\xff\xff":
+            i += 2 + int.from_bytes(key[i : i + 2], "big")
+        elif tie == b"\x00\x00":
+            i += 2 + 0xFFFF - int.from_bytes(key[i : i + 2], "big")
+        if key[i : i + 1] == bytes([_CONTINUE]):  # a decimal's fraction digits, then 0x00
+            i = key.index(b"\x00", i + 1) + 1
+        return i
+    if tag == _STRING or tag == _CODE:
+        return _skip_string(key, i)
+    if tag == _BOOL:
+        return i + 1
+    if tag == _OBJECT or tag == _ARRAY:
+        if depth >= MAX_NESTING_DEPTH:
+            raise ValueError(f"key nested deeper than {MAX_NESTING_DEPTH} levels")
+        while key[i] != _END:
+            t = key[i]
+            i += 1
+            if tag == _OBJECT:
+                i = _skip_string(key, i)  # the field name
+            i = _skip_body(key, t, i, depth + 1)
+        return i + 1
+    if tag == _BINARY:
+        return i + 5 + int.from_bytes(key[i : i + 4], "big")
+    if tag == _OBJECTID:
+        return i + 12
+    if tag == _DATE or tag == _TIMESTAMP:
+        return i + 8
+    if tag == _REGEX:
+        return _skip_string(key, _skip_string(key, i))
+    if tag == _CODE_WITH_SCOPE:
+        return _skip_body(key, _OBJECT, _skip_string(key, i), depth)
+    if tag in (_NULL, _MINKEY, _MAXKEY):
+        return i
+    raise ValueError(f"no value has tag 0x{tag:02x}")
+
+
+def _skip_value(key: bytes, i: int, depth: int) -> int:
+    try:
+        return _skip_body(key, key[i], i + 1, depth)
+    except IndexError:
+        raise ValueError(f"truncated key encoding at byte {i}") from None
+
+
 def compare_values(a: Any, b: Any) -> int:
     """-1, 0 or 1 as ``a`` sorts before, equal to or after ``b``."""
     ea, eb = encode_value(a), encode_value(b)

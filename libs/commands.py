@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError, ProducerFenced
 from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from libs import kafka, tracing
 from libs.faults import fault_point
@@ -79,10 +80,29 @@ class CommandError(Exception):
         )  # info: details for the caller (e.g. StaleConfig's versions)
 
 
+class BulkEvents(Protocol):
+    """Many events of one kind that a decision gives as bytes, not as a Record each: a
+    migration's clone batch (docs/reference/chunk-migration.md, "the bulk clone").  The
+    processor stamps, encodes, folds and sends them before the decision's `events`."""
+
+    kind: str  # their record type (the producer span's `shardlog.event`)
+
+    def __len__(self) -> int: ...
+
+    def encode(self, ticks: list[int] | None) -> tuple[list[bytes], list[bytes]]:
+        """(Kafka keys, values) of the events, the i-th stamped with ticks[i] (None: unstamped)."""
+        ...
+
+    def apply(self) -> None:
+        """Fold the encoded events into the state (after `encode`, with its stamps)."""
+        ...
+
+
 @dataclass
 class Decision:
     events: list[Record] = field(default_factory=list)
     result: dict[str, Any] | None = None  # the reply's result: JSON
+    bulk: BulkEvents | None = None  # recorded before `events`
 
 
 # decide(command) -> Decision, raising CommandError; must not mutate state:
@@ -115,6 +135,7 @@ class CommandProcessor:
         event_key: Callable[[Record], bytes | None] | None = None,
         prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
         clock: Gossip | None = None,
+        batch_bytes: int = 1024 * 1024,
     ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
@@ -126,6 +147,7 @@ class CommandProcessor:
         # With a clock: each event with a `ts` field is stamped with a tick of its own, replies carry
         # operationTime and the clock's gossip, requests' gossip advances it.
         self.clock = clock
+        self.batch_bytes = batch_bytes  # the producer's batch: a decision's bulk events fill whole ones
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -205,7 +227,12 @@ class CommandProcessor:
             t0 = time.monotonic()
             consumer = self.consumer
             consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
-            self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id, client_id=self.name)
+            self._producer = kafka.producer(
+                self.bootstrap,
+                transactional_id=self.transactional_id,
+                client_id=self.name,
+                batch_bytes=self.batch_bytes,
+            )
             await self._producer.start()  # init_transactions: fences every earlier owner
             t_fenced = time.monotonic()
             # Only now is the committed offset final (the fenced owner cannot commit any more).
@@ -325,8 +352,11 @@ class CommandProcessor:
         # So the coordinator's changes come first: the offsets now, and each phase's partitions
         # (events, then replies) are added together before their first write goes out.
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
-        # Per command: the futures of its events, its reply and where to send it (or None), its headers.
-        pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
+        # Per command: the futures of its events (each with how many records past the one it names
+        # it covers: a bulk batch's names its first), its reply and where to send it (or None), its headers.
+        pending: list[
+            tuple[list[tuple[asyncio.Future[RecordMetadata], int]], tuple[Reply, bytes] | None, tracing.Headers]
+        ] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
         for rec in records:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
@@ -338,9 +368,11 @@ class CommandProcessor:
             )
             spans.append(span)
             with trace.use_span(span, end_on_exit=False):
-                futures: list[asyncio.Future[RecordMetadata]] = []
+                futures: list[tuple[asyncio.Future[RecordMetadata], int]] = []
                 events: list[Record] = []
                 values: list[bytes | None] = []
+                bulk: BulkEvents | None = None
+                bulk_records: tuple[list[bytes], list[bytes]] = ([], [])
                 op_time: int | None = None  # the command's last stamp
                 clock = self.clock
                 if clock is not None:
@@ -351,10 +383,16 @@ class CommandProcessor:
                     if span.is_recording():
                         span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
                     decision = self.decide(command)
-                    events = decision.events
+                    events, bulk = decision.events, decision.bulk
+                    if bulk is not None and len(bulk):
+                        # Stamped first: the bulk records precede the decision's events in the log.
+                        wall = time.time()
+                        ticks = [clock.tick(wall) for _ in range(len(bulk))] if clock is not None else None
+                        bulk_records = bulk.encode(ticks)
+                        op_time = ticks[-1] if ticks else None
                     if clock is not None:
                         events = [self._stamp(clock, e) for e in events]
-                        op_time = next((e.ts for e in reversed(events) if stamped(e)), None)  # type: ignore[attr-defined]
+                        op_time = next((e.ts for e in reversed(events) if stamped(e)), op_time)  # type: ignore[attr-defined]
                     # Encode every event before applying any: an event that cannot be written
                     # must refuse the command, not leave state the log will never show.
                     values = [_value(event) for event in events]
@@ -383,13 +421,25 @@ class CommandProcessor:
                     # Applying a decided event cannot fail but through a bug; if it does, the
                     # exception aborts the whole transaction rather than commit half a command.
                     with trace.use_span(txn, end_on_exit=False):
+                        if bulk is not None and bulk_records[1]:
+                            bulk.apply()
+                            keys, bulk_values = bulk_records
+                            attributes: dict[str, AttributeValue] = {
+                                "shardlog.event": bulk.kind,
+                                "shardlog.events": len(bulk_values),
+                            }
+                            with tracing.producer_span(events_topic, **attributes):
+                                futures += await self._send_bulk(p, events_topic, keys, bulk_values)
+                            last_value = bulk_values[-1]
                         for event, value in zip(events, values):
                             self.projection.state.apply(event, -1)  # its offset is known once acked
                             with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
                                 key = event.key if isinstance(event, Tombstone) else self.event_key(event)
-                                futures.append(await p.send(events_topic, value, key=key, headers=tracing.inject()))
+                                futures.append(
+                                    (await p.send(events_topic, value, key=key, headers=tracing.inject()), 0)
+                                )
                             last_value = value
-                    txn.set_attribute("shardlog.transaction.events", len(events))
+                    txn.set_attribute("shardlog.transaction.events", len(events) + len(bulk_records[1]))
                 if not reply.ok:
                     span.set_attribute("shardlog.error", reply.code)
                 headers = [(CORRELATION_ID, corr)] if corr else []
@@ -398,15 +448,15 @@ class CommandProcessor:
                 pending.append((futures, (reply, reply_to) if reply_to else None, tracing.inject(headers)))
         # Events must be acked before replies can name the ConfigTime that shows them; every
         # event is, before the first reply goes out (so the replies' partitions join together).
-        last_event: RecordMetadata | None = None
+        last_offset: int | None = None
         answers: list[tuple[str, Reply, tracing.Headers]] = []
         for futures, to_send, reply_headers in pending:
-            for f in futures:
-                last_event = await f
+            for f, more in futures:
+                last_offset = (await f).offset + more
             if to_send is not None:
                 answer, reply_to = to_send
                 at = (
-                    last_event.offset + 1 if last_event else self.projection.position
+                    last_offset + 1 if last_offset is not None else self.projection.position
                 )  # events so far in this batch count
                 answers.append((reply_to.decode(), answer.model_copy(update={"configTime": at}), reply_headers))
         live = await self._live_inboxes({inbox for inbox, _, _ in answers})
@@ -420,8 +470,25 @@ class CommandProcessor:
         await p.commit_transaction()
         fault_point(f"{self.name}.after_commit", tag=_tag(records))
         self.commands_done += len(records)
-        if last_event is not None:
-            self.projection.advance(last_event.offset + 1, fingerprint(last_value))
+        if last_offset is not None:
+            self.projection.advance(last_offset + 1, fingerprint(last_value))
+
+    async def _send_bulk(
+        self, p: AIOKafkaProducer, topic: str, keys: list[bytes], values: list[bytes]
+    ) -> list[tuple[asyncio.Future[RecordMetadata], int]]:
+        """Send bulk records as whole producer batches (no per-record future, span or trace
+        header); each future with how many records past its first the batch holds."""
+        out: list[tuple[asyncio.Future[RecordMetadata], int]] = []
+        batch, n = p.create_batch(), 0
+        for key, value in zip(keys, values):
+            if batch.append(timestamp=None, key=key, value=value) is None:  # full: send it, start the next
+                out.append((await p.send_batch(batch, topic, partition=self.projection.tp.partition), n - 1))
+                batch, n = p.create_batch(), 0
+                if batch.append(timestamp=None, key=key, value=value) is None:
+                    raise ValueError(f"a record of {len(value)} bytes does not fit a producer batch")
+            n += 1
+        out.append((await p.send_batch(batch, topic, partition=self.projection.tp.partition), n - 1))
+        return out
 
     async def _live_inboxes(self, inboxes: set[str]) -> set[str]:
         """The inboxes replies can go to, their metadata known (so the replies go out without a pause).

@@ -39,6 +39,7 @@ def producer(
     client_id: str = "shardlog",
     linger_ms: int = 2,
     transaction_timeout_ms: int = 60_000,
+    batch_bytes: int = 1024 * 1024,
 ) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
@@ -51,7 +52,7 @@ def producer(
         max_request_size=MAX_RECORD_BYTES,
         # 16 KB (the default) splits a transaction of many small records into many requests:
         # a migration batch of 2,000 documents took ~4x longer.
-        max_batch_size=1024 * 1024,
+        max_batch_size=batch_bytes,
         # aiokafka's 100 ms default turns a transaction that starts while the previous
         # commit is still completing (a routine retry on Kafka 4) into a 100 ms stall.
         retry_backoff_ms=10,

@@ -105,6 +105,10 @@ class Requester:
             await self._producer.send_and_wait(topic, value, key=key, headers=headers)
         return fut
 
+    def forget(self, fut: asyncio.Future[Reply]) -> None:
+        """Stop waiting for the reply of a request sent with `send` (it was sent again)."""
+        self._waiting = {k: f for k, f in self._waiting.items() if f is not fut}
+
     async def request(
         self,
         topic: str,
@@ -118,5 +122,5 @@ class Requester:
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            self._waiting = {k: f for k, f in self._waiting.items() if f is not fut}
+            self.forget(fut)
             raise RequestTimeout(f"no reply from {topic} within {timeout:g}s (is the service running?)") from None

@@ -319,6 +319,10 @@ class TransferBatch(Record):
     removed: list[Doc] = Field(default_factory=list)  # {"skey": hex, "id": ...}
     # Transactions-table statements about documents of the range (session migration)
     sessions: list[SessionStatements] = Field(default_factory=list)
+    # The clone of a range as the donor stores it, decoded by neither side (chunk-migration.md,
+    # "the bulk clone"): per document [hex of its store key (shard key + _id encoding), the
+    # shard key's length in bytes, its stored value (compact relaxed Extended JSON)].
+    stored: list[tuple[str, int, str]] = Field(default_factory=list)
 
 
 class CommitClone(Record):

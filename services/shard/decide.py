@@ -14,6 +14,7 @@ import bisect
 import collections
 import itertools
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -66,8 +67,28 @@ WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
 # How long an unsharded collection's writes wait after its documents were checked for a
 # shardCollection: the config server decides it right after; a refused one lets go then.
 SHARDING_HOLD_S = 5.0
+# A shard counts as serving clients for this long after their last request: a migration's
+# throttle (migrationThrottleUnderLoad) stays on through the gaps of a steady load.
+CLIENT_ACTIVITY_HOLD_S = 1.0
 
 on_request: Dispatch[ShardDecider, Decision] = Dispatch("shard request")
+
+
+class ClientActivity:
+    """When this shard last decided a client's request (a read or write of documents: not a
+    migration's, a DDL's, an index build's or the session reaper's).  A migration's throttle
+    (migrationThrottleUnderLoad) holds back while it was lately."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.last = -math.inf
+
+    def note(self) -> None:
+        self.last = self.clock()
+
+    def within(self, seconds: float) -> bool:
+        """Whether a client's request was decided in the last `seconds`."""
+        return self.clock() - self.last < seconds
 
 
 @dataclass
@@ -101,8 +122,15 @@ class ShardDecider:
         # Unsharded collections whose documents were just checked for a shardCollection: their
         # writes wait until it is decided (or this hold lapses), so none slips in unchecked.
         self._sharding: dict[str, float] = {}  # ns -> wall-clock end of the hold
+        self.client_activity = ClientActivity()
         # The migration and range-deletion requests (range deletion waits for our older queries).
-        self.migrations = MigrationDecider(shard_id, catalog, documents, open_queries=self._queries_open_before)
+        self.migrations = MigrationDecider(
+            shard_id,
+            catalog,
+            documents,
+            open_queries=self._queries_open_before,
+            client_busy=lambda: self.client_activity.within(CLIENT_ACTIVITY_HOLD_S),
+        )
         # The DDL coordinators' requests (critical sections, drops, renames, refines).
         self.ddl = DDLDecider(shard_id, catalog, documents)
         # Secondary indexes: their builds, drops and listing (services/shard/indexes.py).
@@ -120,6 +148,13 @@ class ShardDecider:
         if not on_request.handles(req):
             raise CommandError(ErrorCode.CommandNotFound, f"unknown shard request {req.type!r}")
         self.served[(req.type, getattr(req, "ns", None))] += 1
+        if not (
+            self.migrations.handles(req)
+            or self.ddl.handles(req)
+            or self.indexes.handles(req)
+            or isinstance(req, s.ForgetSessions)
+        ):
+            self.client_activity.note()
         self._begun, self._statements = None, []
         self._index_records = {}
         if isinstance(req, WRITES) and (write := shard_session(req)) is not None:

@@ -205,11 +205,16 @@ class SessionEntry:
         return out
 
 
+def document_changelog_key(ns: str, id_enc: bytes) -> bytes:
+    """The changelog key of a document's DocumentWritten / DocumentRemoved records."""
+    return b"doc/" + ns_prefix(ns) + id_enc
+
+
 def changelog_key(event: Record) -> bytes | None:
     """Kafka key of a changelog record: compaction keeps the latest per document / session record."""
     if isinstance(event, (ev.DocumentWritten, ev.DocumentRemoved)):
         doc_id = event.doc["_id"] if isinstance(event, ev.DocumentWritten) else event.id
-        return b"doc/" + ns_prefix(event.ns) + encode_value(doc_id)
+        return document_changelog_key(event.ns, encode_value(doc_id))
     if isinstance(event, ev.RetryableWriteRecorded):
         return record_key(event.lsid, event.txnNumber, event.part)
     if isinstance(event, Tombstone):
@@ -228,6 +233,57 @@ def changelog_key(event: Record) -> bytes | None:
         # One key per drop, never written again: compaction keeps it after the documents it deletes.
         return b"drop/" + event.id.encode() + b"/" + dropped_target(event).encode()
     return None
+
+
+# A stored document, undecoded: (encoded shard key, encoded _id, stored value).  What a
+# migration's bulk clone carries from the donor's store to the recipient's (`apply_bulk`).
+StoredDocument = tuple[bytes, bytes, bytes]
+
+
+def namespace_json(ns: str) -> bytes:
+    """A namespace as a JSON string, as `written_record` takes it (once per clone batch)."""
+    return json.dumps(ns, ensure_ascii=False).encode()
+
+
+def written_record(ns_json: bytes, skey: bytes, raw: bytes, ts: int | None) -> bytes:
+    """A DocumentWritten record spliced from a stored document's bytes, without a Record or a
+    decode: the JSON `Codec.encode(DocumentWritten(ts, ns, skey.hex(), decode_doc(raw)))`
+    decodes as (the stored value is the document's record form, as the record's `doc`).
+    `ns_json` is `namespace_json(ns)`."""
+    stamp = b"null" if ts is None else str(ts).encode()
+    return b'{"type":"DocumentWritten","v":1,"ts":%b,"ns":%b,"skey":"%b","doc":%b}' % (
+        stamp,
+        ns_json,
+        skey.hex().encode(),
+        raw,
+    )
+
+
+class ClonedDocuments:
+    """A bulk clone batch's documents as the changelog records them (`libs.commands.BulkEvents`):
+    one DocumentWritten each, spliced from the stored bytes (`written_record`) and folded by
+    `apply_bulk`.  The statistics' bytes written do not count them (only `apply` counts):
+    a migration moves data, it writes none, and its count would grow with the range."""
+
+    kind = "DocumentWritten"
+
+    def __init__(self, documents: ShardDocuments, ns: str, docs: list[StoredDocument]):
+        self.documents, self.ns, self.docs = documents, ns, docs
+        self._ts: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def encode(self, ticks: list[int] | None) -> tuple[list[bytes], list[bytes]]:
+        ns_json, key_base = namespace_json(self.ns), document_changelog_key(self.ns, b"")
+        stamps: list[int] | list[None] = ticks if ticks is not None else [None] * len(self.docs)
+        self._ts = ticks[-1] if ticks else None
+        keys = [key_base + id_enc for _, id_enc, _ in self.docs]
+        values = [written_record(ns_json, skey, raw, ts) for (skey, _, raw), ts in zip(self.docs, stamps)]
+        return keys, values
+
+    def apply(self) -> None:
+        self.documents.apply_bulk(self.ns, self.docs, self._ts)
 
 
 # The fold of the changelog: one handler per event type.
@@ -325,6 +381,44 @@ class ShardDocuments:
         self._changes[id_key(event.ns, id_enc)] = skey
         if event.ts is not None:
             self._stamped(event.ts)
+
+    def apply_bulk(self, ns: str, docs: list[StoredDocument], ts: int | None) -> None:
+        """Fold the DocumentWritten records of `docs` (a migration's clone batch, `written_record`),
+        stamped up to `ts`, without decoding them: what `_document_written` does for each, with
+        one multi-get of their _id entries.  A namespace with secondary indexes being kept
+        takes the per-document fold (its entries need the documents' values)."""
+        if self._maintained(ns):
+            for skey, _, raw in docs:
+                self._document_written(ev.DocumentWritten(ns=ns, skey=skey.hex(), doc=decode_doc(raw)))
+            if ts is not None:
+                self._stamped(ts)
+            return
+        prefix = ns_prefix(ns)
+        id_keys = [IDS + prefix + id_enc for _, id_enc, _ in docs]
+        olds = self._get_many(id_keys)
+        changes = self._changes
+        base = DOCS + prefix
+        for (skey, id_enc, raw), ik, old in zip(docs, id_keys, olds):
+            if old is not None and old != skey:
+                changes[base + old + id_enc] = None
+            changes[base + skey + id_enc] = raw
+            changes[ik] = skey
+        if ts is not None:
+            self._stamped(ts)
+
+    def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """`get` of each key, the store's in one multi-get."""
+        out: list[bytes | None] = [None] * len(keys)
+        missing: list[int] = []
+        for i, k in enumerate(keys):
+            if k in self._changes:
+                out[i] = self._changes[k]
+            elif not (self._range_deletions and _within(k, self._range_deletions)):
+                missing.append(i)
+        if missing:
+            for i, v in zip(missing, self.store.db.get([keys[i] for i in missing])):
+                out[i] = v
+        return out
 
     @on_event.register(ev.DocumentRemoved)
     def _document_removed(self, event: ev.DocumentRemoved) -> None:
@@ -626,11 +720,18 @@ class ShardDocuments:
 
     def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]:
         """Like `scan`, but only what is committed (no pending writes), from `after` on."""
+        for k, v in self.scan_stored_raw(ns, after, hi, inclusive=inclusive):
+            yield k, decode_doc(v)
+
+    def scan_stored_raw(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, bytes]]:
+        """`scan_stored` with the stored values as they are (a migration's bulk clone)."""
         base = DOCS + ns_prefix(ns)
-        for k, v in self._stored(base + after, base + hi, committed=True):
-            if not inclusive and k == base + after:
+        n = len(base)
+        first = base + after
+        for k, v in self._stored(first, base + hi, committed=True):
+            if not inclusive and k == first:
                 continue
-            yield k[len(base) :], decode_doc(v)
+            yield k[n:], v
 
     def _stored(
         self, start: bytes, stop: bytes, *, committed: bool = False, reverse: bool = False

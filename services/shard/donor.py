@@ -26,7 +26,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -39,16 +39,19 @@ from domain.catalog import Catalog, Migration
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.protocol import record_bytes as _size
+from domain.shardkey import key_length
 from libs import kafka, tracing
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import seconds_from_env
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
-from schemas import RecordError
+from schemas import Codec, RecordError
 from schemas import config as cfg
 from schemas import shard as s
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry, shard_key_part
+from schemas.reply import Reply
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry, decode_doc, shard_key_part
 from services.shard.protocol import index_build, retryable
+from services.shard.protocol.clone_window import CloneWindow
 from services.shard.protocol.common import DONORS, RECIPIENTS, Documents, Shard
 from services.shard.protocol.donor import CannotDonate, donation_range
 from services.shard.protocol.donor import DonatedRange as Range
@@ -57,6 +60,11 @@ log = logging.getLogger(__name__)
 
 CLONE_BATCH_DOCS = 2000
 CLONE_BATCH_BYTES = 2 * 1024 * 1024
+# migrationThrottleUnderLoad: while either shard serves clients (within the last
+# CLIENT_ACTIVITY_HOLD_S, as its replies say), one clone batch of at most this many bytes is in flight.
+THROTTLED_BATCH_BYTES = 512 * 1024
+# A stored value longer than this goes decoded (TransferBatch.written), not as a JSON string.
+STORED_VALUE_MAX = kafka.MAX_RECORD_BYTES // 4
 CATCH_UP_MODS = 200  # enter the critical section once a pass of mods is this small
 MAX_CATCH_UP_PASSES = 20
 REQUEST_TIMEOUT_S = 10.0
@@ -101,6 +109,10 @@ class DonorDocuments(Documents, Protocol):
 
     def scan_stored(self, ns: str, after: bytes, hi: bytes, *, inclusive: bool) -> Iterator[tuple[bytes, dict]]: ...
 
+    def scan_stored_raw(
+        self, ns: str, after: bytes, hi: bytes, *, inclusive: bool
+    ) -> Iterator[tuple[bytes, bytes]]: ...
+
     def range_sizes(self, ns: str, lo: bytes, hi: bytes) -> Iterator[int]: ...
 
     def stored_sessions(self) -> Iterator[SessionEntry]: ...
@@ -119,6 +131,7 @@ class DonorDeps:
     documents: DonorDocuments
     changelog_position: Callable[[], int]  # the changelog offset our documents show
     progress: dict[str, dict[str, Any]]  # live progress of our donations, shown by ListMigrations
+    client_busy: Callable[[], bool] = lambda: False  # our shard served clients lately (the clone's throttle)
 
 
 class DonorCoordinator:
@@ -126,6 +139,7 @@ class DonorCoordinator:
         self.shard_id, self.follower, self.topics = deps.shard_id, deps.follower, deps.topics
         self.requester, self.documents, self.active = deps.requester, deps.documents, deps.active
         self.bootstrap, self.changelog_position, self.progress = deps.bootstrap, deps.changelog_position, deps.progress
+        self.client_busy = deps.client_busy
         self._current: Migration | None = None  # the donation under way, before its decision
 
     @property
@@ -408,25 +422,18 @@ class DonorCoordinator:
         """Clone, then mods until nearly caught up, then the critical section and the last mods."""
         start = self.changelog_position()  # the changelog offset the clone is at least as new as
         self._progress(m.id, phase="cloning")
-        cloned = 0
-        with self._phase("clone") as clone:
-            async for written in self._clone_batches(m.ns, rng):
-                self._check_active(m)
-                size = sum(_size(w["doc"]) for w in written)
-                with self._phase("clone batch", **{"shardlog.documents": len(written), "shardlog.bytes": size}):
-                    await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", written=written))
-                cloned += len(written)
-                self._progress(m.id, cloned=cloned, bytes=self.progress[m.id]["bytes"] + size)
-                fault_point("migration.cloning")
-            # The records of retryable writes to the range, as committed now; the catch-up below
-            # sends the ones written since `start` (a record sent twice merges to the same).
-            for sessions in self._session_batches(m.ns, rng):
-                self._check_active(m)
-                await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
-            clone.set_attributes({"shardlog.documents": cloned, "shardlog.bytes": self.progress[m.id]["bytes"]})
-        self._progress(m.id, phase="catching up")
         mods = _ModReader(self, m, rng, start)
-        async with mods:
+        async with mods:  # its reader opens while the clone runs
+            with self._phase("clone") as clone:
+                cloned = await self._bulk_clone(m, rng)
+                # Every clone batch is acknowledged (the barrier): only now the sessions and the mods.
+                # The records of retryable writes to the range, as committed now; the catch-up below
+                # sends the ones written since `start` (a record sent twice merges to the same).
+                for sessions in self._session_batches(m.ns, rng):
+                    self._check_active(m)
+                    await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
+                clone.set_attributes({"shardlog.documents": cloned, "shardlog.bytes": self.progress[m.id]["bytes"]})
+            self._progress(m.id, phase="catching up")
             with self._phase("catch-up") as catch_up:
                 passes = 0
                 for passes in range(1, MAX_CATCH_UP_PASSES + 1):  # noqa: B007 (the count is the attribute)
@@ -457,6 +464,120 @@ class DonorCoordinator:
         if not reply.ok:
             raise MigrationAborted(f"{req.type} refused: {reply.code}: {reply.error}")
         return reply.configTime or 0  # a shard's reply names its changelog position
+
+    # ------------------------------------------------------------- the bulk clone
+
+    async def _bulk_clone(self, m: Migration, rng: Range) -> int:
+        """Send the range's stored documents as they are (TransferBatch.stored), up to
+        migrationCloneBatchesInFlight batches unacknowledged, the next batch scanned while they
+        are; return once every batch is acknowledged (the barrier).  A reply late for
+        REQUEST_TIMEOUT_S sends every unacknowledged batch again, in order; no reply for
+        STEP_DEADLINE_S aborts.  Throttled (migrationThrottleUnderLoad) while either shard
+        serves clients: one batch of at most THROTTLED_BATCH_BYTES in flight."""
+        topic = self.topics.shard_requests(m.recipient)
+        window: CloneWindow[tuple[bytes, int, int]] = CloneWindow(1)  # (request, documents, bytes)
+        replies: dict[asyncio.Future[Reply], tuple[int, trace.Span]] = {}
+        batches = self._stored_batches(m.ns, rng)
+        next(batches)  # primed: each send(max bytes) now answers a batch
+        cloned, peer_busy, scanned_all = 0, False, False
+        deadline = time.monotonic() + STEP_DEADLINE_S
+        try:
+            while True:
+                settings = self.catalog.settings
+                throttled = settings.migrationThrottleUnderLoad and (peer_busy or self.client_busy())
+                window.limit = 1 if throttled else settings.migrationCloneBatchesInFlight
+                while not scanned_all and window.open():
+                    self._check_active(m)
+                    batch = batches.send(THROTTLED_BATCH_BYTES if throttled else CLONE_BATCH_BYTES)
+                    if batch is None:
+                        scanned_all = True
+                        break
+                    stored, size = batch
+                    request = Codec.encode(_clone_request(m.id, stored))
+                    seq = window.sent((request, len(stored), size))
+                    await self._send_clone_batch(topic, seq, request, len(stored), size, replies)
+                    await asyncio.sleep(0)  # the replies' reader runs between two scans
+                if window.drained():
+                    return cloned
+                done, _ = await asyncio.wait(replies, timeout=REQUEST_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+                self._check_active(m)
+                if not done:
+                    if time.monotonic() > deadline:
+                        raise MigrationAborted(f"{topic} did not answer a clone batch within {STEP_DEADLINE_S:g}s")
+                    for fut, (_, span) in replies.items():
+                        self.requester.forget(fut)
+                        span.end()
+                    replies.clear()
+                    for seq, (request, docs, size) in window.timed_out():
+                        await self._send_clone_batch(topic, seq, request, docs, size, replies)
+                    continue
+                for fut in done:
+                    seq, span = replies.pop(fut)
+                    span.end()
+                    reply = fut.result()
+                    if not reply.ok:
+                        raise MigrationAborted(f"TransferBatch refused: {reply.code}: {reply.error}")
+                    acked = window.acked(seq)
+                    if acked is None:
+                        continue  # a batch sent twice: its first reply counted
+                    deadline = time.monotonic() + STEP_DEADLINE_S
+                    peer_busy = bool((reply.result or {}).get("busy"))
+                    cloned += acked[1]
+                    self._progress(m.id, cloned=cloned, bytes=self.progress[m.id]["bytes"] + acked[2])
+                    fault_point("migration.cloning")
+        finally:
+            batches.close()
+            for fut, (_, span) in replies.items():
+                self.requester.forget(fut)
+                span.end()
+
+    async def _send_clone_batch(
+        self,
+        topic: str,
+        seq: int,
+        request: bytes,
+        docs: int,
+        size: int,
+        replies: dict[asyncio.Future[Reply], tuple[int, trace.Span]],
+    ) -> None:
+        """Send one clone batch under its span (ended by its reply), retrying a broker's retriable error."""
+        span = tracing.tracer.start_span(
+            "migration clone batch", attributes={"shardlog.documents": docs, "shardlog.bytes": size}
+        )
+        headers = [("config-time", str(self.follower.config_time).encode())]
+        deadline = time.monotonic() + STEP_DEADLINE_S
+        with trace.use_span(span, end_on_exit=False):
+            while True:
+                try:
+                    fut = await self.requester.send(topic, request, headers=headers)
+                    break
+                except KafkaError as e:
+                    if not (e.retriable or isinstance(e, KafkaTimeoutError)) or time.monotonic() > deadline:
+                        span.end()
+                        raise
+                    log.info("shard %s: a clone batch to %s failed (%r); retrying", self.shard_id, topic, e)
+                    await asyncio.sleep(0.5)
+        replies[fut] = (seq, span)
+
+    def _stored_batches(
+        self, ns: str, rng: Range
+    ) -> Generator[tuple[list[tuple[str, int, str]], int] | None, int, None]:
+        """The range's stored documents in batches of at most CLONE_BATCH_DOCS documents and the
+        bytes sent in (`send(max bytes)`); None once the range is scanned.  One iterator over the
+        committed store throughout (RocksDB's snapshot of it): nothing is decoded, each key is
+        split into shard key and _id by `key_length` alone."""
+        it = self.documents.scan_stored_raw(ns, rng.lo, rng.hi, inclusive=True)
+        limit = yield None  # primed by the first send
+        for k, v in it:
+            stored, size = [(k.hex(), _shard_key_length(k), v.decode())], len(v)
+            for k, v in it:
+                stored.append((k.hex(), _shard_key_length(k), v.decode()))
+                size += len(v)
+                if len(stored) >= CLONE_BATCH_DOCS or size >= limit:
+                    break
+            limit = yield stored, size
+        while True:
+            yield None
 
     async def _clone_batches(self, ns: str, rng: Range):
         after = rng.lo
@@ -548,6 +669,27 @@ class DonorCoordinator:
         await self._ask_self(s.ForgetMigration(id=mid))
 
 
+def _clone_request(mid: str, stored: list[tuple[str, int, str]]) -> s.TransferBatch:
+    """A clone batch: its documents' stored bytes, but for a document so large that its value,
+    escaped as a JSON string (at most twice as long), might not fit a record: that one goes
+    decoded, as the per-document path sends it (its record form fits, MAX_DOCUMENT_RECORD_BYTES)."""
+    if all(len(v) <= STORED_VALUE_MAX for _, _, v in stored):
+        return s.TransferBatch(id=mid, phase="clone", stored=stored)
+    written = [{"skey": k[: 2 * n], "doc": decode_doc(v.encode())} for k, n, v in stored if len(v) > STORED_VALUE_MAX]
+    small = [e for e in stored if len(e[2]) <= STORED_VALUE_MAX]
+    return s.TransferBatch(id=mid, phase="clone", stored=small, written=written)
+
+
+def _shard_key_length(key: bytes) -> int:
+    """The length of the shard-key part of a stored document's key (shard key values, then the
+    _id's encoding): every value but the last."""
+    at, last = 0, 0
+    while at < len(key):
+        last = at
+        at += key_length(key, at)
+    return last
+
+
 def _ejson(bound: dict[str, Any] | None) -> str:
     """A chunk bound as a span attribute (Extended JSON; None: the collection's end)."""
     return json.dumps(bound, separators=(",", ":"), default=str) if bound is not None else "MaxKey"
@@ -564,14 +706,22 @@ class _ModReader:
         self.bytes = 0  # of the changelog records forwarded
 
     async def __aenter__(self):
+        # Opened in the background (a consumer takes ~0.1 s to start): the first pass waits for it.
         self._reader = kafka.partition_reader(
             self.c.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
         )
-        self.consumer, _ = await asyncio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S)
+        self._opening = asyncio.create_task(asyncio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S))
         return self
 
     async def __aexit__(self, *exc):
+        try:
+            await self._opening
+        except Exception:
+            return  # it never opened
         await self._reader.__aexit__(*exc)
+
+    async def _opened(self) -> None:
+        self.consumer, _ = await self._opening
 
     async def _position(self) -> int:
         # aiokafka's position() waits for a valid position with no limit of its own.
@@ -579,6 +729,7 @@ class _ModReader:
 
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""
+        await self._opened()
         target = end if end is not None else await kafka.log_end(self.consumer, self.tp)
         deadline = time.monotonic() + STEP_DEADLINE_S
         written, removed, n, size = [], [], 0, 0
@@ -632,7 +783,11 @@ class _ModReader:
                     if len(written) + len(removed) >= CLONE_BATCH_DOCS or size >= CLONE_BATCH_BYTES:
                         await flush()
 
-        while await self._position() < target:
+        # A pass to the log's end (end None) stops one short of it rather than wait 100 ms for
+        # nothing: read_committed stops before the last commit marker, and a record left there is
+        # the next pass's (the consumer keeps its position; the last pass goes to an exact `end`).
+        stop = target if end is not None else target - 1
+        while await self._position() < stop:
             # Bounded, and an abort (setAllowMigrations false, a DDL, the config server's
             # decision) ends the pass at once rather than after the log reaches the target.
             self.c._check_active(self.m)

@@ -26,7 +26,7 @@ from libs.dispatch import Dispatch
 from libs.faults import fault_point
 from schemas import Record
 from schemas import shard as s
-from services.shard.documents import ShardDocuments
+from services.shard.documents import ClonedDocuments, ShardDocuments
 from services.shard.protocol import donor, range_deletion, recipient
 from services.shard.protocol.common import Shard, range_keys
 from services.shard.protocol.range_deletion import OpenQueries
@@ -46,10 +46,14 @@ class MigrationDecider:
         *,
         clock: Callable[[], float] = time.time,
         fault: Callable[[str], None] = fault_point,
+        client_busy: Callable[[], bool] = lambda: False,
     ):
         self.shard = Shard(shard_id, catalog, documents)
         self.documents = documents
         self.open_queries, self.clock, self.fault = open_queries, clock, fault
+        # Whether clients' requests were served lately: a clone batch's reply tells the donor,
+        # whose throttle (migrationThrottleUnderLoad) holds back while either shard is busy.
+        self.client_busy = client_busy
         self.progress: dict[str, dict[str, Any]] = {}  # live progress of this shard's donations, by migration id
 
     @staticmethod
@@ -110,11 +114,18 @@ class MigrationDecider:
                 {
                     "shardlog.migration.id": req.id,
                     "shardlog.migration.phase": req.phase,
-                    "shardlog.documents": len(req.written) + len(req.removed),
-                    "shardlog.bytes": sum(record_bytes(w["doc"]) for w in req.written),
+                    "shardlog.documents": len(req.written) + len(req.removed) + len(req.stored),
+                    "shardlog.bytes": sum(record_bytes(w["doc"]) for w in req.written)
+                    + sum(len(v.encode()) for _, _, v in req.stored),
                 }
             )
-        return recipient.transfer_batch(self.shard, req).decision(self.fault)
+        step = recipient.transfer_batch(self.shard, req)
+        decision = step.decision(self.fault)
+        if step.cloned is not None:
+            decision.bulk = ClonedDocuments(self.documents, *step.cloned)
+        if req.phase == "clone" and decision.result is not None:
+            decision.result["busy"] = self.client_busy()
+        return decision
 
     @on_request.register(s.CommitClone)
     def _commit_clone(self, req: s.CommitClone) -> Decision:

@@ -28,6 +28,9 @@ from services.shard.statistics import CountingDocuments, StatisticsPublisher
 log = logging.getLogger(__name__)
 
 CONFIG_WAIT_S = 10.0
+# The changelog producer's batch: a whole clone batch's records (donor.CLONE_BATCH_BYTES of stored
+# documents, ~100 bytes of envelope and key each) are one append to the log, not three.
+CHANGELOG_BATCH_BYTES = 4 * 1024 * 1024
 
 
 class ShardServer:
@@ -69,6 +72,7 @@ class ShardServer:
             prepare=self._catch_up_config,
             on_role=self._report,
             clock=self.clock,
+            batch_bytes=CHANGELOG_BATCH_BYTES,
         )
         self.donor = DonorCoordinator(
             DonorDeps(
@@ -83,6 +87,7 @@ class ShardServer:
                 documents=self.documents,
                 changelog_position=lambda: self.projection.position,
                 progress=self.decider.migrations.progress,
+                client_busy=self.decider.migrations.client_busy,
             )
         )
         self.reaper = SessionReaper(

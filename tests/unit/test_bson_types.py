@@ -31,6 +31,7 @@ from domain.shardkey import (
     encode_value,
     from_ejson,
     hash_value,
+    key_length,
     to_ejson,
 )
 from libs.commands import CommandError
@@ -663,3 +664,27 @@ def test_type_names_are_mongodbs_aliases():
     for value, name in cases:
         assert type_name(value) == name, value
     assert type_name({}) == "object" and type_name([]) == "array"
+
+
+# ------------------------------------------------------------------ key_length
+
+
+@PROPERTY
+@given(st.lists(values, min_size=1, max_size=4))
+def test_key_length_splits_a_concatenation_of_encodings(vs: list) -> None:
+    """A migration's donor splits stored keys (shard key values, then _id) by `key_length`
+    alone: it must find every encoding's end, whatever the types (decimals continue a
+    number's encoding with 0xFF, strings escape NUL)."""
+    parts = [encode_value(v) for v in vs]
+    key = b"".join(parts)
+    at = 0
+    for part in parts:
+        assert key_length(key, at) == len(part)
+        at += len(part)
+    assert at == len(key)
+
+
+def test_key_length_refuses_what_is_no_encoding() -> None:
+    for bad in (b"", b"\x30\x00", b"\x40ab", b"\x01", b"\x50\x30"):
+        with pytest.raises(ValueError):
+            key_length(bad)

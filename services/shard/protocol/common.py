@@ -15,7 +15,7 @@ from libs.commands import CommandError, Decision
 from schemas import Record
 from schemas import ddl as d
 from schemas import shard as s
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, SessionEntry, StoredDocument
 
 Doc = dict[str, Any]
 Reply = dict[str, Any]
@@ -77,6 +77,9 @@ class Step:
     events: list[Record] = field(default_factory=list)
     reply: Reply = field(default_factory=dict)
     fault: str | None = None
+    # A bulk clone batch's documents, written before `events` (DocumentWritten records spliced
+    # from their stored bytes: MigrationDecider makes them the decision's BulkEvents).
+    cloned: tuple[str, list[StoredDocument]] | None = None
 
     def decision(self, fire: Callable[[str], None]) -> Decision:
         """The step as a command processor's decision, its fault point fired first."""

@@ -11,7 +11,8 @@ in the recipient's changelog with its reply, in one transaction.
     StartPrimaryReceipt     (no migration here)     cloning, with the donor's indexes it lacked
                             (this one registered)   as it was (a retry: "joined")
     TransferBatch           cloning                 cloning, with the batch's documents written
-                                                    (clone) or written and removed (mods), and its
+                                                    (clone: `stored`, the bulk clone, or `written`)
+                                                    or written and removed (mods), and its
                                                     sessions' statements merged (retryable.merge_all)
     CommitClone             cloning                 clone-committed: every document of the range is here
                             clone-committed         as it was (a retry)
@@ -40,7 +41,7 @@ from domain.protocol import ErrorCode
 from libs.commands import CommandError
 from schemas import Record
 from schemas import shard as s
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY
+from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, StoredDocument
 from services.shard.protocol import index_build, range_deletion, retryable
 from services.shard.protocol.common import (
     RECIPIENTS,
@@ -137,6 +138,13 @@ def transfer_batch(shard: Shard, req: s.TransferBatch) -> Step:
         events.append(m.model_copy(update={"cloned": m.cloned + len(req.written)}))
         return Step(events, {"id": req.id, "applied": applied}, fault)
     lo, hi = range_keys(shard.catalog, m.ns, m.min, m.max)
+    cloned: list[StoredDocument] = []
+    for key_hex, n, value in req.stored:  # the bulk clone: the donor's stored bytes, decoded by neither side
+        key = bytes.fromhex(key_hex)
+        if not 0 < n < len(key):
+            raise CommandError(ErrorCode.BadValue, f"a stored document's shard key length {n} does not fit its key")
+        if lo <= key[:n] < hi:
+            cloned.append((key[:n], key[n:], value.encode()))
     for w in req.written:
         if lo <= bytes.fromhex(w["skey"]) < hi:
             events.append(s.DocumentWritten(ns=m.ns, skey=w["skey"], doc=w["doc"]))
@@ -145,15 +153,15 @@ def transfer_batch(shard: Shard, req: s.TransferBatch) -> Step:
             events.append(s.DocumentRemoved(ns=m.ns, skey=r["skey"], id=r["id"]))
     # Session migration: the transactions-table records of writes to the range, so that a retry
     # arriving here after the commit returns the recorded result (higher txnNumber wins).
-    applied = len(events)
+    applied = len(events) + len(cloned)
     events += retryable.merge_all(shard.documents.sessions, req.sessions, m.ns, lo, hi)
     counted = (
-        {"cloned": m.cloned + len(req.written)}
+        {"cloned": m.cloned + len(req.written) + len(req.stored)}
         if req.phase == "clone"
         else {"mods": m.mods + len(req.written) + len(req.removed)}
     )
     events.append(m.model_copy(update=counted))
-    return Step(events, {"id": req.id, "applied": applied, **counted}, fault)
+    return Step(events, {"id": req.id, "applied": applied, **counted}, fault, (m.ns, cloned) if cloned else None)
 
 
 def commit_clone(shard: Shard, req: s.CommitClone) -> Step:
