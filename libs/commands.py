@@ -5,6 +5,10 @@ events, replies and the consumed offsets in ONE Kafka transaction.
   together; a crash before the commit leaves no trace and the commands are
   decided again by whoever takes over.
 - Group commit: every command of a fetched batch shares one transaction.
+- Plain reads outside it: the commands a service calls plain reads (a shard's Find / Count
+  without afterClusterTime) at the head of a batch write nothing, so they are answered at once
+  through a non-transactional producer; their offsets commit with the next transaction, or
+  alone within READ_OFFSETS_COMMIT_S (docs/reference/command-processor.md).
 - One active instance: the member of the consumer group that owns the
   command topic's single partition.  It fences any earlier owner by starting
   a transactional producer with the stable id `<group>.<partition>`, catches
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Collection
@@ -36,6 +41,9 @@ log = logging.getLogger(__name__)
 
 REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
 VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and reply (docs/decisions/0014)
+# How long the offsets of reads answered outside any transaction may stay uncommitted when no
+# transaction comes to carry them: a takeover answers at most this much again (harmlessly).
+READ_OFFSETS_COMMIT_S = float(os.environ.get("SHARDLOG_READ_OFFSETS_COMMIT_S", "1"))
 
 
 class Gossip(Protocol):
@@ -86,6 +94,28 @@ class Decision:
 Decide = Callable[[Record], Decision]
 
 
+@dataclass
+class Decided:
+    """A command decided by the processor: its reply (without the positions a transaction
+    fills in), its events stamped and encoded, or the reason it is a dead letter."""
+
+    reply: Reply
+    events: list[Record] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    op_time: int | None = None  # the command's last stamp
+    dead_letter: str | None = None
+
+
+@dataclass
+class Head:
+    """The first command of a transaction, already decoded (and decided, with its span) by the
+    plain-read pass."""
+
+    command: Record
+    span: trace.Span | None = None
+    decided: Decided | None = None
+
+
 def header(headers: tracing.Headers | None, name: str) -> bytes | None:
     for k, v in headers or ():
         if k == name:
@@ -111,6 +141,7 @@ class CommandProcessor:
         event_key: Callable[[Record], bytes | None] | None = None,
         prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
         clock: Gossip | None = None,
+        plain_read: Callable[[Record], bool] | None = None,
     ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
@@ -122,6 +153,9 @@ class CommandProcessor:
         # With a clock: each event with a `ts` field is stamped with a tick of its own, replies carry
         # operationTime and the clock's gossip, requests' gossip advances it.
         self.clock = clock
+        # A command that never writes and may be answered from the committed state outside the
+        # transaction, when it heads a batch (docs/reference/command-processor.md).
+        self.plain_read = plain_read
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -130,6 +164,10 @@ class CommandProcessor:
         self._lock = asyncio.Lock()  # held for a whole transaction; revocation waits for it
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None  # transactional, while active
+        self._read_producer: AIOKafkaProducer | None = None  # idempotent, plain reads' replies, while active
+        self._read_sends: list[asyncio.Future[RecordMetadata]] = []  # their replies not yet known acked
+        self._read_offset: int | None = None  # the offset after the last read answered, uncommitted
+        self._read_since = 0.0  # since when (monotonic) an offset has been uncommitted
         self._assigned = asyncio.Event()
         self._hold_until = 0.0
 
@@ -185,6 +223,8 @@ class CommandProcessor:
                     await self._activate()
                     continue
                 await self._serve_batch()
+                if self._read_offset is not None and time.monotonic() - self._read_since >= READ_OFFSETS_COMMIT_S:
+                    await self._guarded(self._commit_read_offsets)
         finally:
             await self._deactivate("stopping")
             await consumer.stop()
@@ -197,6 +237,9 @@ class CommandProcessor:
             consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
             self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id, client_id=self.name)
             await self._producer.start()  # init_transactions: fences every earlier owner
+            if self.plain_read is not None:
+                self._read_producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-reads", linger_ms=0)
+                await self._read_producer.start()
             # Only now is the committed offset final (the fenced owner cannot commit any more).
             committed = await consumer.committed(self.tp)
             consumer.seek(self.tp, committed if committed is not None else 0)
@@ -223,6 +266,14 @@ class CommandProcessor:
             except Exception:  # a fenced producer may refuse to close cleanly
                 pass
             self._producer = None
+        if self._read_producer is not None:
+            try:
+                await self._read_producer.stop()
+            except Exception:
+                pass
+            self._read_producer = None
+        # Uncommitted read offsets: the next owner answers those reads again.
+        self._read_sends, self._read_offset = [], None
         if was:
             # Events applied while active moved the store, not the projection's consumer:
             # re-read from the store's checkpoint so standby polling applies nothing twice.
@@ -243,11 +294,22 @@ class CommandProcessor:
             return
         if self.prepare is not None:
             await self.prepare(records)
+        await self._guarded(lambda: self._serve(records))
+
+    async def _serve(self, records: list[kafka.KafkaRecord]) -> None:
+        head: Head | None = None
+        if self._read_producer is not None:
+            records, head = await self._answer_reads(records)
+        if records:
+            await self._transact(records, head)
+
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work` (a transaction) holding the lock; a failed transaction stands this instance by."""
         async with self._lock:
             if not self.active.is_set():
                 return  # revoked while fetching: the new owner decides these
             try:
-                await self._transact(records)
+                await work()
             except (ProducerFenced, KafkaError) as e:
                 # Someone else owns the log now (or the transaction failed): forget the
                 # in-memory state this batch built and rebuild it from the store.
@@ -263,14 +325,127 @@ class CommandProcessor:
                 if self.fenced:
                     self._hold_until = time.monotonic() + self.session_timeout_ms / 1000
 
-    async def _transact(self, records: list[kafka.KafkaRecord]) -> None:
+    # ------------------------------------------------- plain reads, outside
+
+    async def _answer_reads(self, records: list[kafka.KafkaRecord]) -> tuple[list[kafka.KafkaRecord], Head | None]:
+        """Answer the plain reads heading the batch outside any transaction; returns the rest of
+        the batch and what is known of its first command (decoded; decided too if it was a read
+        that wrote after all).  Every event applied so far is committed, so what these replies
+        show cannot be rolled back (docs/reference/command-processor.md)."""
+        p = self._read_producer
+        assert p is not None and self.plain_read is not None
+        answered, head = 0, None
+        for rec in records:
+            try:
+                command = self.codec.decode(rec.value)
+            except RecordError:
+                break  # a dead letter is a write: the transaction's
+            if not self.plain_read(command):
+                head = Head(command)
+                break
+            span = tracing.tracer.start_span(
+                f"{self.name} {command.type}",
+                context=tracing.extract(rec.headers),
+                kind=trace.SpanKind.CONSUMER,
+                attributes=tracing.record_attributes(rec),
+            )
+            with trace.use_span(span, end_on_exit=False):
+                if span.is_recording():
+                    span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
+                decided = self._decide(rec, command)
+                if decided.events:  # it wrote after all (a rekey): the transaction's first command
+                    head = Head(command, span, decided)
+                    break
+                reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
+                reply = decided.reply
+                if not reply.ok:
+                    span.set_attribute("shardlog.error", reply.code or "")
+                if reply_to:
+                    update: dict[str, Any] = {"configTime": self.projection.position}
+                    if self.clock is not None:
+                        update["operationTime"] = self.clock.cluster_time
+                    headers = tracing.inject([(CORRELATION_ID, corr)] if corr else [])
+                    if self.clock is not None:
+                        headers = [*headers, (VECTOR_TIME, self.clock.gossip_out())]
+                    reply = reply.model_copy(update=update)
+                    self._read_sends.append(await p.send(reply_to.decode(), Codec.encode(reply), headers=headers))
+            span.end()
+            answered += 1
+        if answered:
+            self.commands_done += answered
+            if self._read_offset is None:
+                self._read_since = time.monotonic()
+            self._read_offset = records[answered - 1].offset + 1
+        return records[answered:], head
+
+    async def _reads_acked(self) -> None:
+        """Every read reply sent so far is acked: before a commit takes their offsets (a lost reply
+        fails the commit, so the read is answered again) and before a transaction's replies go
+        out (a read's reply queued behind our open transaction on the same inbox partition would
+        stay invisible to read_committed consumers until it commits)."""
+        sends, self._read_sends = self._read_sends, []
+        for f in sends:
+            await f
+
+    async def _commit_read_offsets(self) -> None:
+        """No transaction came to carry the answered reads' offsets: commit them alone."""
+        offset = self._read_offset
+        if offset is None:
+            return
+        await self._reads_acked()
+        p = self.producer
+        await p.begin_transaction()
+        await p.send_offsets_to_transaction({self.tp: offset}, self.group_id)
+        await p.commit_transaction()
+        if self._read_offset == offset:
+            self._read_offset = None
+
+    # -------------------------------------------------------- transactions
+
+    def _decide(self, rec: kafka.KafkaRecord, command: Record | None) -> Decided:
+        """One command's decision, its events stamped and encoded, as a reply; a record that does
+        not decode (`command` None) is decoded here and may become a dead letter."""
+        clock = self.clock
+        if clock is not None:
+            clock.gossip_in(header(rec.headers, VECTOR_TIME))
+        events: list[Record] = []
+        values: list[bytes | None] = []
+        op_time: int | None = None  # the command's last stamp
+        try:
+            if command is None:
+                command = self.codec.decode(rec.value)
+                span = trace.get_current_span()
+                span.update_name(f"{self.name} {command.type}")
+                if span.is_recording():
+                    span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
+            decision = self.decide(command)
+            events = decision.events
+            if clock is not None:
+                events = [self._stamp(clock, e) for e in events]
+                op_time = next((e.ts for e in reversed(events) if stamped(e)), None)  # type: ignore[attr-defined]
+            # Encode every event before applying any: an event that cannot be written
+            # must refuse the command, not leave state the log will never show.
+            values = [_value(event) for event in events]
+            reply = Reply(ok=True, result=decision.result)
+        except RecordError as e:
+            return Decided(Reply(ok=False, code="BadRecord", error=e.reason), dead_letter=e.reason)
+        except CommandError as e:
+            reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
+        except Exception as e:  # a bug in deciding must not wedge the log: report it, decide nothing
+            log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
+            reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+        if not reply.ok:
+            return Decided(reply)
+        return Decided(reply, events, values, op_time)
+
+    async def _transact(self, records: list[kafka.KafkaRecord], head: Head | None = None) -> None:
         # Per command, a process span (its consumption and decision) and below it a span of the
         # batch's transaction, in that command's trace: both end when the transaction does.
         spans: list[trace.Span] = []
         transactions: list[trace.Span] = []
         began = time.time_ns()
         try:
-            await self._transact_traced(records, began, spans, transactions)
+            await self._transact_traced(records, head, began, spans, transactions)
         except BaseException as e:
             for t in transactions:
                 t.record_exception(e)
@@ -281,10 +456,13 @@ class CommandProcessor:
                 t.end()
             for t in spans:
                 t.end()
+            if head is not None and head.span is not None and head.span not in spans:
+                head.span.end()
 
     async def _transact_traced(
         self,
         records: list[kafka.KafkaRecord],
+        head: Head | None,
         began: int,
         spans: list[trace.Span],
         transactions: list[trace.Span],
@@ -298,49 +476,41 @@ class CommandProcessor:
         # produce as NOT_ENOUGH_REPLICAS, retried and logged as a warning on a healthy broker.
         # So the coordinator's changes come first: the offsets now, and each phase's partitions
         # (events, then replies) are added together before their first write goes out.
+        # (They include those of the plain reads answered before this batch's transaction.)
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
         # Per command: the futures of its events, its reply and where to send it (or None), its headers.
         pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
-        for rec in records:
+        for i, rec in enumerate(records):
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-            span = tracing.tracer.start_span(
-                f"{self.name} process",
-                context=tracing.extract(rec.headers),
-                kind=trace.SpanKind.CONSUMER,
-                attributes=tracing.record_attributes(rec),
-            )
+            known = head if i == 0 else None
+            if known is not None and known.span is not None:
+                span = known.span
+            else:
+                span = tracing.tracer.start_span(
+                    f"{self.name} process" if known is None else f"{self.name} {known.command.type}",
+                    context=tracing.extract(rec.headers),
+                    kind=trace.SpanKind.CONSUMER,
+                    attributes=tracing.record_attributes(rec),
+                )
+                if known is not None and span.is_recording():
+                    cmd = known.command
+                    span.set_attributes(tracing.db_attributes(getattr(cmd, "ns", None), cmd.type))
             spans.append(span)
             with trace.use_span(span, end_on_exit=False):
                 futures: list[asyncio.Future[RecordMetadata]] = []
-                events: list[Record] = []
-                values: list[bytes | None] = []
-                op_time: int | None = None  # the command's last stamp
-                clock = self.clock
-                if clock is not None:
-                    clock.gossip_in(header(rec.headers, VECTOR_TIME))
-                try:
-                    command = self.codec.decode(rec.value)
-                    span.update_name(f"{self.name} {command.type}")
-                    if span.is_recording():
-                        span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
-                    decision = self.decide(command)
-                    events = decision.events
-                    if clock is not None:
-                        events = [self._stamp(clock, e) for e in events]
-                        op_time = next((e.ts for e in reversed(events) if stamped(e)), None)  # type: ignore[attr-defined]
-                    # Encode every event before applying any: an event that cannot be written
-                    # must refuse the command, not leave state the log will never show.
-                    values = [_value(event) for event in events]
-                    reply = Reply(ok=True, result=decision.result)
-                except RecordError as e:
-                    await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
-                    reply = Reply(ok=False, code="BadRecord", error=e.reason)
-                except CommandError as e:
-                    reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
-                except Exception as e:  # a bug in deciding must not wedge the log: report it, decide nothing
-                    log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
-                    reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+                if known is not None and known.decided is not None:
+                    decided = known.decided
+                else:
+                    decided = self._decide(rec, known.command if known is not None else None)
+                reply = decided.reply
+                if decided.dead_letter is not None:
+                    await p.send(
+                        self.dead_letters,
+                        rec.value,
+                        key=rec.key,
+                        headers=_dead_letter_headers(rec, decided.dead_letter),
+                    )
                 # The batch's transaction as this command's trace sees it: its events are
                 # written inside it (their producer spans are its children).
                 txn = tracing.tracer.start_span(
@@ -353,6 +523,7 @@ class CommandProcessor:
                     },
                 )
                 transactions.append(txn)
+                events, values = decided.events, decided.values
                 if reply.ok:
                     # Applying a decided event cannot fail but through a bug; if it does, the
                     # exception aborts the whole transaction rather than commit half a command.
@@ -365,10 +536,10 @@ class CommandProcessor:
                             last_value = value
                     txn.set_attribute("shardlog.transaction.events", len(events))
                 if not reply.ok:
-                    span.set_attribute("shardlog.error", reply.code)
+                    span.set_attribute("shardlog.error", reply.code or "")
                 headers = [(CORRELATION_ID, corr)] if corr else []
-                if clock is not None:
-                    reply = reply.model_copy(update={"operationTime": op_time or clock.cluster_time})
+                if self.clock is not None:
+                    reply = reply.model_copy(update={"operationTime": decided.op_time or self.clock.cluster_time})
                 pending.append((futures, (reply, reply_to) if reply_to else None, tracing.inject(headers)))
         # Events must be acked before replies can name the ConfigTime that shows them; every
         # event is, before the first reply goes out (so the replies' partitions join together).
@@ -385,6 +556,7 @@ class CommandProcessor:
                 answers.append((reply_to.decode(), answer.model_copy(update={"configTime": at}), reply_headers))
         for inbox in {inbox for inbox, _, _ in answers}:
             await p.partitions_for(inbox)  # its metadata now: the replies below go out without a pause
+        await self._reads_acked()
         for inbox, answer, reply_headers in answers:
             if self.clock is not None:
                 reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
@@ -392,6 +564,7 @@ class CommandProcessor:
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
         await p.commit_transaction()
         fault_point(f"{self.name}.after_commit", tag=_tag(records))
+        self._read_offset = None  # this commit took them
         self.commands_done += len(records)
         if last_event is not None:
             self.projection.advance(last_event.offset + 1, fingerprint(last_value))

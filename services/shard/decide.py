@@ -70,6 +70,18 @@ SHARDING_HOLD_S = 5.0
 on_request: Dispatch[ShardDecider, Decision] = Dispatch("shard request")
 
 
+def plain_read(req: Record) -> bool:
+    """A read the processor may answer outside its transaction when it heads a batch: a Find or
+    Count without afterClusterTime (MongoDB's readConcern "local"); a causally consistent read
+    ticks the clock, so it stays inside (docs/reference/command-processor.md)."""
+    if not isinstance(req, (s.Find, s.Count)):
+        return False
+    try:
+        return vclock.parse_after_cluster_time(req.readConcern) is None
+    except CommandError:
+        return False  # refused inside the transaction, as ever
+
+
 @dataclass
 class Cursor:
     docs: Iterator[dict]

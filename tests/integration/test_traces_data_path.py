@@ -7,9 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 from opentelemetry.trace import SpanKind
 
+from libs import kafka
+from libs.client import AsyncCluster
 from schemas import config as c
+from schemas import shard as s
 from tests.conftest import async_wait_until, wait_until
 from tests.integration.test_data_path import _pause, _resume, client_run
 from tests.integration.traces import Spans, is_parent, recorded
@@ -101,3 +105,47 @@ def test_a_stale_router_shows_its_staleconfig_retry_as_a_span(data_cluster, span
     assert first.attributes["shardlog.stale.config_time"] > 0
     # The retry's own attempt: the shards asked again are children of the retry span.
     assert any(s.name.startswith("send ") for r in retry for s in spans.children(r))
+
+
+def test_a_plain_read_is_answered_outside_the_transaction_a_causal_one_inside(data_cluster, spans: Spans):
+    """docs/reference/command-processor.md: a Find without afterClusterTime heading a batch writes
+    nothing and is answered without a transaction; its offset still commits (with the next
+    transaction, or alone within a second).  A causally consistent read stays in the transaction."""
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="rd", primary="s0"))
+    processor = cl.shards["s0"].processor
+
+    async def go(client: AsyncCluster):
+        await client.call(s.Insert(ns="rd.c", docs=[{"_id": 1, "v": "x"}]))
+        spans.clear()
+        plain = await client.call(s.Find(ns="rd.c", filter={"_id": 1}))
+        session = client.start_session(causal_consistency=True)
+        await client.call(s.Insert(ns="rd.c", docs=[{"_id": 2, "v": "y"}]), session=session)
+        causal = await client.call(s.Find(ns="rd.c", filter={"_id": 2}), session=session)
+        return plain, causal
+
+    plain, causal = client_run(cl, go)
+    assert [d["v"] for d in plain["docs"]] == ["x"] and [d["v"] for d in causal["docs"]] == ["y"]
+    wait_until(lambda: len(spans.named("shard-s0 Find")) == 2, 30, "both reads' spans on the shard")
+    finds = sorted(spans.named("shard-s0 Find"), key=lambda sp: sp.start_time)
+    assert not spans.children(finds[0], "shard-s0 transaction"), "the plain read took no transaction"
+    assert spans.children(finds[1], "shard-s0 transaction"), "the causal read was decided in the transaction"
+
+    # A last plain read with nothing after it: its offset commits alone.
+    client_run(cl, lambda client: client.call(s.Find(ns="rd.c", filter={"_id": 1})))
+
+    async def committed() -> tuple[int, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=cl.settings.bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(processor.group_id)
+            end = await kafka.log_end(processor.consumer, processor.tp)
+            return offsets[processor.tp].offset, end
+        finally:
+            await admin.close()
+
+    def at_the_end() -> bool:
+        at, end = cl.call(committed())
+        return at == end
+
+    wait_until(at_the_end, 30, "the answered reads' offsets to commit")
