@@ -34,6 +34,7 @@ from domain.query import (
     compile_filter,
     get_path,
     sort_key,
+    update_stored,
     upsert_document,
 )
 from domain.session import shard_session
@@ -704,8 +705,8 @@ class ShardDecider:
                     raise self.migrations.critical_section_wait(req.ns, "an update")
                 matched += 1
                 first = skey if first is None else first
-                new = apply_update(doc, req.update)
-                if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
+                # Copy-on-write, comparing only the written fields (MongoDB equality: true is not 1).
+                if (new := update_stored(doc, req.update)) is not None:
                     self._check_key_unchanged(coll, skey, doc, new)
                     check_document_size(new)
                     self._check_indexes(req.ns, new, seen)
