@@ -235,7 +235,11 @@ class CommandProcessor:
                 return
             consumer = self.consumer
             consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
-            self._producer = kafka.producer(self.bootstrap, transactional_id=self.transactional_id, client_id=self.name)
+            # linger 0: a phase's records are all queued before the sender runs (nothing awaits
+            # in between), so lingering only delays each phase of every transaction.
+            self._producer = kafka.producer(
+                self.bootstrap, transactional_id=self.transactional_id, client_id=self.name, linger_ms=0
+            )
             await self._producer.start()  # init_transactions: fences every earlier owner
             if self.plain_read is not None:
                 self._read_producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-reads", linger_ms=0)
