@@ -100,6 +100,7 @@ class Decided:
     fills in), its events stamped and encoded, or the reason it is a dead letter."""
 
     reply: Reply
+    command: Record | None = None  # None: it did not decode
     events: list[Record] = field(default_factory=list)
     values: list[bytes | None] = field(default_factory=list)
     op_time: int | None = None  # the command's last stamp
@@ -142,6 +143,7 @@ class CommandProcessor:
         prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
         clock: Gossip | None = None,
         plain_read: Callable[[Record], bool] | None = None,
+        one_phase: Callable[[Record], bool] | None = None,
     ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
@@ -156,6 +158,10 @@ class CommandProcessor:
         # A command that never writes and may be answered from the committed state outside the
         # transaction, when it heads a batch (docs/reference/command-processor.md).
         self.plain_read = plain_read
+        # A command whose reply may leave with its events, before their acks (one produce for
+        # both); the others' replies wait for the acks, to name the changelog position after
+        # their events.  None: every reply waits (docs/reference/command-processor.md).
+        self.one_phase = one_phase
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -439,8 +445,8 @@ class CommandProcessor:
             log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
             reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
         if not reply.ok:
-            return Decided(reply)
-        return Decided(reply, events, values, op_time)
+            return Decided(reply, command)
+        return Decided(reply, command, events, values, op_time)
 
     async def _transact(self, records: list[kafka.KafkaRecord], head: Head | None = None) -> None:
         # Per command, a process span (its consumption and decision) and below it a span of the
@@ -482,6 +488,13 @@ class CommandProcessor:
         # (events, then replies) are added together before their first write goes out.
         # (They include those of the plain reads answered before this batch's transaction.)
         await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
+        if self.one_phase is not None:
+            # Replies go out with the events: every read reply must be below them on its inbox
+            # (_reads_acked), and every inbox's metadata known, so that no send pauses between
+            # the events and replies the sender should take in one request.
+            await self._reads_acked()
+            for to in {to for r in records if (to := header(r.headers, REPLY_TO))}:
+                await p.partitions_for(to.decode())
         # Per command: the futures of its events, its reply and where to send it (or None), its headers.
         pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
@@ -550,7 +563,22 @@ class CommandProcessor:
                 headers = [(CORRELATION_ID, corr)] if corr else []
                 if self.clock is not None:
                     reply = reply.model_copy(update={"operationTime": decided.op_time or self.clock.cluster_time})
-                pending.append((futures, (reply, reply_to) if reply_to else None, tracing.inject(headers)))
+                if (
+                    reply_to
+                    and self.one_phase is not None
+                    and (decided_command := decided.command) is not None
+                    and self.one_phase(decided_command)
+                ):
+                    # One phase: no reader sees it before the commit (read_committed), and the commit
+                    # waits for every ack; its position is the batch's start (a lower bound).
+                    early = reply.model_copy(update={"configTime": self.projection.position})
+                    early_headers = tracing.inject(headers)
+                    if self.clock is not None:
+                        early_headers = [*early_headers, (VECTOR_TIME, self.clock.gossip_out())]
+                    await p.send(reply_to.decode(), Codec.encode(early), headers=early_headers)
+                    reply_to = None
+                to_send = (reply, reply_to) if reply_to else None
+                pending.append((futures, to_send, tracing.inject(headers) if to_send else []))
         # Events must be acked before replies can name the ConfigTime that shows them; every
         # event is, before the first reply goes out (so the replies' partitions join together).
         last_event: RecordMetadata | None = None

@@ -71,6 +71,13 @@ SHARDING_HOLD_S = 5.0
 on_request: Dispatch[ShardDecider, Decision] = Dispatch("shard request")
 
 
+def reply_with_events(req: Record) -> bool:
+    """May the reply leave with the request's events, before their acks (one phase)?  Not
+    EnterCriticalSection's: the donor reads the changelog position after its events in it
+    (docs/reference/command-processor.md)."""
+    return not isinstance(req, s.EnterCriticalSection)
+
+
 def plain_read(req: Record) -> bool:
     """A read the processor may answer outside its transaction when it heads a batch: a Find or
     Count without afterClusterTime (MongoDB's readConcern "local"); a causally consistent read

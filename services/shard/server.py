@@ -18,7 +18,7 @@ from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
 from schemas import shard as schema
-from services.shard.decide import ShardDecider, plain_read
+from services.shard.decide import ShardDecider, plain_read, reply_with_events
 from services.shard.documents import changelog_key
 from services.shard.donor import DonorCoordinator, DonorDeps
 from services.shard.indexes import BuilderDeps, IndexBuilder
@@ -67,6 +67,7 @@ class ShardServer:
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
             clock=self.clock,
             plain_read=plain_read,
+            one_phase=reply_with_events,
         )
         self.donor = DonorCoordinator(
             DonorDeps(
