@@ -41,6 +41,14 @@ class Requester:
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
 
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """Its producer, while started: a service may send its other records through it too, so
+        that aiokafka puts them in the same produce requests (stopped by `stop`)."""
+        if self._producer is None:
+            raise RuntimeError(f"{self.client_id}: requester not started")
+        return self._producer
+
     async def start(self) -> None:
         self._producer = producer = kafka.producer(self.bootstrap, client_id=self.client_id, linger_ms=0)
         self._consumer = consumer = kafka.consumer(self.bootstrap, client_id=self.client_id)
