@@ -44,6 +44,8 @@ VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and re
 # How long the offsets of reads answered outside any transaction may stay uncommitted when no
 # transaction comes to carry them: a takeover answers at most this much again (harmlessly).
 READ_OFFSETS_COMMIT_S = float(os.environ.get("SHARDLOG_READ_OFFSETS_COMMIT_S", "1"))
+# The transactional producer's retry backoff (docs/reference/settings.md).
+TRANSACTION_RETRY_BACKOFF_MS = int(os.environ.get("SHARDLOG_TRANSACTION_RETRY_BACKOFF_MS", "3"))
 
 
 class Gossip(Protocol):
@@ -243,8 +245,15 @@ class CommandProcessor:
             consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
             # linger 0: a phase's records are all queued before the sender runs (nothing awaits
             # in between), so lingering only delays each phase of every transaction.
+            # retry_backoff_ms: a transaction begun while the broker still writes the previous one's
+            # markers is refused (CONCURRENT_TRANSACTIONS, ~a third of a busy shard's transactions)
+            # and retried after this backoff; the markers take a few ms.
             self._producer = kafka.producer(
-                self.bootstrap, transactional_id=self.transactional_id, client_id=self.name, linger_ms=0
+                self.bootstrap,
+                transactional_id=self.transactional_id,
+                client_id=self.name,
+                linger_ms=0,
+                retry_backoff_ms=TRANSACTION_RETRY_BACKOFF_MS,
             )
             await self._producer.start()  # init_transactions: fences every earlier owner
             if self.plain_read is not None:
@@ -307,11 +316,13 @@ class CommandProcessor:
         await self._guarded(lambda: self._serve(records))
 
     async def _serve(self, records: list[kafka.KafkaRecord]) -> None:
-        head: Head | None = None
+        end = records[-1].offset + 1
         if self._read_producer is not None:
-            records, head = await self._answer_reads(records)
-        if records:
-            await self._transact(records, head)
+            rest = await self._answer_reads(records)
+        else:
+            rest = [(rec, None) for rec in records]
+        if rest:
+            await self._transact(rest, end)
 
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` (a transaction) holding the lock; a failed transaction stands this instance by."""
@@ -337,22 +348,26 @@ class CommandProcessor:
 
     # ------------------------------------------------- plain reads, outside
 
-    async def _answer_reads(self, records: list[kafka.KafkaRecord]) -> tuple[list[kafka.KafkaRecord], Head | None]:
-        """Answer the plain reads heading the batch outside any transaction; returns the rest of
-        the batch and what is known of its first command (decoded; decided too if it was a read
-        that wrote after all).  Every event applied so far is committed, so what these replies
-        show cannot be rolled back (docs/reference/command-processor.md)."""
+    async def _answer_reads(self, records: list[kafka.KafkaRecord]) -> list[tuple[kafka.KafkaRecord, Head | None]]:
+        """Answer the batch's plain reads outside any transaction, from the committed state, before
+        any command of the batch is decided; returns the others, in order, for the transaction,
+        with what is known of each (decoded; decided too for a read that wrote after all: from it
+        on, every command goes to the transaction).  A read fetched after a write of the same batch
+        is answered as if before it: that write is not acknowledged until the batch commits, so
+        the two are concurrent (docs/reference/command-processor.md)."""
         p = self._read_producer
         assert p is not None and self.plain_read is not None
-        answered, head = 0, None
-        for rec in records:
+        rest: list[tuple[kafka.KafkaRecord, Head | None]] = []
+        answered, last = 0, -1
+        for i, rec in enumerate(records):
             try:
                 command = self.codec.decode(rec.value)
             except RecordError:
-                break  # a dead letter is a write: the transaction's
+                rest.append((rec, None))  # a dead letter is a write: the transaction's
+                continue
             if not self.plain_read(command):
-                head = Head(command)
-                break
+                rest.append((rec, Head(command)))
+                continue
             span = tracing.tracer.start_span(
                 f"{self.name} {command.type}",
                 context=tracing.extract(rec.headers),
@@ -363,8 +378,9 @@ class CommandProcessor:
                 if span.is_recording():
                     span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
                 decided = self._decide(rec, command)
-                if decided.events:  # it wrote after all (a rekey): the transaction's first command
-                    head = Head(command, span, decided)
+                if decided.events:  # it wrote after all (a rekey): it and the rest are the transaction's
+                    rest.append((rec, Head(command, span, decided)))
+                    rest.extend((r, None) for r in records[i + 1 :])
                     break
                 reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
                 reply = decided.reply
@@ -380,13 +396,14 @@ class CommandProcessor:
                     reply = reply.model_copy(update=update)
                     self._read_sends.append(await p.send(reply_to.decode(), Codec.encode(reply), headers=headers))
             span.end()
-            answered += 1
+            answered, last = answered + 1, rec.offset
         if answered:
             self.commands_done += answered
-            if self._read_offset is None:
-                self._read_since = time.monotonic()
-            self._read_offset = records[answered - 1].offset + 1
-        return records[answered:], head
+            if not rest:  # no transaction will carry their offsets now
+                if self._read_offset is None:
+                    self._read_since = time.monotonic()
+                self._read_offset = last + 1
+        return rest
 
     async def _reads_acked(self) -> None:
         """Every read reply sent so far is acked: before a commit takes their offsets (a lost reply
@@ -448,14 +465,16 @@ class CommandProcessor:
             return Decided(reply, command)
         return Decided(reply, command, events, values, op_time)
 
-    async def _transact(self, records: list[kafka.KafkaRecord], head: Head | None = None) -> None:
+    async def _transact(self, commands: list[tuple[kafka.KafkaRecord, Head | None]], end: int) -> None:
+        """Decide `commands` (with what is known of each) in one transaction that commits the
+        consumed offsets up to `end`."""
         # Per command, a process span (its consumption and decision) and below it a span of the
         # batch's transaction, in that command's trace: both end when the transaction does.
         spans: list[trace.Span] = []
         transactions: list[trace.Span] = []
         began = time.time_ns()
         try:
-            await self._transact_traced(records, head, began, spans, transactions)
+            await self._transact_traced(commands, end, began, spans, transactions)
         except BaseException as e:
             for t in transactions:
                 t.record_exception(e)
@@ -466,13 +485,14 @@ class CommandProcessor:
                 t.end()
             for t in spans:
                 t.end()
-            if head is not None and head.span is not None and head.span not in spans:
-                head.span.end()
+            for _, known in commands:
+                if known is not None and known.span is not None and known.span not in spans:
+                    known.span.end()
 
     async def _transact_traced(
         self,
-        records: list[kafka.KafkaRecord],
-        head: Head | None,
+        commands: list[tuple[kafka.KafkaRecord, Head | None]],
+        end: int,
         began: int,
         spans: list[trace.Span],
         transactions: list[trace.Span],
@@ -487,7 +507,8 @@ class CommandProcessor:
         # So the coordinator's changes come first: the offsets now, and each phase's partitions
         # (events, then replies) are added together before their first write goes out.
         # (They include those of the plain reads answered before this batch's transaction.)
-        await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
+        await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+        records = [rec for rec, _ in commands]
         if self.one_phase is not None:
             # Replies go out with the events: every read reply must be below them on its inbox
             # (_reads_acked), and every inbox's metadata known, so that no send pauses between
@@ -498,9 +519,8 @@ class CommandProcessor:
         # Per command: the futures of its events, its reply and where to send it (or None), its headers.
         pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
-        for i, rec in enumerate(records):
+        for rec, known in commands:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-            known = head if i == 0 else None
             if known is not None and known.span is not None:
                 span = known.span
             else:

@@ -39,6 +39,7 @@ def producer(
     client_id: str = "shardlog",
     linger_ms: int = 2,
     transaction_timeout_ms: int = 60_000,
+    retry_backoff_ms: int = 10,
 ) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
@@ -54,7 +55,7 @@ def producer(
         max_batch_size=1024 * 1024,
         # aiokafka's 100 ms default turns a transaction that starts while the previous
         # commit is still completing (a routine retry on Kafka 4) into a 100 ms stall.
-        retry_backoff_ms=10,
+        retry_backoff_ms=retry_backoff_ms,
     )
 
 

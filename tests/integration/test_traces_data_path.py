@@ -12,6 +12,8 @@ from opentelemetry.trace import SpanKind
 
 from libs import kafka
 from libs.client import AsyncCluster
+from libs.requests import Requester
+from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import config as c
 from schemas import shard as s
 from tests.conftest import async_wait_until, wait_until
@@ -150,3 +152,40 @@ def test_a_plain_read_is_answered_outside_the_transaction_a_causal_one_inside(da
         return at == end
 
     wait_until(at_the_end, 30, "the answered reads' offsets to commit")
+
+
+def test_a_plain_read_fetched_after_a_write_of_its_batch_is_answered_first_from_the_committed_state(
+    data_cluster, spans: Spans
+):
+    """The write is not acknowledged before its batch commits, so a read of the same batch may be
+    answered as if it came first: outside the transaction, from the committed state."""
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="rh", primary="s0"))
+    client_run(cl, lambda client: client.call(s.Insert(ns="rh.c", docs=[{"_id": 1, "v": "old"}])))
+    shard = cl.shards["s0"]
+    processor, topic = shard.processor, cl.settings.topics.shard_requests("s0")
+    inbox = cl.settings.topics.inbox("test-read-hoist")
+
+    async def go():
+        await kafka.ensure_topics(cl.settings.bootstrap, [TopicSpec(inbox, config=SHORT_LIVED)])
+        routing = s.Routing(configTime=shard.follower.config_time)
+        async with Requester(cl.settings.bootstrap, inbox, client_id="test-read-hoist") as r:
+            processor.consumer.pause(processor.tp)  # both requests are in the log before it fetches again
+            try:
+                write = await r.send(
+                    topic, s.Update(ns="rh.c", filter={"_id": 1}, update={"$set": {"v": "new"}}, routing=routing)
+                )
+                read = await r.send(topic, s.Find(ns="rh.c", filter={"_id": 1}, routing=routing))
+            finally:
+                processor.consumer.resume(processor.tp)
+            return await asyncio.wait_for(write, 30), await asyncio.wait_for(read, 30)
+
+    spans.clear()
+    written, read = cl.call(go())
+    assert written.ok and written.result["modified"] == 1, written
+    assert read.ok and [d["v"] for d in read.result["docs"]] == ["old"], "answered before the write, not after"
+    wait_until(lambda: spans.named("shard-s0 Find") and spans.named("shard-s0 Update"), 30, "the shard's spans")
+    assert not spans.children(spans.one("shard-s0 Find"), "shard-s0 transaction")
+    assert spans.children(spans.one("shard-s0 Update"), "shard-s0 transaction")
+    now = client_run(cl, lambda client: client.call(s.Find(ns="rh.c", filter={"_id": 1})))
+    assert [d["v"] for d in now["docs"]] == ["new"]
