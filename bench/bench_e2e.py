@@ -15,7 +15,11 @@ shard processor's loop) -> the front's inbox -> the client's inbox.  4 Kafka hop
 per operation, as client -> router -> shard -> router -> client; one back per
 shard; ~1.1 KB records.  It is driven by the SAME runner, operation stream (same
 seed) and latency histogram, through a stand-in collection whose find_one /
-update_one are a bare aiokafka request/reply.  Runs alternate shardlog / raw.
+update_one are a bare aiokafka request/reply.  A second echo, the fair baseline
+(`fair.*` topics), works as a shard's processor must: its backs ack each update's
+events before replying and write --fair-events-per-update records per update.  Runs
+go shardlog, raw, fair.  After each: offsets per op per topic; with --count-requests,
+Kafka requests per op by API (every process counts them: SHARDLOG_KAFKA_REQUEST_COUNTS).
 
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_e2e.py [--records 10000] [--ops 20000] [--concurrency 32]
 """
