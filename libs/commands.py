@@ -44,6 +44,10 @@ VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and re
 # How long the offsets of reads answered outside any transaction may stay uncommitted when no
 # transaction comes to carry them: a takeover answers at most this much again (harmlessly).
 READ_OFFSETS_COMMIT_S = float(os.environ.get("SHARDLOG_READ_OFFSETS_COMMIT_S", "1"))
+# An inbox's partition for the replies sent outside any transaction (plain reads), when it has
+# more than one: a read_committed reader stops at the first open transaction of a partition, and
+# the transactions of every processor replying to that inbox keep its first partition busy.
+UNTRANSACTED_REPLIES_PARTITION = 1
 # The transactional producer's retry backoff (docs/reference/settings.md).
 TRANSACTION_RETRY_BACKOFF_MS = int(os.environ.get("SHARDLOG_TRANSACTION_RETRY_BACKOFF_MS", "3"))
 
@@ -394,7 +398,12 @@ class CommandProcessor:
                     if self.clock is not None:
                         headers = [*headers, (VECTOR_TIME, self.clock.gossip_out())]
                     reply = reply.model_copy(update=update)
-                    self._read_sends.append(await p.send(reply_to.decode(), Codec.encode(reply), headers=headers))
+                    inbox = reply_to.decode()
+                    partitions = await p.partitions_for(inbox)  # known after the first: no pause
+                    partition = UNTRANSACTED_REPLIES_PARTITION if UNTRANSACTED_REPLIES_PARTITION in partitions else None
+                    self._read_sends.append(
+                        await p.send(inbox, Codec.encode(reply), headers=headers, partition=partition)
+                    )
             span.end()
             answered, last = answered + 1, rec.offset
         if answered:
@@ -595,7 +604,7 @@ class CommandProcessor:
                     early_headers = tracing.inject(headers)
                     if self.clock is not None:
                         early_headers = [*early_headers, (VECTOR_TIME, self.clock.gossip_out())]
-                    await p.send(reply_to.decode(), Codec.encode(early), headers=early_headers)
+                    await p.send(reply_to.decode(), Codec.encode(early), headers=early_headers, partition=0)
                     reply_to = None
                 to_send = (reply, reply_to) if reply_to else None
                 pending.append((futures, to_send, tracing.inject(headers) if to_send else []))
@@ -618,7 +627,7 @@ class CommandProcessor:
         for inbox, answer, reply_headers in answers:
             if self.clock is not None:
                 reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
-            await p.send(inbox, Codec.encode(answer), headers=reply_headers)
+            await p.send(inbox, Codec.encode(answer), headers=reply_headers, partition=0)  # not the reads'
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
         await p.commit_transaction()
         fault_point(f"{self.name}.after_commit", tag=_tag(records))

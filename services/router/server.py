@@ -150,7 +150,13 @@ class RouterServer:
         s, t = self.settings, self.settings.topics
         await kafka.ensure_topics(
             s.bootstrap,
-            [*t.core(), TopicSpec(self.inbox, config=SHORT_LIVED), TopicSpec(self.cursor_topic, config=SHORT_LIVED)],
+            [
+                *t.core(),
+                # A second partition for the shards' replies sent outside their transactions (plain
+                # reads): on the first, a shard's open transaction would hold them back (its LSO).
+                TopicSpec(self.inbox, partitions=2, config=SHORT_LIVED),
+                TopicSpec(self.cursor_topic, config=SHORT_LIVED),
+            ],
         )
         at = await self.follower.start()
         await self.requester.start()
