@@ -48,6 +48,11 @@ READ_OFFSETS_COMMIT_S = float(os.environ.get("SHARDLOG_READ_OFFSETS_COMMIT_S", "
 # more than one: a read_committed reader stops at the first open transaction of a partition, and
 # the transactions of every processor replying to that inbox keep its first partition busy.
 UNTRANSACTED_REPLIES_PARTITION = 1
+# How long a reply waits for its inbox's metadata before the inbox counts as gone (deleted with
+# its router or client: a read answered again after a restart may name one), and how long it then
+# stays gone: waiting the producer's 40 s for every such reply would hold every command back.
+INBOX_WAIT_S = float(os.environ.get("SHARDLOG_INBOX_WAIT_S", "2"))
+GONE_INBOX_S = 5 * INBOX_WAIT_S
 # The transactional producer's retry backoff (docs/reference/settings.md).
 TRANSACTION_RETRY_BACKOFF_MS = int(os.environ.get("SHARDLOG_TRANSACTION_RETRY_BACKOFF_MS", "3"))
 
@@ -180,6 +185,7 @@ class CommandProcessor:
         self._read_sends: list[asyncio.Future[RecordMetadata]] = []  # their replies not yet known acked
         self._read_offset: int | None = None  # the offset after the last read answered, uncommitted
         self._read_since = 0.0  # since when (monotonic) an offset has been uncommitted
+        self._gone_inboxes: dict[str, float] = {}  # inbox -> until when (monotonic) it counts as gone
         self._assigned = asyncio.Event()
         self._hold_until = 0.0
 
@@ -283,6 +289,13 @@ class CommandProcessor:
     async def _deactivate(self, why: str) -> None:
         was = self.active.is_set()
         self.active.clear()
+        if was and self._read_offset is not None and self._producer is not None:
+            # Answered reads' offsets, so that the next owner does not answer them again (to
+            # inboxes that may be gone by then); a producer in a failed transaction cannot.
+            try:
+                await self._commit_read_offsets()
+            except Exception as e:
+                log.info("%s: answered reads' offsets not committed (%s: %s)", self.name, type(e).__name__, e)
         if self._producer is not None:
             try:
                 await self._producer.stop()
@@ -399,11 +412,10 @@ class CommandProcessor:
                         headers = [*headers, (VECTOR_TIME, self.clock.gossip_out())]
                     reply = reply.model_copy(update=update)
                     inbox = reply_to.decode()
-                    partitions = await p.partitions_for(inbox)  # known after the first: no pause
-                    partition = UNTRANSACTED_REPLIES_PARTITION if UNTRANSACTED_REPLIES_PARTITION in partitions else None
-                    self._read_sends.append(
-                        await p.send(inbox, Codec.encode(reply), headers=headers, partition=partition)
-                    )
+                    partitions = await self._inbox_partitions(p, inbox)  # known after the first: no pause
+                    if partitions is not None:
+                        to = UNTRANSACTED_REPLIES_PARTITION if UNTRANSACTED_REPLIES_PARTITION in partitions else None
+                        self._read_sends.append(await p.send(inbox, Codec.encode(reply), headers=headers, partition=to))
             span.end()
             answered, last = answered + 1, rec.offset
         if answered:
@@ -413,6 +425,19 @@ class CommandProcessor:
                     self._read_since = time.monotonic()
                 self._read_offset = last + 1
         return rest
+
+    async def _inbox_partitions(self, p: AIOKafkaProducer, inbox: str) -> set[int] | None:
+        """The partitions of a requester's inbox, or None when it is gone (its reply is dropped:
+        nobody waits for it)."""
+        if self._gone_inboxes and time.monotonic() < self._gone_inboxes.get(inbox, 0.0):
+            return None
+        try:
+            partitions: set[int] = await asyncio.wait_for(p.partitions_for(inbox), INBOX_WAIT_S)
+            return partitions
+        except (TimeoutError, KafkaError):
+            log.warning("%s: inbox %s not found within %gs: its replies are dropped", self.name, inbox, INBOX_WAIT_S)
+            self._gone_inboxes[inbox] = time.monotonic() + GONE_INBOX_S
+            return None
 
     async def _reads_acked(self) -> None:
         """Every read reply sent so far is acked: before a commit takes their offsets (a lost reply
@@ -524,7 +549,7 @@ class CommandProcessor:
             # the events and replies the sender should take in one request.
             await self._reads_acked()
             for to in {to for r in records if (to := header(r.headers, REPLY_TO))}:
-                await p.partitions_for(to.decode())
+                await self._inbox_partitions(p, to.decode())
         # Per command: the futures of its events, its reply and where to send it (or None), its headers.
         pending: list[tuple[list[asyncio.Future[RecordMetadata]], tuple[Reply, bytes] | None, tracing.Headers]] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
@@ -592,6 +617,8 @@ class CommandProcessor:
                 headers = [(CORRELATION_ID, corr)] if corr else []
                 if self.clock is not None:
                     reply = reply.model_copy(update={"operationTime": decided.op_time or self.clock.cluster_time})
+                if reply_to and self._gone_inboxes and time.monotonic() < self._gone_inboxes.get(reply_to.decode(), 0):
+                    reply_to = None  # its requester is gone
                 if (
                     reply_to
                     and self.one_phase is not None
@@ -621,10 +648,11 @@ class CommandProcessor:
                     last_event.offset + 1 if last_event else self.projection.position
                 )  # events so far in this batch count
                 answers.append((reply_to.decode(), answer.model_copy(update={"configTime": at}), reply_headers))
-        for inbox in {inbox for inbox, _, _ in answers}:
-            await p.partitions_for(inbox)  # its metadata now: the replies below go out without a pause
+        reachable = {inbox for inbox in {inbox for inbox, _, _ in answers} if await self._inbox_partitions(p, inbox)}
         await self._reads_acked()
         for inbox, answer, reply_headers in answers:
+            if inbox not in reachable:
+                continue  # its requester is gone
             if self.clock is not None:
                 reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
             await p.send(inbox, Codec.encode(answer), headers=reply_headers, partition=0)  # not the reads'

@@ -12,8 +12,10 @@ from opentelemetry.trace import SpanKind
 
 from libs import kafka
 from libs.client import AsyncCluster
+from libs.commands import REPLY_TO
 from libs.requests import Requester
 from libs.topics import SHORT_LIVED, TopicSpec
+from schemas import Codec
 from schemas import config as c
 from schemas import shard as s
 from tests.conftest import async_wait_until, wait_until
@@ -189,3 +191,35 @@ def test_a_plain_read_fetched_after_a_write_of_its_batch_is_answered_first_from_
     assert spans.children(spans.one("shard-s0 Update"), "shard-s0 transaction")
     now = client_run(cl, lambda client: client.call(s.Find(ns="rh.c", filter={"_id": 1})))
     assert [d["v"] for d in now["docs"]] == ["new"]
+
+
+def test_a_reply_to_an_inbox_that_is_gone_is_dropped_without_holding_the_shard_back(data_cluster):
+    """A read answered again after a restart may name an inbox deleted meanwhile (with its router):
+    its reply is dropped, and the shard neither waits out the producer's metadata timeout nor
+    gives up its transaction for it."""
+    cl = data_cluster
+    cl.command(c.CreateDatabase(db="rg", primary="s0"))
+    client_run(cl, lambda client: client.call(s.Insert(ns="rg.c", docs=[{"_id": 1}])))
+    shard = cl.shards["s0"]
+    processor, topic = shard.processor, cl.settings.topics.shard_requests("s0")
+    producer_before = cl.call(_current_producer(processor))
+    gone = cl.settings.topics.inbox("never-created")
+
+    async def ask_for_the_gone_inbox():
+        p = kafka.producer(cl.settings.bootstrap, client_id="test-gone-inbox")
+        await p.start()
+        try:
+            for req in (s.Find(ns="rg.c", filter={"_id": 1}), s.Insert(ns="rg.c", docs=[{"_id": 2}])):
+                routed = req.model_copy(update={"routing": s.Routing(configTime=shard.follower.config_time)})
+                await p.send_and_wait(topic, Codec.encode(routed), headers=[(REPLY_TO, gone.encode())])
+        finally:
+            await p.stop()
+
+    asyncio.run(ask_for_the_gone_inbox())
+    found = client_run(cl, lambda client: client.call(s.Find(ns="rg.c", filter={})))
+    assert sorted(d["_id"] for d in found["docs"]) == [1, 2], "both were decided; their replies dropped"
+    assert cl.call(_current_producer(processor)) is producer_before, "the shard never stood by"
+
+
+async def _current_producer(processor):
+    return processor.producer
