@@ -36,7 +36,9 @@ batch (<= 500 records, 100 ms): begin_transaction; per record: for an update, on
 send_offsets_to_transaction(next offset, Gi); commit_transaction.  With
 --two-phase it first waits for the batch's event acks before sending any reply,
 as the processor does (its replies name the ConfigTime of their events).  No
-state, no decoding: the same record is returned for every key.
+state, no decoding: the same record is returned for every key.  With
+--events-per-update N an update writes N events (the document, then N-1 small
+records, as a shard's DocumentWritten + RetryableWriteRecorded).
 
 Both use libs.kafka's client factories (acks=all, idempotent, read_committed,
 retry_backoff_ms=10, the same fetch sizes) so client settings match shardlog's;
@@ -87,9 +89,9 @@ def key_of(value: bytes) -> bytes:
 
 async def front(a) -> None:
     backs = a.backs.split(",")
-    consumer = kafka.consumer(a.bootstrap, group_id=a.group, client_id="echo-front")
-    inbox_consumer = kafka.consumer(a.bootstrap, client_id="echo-front")
-    producer = kafka.producer(a.bootstrap, client_id="echo-front", linger_ms=0)
+    consumer = kafka.consumer(a.bootstrap, group_id=a.group, client_id=a.client_id)
+    inbox_consumer = kafka.consumer(a.bootstrap, client_id=a.client_id)
+    producer = kafka.producer(a.bootstrap, client_id=a.client_id, linger_ms=0)
     await asyncio.gather(consumer.start(), inbox_consumer.start(), producer.start())
     waiting: dict[bytes, asyncio.Future] = {}
     itp = TopicPartition(a.inbox, 0)
@@ -139,8 +141,8 @@ async def front(a) -> None:
 
 async def tcp_front(a) -> None:
     backs = a.backs.split(",")
-    inbox_consumer = kafka.consumer(a.bootstrap, client_id="echo-tcp-front")
-    producer = kafka.producer(a.bootstrap, client_id="echo-tcp-front", linger_ms=0)
+    inbox_consumer = kafka.consumer(a.bootstrap, client_id=a.client_id)
+    producer = kafka.producer(a.bootstrap, client_id=a.client_id, linger_ms=0)
     await asyncio.gather(inbox_consumer.start(), producer.start())
     waiting: dict[bytes, asyncio.Future] = {}
     itp = TopicPartition(a.inbox, 0)
@@ -192,8 +194,8 @@ async def tcp_front(a) -> None:
 
 async def back(a) -> None:
     tp = TopicPartition(a.requests, 0)
-    consumer = kafka.consumer(a.bootstrap, group_id=a.group, client_id="echo-back")
-    producer = kafka.producer(a.bootstrap, transactional_id=f"{a.group}.0", client_id="echo-back")
+    consumer = kafka.consumer(a.bootstrap, group_id=a.group, client_id=a.client_id)
+    producer = kafka.producer(a.bootstrap, transactional_id=f"{a.group}.0", client_id=a.client_id)
     await asyncio.gather(consumer.start(), producer.start())
     consumer.subscribe([a.requests])
     announced = False
@@ -214,7 +216,9 @@ async def back(a) -> None:
                 if rec.value[:1] == b"W":
                     key, _, fields = rec.value[1:].partition(b"\n")
                     event = RECORD[:-1] + b',"update":' + fields + b"}"
-                    events.append(await producer.send(a.events, event, key=key))
+                    for i in range(a.events_per_update):  # the first ~1.1 KB, the others small
+                        value = event if i == 0 else b'{"recorded":' + key + b"}"
+                        events.append(await producer.send(a.events, value, key=key + b"/%d" % i))
                     reply = WRITE_REPLY
                 else:
                     reply = RECORD
@@ -241,10 +245,17 @@ def main() -> None:
     p.add_argument("--group", help="front, back: the consumer group")
     p.add_argument("--port", type=int, default=0, help="tcp-front: the TCP port (0: a free one)")
     p.add_argument("--ready", required=True)
+    p.add_argument("--client-id", default="echo", help="the Kafka client id (bench_e2e counts requests by it)")
     p.add_argument("--backs", help="front: the back topics, comma-separated")
     p.add_argument("--inbox", help="front: its reply inbox")
     p.add_argument("--events", help="back: where update events go")
     p.add_argument("--two-phase", action="store_true", help="back: event acks before replies")
+    p.add_argument(
+        "--events-per-update",
+        type=int,
+        default=1,
+        help="back: events per update (the first the ~1.1 KB document, the others ~40 B, as a write's record)",
+    )
     a = p.parse_args()
 
     async def guarded():

@@ -15,7 +15,11 @@ shard processor's loop) -> the front's inbox -> the client's inbox.  4 Kafka hop
 per operation, as client -> router -> shard -> router -> client; one back per
 shard; ~1.1 KB records.  It is driven by the SAME runner, operation stream (same
 seed) and latency histogram, through a stand-in collection whose find_one /
-update_one are a bare aiokafka request/reply.  Runs alternate shardlog / raw.
+update_one are a bare aiokafka request/reply.  A second echo, the fair baseline
+(`fair.*` topics), works as a shard's processor must: its backs ack each update's
+events before replying and write --fair-events-per-update records per update.  Runs
+go shardlog, raw, fair.  After each: offsets per op per topic; with --count-requests,
+Kafka requests per op by API (every process counts them: SHARDLOG_KAFKA_REQUEST_COUNTS).
 
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_e2e.py [--records 10000] [--ops 20000] [--concurrency 32]
 """
@@ -266,6 +270,17 @@ class Bench:
         self.raw_requests = f"{cluster}.raw.requests"
         self.raw_backs = [f"{cluster}.raw.back{i}.requests" for i in range(len(SHARDS))]
         self.raw_group = f"{cluster}.raw.front"
+        # The fair baseline: a second echo whose backs work as the shard processor does (events
+        # acked before replies, as many records per update as a shard writes).
+        self.fair_requests = f"{cluster}.fair.requests"
+        self.fair_backs = [f"{cluster}.fair.back{i}.requests" for i in range(len(SHARDS))]
+        self.fair_group = f"{cluster}.fair.front"
+        self.request_counts = tmp / "requests" if args.count_requests else None
+        self.partitions: list[TopicPartition] | None = None  # every partition of this cluster's topics
+        if self.request_counts:
+            self.request_counts.mkdir()
+            self.env[kafka.REQUEST_COUNTS_ENV] = str(self.request_counts)
+            kafka.count_requests(str(self.request_counts))  # this process: the clients
         self.client_prof = cProfile.Profile() if args.profile else None
         self.results: list[dict] = []
         self.broker = broker_pid(bootstrap)
@@ -289,35 +304,71 @@ class Bench:
                 self.bootstrap,
                 "--ready",
                 str(self.data / f"{name}.ready"),
+                "--client-id",
+                name,
             ],
         )
 
-    def front(self, i: int) -> Proc:
+    def front(self, i: int, fair: bool = False) -> Proc:
+        kind = "fair" if fair else "raw"
         return self.echo(
-            f"echo-front{i}",
+            f"{'fair' if fair else 'echo'}-front{i}",
             "front",
             "--requests",
-            self.raw_requests,
+            self.fair_requests if fair else self.raw_requests,
             "--group",
-            self.raw_group,
+            self.fair_group if fair else self.raw_group,
             "--backs",
-            ",".join(self.raw_backs),
+            ",".join(self.fair_backs if fair else self.raw_backs),
             "--inbox",
-            self.t.inbox(f"raw-front{i}"),
+            self.t.inbox(f"{kind}-front{i}"),
         )
+
+    def backs(self, fair: bool) -> list[Proc]:
+        kind = "fair" if fair else "raw"
+        phases = ["--two-phase"] if fair or self.args.raw_two_phase else []
+        per_update = self.args.fair_events_per_update if fair else 1
+        return [
+            self.echo(
+                f"{'fair' if fair else 'echo'}-back{i}",
+                "back",
+                "--requests",
+                b,
+                "--group",
+                f"{self.cluster}.{kind}.back{i}",
+                "--events",
+                f"{self.cluster}.{kind}.back{i}.events",
+                "--events-per-update",
+                str(per_update),
+                *phases,
+            )
+            for i, b in enumerate(self.fair_backs if fair else self.raw_backs)
+        ]
 
     # ---------------------------------------------------------------- setup
 
     async def start(self) -> None:
         t = self.t
         raw_topics = [
-            TopicSpec(self.raw_requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
             TopicSpec(self.t.inbox("raw-client"), config=SHORT_LIVED),
-            *(TopicSpec(self.t.inbox(f"raw-front{i}"), config=SHORT_LIVED) for i in (1, 2)),
-            *(TopicSpec(b, config=SHORT_LIVED) for b in self.raw_backs),
             *(
-                TopicSpec(f"{self.cluster}.raw.back{i}.events", config={"cleanup.policy": "compact", **LARGE_RECORDS})
-                for i in range(len(SHARDS))
+                spec
+                for kind, requests, backs in (
+                    ("raw", self.raw_requests, self.raw_backs),
+                    ("fair", self.fair_requests, self.fair_backs),
+                )
+                for spec in (
+                    TopicSpec(requests, partitions=ROUTER_PARTITIONS, config=SHORT_LIVED),
+                    *(TopicSpec(self.t.inbox(f"{kind}-front{i}"), config=SHORT_LIVED) for i in (1, 2)),
+                    *(TopicSpec(b, config=SHORT_LIVED) for b in backs),
+                    *(
+                        TopicSpec(
+                            f"{self.cluster}.{kind}.back{i}.events",
+                            config={"cleanup.policy": "compact", **LARGE_RECORDS},
+                        )
+                        for i in range(len(SHARDS))
+                    ),
+                )
             ),
         ]
         await kafka.ensure_topics(
@@ -325,20 +376,7 @@ class Bench:
         )
         t0 = time.monotonic()
         config = self.service("config", "services.config")
-        backs = [
-            self.echo(
-                f"echo-back{i}",
-                "back",
-                "--requests",
-                b,
-                "--group",
-                f"{self.cluster}.raw.back{i}",
-                "--events",
-                f"{self.cluster}.raw.back{i}.events",
-                *(["--two-phase"] * self.args.raw_two_phase),
-            )
-            for i, b in enumerate(self.raw_backs)
-        ]
+        backs = [*self.backs(fair=False), *self.backs(fair=True)]
         await wait_ready([config], lambda p: "active")
         async with Requester(self.bootstrap, t.cli_replies, client_id="bench-e2e") as r:
             for sid in SHARDS:
@@ -353,29 +391,71 @@ class Bench:
             self.chunks = reply.result["chunks"]
         shards = [self.service(f"shard-{s}", "services.shard", "--shard-id", s) for s in SHARDS]
         router = self.service("router-r1", "services.router", "--instance", "r1")
-        front = self.front(1)
-        await wait_ready([*shards, router, *backs, front], lambda p: "active" if p.name.startswith("shard") else None)
+        fronts = [self.front(1), self.front(1, fair=True)]
+        await wait_ready([*shards, router, *backs, *fronts], lambda p: "active" if p.name.startswith("shard") else None)
         await wait_group(self.bootstrap, f"{self.cluster}.router", 1)
         await wait_group(self.bootstrap, self.raw_group, 1)
+        await wait_group(self.bootstrap, self.fair_group, 1)
         print(
-            f"  config, {len(SHARDS)} shards, router r1, echo front + {len(backs)} backs up in "
+            f"  config, {len(SHARDS)} shards, router r1, 2 echo fronts + {len(backs)} backs (raw, fair) up in "
             f"{time.monotonic() - t0:.1f}s ({self.chunks} chunks of {NS_DB}.{NS_COLL} over {len(SHARDS)} shards)"
         )
 
     async def add_second_router(self) -> None:
         t0 = time.monotonic()
-        r2, f2 = self.service("router-r2", "services.router", "--instance", "r2"), self.front(2)
-        await wait_ready([r2, f2])
+        r2 = self.service("router-r2", "services.router", "--instance", "r2")
+        f2, ff2 = self.front(2), self.front(2, fair=True)
+        await wait_ready([r2, f2, ff2])
         await wait_group(self.bootstrap, f"{self.cluster}.router", 2)
         await wait_group(self.bootstrap, self.raw_group, 2)
-        print(f"  router r2 and echo front 2 up, both groups stable with 2 members, in {time.monotonic() - t0:.1f}s")
+        await wait_group(self.bootstrap, self.fair_group, 2)
+        print(f"  router r2 and echo fronts 2 up, the groups stable with 2 members, in {time.monotonic() - t0:.1f}s")
 
     # ----------------------------------------------------------------- runs
 
     def system_procs(self, system: str) -> list[Proc]:
-        if system == "shardlog":
-            return [p for n, p in self.procs.items() if not n.startswith("echo")]
-        return [p for n, p in self.procs.items() if n.startswith("echo")]
+        prefix = {"raw": "echo-", "fair": "fair-"}.get(system)
+        if prefix is None:
+            return [p for n, p in self.procs.items() if not n.startswith(("echo-", "fair-"))]
+        return [p for n, p in self.procs.items() if n.startswith(prefix)]
+
+    async def topic_offsets(self) -> dict[str, int]:
+        """Per topic of this cluster (its name without the cluster prefix), the sum of its partitions'
+        end offsets: records written, plus one offset per transaction marker."""
+        if self.partitions is None:  # the topics are all made at start-up
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="bench-offsets")
+            await admin.start()
+            try:
+                names = [t for t in await admin.list_topics() if t.startswith(f"{self.cluster}.")]
+                self.partitions = [
+                    TopicPartition(d["topic"], p["partition"])
+                    for d in await admin.describe_topics(names)
+                    for p in d["partitions"]
+                ]
+            finally:
+                await admin.close()
+        c = kafka.consumer(self.bootstrap, client_id="bench-offsets")
+        await c.start()
+        try:
+            ends = await c.end_offsets(self.partitions)
+        finally:
+            await c.stop()
+        out: dict[str, int] = {}
+        for tp, end in ends.items():
+            name = tp.topic.removeprefix(f"{self.cluster}.")
+            out[name] = out.get(name, 0) + end
+        return out
+
+    def request_counts_now(self) -> dict[str, int]:
+        """Kafka requests sent so far by every process (SHARDLOG_KAFKA_REQUEST_COUNTS), by client id and API."""
+        total: dict[str, int] = {}
+        for f in self.request_counts.glob("*.json") if self.request_counts else ():
+            try:
+                for k, n in json.loads(f.read_text()).items():
+                    total[k] = total.get(k, 0) + n
+            except (OSError, ValueError):
+                continue
+        return total
 
     async def measure(self, system: str, coll, workload: str, ops: int, routers: int, *, warmup: bool = False) -> dict:
         final: list[runner.Progress] = []
@@ -388,6 +468,11 @@ class Bench:
         others = [p for p in self.procs.values() if p not in procs]  # the idle system: its polling cost
         cpu0 = {p.name: p.cpu_seconds() for p in [*procs, *others]}
         retries0 = sum(p.retries() for p in procs)
+        if not warmup:
+            offsets0 = await self.topic_offsets()
+            if self.request_counts:
+                await asyncio.sleep(0.5)  # every process's file rewritten since the last run ended
+                requests0 = self.request_counts_now()
         own0, busy0, broker0 = time.process_time(), machine_busy(), cpu_seconds(self.broker)
         if self.client_prof and system == "shardlog" and not warmup:
             self.client_prof.enable()
@@ -407,6 +492,32 @@ class Bench:
                 self.client_prof.disable()
         busy1 = machine_busy()
         wall = report.elapsed_s
+        per_op: dict[str, float] = {}
+        requests_per_op: dict[str, float] = {}
+        by_client: dict[str, float] = {}  # "<client id> <API>": requests per op (in the JSON line only)
+        if not warmup:
+            offsets1 = await self.topic_offsets()
+            per_op = {
+                t: round((n - offsets0.get(t, 0)) / report.operations, 2)
+                for t, n in sorted(offsets1.items())
+                if n - offsets0.get(t, 0) > 0
+            }
+            if self.request_counts:
+                await asyncio.sleep(0.5)
+                requests1 = self.request_counts_now()
+                for key, n in requests1.items():
+                    client, api = key.split("\t")
+                    if system == "shardlog":
+                        mine = not client.startswith(("echo-", "raw-", "fair-", "bench-"))
+                    else:  # its echo processes, and the raw client both baselines share
+                        mine = client.startswith("echo-" if system == "raw" else "fair-") or client == "raw-client"
+                    if mine and n > requests0.get(key, 0):
+                        requests_per_op[api] = requests_per_op.get(api, 0) + (n - requests0.get(key, 0))
+                        by_client[key.replace("\t", " ")] = round((n - requests0.get(key, 0)) / report.operations, 3)
+                requests_per_op = {
+                    api: round(n / report.operations, 2)
+                    for api, n in sorted(requests_per_op.items(), key=lambda x: -x[1])
+                }
         cpu = {
             "client": round((time.process_time() - own0) / wall * 100, 1),
             **{p.name: round((p.cpu_seconds() - cpu0[p.name]) / wall * 100, 1) for p in procs},
@@ -431,6 +542,9 @@ class Bench:
             "idle_cpu_pct": idle,
             "machine_cpu_pct": round(machine, 1),
             "produce_retries": sum(p.retries() for p in procs) - retries0,
+            "offsets_per_op": per_op,
+            "requests_per_op": requests_per_op,
+            "requests_per_op_by_client": by_client,
             "kinds": {
                 k: {
                     "count": v.count,
@@ -458,6 +572,11 @@ class Bench:
             + f"; all {system} processes + client {ours:.0f} (the idle other system {sum(idle.values()):.0f}); "
             f"machine {r['machine_cpu_pct']:.0f} of {os.cpu_count() * 100}; {r['produce_retries']} produce retries"
         )
+        print("           offsets per op (records + transaction markers): " + _per_op(per_op))
+        if requests_per_op:
+            print(
+                f"           Kafka requests per op ({sum(requests_per_op.values()):.1f}): " + _per_op(requests_per_op)
+            )
         self.results.append(r)
         return r
 
@@ -474,6 +593,8 @@ class Bench:
             async with AsyncCluster(self.bootstrap, self.cluster) as c:
                 coll = c[NS_DB][NS_COLL]
                 raw_coll = RawCollection(raw, self.raw_requests, f"{NS_DB}.{NS_COLL}")
+                fair_coll = RawCollection(raw, self.fair_requests, f"{NS_DB}.{NS_COLL}")
+                systems = (("shardlog", coll), ("raw", raw_coll), ("fair", fair_coll))
                 load = await runner.load(coll, "a", a.records, concurrency=a.concurrency, batch_size=100, seed=a.seed)
                 lat = load.kinds[runner.LOAD_KIND].latency_ms
                 print(
@@ -494,11 +615,11 @@ class Bench:
                         await self.add_second_router()
                     elif routers != 1:
                         raise SystemExit("--routers takes 1 and/or 2")
-                    for system, cl in (("shardlog", coll), ("raw", raw_coll)):  # warm-up: ids, metadata, groups
+                    for system, cl in systems:  # warm-up: ids, metadata, groups
                         await self.measure(system, cl, "c", min(a.warmup, a.ops), routers, warmup=True)
                     for _ in range(a.repeat):
                         for w in a.workloads:
-                            for system, cl in (("shardlog", coll), ("raw", raw_coll)):
+                            for system, cl in systems:
                                 await self.measure(system, cl, w, a.ops, routers)
         finally:
             await raw.stop()
@@ -517,6 +638,10 @@ async def delete_cluster_topics(bootstrap: str, cluster: str) -> list[str]:
         await admin.close()
     await kafka.delete_topics(bootstrap, mine)
     return mine
+
+
+def _per_op(figures: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in figures.items()) or "none"
 
 
 def pooled(results: list[dict], system: str, routers: int, workload: str) -> dict | None:
@@ -564,6 +689,17 @@ def main() -> None:
         action="store_true",
         help="the echo back waits for its update events' acks before replying, as the shard processor",
     )
+    p.add_argument(
+        "--fair-events-per-update",
+        type=int,
+        default=2,
+        help="the fair baseline's records per update (default 2: a shard's DocumentWritten + RetryableWriteRecorded)",
+    )
+    p.add_argument(
+        "--count-requests",
+        action="store_true",
+        help="count every Kafka request per operation by API (SHARDLOG_KAFKA_REQUEST_COUNTS in every process)",
+    )
     p.add_argument("--profile", action="store_true", help="cProfile the client (this process) in the shardlog runs")
     p.add_argument(
         "--profile-service",
@@ -602,26 +738,29 @@ def main() -> None:
     print(f"summary ({time.monotonic() - t0:.0f}s wall):")
     print(
         f"  {'':22s} {'shardlog ops/s':>14s} {'raw ops/s':>10s} {'ratio':>6s}   {'p50 ms':>15s} {'ratio':>6s}   "
-        f"{'p99 ms':>15s} {'ratio':>6s}"
+        f"{'p99 ms':>15s} {'ratio':>6s}   {'fair ops/s':>10s} {'ratio':>6s}"
     )
     for routers in args.routers:
         for w in args.workloads:
-            o, r = (
+            o, r, f = (
                 pooled(bench.results, "shardlog", routers, f"ycsb-{w}"),
                 pooled(bench.results, "raw", routers, f"ycsb-{w}"),
+                pooled(bench.results, "fair", routers, f"ycsb-{w}"),
             )
-            if not (o and r):
+            if not (o and r and f):
                 continue
             ratios = {
                 "ratio_ops_s": round(o["ops_s"] / r["ops_s"], 3),
                 "ratio_p50": round(o["p50_ms"] / r["p50_ms"], 2),
                 "ratio_p99": round(o["p99_ms"] / r["p99_ms"], 2),
+                "ratio_fair_ops_s": round(o["ops_s"] / f["ops_s"], 3),
             }
-            figures[f"ycsb-{w}_routers{routers}"] = {"shardlog": o, "raw": r, **ratios}
+            figures[f"ycsb-{w}_routers{routers}"] = {"shardlog": o, "raw": r, "fair": f, **ratios}
             print(
                 f"  ycsb-{w}, {routers} router{'s' if routers > 1 else ' '}     {o['ops_s']:14,.0f} {r['ops_s']:10,.0f} "
                 f"{ratios['ratio_ops_s']:6.3f}   {o['p50_ms']:7.2f} / {r['p50_ms']:5.2f} {ratios['ratio_p50']:6.2f}   "
-                f"{o['p99_ms']:7.2f} / {r['p99_ms']:5.2f} {ratios['ratio_p99']:6.2f}"
+                f"{o['p99_ms']:7.2f} / {r['p99_ms']:5.2f} {ratios['ratio_p99']:6.2f}   "
+                f"{f['ops_s']:10,.0f} {ratios['ratio_fair_ops_s']:6.3f}"
             )
     E.result_line(
         "e2e",
@@ -630,6 +769,7 @@ def main() -> None:
         concurrency=args.concurrency,
         repeat=args.repeat,
         raw_two_phase=args.raw_two_phase,
+        fair_events_per_update=args.fair_events_per_update,
         shards=len(SHARDS),
         chunks=getattr(bench, "chunks", None),
         load=getattr(bench, "load", None),

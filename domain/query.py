@@ -893,6 +893,30 @@ def _first_conflict(paths: list[tuple[str, ...]]) -> tuple[str, str] | None:
 
 
 def _apply_operators(base: Document, update: Document, is_upsert_insert: bool) -> Document:
+    result, _ = _apply_edits(base, update, is_upsert_insert, copy_on_write=False)
+    return result
+
+
+def _copy_parents(doc: Document, parts: tuple[str, ...], copied: set[int]) -> None:
+    """Give ``doc`` copies of the objects on the way to ``parts[-1]``, so that editing there
+    leaves the original's objects untouched (paths never go through arrays)."""
+    node = doc
+    for p in parts[:-1]:
+        child = node.get(p)
+        if not isinstance(child, dict):
+            return  # missing (created fresh by the edit) or refused by it
+        if id(child) not in copied:
+            child = dict(child)
+            node[p] = child
+            copied.add(id(child))
+        node = child
+
+
+def _apply_edits(
+    base: Document, update: Document, is_upsert_insert: bool, *, copy_on_write: bool
+) -> tuple[Document, list[tuple[str, ...]]]:
+    """The operator update applied, and the paths it edited.  ``copy_on_write``: the result
+    shares every object it does not edit with ``base`` (which neither may be mutated after)."""
     edits: list[tuple[tuple[str, ...], str, Any]] = []
     for op, fields in update.items():
         if op not in _UPDATE_OPERATORS:
@@ -907,15 +931,42 @@ def _apply_operators(base: Document, update: Document, is_upsert_insert: bool) -
     conflict = _first_conflict([parts for parts, _, _ in edits])
     if conflict:
         raise QueryError(f"Updating the path {conflict[1]!r} would create a conflict at {conflict[0]!r}")
-    result = copy.deepcopy(base)
+    copied: set[int] = set()
+    result = dict(base) if copy_on_write else copy.deepcopy(base)
+    applied: list[tuple[str, ...]] = []
     for parts, op, arg in sorted(edits, key=lambda e: e[0]):  # MongoDB 5.0+: path order
         if op != "$setOnInsert" or is_upsert_insert:
+            if copy_on_write:
+                _copy_parents(result, parts, copied)
             _APPLY[op](result, parts, arg)
+            applied.append(parts)
     if "_id" in base and ("_id" not in result or compare_values(result["_id"], base["_id"]) != 0):
         raise QueryError(
             "Performing an update on the path '_id' would modify the immutable field '_id'", "ImmutableField"
         )
-    return result
+    return result, applied
+
+
+def update_stored(doc: Document, update: Document) -> Document | None:
+    """What ``update`` turns a stored document into, or None when it changes nothing (MongoDB's
+    equality of BSON values: true is not 1).  As :func:`apply_update`, inputs never mutated, but
+    an operator update copies only the objects it edits and compares only the values it wrote:
+    the rest of the new document is the stored one's (neither may be mutated afterwards)."""
+    if not isinstance(doc, dict):
+        raise QueryError(f"documents must be objects, got {type(doc).__name__}")
+    if not is_update_operator_doc(update):
+        new = _replace(doc, update)
+        return None if encode_value(new) == encode_value(doc) else new
+    new, paths = _apply_edits(doc, update, False, copy_on_write=True)
+    for parts in paths:
+        path = ".".join(parts)
+        before, after = get_path(doc, path), get_path(new, path)
+        if before is MISSING or after is MISSING:
+            if before is not after:
+                return new
+        elif encode_value(before) != encode_value(after):
+            return new
+    return None
 
 
 def _replace(base: Document, replacement: Document) -> Document:

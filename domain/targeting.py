@@ -12,11 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bson import ObjectId
+
 from domain.catalog import Catalog, Collection
 from domain.query import NOT_CONSTRAINED, Document, Matcher, compile_filter
 from domain.shardkey import MAX_KEY, MIN_KEY, KeyPattern, hash_value
 
 MAX_IN_POINTS = 1000  # beyond this many $in values, scanning overlapping chunks is cheaper
+# Filter values that can only mean equality (not an operator object, array, regex, ...).
+_PLAIN_SCALARS = frozenset({str, int, float, ObjectId})
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,15 @@ def for_query(catalog: Catalog, ns: str, flt: Document) -> Targets:
         if db is None:
             return Targets((), "the database does not exist", False)
         return Targets((db.primary,), f"unsharded collection: database primary {db.primary}", False)
-    matcher = compile_filter(flt)
     pattern = coll.pattern
+    if pattern.fields == ("_id",) and pattern.hashed_field == "_id" and len(flt) == 1:
+        # The commonest query of a collection sharded on {_id: "hashed"}, by one _id: straight to
+        # the owner of its hash (the general path below, without compiling the filter).
+        v = flt.get("_id", flt)
+        if type(v) in _PLAIN_SCALARS:
+            owner = owner_of(coll, {"_id": hash_value(v)})
+            return Targets((owner,), f"equality on the full shard key {pattern.spec}", True, full_key=True)
+    matcher = compile_filter(flt)
     points = _points(matcher, pattern)
     if points is not None:
         shards = sorted({owner_of(coll, p) for p in points})

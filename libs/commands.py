@@ -5,6 +5,10 @@ events, replies and the consumed offsets in ONE Kafka transaction.
   together; a crash before the commit leaves no trace and the commands are
   decided again by whoever takes over.
 - Group commit: every command of a fetched batch shares one transaction.
+- Plain reads outside it: the commands a service calls plain reads (a shard's Find / Count
+  without afterClusterTime) at the head of a batch write nothing, so they are answered at once
+  through a non-transactional producer; their offsets commit with the next transaction, or
+  alone within READ_OFFSETS_COMMIT_S (docs/reference/command-processor.md).
 - One active instance: the member of the consumer group that owns the
   command topic's single partition.  It fences any earlier owner by starting
   a transactional producer with the stable id `<group>.<partition>`, catches
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Collection
@@ -36,11 +41,21 @@ from schemas.reply import Reply
 log = logging.getLogger(__name__)
 
 REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
-# How long a reply waits for its inbox's metadata before the inbox counts as gone (its requester
-# deleted it), and how long it then counts as gone before it is looked up again.
-INBOX_WAIT_S = 2.0
-GONE_INBOX_MEMORY_S = 60.0
 VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and reply (docs/decisions/0014)
+# How long the offsets of reads answered outside any transaction may stay uncommitted when no
+# transaction comes to carry them: a takeover answers at most this much again (harmlessly).
+READ_OFFSETS_COMMIT_S = float(os.environ.get("SHARDLOG_READ_OFFSETS_COMMIT_S", "1"))
+# An inbox's partition for the replies sent outside any transaction (plain reads), when it has
+# more than one: a read_committed reader stops at the first open transaction of a partition, and
+# the transactions of every processor replying to that inbox keep its first partition busy.
+UNTRANSACTED_REPLIES_PARTITION = 1
+# How long a reply waits for its inbox's metadata before the inbox counts as gone (deleted with
+# its router or client: a read answered again after a restart may name one), and how long it then
+# stays gone: waiting the producer's 40 s for every such reply would hold every command back.
+INBOX_WAIT_S = float(os.environ.get("SHARDLOG_INBOX_WAIT_S", "2"))
+GONE_INBOX_S = 5 * INBOX_WAIT_S
+# The transactional producer's retry backoff (docs/reference/settings.md).
+TRANSACTION_RETRY_BACKOFF_MS = int(os.environ.get("SHARDLOG_TRANSACTION_RETRY_BACKOFF_MS", "3"))
 
 
 class Gossip(Protocol):
@@ -110,6 +125,31 @@ class Decision:
 Decide = Callable[[Record], Decision]
 
 
+@dataclass
+class Decided:
+    """A command decided by the processor: its reply (without the positions a transaction
+    fills in), its events stamped and encoded, or the reason it is a dead letter."""
+
+    reply: Reply
+    command: Record | None = None  # None: it did not decode
+    events: list[Record] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    op_time: int | None = None  # the command's last stamp
+    dead_letter: str | None = None
+    bulk: BulkEvents | None = None  # a clone batch's events, recorded before `events`
+    bulk_records: tuple[list[bytes], list[bytes]] = ([], [])  # their stamped (keys, values)
+
+
+@dataclass
+class Head:
+    """The first command of a transaction, already decoded (and decided, with its span) by the
+    plain-read pass."""
+
+    command: Record
+    span: trace.Span | None = None
+    decided: Decided | None = None
+
+
 def header(headers: tracing.Headers | None, name: str) -> bytes | None:
     for k, v in headers or ():
         if k == name:
@@ -136,6 +176,8 @@ class CommandProcessor:
         prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
         clock: Gossip | None = None,
         batch_bytes: int = 1024 * 1024,
+        plain_read: Callable[[Record], bool] | None = None,
+        one_phase: Callable[[Record], bool] | None = None,
     ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
@@ -148,6 +190,13 @@ class CommandProcessor:
         # operationTime and the clock's gossip, requests' gossip advances it.
         self.clock = clock
         self.batch_bytes = batch_bytes  # the producer's batch: a decision's bulk events fill whole ones
+        # A command that never writes and may be answered from the committed state outside the
+        # transaction, when it heads a batch (docs/reference/command-processor.md).
+        self.plain_read = plain_read
+        # A command whose reply may leave with its events, before their acks (one produce for
+        # both); the others' replies wait for the acks, to name the changelog position after
+        # their events.  None: every reply waits (docs/reference/command-processor.md).
+        self.one_phase = one_phase
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -156,11 +205,15 @@ class CommandProcessor:
         self._lock = asyncio.Lock()  # held for a whole transaction; revocation waits for it
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None  # transactional, while active
+        self._read_producer: AIOKafkaProducer | None = None  # idempotent, plain reads' replies, while active
+        self._read_sends: list[asyncio.Future[RecordMetadata]] = []  # their replies not yet known acked
+        self._read_offset: int | None = None  # the offset after the last read answered, uncommitted
+        self._read_since = 0.0  # since when (monotonic) an offset has been uncommitted
+        self._gone_inboxes: dict[str, float] = {}  # inbox -> until when (monotonic) it counts as gone
         self._assigned = asyncio.Event()
         self._assigned_at = 0.0  # when the group gave us the partition (monotonic)
         self.last_activation: dict[str, float] = {}  # the last take-over's timings, in seconds
         self._hold_until = 0.0
-        self._gone: dict[str, float] = {}  # reply inboxes found missing, and when (_live_inboxes)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -216,6 +269,8 @@ class CommandProcessor:
                     await self._activate()
                     continue
                 await self._serve_batch()
+                if self._read_offset is not None and time.monotonic() - self._read_since >= READ_OFFSETS_COMMIT_S:
+                    await self._guarded(self._commit_read_offsets)
         finally:
             await self._deactivate("stopping")
             await consumer.stop()
@@ -227,14 +282,24 @@ class CommandProcessor:
             t0 = time.monotonic()
             consumer = self.consumer
             consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
+            # linger 0: a phase's records are all queued before the sender runs (nothing awaits
+            # in between), so lingering only delays each phase of every transaction.
+            # retry_backoff_ms: a transaction begun while the broker still writes the previous one's
+            # markers is refused (CONCURRENT_TRANSACTIONS, ~a third of a busy shard's transactions)
+            # and retried after this backoff; the markers take a few ms.
             self._producer = kafka.producer(
                 self.bootstrap,
                 transactional_id=self.transactional_id,
                 client_id=self.name,
                 batch_bytes=self.batch_bytes,
+                linger_ms=0,
+                retry_backoff_ms=TRANSACTION_RETRY_BACKOFF_MS,
             )
             await self._producer.start()  # init_transactions: fences every earlier owner
             t_fenced = time.monotonic()
+            if self.plain_read is not None:
+                self._read_producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-reads", linger_ms=0)
+                await self._read_producer.start()
             # Only now is the committed offset final (the fenced owner cannot commit any more).
             committed = await consumer.committed(self.tp)
             consumer.seek(self.tp, committed if committed is not None else 0)
@@ -269,12 +334,27 @@ class CommandProcessor:
     async def _deactivate(self, why: str) -> None:
         was = self.active.is_set()
         self.active.clear()
+        if was and self._read_offset is not None and self._producer is not None:
+            # Answered reads' offsets, so that the next owner does not answer them again (to
+            # inboxes that may be gone by then); a producer in a failed transaction cannot.
+            try:
+                await self._commit_read_offsets()
+            except Exception as e:
+                log.info("%s: answered reads' offsets not committed (%s: %s)", self.name, type(e).__name__, e)
         if self._producer is not None:
             try:
                 await self._producer.stop()
             except Exception:  # a fenced producer may refuse to close cleanly
                 pass
             self._producer = None
+        if self._read_producer is not None:
+            try:
+                await self._read_producer.stop()
+            except Exception:
+                pass
+            self._read_producer = None
+        # Uncommitted read offsets: the next owner answers those reads again.
+        self._read_sends, self._read_offset = [], None
         if was:
             # Events applied while active moved the store, not the projection's consumer: seek it
             # to the state's position so standby polling applies nothing twice.  (No batch is in
@@ -296,11 +376,24 @@ class CommandProcessor:
             return
         if self.prepare is not None:
             await self.prepare(records)
+        await self._guarded(lambda: self._serve(records))
+
+    async def _serve(self, records: list[kafka.KafkaRecord]) -> None:
+        end = records[-1].offset + 1
+        if self._read_producer is not None:
+            rest = await self._answer_reads(records)
+        else:
+            rest = [(rec, None) for rec in records]
+        if rest:
+            await self._transact(rest, end)
+
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work` (a transaction) holding the lock; a failed transaction stands this instance by."""
         async with self._lock:
             if not self.active.is_set():
                 return  # revoked while fetching: the new owner decides these
             try:
-                await self._transact(records)
+                await work()
             except (ProducerFenced, KafkaError) as e:
                 # Someone else owns the log now (or the transaction failed): forget the
                 # in-memory state this batch built and rebuild it from the store.
@@ -316,14 +409,160 @@ class CommandProcessor:
                 if self.fenced:
                     self._hold_until = time.monotonic() + self.session_timeout_ms / 1000
 
-    async def _transact(self, records: list[kafka.KafkaRecord]) -> None:
+    # ------------------------------------------------- plain reads, outside
+
+    async def _answer_reads(self, records: list[kafka.KafkaRecord]) -> list[tuple[kafka.KafkaRecord, Head | None]]:
+        """Answer the batch's plain reads outside any transaction, from the committed state, before
+        any command of the batch is decided; returns the others, in order, for the transaction,
+        with what is known of each (decoded; decided too for a read that wrote after all: from it
+        on, every command goes to the transaction).  A read fetched after a write of the same batch
+        is answered as if before it: that write is not acknowledged until the batch commits, so
+        the two are concurrent (docs/reference/command-processor.md)."""
+        p = self._read_producer
+        assert p is not None and self.plain_read is not None
+        rest: list[tuple[kafka.KafkaRecord, Head | None]] = []
+        answered, last = 0, -1
+        for i, rec in enumerate(records):
+            try:
+                command = self.codec.decode(rec.value)
+            except RecordError:
+                rest.append((rec, None))  # a dead letter is a write: the transaction's
+                continue
+            if not self.plain_read(command):
+                rest.append((rec, Head(command)))
+                continue
+            span = tracing.tracer.start_span(
+                f"{self.name} {command.type}",
+                context=tracing.extract(rec.headers),
+                kind=trace.SpanKind.CONSUMER,
+                attributes=tracing.record_attributes(rec),
+            )
+            with trace.use_span(span, end_on_exit=False):
+                if span.is_recording():
+                    span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
+                decided = self._decide(rec, command)
+                if decided.events:  # it wrote after all (a rekey): it and the rest are the transaction's
+                    rest.append((rec, Head(command, span, decided)))
+                    rest.extend((r, None) for r in records[i + 1 :])
+                    break
+                reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
+                reply = decided.reply
+                if not reply.ok:
+                    span.set_attribute("shardlog.error", reply.code or "")
+                if reply_to:
+                    update: dict[str, Any] = {"configTime": self.projection.position}
+                    if self.clock is not None:
+                        update["operationTime"] = self.clock.cluster_time
+                    headers = tracing.inject([(CORRELATION_ID, corr)] if corr else [])
+                    if self.clock is not None:
+                        headers = [*headers, (VECTOR_TIME, self.clock.gossip_out())]
+                    reply = reply.model_copy(update=update)
+                    inbox = reply_to.decode()
+                    partitions = await self._inbox_partitions(p, inbox)  # known after the first: no pause
+                    if partitions is not None:
+                        to = UNTRANSACTED_REPLIES_PARTITION if UNTRANSACTED_REPLIES_PARTITION in partitions else None
+                        self._read_sends.append(await p.send(inbox, Codec.encode(reply), headers=headers, partition=to))
+            span.end()
+            answered, last = answered + 1, rec.offset
+        if answered:
+            self.commands_done += answered
+            if not rest:  # no transaction will carry their offsets now
+                if self._read_offset is None:
+                    self._read_since = time.monotonic()
+                self._read_offset = last + 1
+        return rest
+
+    async def _inbox_partitions(self, p: AIOKafkaProducer, inbox: str) -> set[int] | None:
+        """The partitions of a requester's inbox, or None when it is gone (its reply is dropped:
+        nobody waits for it)."""
+        if self._gone_inboxes and time.monotonic() < self._gone_inboxes.get(inbox, 0.0):
+            return None
+        try:
+            partitions: set[int] = await asyncio.wait_for(p.partitions_for(inbox), INBOX_WAIT_S)
+            return partitions
+        except (TimeoutError, KafkaError):
+            log.warning("%s: inbox %s not found within %gs: its replies are dropped", self.name, inbox, INBOX_WAIT_S)
+            self._gone_inboxes[inbox] = time.monotonic() + GONE_INBOX_S
+            return None
+
+    async def _reads_acked(self) -> None:
+        """Every read reply sent so far is acked: before a commit takes their offsets (a lost reply
+        fails the commit, so the read is answered again) and before a transaction's replies go
+        out (a read's reply queued behind our open transaction on the same inbox partition would
+        stay invisible to read_committed consumers until it commits)."""
+        sends, self._read_sends = self._read_sends, []
+        for f in sends:
+            await f
+
+    async def _commit_read_offsets(self) -> None:
+        """No transaction came to carry the answered reads' offsets: commit them alone."""
+        offset = self._read_offset
+        if offset is None:
+            return
+        await self._reads_acked()
+        p = self.producer
+        await p.begin_transaction()
+        await p.send_offsets_to_transaction({self.tp: offset}, self.group_id)
+        await p.commit_transaction()
+        if self._read_offset == offset:
+            self._read_offset = None
+
+    # -------------------------------------------------------- transactions
+
+    def _decide(self, rec: kafka.KafkaRecord, command: Record | None) -> Decided:
+        """One command's decision, its events stamped and encoded, as a reply; a record that does
+        not decode (`command` None) is decoded here and may become a dead letter."""
+        clock = self.clock
+        if clock is not None:
+            clock.gossip_in(header(rec.headers, VECTOR_TIME))
+        events: list[Record] = []
+        values: list[bytes | None] = []
+        bulk: BulkEvents | None = None
+        bulk_records: tuple[list[bytes], list[bytes]] = ([], [])
+        op_time: int | None = None  # the command's last stamp
+        try:
+            if command is None:
+                command = self.codec.decode(rec.value)
+                span = trace.get_current_span()
+                span.update_name(f"{self.name} {command.type}")
+                if span.is_recording():
+                    span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
+            decision = self.decide(command)
+            events, bulk = decision.events, decision.bulk
+            if bulk is not None and len(bulk):
+                # Stamped first: the bulk records precede the decision's events in the log.
+                wall = time.time()
+                ticks = [clock.tick(wall) for _ in range(len(bulk))] if clock is not None else None
+                bulk_records = bulk.encode(ticks)
+                op_time = ticks[-1] if ticks else None
+            if clock is not None:
+                events = [self._stamp(clock, e) for e in events]
+                op_time = next((e.ts for e in reversed(events) if stamped(e)), op_time)  # type: ignore[attr-defined]
+            # Encode every event before applying any: an event that cannot be written
+            # must refuse the command, not leave state the log will never show.
+            values = [_value(event) for event in events]
+            reply = Reply(ok=True, result=decision.result)
+        except RecordError as e:
+            return Decided(Reply(ok=False, code="BadRecord", error=e.reason), dead_letter=e.reason)
+        except CommandError as e:
+            reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
+        except Exception as e:  # a bug in deciding must not wedge the log: report it, decide nothing
+            log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
+            reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+        if not reply.ok:
+            return Decided(reply, command)
+        return Decided(reply, command, events, values, op_time, bulk=bulk, bulk_records=bulk_records)
+
+    async def _transact(self, commands: list[tuple[kafka.KafkaRecord, Head | None]], end: int) -> None:
+        """Decide `commands` (with what is known of each) in one transaction that commits the
+        consumed offsets up to `end`."""
         # Per command, a process span (its consumption and decision) and below it a span of the
         # batch's transaction, in that command's trace: both end when the transaction does.
         spans: list[trace.Span] = []
         transactions: list[trace.Span] = []
         began = time.time_ns()
         try:
-            await self._transact_traced(records, began, spans, transactions)
+            await self._transact_traced(commands, end, began, spans, transactions)
         except BaseException as e:
             for t in transactions:
                 t.record_exception(e)
@@ -334,10 +573,14 @@ class CommandProcessor:
                 t.end()
             for t in spans:
                 t.end()
+            for _, known in commands:
+                if known is not None and known.span is not None and known.span not in spans:
+                    known.span.end()
 
     async def _transact_traced(
         self,
-        records: list[kafka.KafkaRecord],
+        commands: list[tuple[kafka.KafkaRecord, Head | None]],
+        end: int,
         began: int,
         spans: list[trace.Span],
         transactions: list[trace.Span],
@@ -351,60 +594,51 @@ class CommandProcessor:
         # produce as NOT_ENOUGH_REPLICAS, retried and logged as a warning on a healthy broker.
         # So the coordinator's changes come first: the offsets now, and each phase's partitions
         # (events, then replies) are added together before their first write goes out.
-        await p.send_offsets_to_transaction({self.tp: records[-1].offset + 1}, self.group_id)
+        # (They include those of the plain reads answered before this batch's transaction.)
+        await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+        records = [rec for rec, _ in commands]
+        if self.one_phase is not None:
+            # Replies go out with the events: every read reply must be below them on its inbox
+            # (_reads_acked), and every inbox's metadata known, so that no send pauses between
+            # the events and replies the sender should take in one request.
+            await self._reads_acked()
+            for to in {to for r in records if (to := header(r.headers, REPLY_TO))}:
+                await self._inbox_partitions(p, to.decode())
         # Per command: the futures of its events (each with how many records past the one it names
         # it covers: a bulk batch's names its first), its reply and where to send it (or None), its headers.
         pending: list[
             tuple[list[tuple[asyncio.Future[RecordMetadata], int]], tuple[Reply, bytes] | None, tracing.Headers]
         ] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
-        for rec in records:
+        for rec, known in commands:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-            span = tracing.tracer.start_span(
-                f"{self.name} process",
-                context=tracing.extract(rec.headers),
-                kind=trace.SpanKind.CONSUMER,
-                attributes=tracing.record_attributes(rec),
-            )
+            if known is not None and known.span is not None:
+                span = known.span
+            else:
+                span = tracing.tracer.start_span(
+                    f"{self.name} process" if known is None else f"{self.name} {known.command.type}",
+                    context=tracing.extract(rec.headers),
+                    kind=trace.SpanKind.CONSUMER,
+                    attributes=tracing.record_attributes(rec),
+                )
+                if known is not None and span.is_recording():
+                    cmd = known.command
+                    span.set_attributes(tracing.db_attributes(getattr(cmd, "ns", None), cmd.type))
             spans.append(span)
             with trace.use_span(span, end_on_exit=False):
                 futures: list[tuple[asyncio.Future[RecordMetadata], int]] = []
-                events: list[Record] = []
-                values: list[bytes | None] = []
-                bulk: BulkEvents | None = None
-                bulk_records: tuple[list[bytes], list[bytes]] = ([], [])
-                op_time: int | None = None  # the command's last stamp
-                clock = self.clock
-                if clock is not None:
-                    clock.gossip_in(header(rec.headers, VECTOR_TIME))
-                try:
-                    command = self.codec.decode(rec.value)
-                    span.update_name(f"{self.name} {command.type}")
-                    if span.is_recording():
-                        span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
-                    decision = self.decide(command)
-                    events, bulk = decision.events, decision.bulk
-                    if bulk is not None and len(bulk):
-                        # Stamped first: the bulk records precede the decision's events in the log.
-                        wall = time.time()
-                        ticks = [clock.tick(wall) for _ in range(len(bulk))] if clock is not None else None
-                        bulk_records = bulk.encode(ticks)
-                        op_time = ticks[-1] if ticks else None
-                    if clock is not None:
-                        events = [self._stamp(clock, e) for e in events]
-                        op_time = next((e.ts for e in reversed(events) if stamped(e)), op_time)  # type: ignore[attr-defined]
-                    # Encode every event before applying any: an event that cannot be written
-                    # must refuse the command, not leave state the log will never show.
-                    values = [_value(event) for event in events]
-                    reply = Reply(ok=True, result=decision.result)
-                except RecordError as e:
-                    await p.send(self.dead_letters, rec.value, key=rec.key, headers=_dead_letter_headers(rec, e.reason))
-                    reply = Reply(ok=False, code="BadRecord", error=e.reason)
-                except CommandError as e:
-                    reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
-                except Exception as e:  # a bug in deciding must not wedge the log: report it, decide nothing
-                    log.error("%s: command at offset %d failed:\n%s", self.name, rec.offset, traceback.format_exc())
-                    reply = Reply(ok=False, code="InternalError", error=f"{type(e).__name__}: {e}")
+                if known is not None and known.decided is not None:
+                    decided = known.decided
+                else:
+                    decided = self._decide(rec, known.command if known is not None else None)
+                reply = decided.reply
+                if decided.dead_letter is not None:
+                    await p.send(
+                        self.dead_letters,
+                        rec.value,
+                        key=rec.key,
+                        headers=_dead_letter_headers(rec, decided.dead_letter),
+                    )
                 # The batch's transaction as this command's trace sees it: its events are
                 # written inside it (their producer spans are its children).
                 txn = tracing.tracer.start_span(
@@ -417,13 +651,15 @@ class CommandProcessor:
                     },
                 )
                 transactions.append(txn)
+                events, values = decided.events, decided.values
                 if reply.ok:
                     # Applying a decided event cannot fail but through a bug; if it does, the
                     # exception aborts the whole transaction rather than commit half a command.
-                    with trace.use_span(txn, end_on_exit=False):
-                        if bulk is not None and bulk_records[1]:
+                    bulk, (keys, bulk_values) = decided.bulk, decided.bulk_records
+                    if bulk is not None and bulk_values:
+                        # A clone batch: whole producer batches under one span, no header per record.
+                        with trace.use_span(txn, end_on_exit=False):
                             bulk.apply()
-                            keys, bulk_values = bulk_records
                             attributes: dict[str, AttributeValue] = {
                                 "shardlog.event": bulk.kind,
                                 "shardlog.events": len(bulk_values),
@@ -431,21 +667,43 @@ class CommandProcessor:
                             with tracing.producer_span(events_topic, **attributes):
                                 futures += await self._send_bulk(p, events_topic, keys, bulk_values)
                             last_value = bulk_values[-1]
-                        for event, value in zip(events, values):
-                            self.projection.state.apply(event, -1)  # its offset is known once acked
-                            with tracing.producer_span(events_topic, **{"shardlog.event": event.type}):
+                    # One producer span for the command's events (a span and a traceparent per
+                    # event cost more than the rest of a small write's sending).
+                    if events:
+                        with (
+                            trace.use_span(txn, end_on_exit=False),
+                            tracing.producer_span(events_topic, **{"shardlog.events": [e.type for e in events]}),
+                        ):
+                            event_headers = tracing.inject()
+                            for event, value in zip(events, values):
+                                self.projection.state.apply(event, -1)  # its offset is known once acked
                                 key = event.key if isinstance(event, Tombstone) else self.event_key(event)
-                                futures.append(
-                                    (await p.send(events_topic, value, key=key, headers=tracing.inject()), 0)
-                                )
-                            last_value = value
-                    txn.set_attribute("shardlog.transaction.events", len(events) + len(bulk_records[1]))
+                                futures.append((await p.send(events_topic, value, key=key, headers=event_headers), 0))
+                                last_value = value
+                    txn.set_attribute("shardlog.transaction.events", len(events) + len(bulk_values))
                 if not reply.ok:
-                    span.set_attribute("shardlog.error", reply.code)
+                    span.set_attribute("shardlog.error", reply.code or "")
                 headers = [(CORRELATION_ID, corr)] if corr else []
-                if clock is not None:
-                    reply = reply.model_copy(update={"operationTime": op_time or clock.cluster_time})
-                pending.append((futures, (reply, reply_to) if reply_to else None, tracing.inject(headers)))
+                if self.clock is not None:
+                    reply = reply.model_copy(update={"operationTime": decided.op_time or self.clock.cluster_time})
+                if reply_to and self._gone_inboxes and time.monotonic() < self._gone_inboxes.get(reply_to.decode(), 0):
+                    reply_to = None  # its requester is gone
+                if (
+                    reply_to
+                    and self.one_phase is not None
+                    and (decided_command := decided.command) is not None
+                    and self.one_phase(decided_command)
+                ):
+                    # One phase: no reader sees it before the commit (read_committed), and the commit
+                    # waits for every ack; its position is the batch's start (a lower bound).
+                    early = reply.model_copy(update={"configTime": self.projection.position})
+                    early_headers = tracing.inject(headers)
+                    if self.clock is not None:
+                        early_headers = [*early_headers, (VECTOR_TIME, self.clock.gossip_out())]
+                    await p.send(reply_to.decode(), Codec.encode(early), headers=early_headers, partition=0)
+                    reply_to = None
+                to_send = (reply, reply_to) if reply_to else None
+                pending.append((futures, to_send, tracing.inject(headers) if to_send else []))
         # Events must be acked before replies can name the ConfigTime that shows them; every
         # event is, before the first reply goes out (so the replies' partitions join together).
         last_offset: int | None = None
@@ -459,16 +717,18 @@ class CommandProcessor:
                     last_offset + 1 if last_offset is not None else self.projection.position
                 )  # events so far in this batch count
                 answers.append((reply_to.decode(), answer.model_copy(update={"configTime": at}), reply_headers))
-        live = await self._live_inboxes({inbox for inbox, _, _ in answers})
+        reachable = {inbox for inbox in {inbox for inbox, _, _ in answers} if await self._inbox_partitions(p, inbox)}
+        await self._reads_acked()
         for inbox, answer, reply_headers in answers:
-            if inbox not in live:
-                continue  # its requester is gone (_live_inboxes)
+            if inbox not in reachable:
+                continue  # its requester is gone
             if self.clock is not None:
                 reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
-            await p.send(inbox, Codec.encode(answer), headers=reply_headers)
+            await p.send(inbox, Codec.encode(answer), headers=reply_headers, partition=0)  # not the reads'
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
         await p.commit_transaction()
         fault_point(f"{self.name}.after_commit", tag=_tag(records))
+        self._read_offset = None  # this commit took them
         self.commands_done += len(records)
         if last_offset is not None:
             self.projection.advance(last_offset + 1, fingerprint(last_value))
@@ -489,33 +749,6 @@ class CommandProcessor:
             n += 1
         out.append((await p.send_batch(batch, topic, partition=self.projection.tp.partition), n - 1))
         return out
-
-    async def _live_inboxes(self, inboxes: set[str]) -> set[str]:
-        """The inboxes replies can go to, their metadata known (so the replies go out without a pause).
-
-        A requester that is gone (a router or client stopped, its inbox deleted, while its request
-        waited uncommitted: across a restart, a crash or a take-over) cannot read its reply.  aiokafka
-        would wait `request_timeout_ms` for the missing topic and then fail the transaction, and the
-        next owner would decide the same batch again, forever.  So its reply is dropped, as a MongoDB
-        server drops the reply to a closed connection; the command's effects still commit."""
-        p = self.producer
-        now = time.monotonic()
-        self._gone = {inbox: since for inbox, since in self._gone.items() if now - since < GONE_INBOX_MEMORY_S}
-
-        async def known(inbox: str) -> str | None:
-            if inbox in self._gone:
-                return None
-            try:
-                await asyncio.wait_for(p.partitions_for(inbox), INBOX_WAIT_S)
-                return inbox
-            except (TimeoutError, KafkaError) as e:
-                self._gone[inbox] = time.monotonic()
-                log.warning(
-                    "%s: reply inbox %s is gone (%s): its replies are dropped", self.name, inbox, type(e).__name__
-                )
-                return None
-
-        return {inbox for inbox in await asyncio.gather(*map(known, inboxes)) if inbox is not None}
 
     @staticmethod
     def _stamp(clock: Gossip, event: Record) -> Record:

@@ -40,6 +40,7 @@ def producer(
     linger_ms: int = 2,
     transaction_timeout_ms: int = 60_000,
     batch_bytes: int = 1024 * 1024,
+    retry_backoff_ms: int = 10,
 ) -> AIOKafkaProducer:
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
@@ -55,7 +56,7 @@ def producer(
         max_batch_size=batch_bytes,
         # aiokafka's 100 ms default turns a transaction that starts while the previous
         # commit is still completing (a routine retry on Kafka 4) into a 100 ms stall.
-        retry_backoff_ms=10,
+        retry_backoff_ms=retry_backoff_ms,
     )
 
 
@@ -257,3 +258,48 @@ async def read_to_end(
     `on_batch`; returns the position reached (the log's end)."""
     async with partition_reader(bootstrap, topic, partition=partition, start=start, client_id=client_id) as (c, tp):
         return await catch_up(c, tp, on_batch)
+
+
+# ------------------------------------------------------------ request counts (benches)
+
+REQUEST_COUNTS_ENV = "SHARDLOG_KAFKA_REQUEST_COUNTS"
+
+
+def count_requests(directory: str) -> None:
+    """Count every request this process sends to a broker, by client id and Kafka API, into
+    `<directory>/<pid>.json` (rewritten every 0.2 s by a daemon thread): bench_e2e
+    --count-requests reads the files before and after a run.  Off unless the variable is set."""
+    import json
+    import threading
+    import time
+    from collections import Counter
+    from pathlib import Path
+
+    from aiokafka.conn import AIOKafkaConnection
+
+    counts: Counter[str] = Counter()
+    send = AIOKafkaConnection.send
+
+    def counting_send(self: AIOKafkaConnection, request: Any, expect_response: bool = True) -> Any:
+        counts[f"{self._client_id}\t{type(request).__name__.split('_')[0]}"] += 1
+        return send(self, request, expect_response)
+
+    AIOKafkaConnection.send = counting_send
+    out = Path(directory) / f"{os.getpid()}.json"
+
+    def dump() -> None:
+        while True:
+            try:
+                snapshot = dict(counts)
+            except RuntimeError:  # a new key was added meanwhile by the event loop's thread
+                continue
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(snapshot))
+            tmp.replace(out)
+            time.sleep(0.2)
+
+    threading.Thread(target=dump, name="kafka-request-counts", daemon=True).start()
+
+
+if os.environ.get(REQUEST_COUNTS_ENV):
+    count_requests(os.environ[REQUEST_COUNTS_ENV])

@@ -41,16 +41,28 @@ class Requester:
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
 
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """Its producer, while started: a service may send its other records through it too, so
+        that aiokafka puts them in the same produce requests (stopped by `stop`)."""
+        if self._producer is None:
+            raise RuntimeError(f"{self.client_id}: requester not started")
+        return self._producer
+
     async def start(self) -> None:
         self._producer = producer = kafka.producer(self.bootstrap, client_id=self.client_id, linger_ms=0)
         self._consumer = consumer = kafka.consumer(self.bootstrap, client_id=self.client_id)
         await asyncio.gather(producer.start(), consumer.start())
-        tp = TopicPartition(self.inbox, 0)
-        consumer.assign([tp])
-        # Replies to requests sent from now on come after this offset.
-        consumer.seek(tp, (await consumer.end_offsets([tp]))[tp])
+        # Every partition of the inbox: a router's has a second one for the replies sent outside
+        # any transaction (libs.commands.UNTRANSACTED_REPLIES_PARTITION).
+        tps = [TopicPartition(self.inbox, p) for p in sorted(await producer.partitions_for(self.inbox))]
+        consumer.assign(tps)
+        # Replies to requests sent from now on come after these offsets.
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, ends[tp])
         self._reader = supervised(
-            asyncio.create_task(self._read(consumer, tp)),
+            asyncio.create_task(self._read(consumer)),
             f"{self.client_id} reply reader",
             stop_owner=self.stop_owner_on_failure,
         )
@@ -67,10 +79,10 @@ class Requester:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _read(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+    async def _read(self, consumer: AIOKafkaConsumer) -> None:
         while True:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            for rec in batch.get(tp, []):
+            batch = await consumer.getmany(timeout_ms=500)
+            for rec in (rec for recs in batch.values() for rec in recs):
                 if self.clock is not None:  # a late reply's times are news too
                     self.clock.gossip_in(header(rec.headers, VECTOR_TIME))
                 fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)

@@ -150,13 +150,20 @@ class RouterServer:
         s, t = self.settings, self.settings.topics
         await kafka.ensure_topics(
             s.bootstrap,
-            [*t.core(), TopicSpec(self.inbox, config=SHORT_LIVED), TopicSpec(self.cursor_topic, config=SHORT_LIVED)],
+            [
+                *t.core(),
+                # A second partition for the shards' replies sent outside their transactions (plain
+                # reads): on the first, a shard's open transaction would hold them back (its LSO).
+                TopicSpec(self.inbox, partitions=2, config=SHORT_LIVED),
+                TopicSpec(self.cursor_topic, config=SHORT_LIVED),
+            ],
         )
         at = await self.follower.start()
         await self.requester.start()
         await self.sessions.start()
-        self.producer = kafka.producer(s.bootstrap, client_id=self.name, linger_ms=0)
-        await self.producer.start()
+        # Replies to clients go through the producer of the shard requests: one producer, so each
+        # produce request carries both (two producers doubled the router's produce requests).
+        self.producer = self.requester.producer
         requests = kafka.consumer(
             s.bootstrap, group_id=t.group("router"), client_id=self.name, session_timeout_ms=s.session_timeout_ms
         )
@@ -189,7 +196,6 @@ class RouterServer:
                 await self.wire.close()
             await asyncio.gather(
                 requests.stop(),
-                self.producer.stop(),
                 self.requester.stop(),
                 self.sessions.stop(),
                 return_exceptions=True,

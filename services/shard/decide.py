@@ -35,6 +35,7 @@ from domain.query import (
     compile_filter,
     get_path,
     sort_key,
+    update_stored,
     upsert_document,
 )
 from domain.session import shard_session
@@ -89,6 +90,25 @@ class ClientActivity:
     def within(self, seconds: float) -> bool:
         """Whether a client's request was decided in the last `seconds`."""
         return self.clock() - self.last < seconds
+
+
+def reply_with_events(req: Record) -> bool:
+    """May the reply leave with the request's events, before their acks (one phase)?  Not
+    EnterCriticalSection's: the donor reads the changelog position after its events in it
+    (docs/reference/command-processor.md)."""
+    return not isinstance(req, s.EnterCriticalSection)
+
+
+def plain_read(req: Record) -> bool:
+    """A read the processor may answer outside its transaction when it heads a batch: a Find or
+    Count without afterClusterTime (MongoDB's readConcern "local"); a causally consistent read
+    ticks the clock, so it stays inside (docs/reference/command-processor.md)."""
+    if not isinstance(req, (s.Find, s.Count)):
+        return False
+    try:
+        return vclock.parse_after_cluster_time(req.readConcern) is None
+    except CommandError:
+        return False  # refused inside the transaction, as ever
 
 
 @dataclass
@@ -727,8 +747,8 @@ class ShardDecider:
                     raise self.migrations.critical_section_wait(req.ns, "an update")
                 matched += 1
                 first = skey if first is None else first
-                new = apply_update(doc, req.update)
-                if encode_value(new) != encode_value(doc):  # MongoDB equality: true is not 1
+                # Copy-on-write, comparing only the written fields (MongoDB equality: true is not 1).
+                if (new := update_stored(doc, req.update)) is not None:
                     self._check_key_unchanged(coll, skey, doc, new)
                     check_document_size(new)
                     self._check_indexes(req.ns, new, seen)

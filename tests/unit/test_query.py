@@ -29,9 +29,10 @@ from domain.query import (
     is_update_operator_doc,
     merge_sorted,
     sort_key,
+    update_stored,
     upsert_document,
 )
-from domain.shardkey import INT64_MAX, MAX_KEY, MIN_KEY, compare_values
+from domain.shardkey import INT64_MAX, MAX_KEY, MIN_KEY, compare_values, encode_value
 
 PROPERTY = settings(max_examples=150, deadline=None)
 INF = math.inf
@@ -808,3 +809,63 @@ def test_inc_then_negative_inc_restores(doc: dict, path: str, start: int | float
     # int or double as the sum is; an int that left the int32 range stays an Int64 (MongoDB's widening)
     assert isinstance(get_path(back, path), float) is isinstance(start + by, float)
     assert back == doc
+
+
+# ---- update_stored: copy-on-write, comparing only the written fields ----------------------------
+
+_STORED = {"_id": 1, "a": {"b": 1, "c": [1, {"d": 2}]}, "t": True, "n": 1, "s": "x", "e": {}}
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"$set": {"s": "x"}},  # the same value: no change
+        {"$set": {"s": "y"}},
+        {"$set": {"t": 1}},  # true is not 1
+        {"$set": {"n": 1.0}},  # 1 and 1.0 are the same number
+        {"$set": {"a.b": 1}},
+        {"$set": {"a.b": 2, "z": None}},
+        {"$set": {"a.x.y": 3}},  # intermediate objects created
+        {"$set": {"e.k": 1}},
+        {"$unset": {"missing": ""}},
+        {"$unset": {"a.missing": ""}},
+        {"$unset": {"a.b": ""}},
+        {"$inc": {"n": 0}},
+        {"$inc": {"n": 2, "m": 1}},
+        {"$setOnInsert": {"q": 1}},  # not an upsert's insert: nothing
+        {"_id": 1, "s": "x"},  # a replacement
+        {"s": "x", "t": True, "n": 1, "a": {"b": 1, "c": [1, {"d": 2}]}, "e": {}},  # the same, as a replacement
+    ],
+)
+def test_update_stored_is_apply_update_and_a_whole_document_comparison(update):
+    stored = copy.deepcopy(_STORED)
+    expected = apply_update(stored, update)
+    changed = encode_value(expected) != encode_value(stored)
+    new = update_stored(stored, update)
+    assert stored == _STORED, "the stored document is not mutated"
+    if changed:
+        assert new is not None and encode_value(new) == encode_value(expected)
+        assert list(new) == list(expected), "fields keep their order"
+    else:
+        assert new is None
+
+
+def test_update_stored_copies_only_what_it_edits_and_never_the_stored_objects():
+    stored = copy.deepcopy(_STORED)
+    new = update_stored(stored, {"$set": {"a.b": 5}, "$inc": {"n": 1}})
+    assert new is not None
+    assert new["a"] is not stored["a"] and stored["a"]["b"] == 1 and new["a"]["b"] == 5
+    assert new["a"]["c"] is stored["a"]["c"], "an object the update does not edit is shared"
+    assert new["e"] is stored["e"]
+    # Two edits below one object copy it once, and both land in the copy.
+    both = update_stored(stored, {"$set": {"a.b": 7, "a.z": 8}})
+    assert both is not None and both["a"]["b"] == 7 and both["a"]["z"] == 8 and "z" not in stored["a"]
+
+
+def test_update_stored_refuses_what_apply_update_refuses():
+    with pytest.raises(QueryError):
+        update_stored(copy.deepcopy(_STORED), {"$set": {"_id": 2}})
+    with pytest.raises(QueryError):
+        update_stored(copy.deepcopy(_STORED), {"$set": {"a.c.x": 1}})  # through an array
+    with pytest.raises(QueryError):
+        update_stored(copy.deepcopy(_STORED), {"$inc": {"s": 1}})

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+from bson import Int64, ObjectId, Regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.catalog import Catalog
-from domain.query import compile_filter
+from domain.query import QueryError, compile_filter
 from domain.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, KeyPattern, encode_value, hash_value, to_ejson
 from domain.targeting import for_document, for_query
 from schemas import config as c
@@ -193,6 +195,24 @@ def test_equality_on_a_hashed_key_targets_the_owner_of_the_hash():
     assert seen == ALL, "the values must land on every chunk for the test to mean something"
     t = for_query(cat, NS, {"k": {"$in": [1, 2, 3]}})
     assert set(t.shards) == {owner_by_scan(cat, {"k": hash_value(v)}) for v in (1, 2, 3)}
+
+
+def test_an_id_query_on_a_hashed_id_takes_the_shortcut_to_the_same_owner_as_the_general_path():
+    """{_id: v} on {_id: "hashed"} skips compiling the filter; {$and: [{_id: v}]} cannot, so it
+    is the general path's answer for the same query."""
+    cat = make_catalog({"_id": "hashed"}, [{"_id": b["k"]} for b in H_BOUNDS], H_OWNERS)
+    seen = set()
+    for v in [*range(40), *(f"user{i}" for i in range(40)), 2.5, -1.0, True, ObjectId(), Int64(7)]:
+        short, general = for_query(cat, NS, {"_id": v}), for_query(cat, NS, {"$and": [{"_id": v}]})
+        assert short == general, v
+        assert short.shards == (owner_by_scan(cat, {"_id": hash_value(v)}),) and short.full_key
+        seen.add(short.shards)
+    assert len(seen) == len(H_OWNERS), "the values must land on every chunk for the test to mean something"
+    # What is not a plain value keeps the general path's meaning.
+    for flt in ({"_id": {"$in": [1, 2]}}, {"_id": [1, 2]}, {"_id": {"a": 1}}, {"_id": None}):
+        assert for_query(cat, NS, flt) == for_query(cat, NS, {"$and": [flt]}), flt
+    with pytest.raises(QueryError):  # a regex as a value is refused, as ever
+        for_query(cat, NS, {"_id": Regex("^u")})
 
 
 def test_a_range_on_a_hashed_key_targets_every_shard():
