@@ -461,7 +461,7 @@ class Bench:
         aborted = {e.id: (ts, e) for _, ts, e in config_events if e.type == "MigrationAborted"}
         rounds = [e for _, _, e in balancer_events if e.type == "RoundCompleted"]
         issued = [
-            e.action for _, _, e in balancer_events if e.type == "ActionIssued" and e.action["kind"] == "migration"
+            e.action for _, _, e in balancer_events if e.type == "ActionIssued" and e.action.kind == "migration"
         ]
         if len(issued) != len(requested):
             self.problems.append(f"the balancer issued {len(issued)} migrations, config.events shows {len(requested)}")
@@ -504,7 +504,7 @@ class Bench:
             "mins_requested_more_than_once": sum(
                 n - 1 for n in Counter(key_of(e.min) for _, e in requested.values()).values() if n > 1
             ),
-            "moves": dict(Counter(f"{a['from']}->{a['to']}" for a in issued)),
+            "moves": dict(Counter(f"{a.donor}->{a.recipient}" for a in issued)),
             "chunks_per_shard": dict(sorted(Counter(owners_after.values()).items())),
             "mib_per_shard": {s: round(v / MIB, 2) for s, v in sorted(sizes_after.items())},
             "spread_mib": round((max(sizes_after.values()) - min(sizes_after.values())) / MIB, 2),
