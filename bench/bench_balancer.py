@@ -460,9 +460,7 @@ class Bench:
         committed = {e.id: (ts, e) for _, ts, e in config_events if e.type == "MigrationCommitted"}
         aborted = {e.id: (ts, e) for _, ts, e in config_events if e.type == "MigrationAborted"}
         rounds = [e for _, _, e in balancer_events if e.type == "RoundCompleted"]
-        issued = [
-            e.action for _, _, e in balancer_events if e.type == "ActionIssued" and e.action.kind == "migration"
-        ]
+        issued = [e.action for _, _, e in balancer_events if e.type == "ActionIssued" and e.action.kind == "migration"]
         if len(issued) != len(requested):
             self.problems.append(f"the balancer issued {len(issued)} migrations, config.events shows {len(requested)}")
 
