@@ -29,19 +29,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import _events as E
+from bench_e2e import Proc, delete_cluster_topics
 
 from domain.catalog import Catalog
 from libs import kafka
@@ -51,19 +49,16 @@ from libs.requests import Requester
 from libs.service import ServiceSettings
 from libs.store import Store
 from libs.topics import TopicSpec
-from schemas import config as cfg
 from schemas import config as schema
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class ServiceProcess:
-    """One service instance in its own process, with its readiness file."""
+class ServiceProcess(Proc):
+    """One service instance in its own process (bench_e2e's `Proc`), waited for by role and
+    killed with SIGKILL."""
 
     def __init__(self, settings: ServiceSettings, module: str, args: list[str], ready_name: str, log_dir: Path) -> None:
-        self.settings, self.ready_name = settings, ready_name
-        self.ready_file = settings.data_dir / f"{ready_name}.ready"
-        self.ready_file.unlink(missing_ok=True)
         env = {
             **os.environ,
             "KAFKA_BOOTSTRAP": settings.bootstrap,
@@ -73,43 +68,19 @@ class ServiceProcess:
             "OTEL_TRACES_EXPORTER": "none",
             "PYTHONPATH": str(ROOT),
         }
-        self.log = log_dir / f"{ready_name}.log"
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args], env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-            )
-
-    def info(self) -> dict | None:
-        try:
-            info = json.loads(self.ready_file.read_text())
-        except (OSError, ValueError):
-            return None
-        return info if info.get("pid") == self.proc.pid else None
+        super().__init__(ready_name, ["-m", module, *args], env, log_dir, settings.data_dir / f"{ready_name}.ready")
 
     def wait(self, role: str | None, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.ready_name} exited:\n{self.log.read_text()[-3000:]}")
-            info = self.info()
-            if info and (role is None or info.get("role") == role):
-                return info
+            if self.check(role):  # raises if the process exited
+                return self.info() or {}
             time.sleep(0.02)
-        raise SystemExit(
-            f"{self.ready_name} not {role or 'ready'} within {timeout:g}s:\n{self.log.read_text()[-3000:]}"
-        )
+        raise SystemExit(f"{self.name} not {role or 'ready'} within {timeout:g}s:\n{self.tail()}")
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill9()
 
 
 async def serves(settings: ServiceSettings, round_no: int, timeout: float) -> float:
@@ -187,7 +158,7 @@ READY = {"config": {"0": "config", "1": "config-1"}, "shard": {"0": "shard-s0", 
 async def shard_cluster(settings: ServiceSettings, docs: int) -> None:
     """The shard mode's catalog: s0 owns bench.kv, sharded on {_id: hashed}."""
     async with Requester(settings.bootstrap, settings.topics.client_inbox("takeover-bench")) as r:
-        for cmd in (cfg.AddShard(shard="s0"), cfg.ShardCollection(ns=NS, key={"_id": "hashed"})):
+        for cmd in (schema.AddShard(shard="s0"), schema.ShardCollection(ns=NS, key={"_id": "hashed"})):
             reply = await r.request(settings.topics.config_commands, cmd, timeout=60)
             if not reply.ok:
                 raise SystemExit(f"{cmd.type} refused: {reply}")
@@ -311,14 +282,7 @@ def main() -> None:
     finally:
         for proc in [*procs.values(), *reversed(others)]:
             proc.stop()
-        E.delete_topics(
-            bootstrap,
-            [
-                *(t.name for t in topics.core()),
-                *(t.name for t in topics.for_shard("s0")),
-                topics.client_inbox("takeover-bench"),
-            ],
-        )
+        asyncio.run(delete_cluster_topics(bootstrap, cluster))
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: round(statistics.median(r[k] for r in rounds), 4) for k in rounds[0]}
     floor_s = statistics.median(floor)
