@@ -234,3 +234,18 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
         asyncio.run(kafka.delete_topics(bootstrap, names))
     except Exception as e:  # clean-up must not hide the figures
         print(f"warning: could not delete topics {names}: {e}", file=sys.stderr)
+
+
+async def timed_replay(bootstrap: str, topic: str, state, store, name: str) -> tuple[float, int, int]:
+    """Fold `topic` into `state` and `store` through a real `Projection`, start to caught up;
+    (seconds, position reached, records skipped).  The store stays open."""
+    from libs.projection import Projection
+    from schemas import config as schema
+
+    proj = Projection(bootstrap, topic, schema.events, state, store, name=name)
+    t0 = time.perf_counter()
+    await proj.start()
+    position = await proj.catch_up()
+    seconds = time.perf_counter() - t0
+    await proj.stop()
+    return seconds, position, proj.skipped

@@ -95,14 +95,9 @@ async def decode_pass(bootstrap: str, topic: str, path: Path) -> dict:
     """Fetch + decode only: the real Projection (its fetch loop, codec and per-batch checkpoint
     write) with `DecodeOnly` as its state."""
     store, state = Store(path), DecodeOnly()
-    proj = Projection(bootstrap, topic, schema.events, state, store, name="bench-replay-decode")
-    t0 = time.perf_counter()
-    await proj.start()
-    position = await proj.catch_up()
-    seconds = time.perf_counter() - t0
-    await proj.stop()
+    seconds, position, skipped = await E.timed_replay(bootstrap, topic, state, store, "bench-replay-decode")
     store.close()
-    return {"seconds": seconds, "position": position, "events": state.events, "skipped": proj.skipped}
+    return {"seconds": seconds, "position": position, "events": state.events, "skipped": skipped}
 
 
 class TimedCodec:

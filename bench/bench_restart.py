@@ -32,12 +32,7 @@ from schemas import config as schema
 async def first_replay(bootstrap: str, topic: str, path: Path) -> dict:
     store = Store(path)
     catalog = Catalog()
-    proj = Projection(bootstrap, topic, schema.events, catalog, store, name="bench-restart")
-    t0 = time.perf_counter()
-    await proj.start()
-    position = await proj.catch_up()
-    seconds = time.perf_counter() - t0
-    await proj.stop()
+    seconds, position, _ = await E.timed_replay(bootstrap, topic, catalog, store, "bench-restart")
     store.close()
     return {
         "seconds": seconds,

@@ -44,7 +44,6 @@ from bench_e2e import Proc, delete_cluster_topics
 from domain.catalog import Catalog
 from libs import kafka
 from libs.client import AsyncCluster
-from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings
 from libs.store import Store
@@ -119,10 +118,7 @@ async def kafka_floor(bootstrap: str, group: str, topic: str, repeat: int) -> li
 async def reload_time(bootstrap: str, topic: str, path: Path, repeat: int) -> tuple[int, list[float]]:
     """Project the same log into a store of our own, then time Catalog.load of it."""
     store = Store(path)
-    proj = Projection(bootstrap, topic, schema.events, Catalog(), store, name="takeover-bench")
-    await proj.start()
-    await proj.catch_up()
-    await proj.stop()
+    await E.timed_replay(bootstrap, topic, Catalog(), store, "takeover-bench")
     loads = []
     chunks = 0
     for _ in range(repeat):
