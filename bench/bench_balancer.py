@@ -13,7 +13,7 @@ then loaded with insert_many.  Documents are ~880 bytes, so a chunk of 1,000 hol
 over the max chunk size would be cut, changing chunk bounds) and "the minimum number of
 moves" is well defined.
 
-Settings (catalog): maxChunkSizeBytes 1 MiB, balancerRoundIntervalSecs `--round-interval`
+Settings (catalog): maxChunkSizeBytes `--max-chunk-mib` (1 MiB; `--chunk-docs` follows it), balancerRoundIntervalSecs `--round-interval`
 (0.5 s; MongoDB's 10 s would only stretch the wall time), balancerMigrationsThrottlingMs
 `--throttle-ms` (0), orphanCleanupDelaySecs 0 (the range deleter works during the
 measurement, as it would in production); the shards report statistics every
@@ -81,8 +81,7 @@ DB, COLL = "bal", "docs"
 NS = f"{DB}.{COLL}"
 KEY = KeyPattern.parse({"k": 1})
 MIB = 1024 * 1024
-MAX_CHUNK = MIB
-IMBALANCE = 3 * MAX_CHUNK  # the policy moves data only when donor and recipient differ by at least this
+DOC_BYTES = 880  # stored size of make_doc's documents
 POLL_S = 0.25  # balancer state polling while waiting for convergence
 
 
@@ -148,7 +147,7 @@ def shard_sizes(snapshot: dict) -> dict[str, int]:
     return sizes
 
 
-def is_converged(st: dict, seen_config_time: int) -> bool:
+def is_converged(st: dict, seen_config_time: int, imbalance: int) -> bool:
     """One observation of the balancer: done with NS, by its own verdict and by the sizes."""
     sizes = shard_sizes(st["snapshot"])
     return (
@@ -156,7 +155,7 @@ def is_converged(st: dict, seen_config_time: int) -> bool:
         and st["activity"].startswith("balanced")
         and not st["inFlight"]
         and st["collection"]["compliant"]
-        and max(sizes.values()) - min(sizes.values()) < IMBALANCE
+        and max(sizes.values()) - min(sizes.values()) < imbalance
     )
 
 
@@ -297,7 +296,7 @@ class Bench:
         for sid in SHARDS:
             await self.command(cfg.AddShard(shard=sid))
         for key, value in (
-            ("maxChunkSizeBytes", MAX_CHUNK),
+            ("maxChunkSizeBytes", a.max_chunk_mib * MIB),
             ("balancerRoundIntervalSecs", a.round_interval),
             ("balancerMigrationsThrottlingMs", a.throttle_ms),
             ("orphanCleanupDelaySecs", 0),
@@ -355,7 +354,7 @@ class Bench:
         deadline, since, seen_round, st = time.monotonic() + timeout, None, None, {}
         while time.monotonic() < deadline:
             st = await self.balancer_state()
-            if not is_converged(st, seen_config_time):
+            if not is_converged(st, seen_config_time, int(3 * self.args.max_chunk_mib * MIB)):
                 since = None
             elif since is None or st["lastRound"]["round"] != seen_round:
                 since, seen_round = time.time(), st["lastRound"]["round"]
@@ -532,7 +531,7 @@ class Bench:
         )
         print(
             f"   after: chunks per shard {c['chunks_per_shard']}, MiB per shard {c['mib_per_shard']} "
-            f"(spread {c['spread_mib']} MiB, limit {IMBALANCE / MIB:g})"
+            f"(spread {c['spread_mib']} MiB, limit {3 * self.args.max_chunk_mib:g})"
         )
         print(
             "   CPU (% of one core) AddShard -> converged seen: "
@@ -613,10 +612,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--chunks", type=int, default=24, help="chunks of the collection, dealt to s0..s2 (default 24)")
     p.add_argument(
+        "--max-chunk-mib",
+        type=float,
+        default=1.0,
+        help="maxChunkSizeBytes in MiB (default 1); the policy's imbalance threshold is 3x this",
+    )
+    p.add_argument(
         "--chunk-docs",
         type=int,
-        default=1000,
-        help="documents per chunk, ~880 bytes each (default 1,000: ~0.85 MiB, under the 1 MiB max)",
+        default=None,
+        help="documents per chunk, ~880 bytes each (default: ~0.85 of the max chunk size, 1,000 at 1 MiB)",
     )
     p.add_argument("--seconds", type=float, default=30.0, help="length of the phase without balancing (default 30)")
     p.add_argument("--concurrency", type=int, default=8, help="YCSB-A client tasks (default 8)")
@@ -629,6 +634,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="keep the temp dir (service logs, stores)")
     args = p.parse_args()
+    if args.chunk_docs is None:  # whole chunks under the max, so the balancer moves them without cutting
+        args.chunk_docs = round(0.85 * args.max_chunk_mib * MIB / DOC_BYTES / 1000) * 1000 or 1000
     bootstrap, cluster = E.bootstrap(), E.cluster_name()
     tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-balancer-"))
     bench = Bench(args, bootstrap, cluster, tmp)
@@ -651,6 +658,7 @@ def main() -> None:
         "balancer",
         chunks=args.chunks,
         chunk_docs=args.chunk_docs,
+        max_chunk_mib=args.max_chunk_mib,
         concurrency=args.concurrency,
         round_interval_s=args.round_interval,
         stats_interval_s=args.stats_interval,

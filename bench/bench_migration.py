@@ -732,32 +732,77 @@ class Bench:
                 pass
         return out
 
+    def rss_now(self, name: str) -> float | None:
+        try:
+            status = Path(f"/proc/{self.procs[name].proc.pid}/status").read_text()
+            return round(int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) * 1024 / MB, 1)  # type: ignore[index]
+        except (OSError, TypeError, KeyError):
+            return None
+
+    async def rss_samples(self, names: tuple[str, ...], out: list[tuple[float, dict]], stop: asyncio.Event) -> None:
+        """VmRSS of `names` every 0.25 s until `stop`: whether memory grows as more of the range has moved."""
+        while not stop.is_set():
+            out.append((time.monotonic(), {n: self.rss_now(n) for n in names}))
+            try:
+                await asyncio.wait_for(stop.wait(), 0.25)
+            except TimeoutError:
+                pass
+
     @staticmethod
-    def print_rss(rss: dict[str, float], donor: str, recipient: str) -> None:
+    def rss_quarters(samples: list[tuple[float, dict]], names: tuple[str, ...]) -> dict[str, list]:
+        """Each name's highest VmRSS (MB) in each quarter of the sampled time."""
+        if len(samples) < 4:
+            return {}
+        t0, t1 = samples[0][0], samples[-1][0]
+        span = max(t1 - t0, 1e-9)
+        out: dict[str, list] = {}
+        for n in names:
+            quarters: list[float | None] = [None] * 4
+            for t, rss in samples:
+                q, v = min(3, int(4 * (t - t0) / span)), rss.get(n)
+                if v is not None:
+                    quarters[q] = max(quarters[q] or 0.0, v)
+            out[n] = quarters
+        return out
+
+    @staticmethod
+    def print_rss(rss: dict[str, float], donor: str, recipient: str, quarters: dict | None = None) -> None:
         print(
             f"      peak RSS: donor {donor} {rss.get(donor, '?')} MB, recipient {recipient} {rss.get(recipient, '?')} MB"
         )
+        if quarters:
+            print(
+                "      RSS by quarter of the move (MB, highest in each): "
+                + "; ".join(f"{n} {' / '.join(str(v) for v in quarters[n])}" for n in (donor, recipient))
+            )
 
     @staticmethod
-    def print_cpu(cpu: dict) -> None:
+    def print_cpu(cpu: dict, when: str = "") -> None:
         parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if k != "machine")
-        print(f"      CPU (% of one core): {parts}; machine {cpu['machine']:.0f} of {os.cpu_count() * 100}")
+        print(f"      CPU{when} (% of one core): {parts}; machine {cpu['machine']:.0f} of {os.cpu_count() * 100}")
 
     # ---------------------------------------------------------------- parts
 
     async def part_idle(self) -> None:
         print(f"1. idle: [0, {self.n:,}) s0 -> s1", flush=True)
         self.rss_reset()
-        m = await self.migrate(0, self.n, "s1", label="idle", cpu_mark=self.cpu_mark())
+        names, samples, sampled = ("shard-s0", "shard-s1"), [], asyncio.Event()
+        sampler = asyncio.create_task(self.rss_samples(names, samples, sampled))
+        try:
+            m = await self.migrate(0, self.n, "s1", label="idle", cpu_mark=self.cpu_mark())
+        finally:
+            sampled.set()
+            await sampler
         rss = self.rss_peaks()
         cpu = m["cpu"]
         f = self.describe(m, await self.timeline(m))
         f["cpu_pct"] = cpu
         f["peak_rss_mb"] = rss
+        f["rss_by_quarter_mb"] = quarters = self.rss_quarters(samples, names)
         self.figures["idle"] = f
         self.print_migration("idle", f)
         self.print_cpu(cpu)
-        self.print_rss(rss, "shard-s0", "shard-s1")
+        self.print_rss(rss, *names, quarters)
 
     async def part_loaded(self, coll) -> None:
         a = self.args
@@ -789,9 +834,9 @@ class Bench:
         tasks = [asyncio.create_task(client(i)) for i in range(a.concurrency)]
         try:
             await asyncio.sleep(1.0)  # warm-up
-            w0 = time.time()
+            w0, cpu_before_mark = time.time(), self.cpu_mark()
             await asyncio.sleep(a.load_before)
-            w1 = time.time()
+            w1, cpu_before = time.time(), self.cpu_since(cpu_before_mark)
             self.rss_reset()
             m = await self.migrate(0, self.n, "s2", label="loaded", cpu_mark=self.cpu_mark())
             rss = self.rss_peaks()
@@ -820,6 +865,7 @@ class Bench:
             f["updates_overlapping_critical"] = lat_stats(over)
         f.update(
             client_before=before,
+            cpu_pct_before=cpu_before,
             client_during=during,
             client_errors=errors,
             cpu_pct=cpu,
@@ -858,7 +904,8 @@ class Bench:
                     f"{o['kind']} +{o['start_ms']:.0f} ms: {o['latency_ms']:.0f} ms" for o in f["ops_over_1s"][:5]
                 )
             )
-        self.print_cpu(cpu)
+        self.print_cpu(cpu_before, " before the move")
+        self.print_cpu(cpu, " during the move")
         self.print_rss(rss, "shard-s1", "shard-s2")
 
     async def part_raw(self) -> None:
