@@ -62,12 +62,13 @@ from pathlib import Path
 
 import _events as E
 from aiokafka import TopicPartition
-from bench_e2e import Proc, broker_pid, cpu_seconds, delete_cluster_topics, wait_group, wait_ready
+from bench_e2e import Proc, broker_pid, cpu_seconds, wait_group, wait_ready
 from bench_migration import pct
 
 from domain.shardkey import KeyPattern, from_ejson
 from libs import kafka
 from libs.client import AsyncCluster
+from libs.kafka import delete_cluster_topics
 from libs.requests import Requester
 from libs.topics import Topics
 from schemas import balancer as b

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import _events as E
 from aiokafka import TopicPartition
-from bench_e2e import Proc, broker_pid, cpu_seconds, delete_cluster_topics, machine_busy, wait_group, wait_ready
+from bench_e2e import Proc, broker_pid, cpu_seconds, machine_busy, wait_group, wait_ready
 from bench_migration import lat_stats, pct
 from rocksdict import AccessType, Options, Rdict, WriteBatch
 
@@ -60,6 +60,7 @@ from domain.shardkey import KeyPattern, encode_value
 from libs import kafka
 from libs.client import AsyncCluster
 from libs.commands import CORRELATION_ID
+from libs.kafka import delete_cluster_topics
 from libs.requests import Requester
 from libs.topics import Topics
 from schemas import config as cfg

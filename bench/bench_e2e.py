@@ -49,6 +49,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from libs import kafka
 from libs.client import AsyncCluster
 from libs.commands import CORRELATION_ID, REPLY_TO, header
+from libs.kafka import delete_cluster_topics
 from libs.requests import Requester
 from libs.topics import LARGE_RECORDS, ROUTER_PARTITIONS, SHORT_LIVED, Topics, TopicSpec
 from schemas import config as cfg
@@ -627,17 +628,6 @@ class Bench:
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
             p.stop()
-
-
-async def delete_cluster_topics(bootstrap: str, cluster: str) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        mine = [n for n in await admin.list_topics() if n.startswith(f"{cluster}.")]
-    finally:
-        await admin.close()
-    await kafka.delete_topics(bootstrap, mine)
-    return mine
 
 
 def _per_op(figures: dict[str, float]) -> str:

@@ -45,10 +45,10 @@ from pathlib import Path
 
 import _events as E
 import bench_sessions
-from bench_e2e import delete_cluster_topics
 from rocksdict import Options, Rdict, WriteBatch
 
 from domain.indexes import IndexSpec, entry_key, index_keys
+from libs.kafka import delete_cluster_topics
 from services.shard.documents import encode_entry_value, index_base
 
 ROOT = E.ROOT

@@ -37,11 +37,12 @@ from pathlib import Path
 
 import _events as E
 import _logdirs
-from bench_e2e import Proc, delete_cluster_topics, wait_group, wait_ready
+from bench_e2e import Proc, wait_group, wait_ready
 from rocksdict import AccessType, Options, Rdict
 
 from libs import kafka
 from libs.client import AsyncCluster
+from libs.kafka import delete_cluster_topics
 from libs.requests import Requester
 from libs.topics import Topics, TopicSpec
 from schemas import config as cfg

@@ -39,11 +39,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import _events as E
-from bench_e2e import Proc, delete_cluster_topics
+from bench_e2e import Proc
 
 from domain.catalog import Catalog
 from libs import kafka
 from libs.client import AsyncCluster
+from libs.kafka import delete_cluster_topics
 from libs.requests import Requester
 from libs.service import ServiceSettings
 from libs.store import Store

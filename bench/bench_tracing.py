@@ -28,10 +28,10 @@ import urllib.request
 from pathlib import Path
 
 import _events as E
-from bench_e2e import delete_cluster_topics
 from bench_sessions import NS_COLL, NS_DB, Cluster, alternating_ycsb_a, pooled, ratio_of
 
 from libs.client import AsyncCluster
+from libs.kafka import delete_cluster_topics
 from libs.topics import Topics
 from services.workload import runner
 

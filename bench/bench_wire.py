@@ -42,10 +42,11 @@ import time
 from pathlib import Path
 
 import _events as E
-from bench_e2e import SHARDS, Proc, delete_cluster_topics, wait_group, wait_ready
+from bench_e2e import SHARDS, Proc, wait_group, wait_ready
 
 from libs import kafka
 from libs.client import AsyncCluster
+from libs.kafka import delete_cluster_topics
 from libs.requests import Requester
 from libs.topics import LARGE_RECORDS, SHORT_LIVED, Topics, TopicSpec
 from schemas import config as cfg

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 import _events as E
-from bench_e2e import delete_cluster_topics
 from bench_wire import NS_COLL, NS_DB, WireCluster
+
+from libs.kafka import delete_cluster_topics
 
 ROOT = E.ROOT
 JAVA_COLL = "usertable_java"

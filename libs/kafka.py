@@ -181,6 +181,21 @@ async def delete_topics(bootstrap: str, names: list[str]) -> None:
         await admin.close()
 
 
+async def delete_cluster_topics(bootstrap: str, cluster: str) -> list[str]:
+    """Delete every topic of `cluster` (named `<cluster>.…`, inboxes included); the names deleted.
+    A broker keeps each partition's files and state, and every aiokafka client's bootstrap reads
+    the metadata of every topic: clusters left behind slow everything that shares the broker."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        mine = [n for n in await admin.list_topics() if n.startswith(f"{cluster}.")]
+        if mine:
+            await admin.delete_topics(mine)
+        return mine
+    finally:
+        await admin.close()
+
+
 async def log_end(c: AIOKafkaConsumer, tp: TopicPartition) -> int:
     """The last stable offset (read_committed end) of an assigned partition."""
     ends: dict[TopicPartition, int] = await c.end_offsets([tp])

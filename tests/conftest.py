@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,14 +53,20 @@ def bootstrap() -> str:
 
 
 @pytest.fixture
-def cluster(bootstrap, request) -> str:
-    """A fresh cluster name with its core topics created."""
+def cluster(bootstrap, request) -> Iterator[str]:
+    """A fresh cluster name with its core topics created; its topics are deleted afterwards.
+    A suite leaves hundreds of clusters behind otherwise, and a broker with thousands of
+    topics makes every later client's bootstrap (all topics' metadata) and the broker slower."""
     from libs import kafka
     from libs.topics import Topics
 
     name = f"t{uuid.uuid4().hex[:10]}"
     asyncio.run(kafka.ensure_topics(bootstrap, Topics(name).core()))
-    return name
+    yield name
+    try:
+        asyncio.run(asyncio.wait_for(kafka.delete_cluster_topics(bootstrap, name), 20))
+    except Exception as e:  # clean-up only: a broker a test stopped must not fail the test here
+        print(f"could not delete the topics of {name}: {e!r}")
 
 
 @pytest.fixture
