@@ -802,6 +802,8 @@ class Bench:
         self.figures["idle"] = f
         self.print_migration("idle", f)
         self.print_cpu(cpu)
+        f["machine_cpu_per_mb_s"] = round(cpu["machine"] / max(f["mb_s"], 1e-9), 2)
+        print(f"      machine CPU per MB/s moved: {f['machine_cpu_per_mb_s']:.2f} % of a core")
         self.print_rss(rss, *names, quarters)
 
     async def part_loaded(self, coll) -> None:
@@ -922,6 +924,7 @@ class Bench:
         if self.args.raw_changelog:
             modes.append(("one_in_flight+changelog", acks, changelog))
         for mode, ack, chl in modes:
+            mark = self.cpu_mark()
             r = await raw_path(
                 self.bootstrap,
                 self.src,
@@ -933,11 +936,14 @@ class Bench:
                 chl,
                 self.tmp / f"raw-dest-{mode}",
             )
+            # The whole machine's CPU (the sink is a child process), per MB/s: what moving costs here.
+            r["machine_cpu_pct"] = machine = self.cpu_since(mark)["machine"]
             out[mode] = r
             print(
                 f"  raw ({mode}): {r['docs']:,} documents ({r['bytes'] / MB:.1f} MB, {r['batches']} records) in "
                 f"{r['seconds']:.2f}s = {r['docs_s']:,.0f} docs/s, {r['mb_s']:.2f} MB/s, {r['ms_per_batch']} ms per "
-                f"record (source done reading + producing after {r['source_seconds']:.2f}s)",
+                f"record (source done reading + producing after {r['source_seconds']:.2f}s); machine CPU "
+                f"{machine:.0f} of {os.cpu_count() * 100}, {machine / max(r['mb_s'], 1e-9):.2f} % of a core per MB/s",
                 flush=True,
             )
         self.figures["raw"] = out
