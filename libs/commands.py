@@ -72,6 +72,22 @@ class Gossip(Protocol):
     def gossip_out(self) -> bytes: ...
 
 
+class PointReads(Protocol):
+    """What a service tells the processor so that it may answer some plain reads while a
+    transaction is in flight (docs/reference/command-processor.md, "Point reads during a
+    transaction")."""
+
+    def key(self, command: Record) -> bytes | None:
+        """The one document a plain read reads, as the key `changed` names it with; None: the
+        read may depend on more (it waits for the transaction)."""
+        ...
+
+    def changed(self, event: Record) -> tuple[bytes, ...] | None:
+        """The documents an event changes (empty: none that a point read reads); None: it may
+        change what any read sees."""
+        ...
+
+
 _STAMPED: dict[type, bool] = {}
 
 
@@ -178,6 +194,7 @@ class CommandProcessor:
         batch_bytes: int = 1024 * 1024,
         plain_read: Callable[[Record], bool] | None = None,
         one_phase: Callable[[Record], bool] | None = None,
+        point_reads: PointReads | None = None,
     ) -> None:
         self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
@@ -197,6 +214,10 @@ class CommandProcessor:
         # both); the others' replies wait for the acks, to name the changelog position after
         # their events.  None: every reply waits (docs/reference/command-processor.md).
         self.one_phase = one_phase
+        # Which plain reads read one document, and which documents an event changes: such a read
+        # is answered while a transaction is in flight when none of its events touches that
+        # document (docs/reference/command-processor.md).  None: reads wait for the transaction.
+        self.point_reads = point_reads
         self.tp = TopicPartition(command_topic, 0)
         self.transactional_id = f"{group_id}.{self.tp.partition}"
         self.active = asyncio.Event()
@@ -210,6 +231,13 @@ class CommandProcessor:
         self._read_offset: int | None = None  # the offset after the last read answered, uncommitted
         self._read_since = 0.0  # since when (monotonic) an offset has been uncommitted
         self._gone_inboxes: dict[str, float] = {}  # inbox -> until when (monotonic) it counts as gone
+        # The documents (point_reads.changed keys) that events applied to the state but not yet
+        # committed change; None: some such event may change what any read sees.
+        self._uncommitted: set[bytes] | None = set()
+        # Commands fetched while the last transaction was in flight and not answered then, and
+        # the offset after the last command fetched then (answered or not); None: nothing fetched.
+        self._carried: list[kafka.KafkaRecord] = []
+        self._carried_end: int | None = None
         self._assigned = asyncio.Event()
         self._assigned_at = 0.0  # when the group gave us the partition (monotonic)
         self.last_activation: dict[str, float] = {}  # the last take-over's timings, in seconds
@@ -353,8 +381,11 @@ class CommandProcessor:
             except Exception:
                 pass
             self._read_producer = None
-        # Uncommitted read offsets: the next owner answers those reads again.
+        # Uncommitted read offsets: the next owner answers those reads again; and decides the
+        # commands fetched meanwhile (activation seeks to the committed offset).
         self._read_sends, self._read_offset = [], None
+        self._carried, self._carried_end = [], None
+        self._uncommitted = set()  # a failed batch has already reset the state from the store
         if was:
             # Events applied while active moved the store, not the projection's consumer: seek it
             # to the state's position so standby polling applies nothing twice.  (No batch is in
@@ -370,22 +401,36 @@ class CommandProcessor:
         return not self._lock.locked()
 
     async def _serve_batch(self) -> None:
-        batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch)
-        records = batch.get(self.tp)
+        if self._carried:  # fetched while the last transaction was in flight: they come first
+            records, end = self._carried, self._carried_end
+            self._carried, self._carried_end = [], None
+        else:
+            batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch)
+            records, end = batch.get(self.tp) or [], None
         if not records:
             return
         if self.prepare is not None:
             await self.prepare(records)
-        await self._guarded(lambda: self._serve(records))
+        await self._guarded(lambda: self._serve(records, end if end is not None else records[-1].offset + 1))
 
-    async def _serve(self, records: list[kafka.KafkaRecord]) -> None:
-        end = records[-1].offset + 1
+    async def _serve(self, records: list[kafka.KafkaRecord], end: int) -> None:
+        """Serve `records`; `end` is the offset after them (or after the last command answered
+        past them while the previous transaction was in flight)."""
         if self._read_producer is not None:
             rest = await self._answer_reads(records)
         else:
             rest = [(rec, None) for rec in records]
         if rest:
-            await self._transact(rest, end)
+            await self._transact_answering(rest, end)
+        else:
+            self._reads_answered(end)
+
+    def _reads_answered(self, end: int) -> None:
+        """Every command below `end` is answered, no transaction carries their offsets: commit them
+        alone within READ_OFFSETS_COMMIT_S unless a transaction comes first."""
+        if self._read_offset is None:
+            self._read_since = time.monotonic()
+        self._read_offset = end
 
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` (a transaction) holding the lock; a failed transaction stands this instance by."""
@@ -418,10 +463,8 @@ class CommandProcessor:
         on, every command goes to the transaction).  A read fetched after a write of the same batch
         is answered as if before it: that write is not acknowledged until the batch commits, so
         the two are concurrent (docs/reference/command-processor.md)."""
-        p = self._read_producer
-        assert p is not None and self.plain_read is not None
+        assert self.plain_read is not None
         rest: list[tuple[kafka.KafkaRecord, Head | None]] = []
-        answered, last = 0, -1
         for i, rec in enumerate(records):
             try:
                 command = self.codec.decode(rec.value)
@@ -431,46 +474,126 @@ class CommandProcessor:
             if not self.plain_read(command):
                 rest.append((rec, Head(command)))
                 continue
-            span = tracing.tracer.start_span(
-                f"{self.name} {command.type}",
-                context=tracing.extract(rec.headers),
-                kind=trace.SpanKind.CONSUMER,
-                attributes=tracing.record_attributes(rec),
-            )
+            span = self._read_span(rec, command)
             with trace.use_span(span, end_on_exit=False):
-                if span.is_recording():
-                    span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
                 decided = self._decide(rec, command)
                 if decided.events:  # it wrote after all (a rekey): it and the rest are the transaction's
                     rest.append((rec, Head(command, span, decided)))
                     rest.extend((r, None) for r in records[i + 1 :])
                     break
-                reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
-                reply = decided.reply
-                if not reply.ok:
-                    span.set_attribute("shardlog.error", reply.code or "")
-                if reply_to:
-                    update: dict[str, Any] = {"configTime": self.projection.position}
-                    if self.clock is not None:
-                        update["operationTime"] = self.clock.cluster_time
-                    headers = tracing.inject([(CORRELATION_ID, corr)] if corr else [])
-                    if self.clock is not None:
-                        headers = [*headers, (VECTOR_TIME, self.clock.gossip_out())]
-                    reply = reply.model_copy(update=update)
-                    inbox = reply_to.decode()
-                    partitions = await self._inbox_partitions(p, inbox)  # known after the first: no pause
-                    if partitions is not None:
-                        to = UNTRANSACTED_REPLIES_PARTITION if UNTRANSACTED_REPLIES_PARTITION in partitions else None
-                        self._read_sends.append(await p.send(inbox, Codec.encode(reply), headers=headers, partition=to))
+                await self._reply_read(rec, decided.reply, span)
             span.end()
-            answered, last = answered + 1, rec.offset
-        if answered:
-            self.commands_done += answered
-            if not rest:  # no transaction will carry their offsets now
-                if self._read_offset is None:
-                    self._read_since = time.monotonic()
-                self._read_offset = last + 1
         return rest
+
+    def _read_span(self, rec: kafka.KafkaRecord, command: Record) -> trace.Span:
+        span = tracing.tracer.start_span(
+            f"{self.name} {command.type}",
+            context=tracing.extract(rec.headers),
+            kind=trace.SpanKind.CONSUMER,
+            attributes=tracing.record_attributes(rec),
+        )
+        if span.is_recording():
+            span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
+        return span
+
+    async def _reply_read(self, rec: kafka.KafkaRecord, reply: Reply, span: trace.Span) -> None:
+        """Send a plain read's reply outside any transaction (its inbox's second partition when
+        it has one); its ConfigTime is the committed position."""
+        p = self._read_producer
+        assert p is not None
+        self.commands_done += 1
+        reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
+        if not reply.ok:
+            span.set_attribute("shardlog.error", reply.code or "")
+        if not reply_to:
+            return
+        update: dict[str, Any] = {"configTime": self.projection.position}
+        if self.clock is not None:
+            update["operationTime"] = self.clock.cluster_time
+        headers = tracing.inject([(CORRELATION_ID, corr)] if corr else [])
+        if self.clock is not None:
+            headers = [*headers, (VECTOR_TIME, self.clock.gossip_out())]
+        reply = reply.model_copy(update=update)
+        inbox = reply_to.decode()
+        partitions = await self._inbox_partitions(p, inbox)  # known after the first: no pause
+        if partitions is not None:
+            to = UNTRANSACTED_REPLIES_PARTITION if UNTRANSACTED_REPLIES_PARTITION in partitions else None
+            self._read_sends.append(await p.send(inbox, Codec.encode(reply), headers=headers, partition=to))
+
+    # ------------------------------------------ point reads, during a transaction
+
+    async def _transact_answering(self, commands: list[tuple[kafka.KafkaRecord, Head | None]], end: int) -> None:
+        """`_transact`, and meanwhile answer the point reads fetched after its commands whose
+        document none of its events touches; the other commands fetched meanwhile are carried
+        to the next batch."""
+        if self.point_reads is None or self._read_producer is None:
+            await self._transact(commands, end)
+            return
+        txn = asyncio.ensure_future(self._transact(commands, end))
+        try:
+            answered_end = await self._answer_meanwhile(txn)
+        except BaseException:
+            txn.cancel()
+            await asyncio.gather(txn, return_exceptions=True)
+            raise
+        await txn  # its failure is the batch's
+        if answered_end is not None:
+            if self._carried:
+                self._carried_end = answered_end  # the next transaction commits their offsets too
+            else:
+                self._reads_answered(answered_end)
+
+    async def _answer_meanwhile(self, txn: asyncio.Future[None]) -> int | None:
+        """Until `txn` ends: fetch, answer the point reads it cannot change, carry the rest.
+        Returns the offset after the last command fetched (None: none was)."""
+        point_reads, plain_read = self.point_reads, self.plain_read
+        assert point_reads is not None and plain_read is not None
+        consumer, end = self.consumer, None
+        while not txn.done() and len(self._carried) < self.max_batch:
+            fetch = asyncio.ensure_future(
+                consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch - len(self._carried))
+            )
+            await asyncio.wait({txn, fetch}, return_when=asyncio.FIRST_COMPLETED)
+            if not fetch.done():
+                fetch.cancel()  # nothing is taken from the fetcher's buffer but when it returns
+            records = (await asyncio.gather(fetch, return_exceptions=True))[0]
+            if isinstance(records, BaseException):
+                if isinstance(records, asyncio.CancelledError):
+                    continue
+                raise records
+            batch = records.get(self.tp) or []
+            if not batch:
+                continue
+            end = batch[-1].offset + 1
+            if self.prepare is not None:
+                await self.prepare(batch)
+            for rec in batch:
+                if not await self._answer_point_read(rec, point_reads, plain_read):
+                    self._carried.append(rec)
+        return end
+
+    async def _answer_point_read(
+        self, rec: kafka.KafkaRecord, point_reads: PointReads, plain_read: Callable[[Record], bool]
+    ) -> bool:
+        """Answer `rec` now if it is a point read of a document no uncommitted event changes."""
+        uncommitted = self._uncommitted
+        if uncommitted is None:
+            return False
+        try:
+            command = self.codec.decode(rec.value)
+        except RecordError:
+            return False
+        if not plain_read(command) or (key := point_reads.key(command)) is None or key in uncommitted:
+            return False
+        span = self._read_span(rec, command)
+        with trace.use_span(span, end_on_exit=False):
+            decided = self._decide(rec, command)
+            if decided.events:  # it writes after all (a rekey): the next transaction decides it again
+                span.end()
+                return False
+            await self._reply_read(rec, decided.reply, span)
+        span.end()
+        return True
 
     async def _inbox_partitions(self, p: AIOKafkaProducer, inbox: str) -> set[int] | None:
         """The partitions of a requester's inbox, or None when it is gone (its reply is dropped:
@@ -659,6 +782,7 @@ class CommandProcessor:
                     if bulk is not None and bulk_values:
                         # A clone batch: whole producer batches under one span, no header per record.
                         with trace.use_span(txn, end_on_exit=False):
+                            self._uncommitted = None  # a clone batch: no point read before the commit
                             bulk.apply()
                             attributes: dict[str, AttributeValue] = {
                                 "shardlog.event": bulk.kind,
@@ -675,6 +799,8 @@ class CommandProcessor:
                             tracing.producer_span(events_topic, **{"shardlog.events": [e.type for e in events]}),
                         ):
                             event_headers = tracing.inject()
+                            if self.point_reads is not None:
+                                self._note_uncommitted(events)
                             for event, value in zip(events, values):
                                 self.projection.state.apply(event, -1)  # its offset is known once acked
                                 key = event.key if isinstance(event, Tombstone) else self.event_key(event)
@@ -732,6 +858,20 @@ class CommandProcessor:
         self.commands_done += len(records)
         if last_offset is not None:
             self.projection.advance(last_offset + 1, fingerprint(last_value))
+        self._uncommitted = set()  # the state is all committed again
+
+    def _note_uncommitted(self, events: list[Record]) -> None:
+        """Before `events` are applied: the documents they change stop being readable until the
+        commit (a point read of one of them waits for the next batch)."""
+        assert self.point_reads is not None
+        for event in events:
+            if self._uncommitted is None:
+                return
+            changed = self.point_reads.changed(event)
+            if changed is None:
+                self._uncommitted = None
+            else:
+                self._uncommitted.update(changed)
 
     async def _send_bulk(
         self, p: AIOKafkaProducer, topic: str, keys: list[bytes], values: list[bytes]

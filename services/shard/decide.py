@@ -52,12 +52,21 @@ from domain.shardkey import (
 from libs.commands import CommandError, Decision
 from libs.dispatch import Dispatch
 from libs.ids import new_object_id
-from schemas import Record
+from schemas import Record, Tombstone
 from schemas import ddl as dd
 from schemas import shard as s
 from services.shard.ddl import REQUESTS as DDL_REQUESTS
 from services.shard.ddl import DDLDecider
-from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, ShardDocuments, id_key, shard_key_part
+from services.shard.documents import (
+    TXN_KEY,
+    UNSHARDED_END,
+    UNSHARDED_KEY,
+    ShardDocuments,
+    changelog_key,
+    document_changelog_key,
+    id_key,
+    shard_key_part,
+)
 from services.shard.indexes import REQUESTS as INDEX_REQUESTS
 from services.shard.indexes import IndexDecider
 from services.shard.migrations import REQUESTS as MIGRATION_REQUESTS
@@ -109,6 +118,37 @@ def plain_read(req: Record) -> bool:
         return vclock.parse_after_cluster_time(req.readConcern) is None
     except CommandError:
         return False  # refused inside the transaction, as ever
+
+
+class PointReads:
+    """Which plain reads may be answered while the shard's transaction is in flight
+    (libs.commands.PointReads; docs/reference/command-processor.md): a Find by `_id` value (the
+    IDHACK path of `_query`: it reads that one document, the catalog and the migrations' state)
+    when no uncommitted event changes that document.  Documents are named by their changelog key;
+    a session's records change nothing such a read sees; any other event (a migration's, a DDL's,
+    an index's) may, so it holds every point read back until the commit."""
+
+    @staticmethod
+    def key(req: Record) -> bytes | None:
+        if not isinstance(req, s.Find) or req.hint is not None:
+            return None
+        flt = req.filter
+        if "_id" not in flt or isinstance(flt["_id"], dict):
+            return None
+        try:
+            return document_changelog_key(req.ns, encode_value(flt["_id"]))
+        except Exception:  # not a value the IDHACK path takes: the transaction decides it
+            return None
+
+    @staticmethod
+    def changed(event: Record) -> tuple[bytes, ...] | None:
+        if isinstance(event, (s.DocumentWritten, s.DocumentRemoved)):
+            return (changelog_key(event) or b"",)
+        if isinstance(event, s.RetryableWriteRecorded) or (
+            isinstance(event, Tombstone) and event.key.startswith(TXN_KEY)
+        ):
+            return ()
+        return None
 
 
 @dataclass

@@ -18,7 +18,7 @@ from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
 from schemas import shard as schema
-from services.shard.decide import ShardDecider, plain_read, reply_with_events
+from services.shard.decide import PointReads, ShardDecider, plain_read, reply_with_events
 from services.shard.documents import changelog_key
 from services.shard.donor import DonorCoordinator, DonorDeps
 from services.shard.indexes import BuilderDeps, IndexBuilder
@@ -75,6 +75,7 @@ class ShardServer:
             batch_bytes=CHANGELOG_BATCH_BYTES,
             plain_read=plain_read,
             one_phase=reply_with_events,
+            point_reads=PointReads(),
         )
         self.donor = DonorCoordinator(
             DonorDeps(
