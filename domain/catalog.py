@@ -116,11 +116,7 @@ class Chunk:
     def from_doc(cls, doc: ev.ChunkDoc, min_key: bytes, max_key: bytes, epoch: str) -> Chunk:
         """The chunk of an event's document whose keys the caller knows (they must be
         `encode_bound(from_ejson(doc.min / doc.max))`): bounds parsed when first read."""
-        ch = _new_chunk(cls)
-        ch._min = ch._max = ch._version = None
-        ch.min_key, ch.max_key, ch.shard, ch.pair, ch.epoch = min_key, max_key, doc.shard, doc.version, epoch
-        ch.jumbo, ch.min_doc, ch.max_doc = doc.jumbo, doc.min, doc.max
-        return ch
+        return _folded_chunk(doc, min_key, max_key, epoch)
 
     @property
     def min(self) -> dict[str, Any]:
@@ -173,6 +169,15 @@ class Chunk:
 _new_chunk = object.__new__
 
 
+def _folded_chunk(doc: ev.ChunkDoc, min_key: bytes, max_key: bytes, epoch: str) -> Chunk:
+    """`Chunk.from_doc`, a plain function: a replay makes one per split piece and merge."""
+    ch = _new_chunk(Chunk)
+    ch._min = ch._max = ch._version = None
+    ch.min_key, ch.max_key, ch.shard, ch.pair, ch.epoch = min_key, max_key, doc.shard, doc.version, epoch
+    ch.jumbo, ch.min_doc, ch.max_doc = doc.jumbo, doc.min, doc.max
+    return ch
+
+
 def _plain_json_str(s: str) -> bool:
     """Whether JSON writes `s` as itself between quotes (pydantic and json alike)."""
     return s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
@@ -211,10 +216,18 @@ def chunk_json(ch: Chunk) -> bytes:
     return ch.stored_doc().model_dump_json().encode()
 
 
-def _same_json(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+def _same_json(a: dict[str, Any] | None, b: dict[str, Any], field: str | None) -> bool:
     """Whether two one-field bounds are the same JSON (same field, same types, equal values), so
-    they parse to identical bounds; False when not sure (any other shape)."""
-    if a is None or a != b or len(a) != 1:  # dict equality first: 1 == 1.0 == True, checked below
+    they parse to identical bounds; False when not sure (any other shape).  `field`: the one
+    field they are expected to have (the shard key's), checked first, as a replay's usual bound
+    is `{field: int}`."""
+    if a is None:
+        return False
+    va = a.get(field)
+    t = type(va)
+    if t is int or t is str:  # dict equality after the types: 1 == 1.0 == True
+        return type(b.get(field)) is t and va == b[field] and len(a) == 1 and len(b) == 1
+    if a != b or len(a) != 1:
         return False
     (va,) = a.values()
     (vb,) = b.values()
@@ -617,69 +630,81 @@ class Catalog:
         ch._version = version
         return ch
 
-    def _split_in_two(self, coll: Collection, e: ev.ChunkSplit) -> bool:
-        """Fold a split of one chunk into two pieces, the parent's keys reused: only the split
-        point is encoded, nothing parsed.  False (nothing done) unless every bound is a
-        one-field int, string or MinKey/MaxKey bound and the pieces' outer bounds are the
+    def _split_in_two(self, coll: Collection, d0: ev.ChunkDoc, d1: ev.ChunkDoc) -> bool:
+        """Fold a split of one chunk into pieces `d0` and `d1`, the parent's keys reused: only
+        the split point is encoded, nothing parsed.  False (nothing done) unless every bound is
+        a one-field int, string or MinKey/MaxKey bound and the pieces' outer bounds are the
         parent's."""
-        d0, d1 = e.chunks
         field = coll.single_field
         at_doc = d0.max
         at_key = simple_bound_key(field, at_doc)
-        if at_key is None or not (_same_json(at_doc, d1.min) or simple_bound_key(field, d1.min) == at_key):
+        if at_key is None or not (_same_json(at_doc, d1.min, field) or simple_bound_key(field, d1.min) == at_key):
             return False
         i = bisect.bisect_right(coll.mins, at_key) - 1
         if i < 0:
             return False
-        parent = coll.chunks[i]
+        chunks = coll.chunks
+        parent = chunks[i]
         lo_key, hi_key = parent.min_key, parent.max_key
         p0, p1 = d0.version, d1.version
         if not (
             lo_key < at_key < hi_key
-            and (_same_json(parent.min_doc, d0.min) or simple_bound_key(field, d0.min) == lo_key)
-            and (_same_json(parent.max_doc, d1.max) or simple_bound_key(field, d1.max) == hi_key)
+            and (_same_json(parent.min_doc, d0.min, field) or simple_bound_key(field, d0.min) == lo_key)
+            and (_same_json(parent.max_doc, d1.max, field) or simple_bound_key(field, d1.max) == hi_key)
             and p0[0] >= 0
             and p0[1] >= 0
             and p1[0] >= 0
             and p1[1] >= 0
         ):
             return False
-        a, b = Chunk.from_doc(d0, lo_key, at_key, coll.epoch), Chunk.from_doc(d1, at_key, hi_key, coll.epoch)
-        coll.chunks[i : i + 1] = (a, b)
-        coll.mins[i : i + 1] = (lo_key, at_key)
+        epoch = coll.epoch
+        a, b = _folded_chunk(d0, lo_key, at_key, epoch), _folded_chunk(d1, at_key, hi_key, epoch)
+        chunks[i : i + 1] = (a, b)
+        coll.mins.insert(i + 1, at_key)  # mins[i] is lo_key already
         coll._versions = None
         if self.track_changes:
-            self._changes[coll.chunk_prefix + lo_key] = a
-            self._changes[coll.chunk_prefix + at_key] = b
+            changes, prefix = self._changes, coll.chunk_prefix
+            changes[prefix + lo_key] = a
+            changes[prefix + at_key] = b
         return True
 
-    def _merge_by_keys(self, coll: Collection, e: ev.ChunksMerged) -> bool:
-        """Fold a merge with its bounds encoded straight from their JSON, nothing parsed.  False
-        (nothing done) unless both are one-field int, string or MinKey/MaxKey bounds that are
-        a first chunk's min and a last chunk's max."""
-        d = e.chunk
+    def _merge_by_keys(self, coll: Collection, d: ev.ChunkDoc) -> bool:
+        """Fold a merge into `d` with its min encoded straight from its JSON, nothing parsed.
+        False (nothing done) unless both bounds are one-field int, string or MinKey/MaxKey
+        bounds that are a first chunk's min and a last chunk's max."""
         field = coll.single_field
-        lo_key, hi_key = simple_bound_key(field, d.min), simple_bound_key(field, d.max)
+        lo_key = simple_bound_key(field, d.min)
         pair = d.version
-        if lo_key is None or hi_key is None or pair[0] < 0 or pair[1] < 0:
+        if lo_key is None or pair[0] < 0 or pair[1] < 0:
             return False
         chunks = coll.chunks
         lo = bisect.bisect_right(coll.mins, lo_key) - 1
         if lo < 0 or chunks[lo].min_key != lo_key:
             return False
-        hi, n = lo, len(chunks)
-        while hi < n and chunks[hi].max_key <= hi_key:
+        # The last merged chunk is the one whose max is d.max: found by its JSON (nothing
+        # encoded) when the chunks' bounds are written alike, else by the encoded key.
+        hi_doc, n = d.max, len(chunks)
+        hi = lo
+        while hi < n and not _same_json(chunks[hi].max_doc, hi_doc, field):
             hi += 1
-        if hi == lo or chunks[hi - 1].max_key != hi_key:
-            return False
-        merged = Chunk.from_doc(d, lo_key, hi_key, coll.epoch)
+        if hi == n:
+            hi_key = simple_bound_key(field, hi_doc)
+            if hi_key is None:
+                return False
+            hi = lo
+            while hi < n and chunks[hi].max_key < hi_key:
+                hi += 1
+            if hi == n or chunks[hi].max_key != hi_key:
+                return False
+        hi += 1
+        merged = _folded_chunk(d, lo_key, chunks[hi - 1].max_key, coll.epoch)
         if self.track_changes:
-            prefix = coll.chunk_prefix
+            changes, prefix = self._changes, coll.chunk_prefix
             for ch in chunks[lo + 1 : hi]:
-                self._changes[prefix + ch.min_key] = None
-            self._changes[prefix + lo_key] = merged
+                changes[prefix + ch.min_key] = None
+            changes[prefix + lo_key] = merged
         chunks[lo:hi] = (merged,)
-        coll.mins[lo:hi] = (lo_key,)
+        del coll.mins[lo + 1 : hi]  # mins[lo] is lo_key already
         coll._versions = None
         return True
 
@@ -792,7 +817,8 @@ class Catalog:
     @on_event.register(ev.ChunkSplit)
     def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
         coll = self.collections[e.ns]
-        if self.fast_fold and len(e.chunks) == 2 and self._split_in_two(coll, e):
+        docs = e.chunks
+        if self.fast_fold and len(docs) == 2 and self._split_in_two(coll, docs[0], docs[1]):
             return
         new = [self._chunk(coll, d) for d in e.chunks]
         i = coll.chunk_index(new[0].min_key)
@@ -803,7 +829,7 @@ class Catalog:
     @on_event.register(ev.ChunksMerged)
     def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
         coll = self.collections[e.ns]
-        if self.fast_fold and self._merge_by_keys(coll, e):
+        if self.fast_fold and self._merge_by_keys(coll, e.chunk):
             return
         merged = self._chunk(coll, e.chunk)
         lo = coll.chunk_index(merged.min_key)
