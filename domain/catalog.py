@@ -271,13 +271,10 @@ class Collection:
     settings: CollectionSettings = field(default_factory=CollectionSettings)
 
     mins: list[bytes] = field(default_factory=list)  # chunks[i].min_key, kept beside for bisect
-    # Catalog._chunk_key(ns, b""): what every chunk's store key starts with.
-    chunk_prefix: bytes = field(default=b"", init=False, repr=False, compare=False)
     # The shard key's field when it has one (None: compound): the fold's fast paths take only those.
     single_field: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.chunk_prefix = b"chunk/" + self.ns.encode() + b"\x00"
         self.single_field = self.pattern.fields[0] if len(self.pattern.fields) == 1 else None
 
     def chunk_index(self, key: bytes) -> int:
@@ -403,8 +400,11 @@ class Catalog:
         # shard key's are implicit (domain/index_ddl.py), never here.
         self.indexes: dict[str, list[IndexSpec]] = {}
         self._vector_dirty = False
-        # A chunk's pending write is the Chunk itself (drain_changes serialises it).
-        self._changes: dict[bytes, bytes | Chunk | None] = {}
+        self._changes: dict[bytes, bytes | None] = {}
+        # Chunk writes, by namespace then min_key (the chunk's store key is built once per batch,
+        # in drain_changes: a replay writes ~2 per event, mostly to keys written before).  A
+        # chunk's pending write is the Chunk itself (drain_changes serialises it).
+        self._chunk_changes: dict[str, dict[bytes, bytes | Chunk | None]] = {}
 
     # ------------------------------------------------------------- queries
 
@@ -477,10 +477,23 @@ class Catalog:
             self._put(b"vector", [self.config_ts, self.topology_ts])
             self._vector_dirty = False
         out, self._changes = self._changes, {}
-        for k, v in out.items():
-            if type(v) is Chunk:
-                out[k] = chunk_json(v)
-        return out  # type: ignore[return-value]  # every Chunk serialised above
+        for ns, pending in self._chunk_changes.items():
+            prefix = self._chunk_key(ns, b"")
+            for k, v in pending.items():
+                out[prefix + k] = chunk_json(v) if type(v) is Chunk else v  # type: ignore[assignment]
+        self._chunk_changes = {}
+        return out
+
+    def _chunk_writes(self, ns: str) -> dict[bytes, bytes | Chunk | None]:
+        """The pending chunk writes of `ns` in this batch, by min_key."""
+        pending = self._chunk_changes.get(ns)
+        if pending is None:
+            pending = self._chunk_changes[ns] = {}
+        return pending
+
+    def _put_chunk_key(self, ns: str, min_key: bytes, value: bytes | Chunk | None) -> None:
+        if self.track_changes:
+            self._chunk_writes(ns)[min_key] = value
 
     @staticmethod
     def _chunk_key(ns: str, min_key: bytes) -> bytes:
@@ -521,11 +534,9 @@ class Catalog:
         """Write chunk `ch`: its stored document is the event's `doc` when given (the same as
         `ch.stored_doc()`)."""
         if self.track_changes:
-            key = self._chunk_key(ns, ch.min_key)
-            if self.fast_fold:
-                self._changes[key] = ch  # serialised once per key per batch, by drain_changes
-            else:
-                self._changes[key] = (doc or ch.stored_doc()).model_dump_json().encode()
+            # Serialised once per key per batch, by drain_changes (the reference: at once).
+            value = ch if self.fast_fold else (doc or ch.stored_doc()).model_dump_json().encode()
+            self._chunk_writes(ns)[ch.min_key] = value
 
     def load(self, store: Store) -> None:
         """Rebuild the in-memory catalog from the store's entities (no replay needed)."""
@@ -663,9 +674,9 @@ class Catalog:
         coll.mins.insert(i + 1, at_key)  # mins[i] is lo_key already
         coll._versions = None
         if self.track_changes:
-            changes, prefix = self._changes, coll.chunk_prefix
-            changes[prefix + lo_key] = a
-            changes[prefix + at_key] = b
+            pending = self._chunk_writes(coll.ns)
+            pending[lo_key] = a
+            pending[at_key] = b
         return True
 
     def _merge_by_keys(self, coll: Collection, d: ev.ChunkDoc) -> bool:
@@ -699,10 +710,10 @@ class Catalog:
         hi += 1
         merged = _folded_chunk(d, lo_key, chunks[hi - 1].max_key, coll.epoch)
         if self.track_changes:
-            changes, prefix = self._changes, coll.chunk_prefix
+            pending = self._chunk_writes(coll.ns)
             for ch in chunks[lo + 1 : hi]:
-                changes[prefix + ch.min_key] = None
-            changes[prefix + lo_key] = merged
+                pending[ch.min_key] = None
+            pending[lo_key] = merged
         chunks[lo:hi] = (merged,)
         del coll.mins[lo + 1 : hi]  # mins[lo] is lo_key already
         coll._versions = None
@@ -795,7 +806,7 @@ class Catalog:
     def _on_CollectionSharded(self, e: ev.CollectionSharded) -> None:
         if (old := self.collections.get(e.ns)) is not None:  # a new incarnation replaces the old one
             for ch in old.chunks:
-                self._put(self._chunk_key(e.ns, ch.min_key), None)
+                self._put_chunk_key(e.ns, ch.min_key, None)
             for z in old.zones:
                 self._put(self._zone_key(e.ns, z.min_key), None)
         if (db := self.databases.get(e.ns.partition(".")[0])) is not None and e.ns in db.collections:
@@ -837,7 +848,7 @@ class Catalog:
         while hi < len(coll.chunks) and coll.chunks[hi].max_key <= merged.max_key:
             hi += 1
         for ch in coll.chunks[lo + 1 : hi]:
-            self._put(self._chunk_key(e.ns, ch.min_key), None)
+            self._put_chunk_key(e.ns, ch.min_key, None)
         coll.replace_chunks(lo, hi, [merged])
         self._put_chunk(e.ns, merged, e.chunk)
 
@@ -1006,7 +1017,7 @@ class Catalog:
             self._put_indexes(ns)
         if (coll := self.collections.pop(ns, None)) is not None:
             for ch in coll.chunks:
-                self._put(self._chunk_key(ns, ch.min_key), None)
+                self._put_chunk_key(ns, ch.min_key, None)
             for z in coll.zones:
                 self._put(self._zone_key(ns, z.min_key), None)
             self._put(b"coll/" + ns.encode(), None)
