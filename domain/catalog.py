@@ -641,84 +641,6 @@ class Catalog:
         ch._version = version
         return ch
 
-    def _split_in_two(self, coll: Collection, d0: ev.ChunkDoc, d1: ev.ChunkDoc) -> bool:
-        """Fold a split of one chunk into pieces `d0` and `d1`, the parent's keys reused: only
-        the split point is encoded, nothing parsed.  False (nothing done) unless every bound is
-        a one-field int, string or MinKey/MaxKey bound and the pieces' outer bounds are the
-        parent's."""
-        field = coll.single_field
-        at_doc = d0.max
-        at_key = simple_bound_key(field, at_doc)
-        if at_key is None or not (_same_json(at_doc, d1.min, field) or simple_bound_key(field, d1.min) == at_key):
-            return False
-        i = bisect.bisect_right(coll.mins, at_key) - 1
-        if i < 0:
-            return False
-        chunks = coll.chunks
-        parent = chunks[i]
-        lo_key, hi_key = parent.min_key, parent.max_key
-        p0, p1 = d0.version, d1.version
-        if not (
-            lo_key < at_key < hi_key
-            and (_same_json(parent.min_doc, d0.min, field) or simple_bound_key(field, d0.min) == lo_key)
-            and (_same_json(parent.max_doc, d1.max, field) or simple_bound_key(field, d1.max) == hi_key)
-            and p0[0] >= 0
-            and p0[1] >= 0
-            and p1[0] >= 0
-            and p1[1] >= 0
-        ):
-            return False
-        epoch = coll.epoch
-        a, b = _folded_chunk(d0, lo_key, at_key, epoch), _folded_chunk(d1, at_key, hi_key, epoch)
-        chunks[i : i + 1] = (a, b)
-        coll.mins.insert(i + 1, at_key)  # mins[i] is lo_key already
-        coll._versions = None
-        if self.track_changes:
-            pending = self._chunk_writes(coll.ns)
-            pending[lo_key] = a
-            pending[at_key] = b
-        return True
-
-    def _merge_by_keys(self, coll: Collection, d: ev.ChunkDoc) -> bool:
-        """Fold a merge into `d` with its min encoded straight from its JSON, nothing parsed.
-        False (nothing done) unless both bounds are one-field int, string or MinKey/MaxKey
-        bounds that are a first chunk's min and a last chunk's max."""
-        field = coll.single_field
-        lo_key = simple_bound_key(field, d.min)
-        pair = d.version
-        if lo_key is None or pair[0] < 0 or pair[1] < 0:
-            return False
-        chunks = coll.chunks
-        lo = bisect.bisect_right(coll.mins, lo_key) - 1
-        if lo < 0 or chunks[lo].min_key != lo_key:
-            return False
-        # The last merged chunk is the one whose max is d.max: found by its JSON (nothing
-        # encoded) when the chunks' bounds are written alike, else by the encoded key.
-        hi_doc, n = d.max, len(chunks)
-        hi = lo
-        while hi < n and not _same_json(chunks[hi].max_doc, hi_doc, field):
-            hi += 1
-        if hi == n:
-            hi_key = simple_bound_key(field, hi_doc)
-            if hi_key is None:
-                return False
-            hi = lo
-            while hi < n and chunks[hi].max_key < hi_key:
-                hi += 1
-            if hi == n or chunks[hi].max_key != hi_key:
-                return False
-        hi += 1
-        merged = _folded_chunk(d, lo_key, chunks[hi - 1].max_key, coll.epoch)
-        if self.track_changes:
-            pending = self._chunk_writes(coll.ns)
-            for ch in chunks[lo + 1 : hi]:
-                pending[ch.min_key] = None
-            pending[lo_key] = merged
-        chunks[lo:hi] = (merged,)
-        del coll.mins[lo + 1 : hi]  # mins[lo] is lo_key already
-        coll._versions = None
-        return True
-
     @staticmethod
     def _zone(coll: Collection, lo: dict[str, Any], hi: dict[str, Any], zone: str) -> ZoneRange:
         return Catalog._zone_of(coll.pattern, from_ejson(lo), from_ejson(hi), zone)
@@ -827,10 +749,68 @@ class Catalog:
 
     @on_event.register(ev.ChunkSplit)
     def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
+        """A split into two pieces is folded with the parent's keys reused: only the split point
+        is encoded, nothing parsed, when every bound is a one-field int, string or MinKey/MaxKey
+        bound and the pieces' outer bounds are the parent's; any other split, `_split_parsed`."""
         coll = self.collections[e.ns]
         docs = e.chunks
-        if self.fast_fold and len(docs) == 2 and self._split_in_two(coll, docs[0], docs[1]):
-            return
+        if not self.fast_fold or len(docs) != 2:
+            return self._split_parsed(coll, e)
+        d0, d1 = docs
+        field = coll.single_field
+        at_doc = d0.max
+        at_key = simple_bound_key(field, at_doc)
+        if at_key is None:
+            return self._split_parsed(coll, e)
+        # Each bound below is the same JSON as the one it must be (so it parses the same), or
+        # has the same key.  The usual bound, {field: int}, is compared inline: the types, then
+        # dict equality (1 == 1.0 == True), and one field only (the others' types unchecked).
+        m1 = d1.min
+        t = type(at_doc[field])
+        if not (
+            ((t is int or t is str) and m1 == at_doc and type(m1[field]) is t)
+            or _same_json(at_doc, m1, field)
+            or simple_bound_key(field, m1) == at_key
+        ):
+            return self._split_parsed(coll, e)
+        i = bisect.bisect_right(coll.mins, at_key) - 1
+        if i < 0:
+            return self._split_parsed(coll, e)
+        chunks = coll.chunks
+        parent = chunks[i]
+        lo_key, hi_key = parent.min_key, parent.max_key
+        if not lo_key < at_key < hi_key:
+            return self._split_parsed(coll, e)
+        m0, pm = d0.min, parent.min_doc
+        t = type(m0.get(field))
+        if not (
+            ((t is int or t is str) and m0 == pm and type(pm[field]) is t and len(m0) == 1)  # type: ignore[index]
+            or _same_json(pm, m0, field)
+            or simple_bound_key(field, m0) == lo_key
+        ):
+            return self._split_parsed(coll, e)
+        x1, px = d1.max, parent.max_doc
+        t = type(x1.get(field))
+        if not (
+            ((t is int or t is str) and x1 == px and type(px[field]) is t and len(x1) == 1)  # type: ignore[index]
+            or _same_json(px, x1, field)
+            or simple_bound_key(field, x1) == hi_key
+        ):
+            return self._split_parsed(coll, e)
+        p0, p1 = d0.version, d1.version
+        if not (p0[0] >= 0 <= p0[1] and p1[0] >= 0 <= p1[1]):
+            return self._split_parsed(coll, e)  # which refuses them
+        epoch = coll.epoch
+        a, b = _folded_chunk(d0, lo_key, at_key, epoch), _folded_chunk(d1, at_key, hi_key, epoch)
+        chunks[i : i + 1] = (a, b)
+        coll.mins.insert(i + 1, at_key)  # mins[i] is lo_key already
+        coll._versions = None
+        if self.track_changes:
+            pending = self._chunk_changes.get(coll.ns) or self._chunk_writes(coll.ns)
+            pending[lo_key] = a
+            pending[at_key] = b
+
+    def _split_parsed(self, coll: Collection, e: ev.ChunkSplit) -> None:
         new = [self._chunk(coll, d) for d in e.chunks]
         i = coll.chunk_index(new[0].min_key)
         coll.replace_chunks(i, i + 1, new)
@@ -839,9 +819,38 @@ class Catalog:
 
     @on_event.register(ev.ChunksMerged)
     def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
+        """A merge is placed by its bounds' keys, encoded straight from their JSON, nothing
+        parsed, when both are one-field int, string or MinKey/MaxKey bounds that are a first
+        chunk's min and a last chunk's max; any other merge, `_merge_parsed`."""
         coll = self.collections[e.ns]
-        if self.fast_fold and self._merge_by_keys(coll, e.chunk):
-            return
+        if not self.fast_fold:
+            return self._merge_parsed(coll, e)
+        d = e.chunk
+        field = coll.single_field
+        lo_key, hi_key = simple_bound_key(field, d.min), simple_bound_key(field, d.max)
+        pair = d.version
+        if lo_key is None or hi_key is None or not pair[0] >= 0 <= pair[1]:
+            return self._merge_parsed(coll, e)  # which refuses a negative version
+        chunks = coll.chunks
+        lo = bisect.bisect_right(coll.mins, lo_key) - 1
+        if lo < 0 or chunks[lo].min_key != lo_key:
+            return self._merge_parsed(coll, e)
+        hi, n = lo, len(chunks)
+        while hi < n and chunks[hi].max_key <= hi_key:
+            hi += 1
+        if hi == lo or chunks[hi - 1].max_key != hi_key:
+            return self._merge_parsed(coll, e)
+        merged = _folded_chunk(d, lo_key, hi_key, coll.epoch)
+        if self.track_changes:
+            pending = self._chunk_changes.get(coll.ns) or self._chunk_writes(coll.ns)
+            for ch in chunks[lo + 1 : hi]:
+                pending[ch.min_key] = None
+            pending[lo_key] = merged
+        chunks[lo:hi] = (merged,)
+        del coll.mins[lo + 1 : hi]  # mins[lo] is lo_key already
+        coll._versions = None
+
+    def _merge_parsed(self, coll: Collection, e: ev.ChunksMerged) -> None:
         merged = self._chunk(coll, e.chunk)
         lo = coll.chunk_index(merged.min_key)
         hi = lo
