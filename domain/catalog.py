@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -183,13 +184,17 @@ def _plain_json_str(s: str) -> bool:
     return s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
 
 
+# The same few shard names and shard key fields, asked of every chunk a replay writes.
+_plain_name = functools.lru_cache(maxsize=1024)(_plain_json_str)
+
+
 def _one_field_json(bound: dict[str, Any] | None) -> str | None:
     """JSON of a one-field bound holding an int, a plain string or MinKey/MaxKey (`{"x":5}`), as
     pydantic writes it; None for any other bound."""
     if bound is None or len(bound) != 1:
         return None
     ((name, v),) = bound.items()
-    if type(name) is not str or not _plain_json_str(name):
+    if type(name) is not str or not _plain_name(name):
         return None
     if type(v) is int:
         return f'{{"{name}":{v}}}'
@@ -207,7 +212,7 @@ def chunk_json(ch: Chunk) -> bytes:
     property test holds it to that), written directly for the bounds a range-sharded replay is
     made of."""
     lo, hi = _one_field_json(ch.min_doc), _one_field_json(ch.max_doc)
-    if lo is not None and hi is not None and _plain_json_str(ch.shard):
+    if lo is not None and hi is not None and _plain_name(ch.shard):
         major, minor = ch.pair
         return (
             f'{{"type":"Chunk","v":1,"min":{lo},"max":{hi},"shard":"{ch.shard}",'
@@ -801,7 +806,12 @@ class Catalog:
         if not (p0[0] >= 0 <= p0[1] and p1[0] >= 0 <= p1[1]):
             return self._split_parsed(coll, e)  # which refuses them
         epoch = coll.epoch
-        a, b = _folded_chunk(d0, lo_key, at_key, epoch), _folded_chunk(d1, at_key, hi_key, epoch)
+        a, b = _new_chunk(Chunk), _new_chunk(Chunk)  # _folded_chunk twice, inlined
+        a._min = a._max = a._version = b._min = b._max = b._version = None
+        a.min_key, a.max_key, a.shard, a.pair, a.epoch = lo_key, at_key, d0.shard, p0, epoch
+        a.jumbo, a.min_doc, a.max_doc = d0.jumbo, m0, at_doc
+        b.min_key, b.max_key, b.shard, b.pair, b.epoch = at_key, hi_key, d1.shard, p1, epoch
+        b.jumbo, b.min_doc, b.max_doc = d1.jumbo, m1, x1
         chunks[i : i + 1] = (a, b)
         coll.mins.insert(i + 1, at_key)  # mins[i] is lo_key already
         coll._versions = None
@@ -840,7 +850,10 @@ class Catalog:
             hi += 1
         if hi == lo or chunks[hi - 1].max_key != hi_key:
             return self._merge_parsed(coll, e)
-        merged = _folded_chunk(d, lo_key, hi_key, coll.epoch)
+        merged = _new_chunk(Chunk)  # _folded_chunk, inlined
+        merged._min = merged._max = merged._version = None
+        merged.min_key, merged.max_key, merged.shard, merged.pair, merged.epoch = lo_key, hi_key, d.shard, pair, coll.epoch
+        merged.jumbo, merged.min_doc, merged.max_doc = d.jumbo, d.min, d.max
         if self.track_changes:
             pending = self._chunk_changes.get(coll.ns) or self._chunk_writes(coll.ns)
             for ch in chunks[lo + 1 : hi]:
