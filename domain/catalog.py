@@ -23,7 +23,16 @@ from domain.ddl import Coordinator, Phase, extend_bound
 from domain.index_ddl import listed_indexes
 from domain.indexes import IndexSpec
 from domain.settings import ClusterSettings, CollectionSettings
-from domain.shardkey import KeyPattern, from_ejson, simple_bound_key, to_ejson
+from domain.shardkey import (
+    EXACT_INT,
+    NUMBER_TAG,
+    NUMBER_TIE,
+    KeyPattern,
+    from_ejson,
+    pack_negated_number,
+    simple_bound_key,
+    to_ejson,
+)
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version
 from libs.dispatch import Dispatch
 from libs.store import Store
@@ -221,7 +230,7 @@ def chunk_json(ch: Chunk) -> bytes:
     return ch.stored_doc().model_dump_json().encode()
 
 
-def _same_json(a: dict[str, Any] | None, b: dict[str, Any], field: str | None) -> bool:
+def _same_json(a: dict[str, Any] | None, b: dict[str, Any], field: str) -> bool:
     """Whether two one-field bounds are the same JSON (same field, same types, equal values), so
     they parse to identical bounds; False when not sure (any other shape).  `field`: the one
     field they are expected to have (the shard key's), checked first, as a replay's usual bound
@@ -763,9 +772,13 @@ class Catalog:
             return self._split_parsed(coll, e)
         d0, d1 = docs
         field = coll.single_field
+        if field is None:  # a compound shard key
+            return self._split_parsed(coll, e)
         at_doc = d0.max
-        at_key = simple_bound_key(field, at_doc)
-        if at_key is None:
+        v = at_doc.get(field)
+        if type(v) is int and 0 < v <= EXACT_INT and len(at_doc) == 1:  # simple_bound_key's first case, inlined
+            at_key = pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE)
+        elif (at_key := simple_bound_key(field, at_doc)) is None:  # type: ignore[assignment]
             return self._split_parsed(coll, e)
         # Each bound below is the same JSON as the one it must be (so it parses the same), or
         # has the same key.  The usual bound, {field: int}, is compared inline: the types, then
@@ -789,7 +802,7 @@ class Catalog:
         m0, pm = d0.min, parent.min_doc
         t = type(m0.get(field))
         if not (
-            ((t is int or t is str) and m0 == pm and type(pm[field]) is t and len(m0) == 1)  # type: ignore[index]
+            ((t is int or t is str) and m0 == pm and type(pm[field]) is t and len(m0) == 1)
             or _same_json(pm, m0, field)
             or simple_bound_key(field, m0) == lo_key
         ):
@@ -797,7 +810,7 @@ class Catalog:
         x1, px = d1.max, parent.max_doc
         t = type(x1.get(field))
         if not (
-            ((t is int or t is str) and x1 == px and type(px[field]) is t and len(x1) == 1)  # type: ignore[index]
+            ((t is int or t is str) and x1 == px and type(px[field]) is t and len(x1) == 1)
             or _same_json(px, x1, field)
             or simple_bound_key(field, x1) == hi_key
         ):
@@ -837,7 +850,20 @@ class Catalog:
             return self._merge_parsed(coll, e)
         d = e.chunk
         field = coll.single_field
-        lo_key, hi_key = simple_bound_key(field, d.min), simple_bound_key(field, d.max)
+        if field is None:  # a compound shard key
+            return self._merge_parsed(coll, e)
+        lo_doc, hi_doc = d.min, d.max
+        # simple_bound_key, its first case inlined
+        v = lo_doc.get(field)
+        if type(v) is int and 0 < v <= EXACT_INT and len(lo_doc) == 1:
+            lo_key: bytes | None = pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE)
+        else:
+            lo_key = simple_bound_key(field, lo_doc)
+        v = hi_doc.get(field)
+        if type(v) is int and 0 < v <= EXACT_INT and len(hi_doc) == 1:
+            hi_key: bytes | None = pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE)
+        else:
+            hi_key = simple_bound_key(field, hi_doc)
         pair = d.version
         if lo_key is None or hi_key is None or not pair[0] >= 0 <= pair[1]:
             return self._merge_parsed(coll, e)  # which refuses a negative version
@@ -850,16 +876,16 @@ class Catalog:
             hi += 1
         if hi == lo or chunks[hi - 1].max_key != hi_key:
             return self._merge_parsed(coll, e)
-        merged = _new_chunk(Chunk)  # _folded_chunk, inlined
-        merged._min = merged._max = merged._version = None
-        merged.min_key, merged.max_key, merged.shard, merged.pair, merged.epoch = lo_key, hi_key, d.shard, pair, coll.epoch
-        merged.jumbo, merged.min_doc, merged.max_doc = d.jumbo, d.min, d.max
+        m = _new_chunk(Chunk)  # _folded_chunk, inlined
+        m._min = m._max = m._version = None
+        m.min_key, m.max_key, m.shard, m.pair, m.epoch = lo_key, hi_key, d.shard, pair, coll.epoch
+        m.jumbo, m.min_doc, m.max_doc = d.jumbo, lo_doc, hi_doc
         if self.track_changes:
             pending = self._chunk_changes.get(coll.ns) or self._chunk_writes(coll.ns)
             for ch in chunks[lo + 1 : hi]:
                 pending[ch.min_key] = None
-            pending[lo_key] = merged
-        chunks[lo:hi] = (merged,)
+            pending[lo_key] = m
+        chunks[lo:hi] = (m,)
         del coll.mins[lo + 1 : hi]  # mins[lo] is lo_key already
         coll._versions = None
 

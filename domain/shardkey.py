@@ -82,6 +82,10 @@ __all__ = [
     "to_ejson",
     "simple_bound_key",
     "to_ejson_bound",
+    "EXACT_INT",
+    "NUMBER_TAG",
+    "NUMBER_TIE",
+    "pack_negated_number",
 ]
 
 INT64_MIN = -(2**63)
@@ -510,6 +514,9 @@ _pack_number = struct.Struct(">BQH").pack
 # `_exact_int` of 0 < v <= 2**53: v's double with the sign bit set is the double -v, so the
 # whole key is one pack of -v (0 is not: -0 is the int 0, whose double has no sign bit).
 _pack_negated = struct.Struct(">BdH").pack
+# For a caller that folds millions of bounds and inlines simple_bound_key's first case:
+# encode_value(v) == pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE) for every int 0 < v <= EXACT_INT.
+pack_negated_number, NUMBER_TAG, NUMBER_TIE, EXACT_INT = _pack_negated, _NUMBER, _TIE_BIAS, _EXACT_INT
 
 
 def _exact_int(v: int) -> bytes:
