@@ -799,20 +799,22 @@ class Catalog:
         lo_key, hi_key = parent.min_key, parent.max_key
         if not lo_key < at_key < hi_key:
             return self._split_parsed(coll, e)
-        m0, pm = d0.min, parent.min_doc
-        t = type(m0.get(field))
+        # The outer bounds: a positive int's key is packed (the event is at hand, the parent's
+        # documents are not), any other bound compared with the parent's JSON, else encoded.
+        m0 = d0.min
+        v = m0.get(field)
         if not (
-            ((t is int or t is str) and m0 == pm and type(pm[field]) is t and len(m0) == 1)
-            or _same_json(pm, m0, field)
-            or simple_bound_key(field, m0) == lo_key
+            (pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE) == lo_key and len(m0) == 1)
+            if type(v) is int and 0 < v <= EXACT_INT
+            else (_same_json(parent.min_doc, m0, field) or simple_bound_key(field, m0) == lo_key)
         ):
             return self._split_parsed(coll, e)
-        x1, px = d1.max, parent.max_doc
-        t = type(x1.get(field))
+        x1 = d1.max
+        v = x1.get(field)
         if not (
-            ((t is int or t is str) and x1 == px and type(px[field]) is t and len(x1) == 1)
-            or _same_json(px, x1, field)
-            or simple_bound_key(field, x1) == hi_key
+            (pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE) == hi_key and len(x1) == 1)
+            if type(v) is int and 0 < v <= EXACT_INT
+            else (_same_json(parent.max_doc, x1, field) or simple_bound_key(field, x1) == hi_key)
         ):
             return self._split_parsed(coll, e)
         p0, p1 = d0.version, d1.version
