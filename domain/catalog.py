@@ -220,7 +220,19 @@ def chunk_json(ch: Chunk) -> bytes:
     """What the store keeps of a chunk: `ch.stored_doc().model_dump_json()`, byte for byte (a
     property test holds it to that), written directly for the bounds a range-sharded replay is
     made of."""
-    lo, hi = _one_field_json(ch.min_doc), _one_field_json(ch.max_doc)
+    lo_doc, hi_doc = ch.min_doc, ch.max_doc
+    if lo_doc is not None and hi_doc is not None and len(lo_doc) == 1 == len(hi_doc):
+        # The usual chunk, {field: int} bounds: _one_field_json's first case, inlined.
+        ((lo_name, lo_v),) = lo_doc.items()
+        ((hi_name, hi_v),) = hi_doc.items()
+        if type(lo_v) is int and type(hi_v) is int and lo_name == hi_name and type(lo_name) is str:
+            if _plain_name(lo_name) and _plain_name(ch.shard):
+                major, minor = ch.pair
+                return (
+                    f'{{"type":"Chunk","v":1,"min":{{"{lo_name}":{lo_v}}},"max":{{"{lo_name}":{hi_v}}},'
+                    f'"shard":"{ch.shard}","version":[{major},{minor}],"jumbo":{"true" if ch.jumbo else "false"}}}'
+                ).encode()
+    lo, hi = _one_field_json(lo_doc), _one_field_json(hi_doc)
     if lo is not None and hi is not None and _plain_name(ch.shard):
         major, minor = ch.pair
         return (
