@@ -115,17 +115,17 @@ class TimedCodec:
 
 
 class RecordingChanges(dict):
-    """A catalog's pending changes that also keep every write, in order, before a batch's
-    writes to one key collapse into one: whichever method of the catalog writes them."""
+    """A catalog's pending changes (or one namespace's chunk writes, keyed by min_key under
+    `prefix`) that also keep every write, in order, before a batch's writes to one key collapse
+    into one: whichever method of the catalog writes them."""
 
-    def __init__(self, owner: TimedCatalog) -> None:
+    def __init__(self, owner: TimedCatalog, prefix: bytes = b"") -> None:
         super().__init__()
-        self.owner = owner
-        self.recording = True  # off once drained: drain_changes serialises chunks in place
+        self.owner, self.prefix = owner, prefix
 
     def __setitem__(self, key: bytes, value) -> None:
-        if self.recording:
-            self.owner.stream.append((key, value))
+        if self.owner.recording:  # off while drained: drain_changes writes serialised chunks
+            self.owner.stream.append((self.prefix + key, value))
         super().__setitem__(key, value)
 
 
@@ -137,7 +137,14 @@ class TimedCatalog(Catalog):
         super().__init__(track_changes, clock)
         self.seconds = 0.0
         self.stream: list[tuple[bytes, object]] = []
+        self.recording = True
         self._changes = RecordingChanges(self)
+
+    def _chunk_writes(self, ns: str):
+        pending = self._chunk_changes.get(ns)
+        if pending is None:
+            pending = self._chunk_changes[ns] = RecordingChanges(self, self._chunk_key(ns, b""))
+        return pending
 
     def apply(self, event, offset: int) -> None:
         t = time.perf_counter()
@@ -145,11 +152,12 @@ class TimedCatalog(Catalog):
         self.seconds += time.perf_counter() - t
 
     def drain_changes(self):
-        self._changes.recording = False
+        self.recording = False
         t = time.perf_counter()
         out = super().drain_changes()
         self.seconds += time.perf_counter() - t
         self._changes = RecordingChanges(self)
+        self.recording = True
         return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,7 +23,16 @@ from domain.ddl import Coordinator, Phase, extend_bound
 from domain.index_ddl import listed_indexes
 from domain.indexes import IndexSpec
 from domain.settings import ClusterSettings, CollectionSettings
-from domain.shardkey import KeyPattern, from_ejson, simple_bound_key, to_ejson
+from domain.shardkey import (
+    EXACT_INT,
+    NUMBER_TAG,
+    NUMBER_TIE,
+    KeyPattern,
+    from_ejson,
+    pack_negated_number,
+    simple_bound_key,
+    to_ejson,
+)
 from domain.versions import ChunkVersion, DatabaseVersion, collection_version
 from libs.dispatch import Dispatch
 from libs.store import Store
@@ -116,11 +126,7 @@ class Chunk:
     def from_doc(cls, doc: ev.ChunkDoc, min_key: bytes, max_key: bytes, epoch: str) -> Chunk:
         """The chunk of an event's document whose keys the caller knows (they must be
         `encode_bound(from_ejson(doc.min / doc.max))`): bounds parsed when first read."""
-        ch = _new_chunk(cls)
-        ch._min = ch._max = ch._version = None
-        ch.min_key, ch.max_key, ch.shard, ch.pair, ch.epoch = min_key, max_key, doc.shard, doc.version, epoch
-        ch.jumbo, ch.min_doc, ch.max_doc = doc.jumbo, doc.min, doc.max
-        return ch
+        return _folded_chunk(doc, min_key, max_key, epoch)
 
     @property
     def min(self) -> dict[str, Any]:
@@ -173,9 +179,22 @@ class Chunk:
 _new_chunk = object.__new__
 
 
+def _folded_chunk(doc: ev.ChunkDoc, min_key: bytes, max_key: bytes, epoch: str) -> Chunk:
+    """`Chunk.from_doc`, a plain function: a replay makes one per split piece and merge."""
+    ch = _new_chunk(Chunk)
+    ch._min = ch._max = ch._version = None
+    ch.min_key, ch.max_key, ch.shard, ch.pair, ch.epoch = min_key, max_key, doc.shard, doc.version, epoch
+    ch.jumbo, ch.min_doc, ch.max_doc = doc.jumbo, doc.min, doc.max
+    return ch
+
+
 def _plain_json_str(s: str) -> bool:
     """Whether JSON writes `s` as itself between quotes (pydantic and json alike)."""
     return s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
+
+
+# The same few shard names and shard key fields, asked of every chunk a replay writes.
+_plain_name = functools.lru_cache(maxsize=1024)(_plain_json_str)
 
 
 def _one_field_json(bound: dict[str, Any] | None) -> str | None:
@@ -184,7 +203,7 @@ def _one_field_json(bound: dict[str, Any] | None) -> str | None:
     if bound is None or len(bound) != 1:
         return None
     ((name, v),) = bound.items()
-    if type(name) is not str or not _plain_json_str(name):
+    if type(name) is not str or not _plain_name(name):
         return None
     if type(v) is int:
         return f'{{"{name}":{v}}}'
@@ -201,8 +220,20 @@ def chunk_json(ch: Chunk) -> bytes:
     """What the store keeps of a chunk: `ch.stored_doc().model_dump_json()`, byte for byte (a
     property test holds it to that), written directly for the bounds a range-sharded replay is
     made of."""
-    lo, hi = _one_field_json(ch.min_doc), _one_field_json(ch.max_doc)
-    if lo is not None and hi is not None and _plain_json_str(ch.shard):
+    lo_doc, hi_doc = ch.min_doc, ch.max_doc
+    if lo_doc is not None and hi_doc is not None and len(lo_doc) == 1 == len(hi_doc):
+        # The usual chunk, {field: int} bounds: _one_field_json's first case, inlined.
+        ((lo_name, lo_v),) = lo_doc.items()
+        ((hi_name, hi_v),) = hi_doc.items()
+        if type(lo_v) is int and type(hi_v) is int and lo_name == hi_name and type(lo_name) is str:
+            if _plain_name(lo_name) and _plain_name(ch.shard):
+                major, minor = ch.pair
+                return (
+                    f'{{"type":"Chunk","v":1,"min":{{"{lo_name}":{lo_v}}},"max":{{"{lo_name}":{hi_v}}},'
+                    f'"shard":"{ch.shard}","version":[{major},{minor}],"jumbo":{"true" if ch.jumbo else "false"}}}'
+                ).encode()
+    lo, hi = _one_field_json(lo_doc), _one_field_json(hi_doc)
+    if lo is not None and hi is not None and _plain_name(ch.shard):
         major, minor = ch.pair
         return (
             f'{{"type":"Chunk","v":1,"min":{lo},"max":{hi},"shard":"{ch.shard}",'
@@ -211,10 +242,18 @@ def chunk_json(ch: Chunk) -> bytes:
     return ch.stored_doc().model_dump_json().encode()
 
 
-def _same_json(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+def _same_json(a: dict[str, Any] | None, b: dict[str, Any], field: str) -> bool:
     """Whether two one-field bounds are the same JSON (same field, same types, equal values), so
-    they parse to identical bounds; False when not sure (any other shape)."""
-    if a is None or a != b or len(a) != 1:  # dict equality first: 1 == 1.0 == True, checked below
+    they parse to identical bounds; False when not sure (any other shape).  `field`: the one
+    field they are expected to have (the shard key's), checked first, as a replay's usual bound
+    is `{field: int}`."""
+    if a is None:
+        return False
+    va = a.get(field)
+    t = type(va)
+    if t is int or t is str:  # dict equality after the types: 1 == 1.0 == True
+        return type(b.get(field)) is t and va == b[field] and len(a) == 1 and len(b) == 1
+    if a != b or len(a) != 1:
         return False
     (va,) = a.values()
     (vb,) = b.values()
@@ -258,13 +297,10 @@ class Collection:
     settings: CollectionSettings = field(default_factory=CollectionSettings)
 
     mins: list[bytes] = field(default_factory=list)  # chunks[i].min_key, kept beside for bisect
-    # Catalog._chunk_key(ns, b""): what every chunk's store key starts with.
-    chunk_prefix: bytes = field(default=b"", init=False, repr=False, compare=False)
     # The shard key's field when it has one (None: compound): the fold's fast paths take only those.
     single_field: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.chunk_prefix = b"chunk/" + self.ns.encode() + b"\x00"
         self.single_field = self.pattern.fields[0] if len(self.pattern.fields) == 1 else None
 
     def chunk_index(self, key: bytes) -> int:
@@ -390,8 +426,11 @@ class Catalog:
         # shard key's are implicit (domain/index_ddl.py), never here.
         self.indexes: dict[str, list[IndexSpec]] = {}
         self._vector_dirty = False
-        # A chunk's pending write is the Chunk itself (drain_changes serialises it).
-        self._changes: dict[bytes, bytes | Chunk | None] = {}
+        self._changes: dict[bytes, bytes | None] = {}
+        # Chunk writes, by namespace then min_key (the chunk's store key is built once per batch,
+        # in drain_changes: a replay writes ~2 per event, mostly to keys written before).  A
+        # chunk's pending write is the Chunk itself (drain_changes serialises it).
+        self._chunk_changes: dict[str, dict[bytes, bytes | Chunk | None]] = {}
 
     # ------------------------------------------------------------- queries
 
@@ -464,10 +503,23 @@ class Catalog:
             self._put(b"vector", [self.config_ts, self.topology_ts])
             self._vector_dirty = False
         out, self._changes = self._changes, {}
-        for k, v in out.items():
-            if type(v) is Chunk:
-                out[k] = chunk_json(v)
-        return out  # type: ignore[return-value]  # every Chunk serialised above
+        for ns, pending in self._chunk_changes.items():
+            prefix = self._chunk_key(ns, b"")
+            for k, v in pending.items():
+                out[prefix + k] = chunk_json(v) if type(v) is Chunk else v  # type: ignore[assignment]
+        self._chunk_changes = {}
+        return out
+
+    def _chunk_writes(self, ns: str) -> dict[bytes, bytes | Chunk | None]:
+        """The pending chunk writes of `ns` in this batch, by min_key."""
+        pending = self._chunk_changes.get(ns)
+        if pending is None:
+            pending = self._chunk_changes[ns] = {}
+        return pending
+
+    def _put_chunk_key(self, ns: str, min_key: bytes, value: bytes | Chunk | None) -> None:
+        if self.track_changes:
+            self._chunk_writes(ns)[min_key] = value
 
     @staticmethod
     def _chunk_key(ns: str, min_key: bytes) -> bytes:
@@ -508,11 +560,9 @@ class Catalog:
         """Write chunk `ch`: its stored document is the event's `doc` when given (the same as
         `ch.stored_doc()`)."""
         if self.track_changes:
-            key = self._chunk_key(ns, ch.min_key)
-            if self.fast_fold:
-                self._changes[key] = ch  # serialised once per key per batch, by drain_changes
-            else:
-                self._changes[key] = (doc or ch.stored_doc()).model_dump_json().encode()
+            # Serialised once per key per batch, by drain_changes (the reference: at once).
+            value = ch if self.fast_fold else (doc or ch.stored_doc()).model_dump_json().encode()
+            self._chunk_writes(ns)[ch.min_key] = value
 
     def load(self, store: Store) -> None:
         """Rebuild the in-memory catalog from the store's entities (no replay needed)."""
@@ -617,72 +667,6 @@ class Catalog:
         ch._version = version
         return ch
 
-    def _split_in_two(self, coll: Collection, e: ev.ChunkSplit) -> bool:
-        """Fold a split of one chunk into two pieces, the parent's keys reused: only the split
-        point is encoded, nothing parsed.  False (nothing done) unless every bound is a
-        one-field int, string or MinKey/MaxKey bound and the pieces' outer bounds are the
-        parent's."""
-        d0, d1 = e.chunks
-        field = coll.single_field
-        at_doc = d0.max
-        at_key = simple_bound_key(field, at_doc)
-        if at_key is None or not (_same_json(at_doc, d1.min) or simple_bound_key(field, d1.min) == at_key):
-            return False
-        i = bisect.bisect_right(coll.mins, at_key) - 1
-        if i < 0:
-            return False
-        parent = coll.chunks[i]
-        lo_key, hi_key = parent.min_key, parent.max_key
-        p0, p1 = d0.version, d1.version
-        if not (
-            lo_key < at_key < hi_key
-            and (_same_json(parent.min_doc, d0.min) or simple_bound_key(field, d0.min) == lo_key)
-            and (_same_json(parent.max_doc, d1.max) or simple_bound_key(field, d1.max) == hi_key)
-            and p0[0] >= 0
-            and p0[1] >= 0
-            and p1[0] >= 0
-            and p1[1] >= 0
-        ):
-            return False
-        a, b = Chunk.from_doc(d0, lo_key, at_key, coll.epoch), Chunk.from_doc(d1, at_key, hi_key, coll.epoch)
-        coll.chunks[i : i + 1] = (a, b)
-        coll.mins[i : i + 1] = (lo_key, at_key)
-        coll._versions = None
-        if self.track_changes:
-            self._changes[coll.chunk_prefix + lo_key] = a
-            self._changes[coll.chunk_prefix + at_key] = b
-        return True
-
-    def _merge_by_keys(self, coll: Collection, e: ev.ChunksMerged) -> bool:
-        """Fold a merge with its bounds encoded straight from their JSON, nothing parsed.  False
-        (nothing done) unless both are one-field int, string or MinKey/MaxKey bounds that are
-        a first chunk's min and a last chunk's max."""
-        d = e.chunk
-        field = coll.single_field
-        lo_key, hi_key = simple_bound_key(field, d.min), simple_bound_key(field, d.max)
-        pair = d.version
-        if lo_key is None or hi_key is None or pair[0] < 0 or pair[1] < 0:
-            return False
-        chunks = coll.chunks
-        lo = bisect.bisect_right(coll.mins, lo_key) - 1
-        if lo < 0 or chunks[lo].min_key != lo_key:
-            return False
-        hi, n = lo, len(chunks)
-        while hi < n and chunks[hi].max_key <= hi_key:
-            hi += 1
-        if hi == lo or chunks[hi - 1].max_key != hi_key:
-            return False
-        merged = Chunk.from_doc(d, lo_key, hi_key, coll.epoch)
-        if self.track_changes:
-            prefix = coll.chunk_prefix
-            for ch in chunks[lo + 1 : hi]:
-                self._changes[prefix + ch.min_key] = None
-            self._changes[prefix + lo_key] = merged
-        chunks[lo:hi] = (merged,)
-        coll.mins[lo:hi] = (lo_key,)
-        coll._versions = None
-        return True
-
     @staticmethod
     def _zone(coll: Collection, lo: dict[str, Any], hi: dict[str, Any], zone: str) -> ZoneRange:
         return Catalog._zone_of(coll.pattern, from_ejson(lo), from_ejson(hi), zone)
@@ -770,7 +754,7 @@ class Catalog:
     def _on_CollectionSharded(self, e: ev.CollectionSharded) -> None:
         if (old := self.collections.get(e.ns)) is not None:  # a new incarnation replaces the old one
             for ch in old.chunks:
-                self._put(self._chunk_key(e.ns, ch.min_key), None)
+                self._put_chunk_key(e.ns, ch.min_key, None)
             for z in old.zones:
                 self._put(self._zone_key(e.ns, z.min_key), None)
         if (db := self.databases.get(e.ns.partition(".")[0])) is not None and e.ns in db.collections:
@@ -791,9 +775,79 @@ class Catalog:
 
     @on_event.register(ev.ChunkSplit)
     def _on_ChunkSplit(self, e: ev.ChunkSplit) -> None:
+        """A split into two pieces is folded with the parent's keys reused: only the split point
+        is encoded, nothing parsed, when every bound is a one-field int, string or MinKey/MaxKey
+        bound and the pieces' outer bounds are the parent's; any other split, `_split_parsed`."""
         coll = self.collections[e.ns]
-        if self.fast_fold and len(e.chunks) == 2 and self._split_in_two(coll, e):
-            return
+        docs = e.chunks
+        if not self.fast_fold or len(docs) != 2:
+            return self._split_parsed(coll, e)
+        d0, d1 = docs
+        field = coll.single_field
+        if field is None:  # a compound shard key
+            return self._split_parsed(coll, e)
+        at_doc = d0.max
+        v = at_doc.get(field)
+        if type(v) is int and 0 < v <= EXACT_INT and len(at_doc) == 1:  # simple_bound_key's first case, inlined
+            at_key = pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE)
+        elif (at_key := simple_bound_key(field, at_doc)) is None:  # type: ignore[assignment]
+            return self._split_parsed(coll, e)
+        # Each bound below is the same JSON as the one it must be (so it parses the same), or
+        # has the same key.  The usual bound, {field: int}, is compared inline: the types, then
+        # dict equality (1 == 1.0 == True), and one field only (the others' types unchecked).
+        m1 = d1.min
+        t = type(at_doc[field])
+        if not (
+            ((t is int or t is str) and m1 == at_doc and type(m1[field]) is t)
+            or _same_json(at_doc, m1, field)
+            or simple_bound_key(field, m1) == at_key
+        ):
+            return self._split_parsed(coll, e)
+        i = bisect.bisect_right(coll.mins, at_key) - 1
+        if i < 0:
+            return self._split_parsed(coll, e)
+        chunks = coll.chunks
+        parent = chunks[i]
+        lo_key, hi_key = parent.min_key, parent.max_key
+        if not lo_key < at_key < hi_key:
+            return self._split_parsed(coll, e)
+        # The outer bounds: a positive int's key is packed (the event is at hand, the parent's
+        # documents are not), any other bound compared with the parent's JSON, else encoded.
+        m0 = d0.min
+        v = m0.get(field)
+        if not (
+            (pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE) == lo_key and len(m0) == 1)
+            if type(v) is int and 0 < v <= EXACT_INT
+            else (_same_json(parent.min_doc, m0, field) or simple_bound_key(field, m0) == lo_key)
+        ):
+            return self._split_parsed(coll, e)
+        x1 = d1.max
+        v = x1.get(field)
+        if not (
+            (pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE) == hi_key and len(x1) == 1)
+            if type(v) is int and 0 < v <= EXACT_INT
+            else (_same_json(parent.max_doc, x1, field) or simple_bound_key(field, x1) == hi_key)
+        ):
+            return self._split_parsed(coll, e)
+        p0, p1 = d0.version, d1.version
+        if not (p0[0] >= 0 <= p0[1] and p1[0] >= 0 <= p1[1]):
+            return self._split_parsed(coll, e)  # which refuses them
+        epoch = coll.epoch
+        a, b = _new_chunk(Chunk), _new_chunk(Chunk)  # _folded_chunk twice, inlined
+        a._min = a._max = a._version = b._min = b._max = b._version = None
+        a.min_key, a.max_key, a.shard, a.pair, a.epoch = lo_key, at_key, d0.shard, p0, epoch
+        a.jumbo, a.min_doc, a.max_doc = d0.jumbo, m0, at_doc
+        b.min_key, b.max_key, b.shard, b.pair, b.epoch = at_key, hi_key, d1.shard, p1, epoch
+        b.jumbo, b.min_doc, b.max_doc = d1.jumbo, m1, x1
+        chunks[i : i + 1] = (a, b)
+        coll.mins.insert(i + 1, at_key)  # mins[i] is lo_key already
+        coll._versions = None
+        if self.track_changes:
+            pending = self._chunk_changes.get(coll.ns) or self._chunk_writes(coll.ns)
+            pending[lo_key] = a
+            pending[at_key] = b
+
+    def _split_parsed(self, coll: Collection, e: ev.ChunkSplit) -> None:
         new = [self._chunk(coll, d) for d in e.chunks]
         i = coll.chunk_index(new[0].min_key)
         coll.replace_chunks(i, i + 1, new)
@@ -802,16 +856,61 @@ class Catalog:
 
     @on_event.register(ev.ChunksMerged)
     def _on_ChunksMerged(self, e: ev.ChunksMerged) -> None:
+        """A merge is placed by its bounds' keys, encoded straight from their JSON, nothing
+        parsed, when both are one-field int, string or MinKey/MaxKey bounds that are a first
+        chunk's min and a last chunk's max; any other merge, `_merge_parsed`."""
         coll = self.collections[e.ns]
-        if self.fast_fold and self._merge_by_keys(coll, e):
-            return
+        if not self.fast_fold:
+            return self._merge_parsed(coll, e)
+        d = e.chunk
+        field = coll.single_field
+        if field is None:  # a compound shard key
+            return self._merge_parsed(coll, e)
+        lo_doc, hi_doc = d.min, d.max
+        # simple_bound_key, its first case inlined
+        v = lo_doc.get(field)
+        if type(v) is int and 0 < v <= EXACT_INT and len(lo_doc) == 1:
+            lo_key: bytes | None = pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE)
+        else:
+            lo_key = simple_bound_key(field, lo_doc)
+        v = hi_doc.get(field)
+        if type(v) is int and 0 < v <= EXACT_INT and len(hi_doc) == 1:
+            hi_key: bytes | None = pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE)
+        else:
+            hi_key = simple_bound_key(field, hi_doc)
+        pair = d.version
+        if lo_key is None or hi_key is None or not pair[0] >= 0 <= pair[1]:
+            return self._merge_parsed(coll, e)  # which refuses a negative version
+        chunks = coll.chunks
+        lo = bisect.bisect_right(coll.mins, lo_key) - 1
+        if lo < 0 or chunks[lo].min_key != lo_key:
+            return self._merge_parsed(coll, e)
+        hi, n = lo, len(chunks)
+        while hi < n and chunks[hi].max_key <= hi_key:
+            hi += 1
+        if hi == lo or chunks[hi - 1].max_key != hi_key:
+            return self._merge_parsed(coll, e)
+        m = _new_chunk(Chunk)  # _folded_chunk, inlined
+        m._min = m._max = m._version = None
+        m.min_key, m.max_key, m.shard, m.pair, m.epoch = lo_key, hi_key, d.shard, pair, coll.epoch
+        m.jumbo, m.min_doc, m.max_doc = d.jumbo, lo_doc, hi_doc
+        if self.track_changes:
+            pending = self._chunk_changes.get(coll.ns) or self._chunk_writes(coll.ns)
+            for ch in chunks[lo + 1 : hi]:
+                pending[ch.min_key] = None
+            pending[lo_key] = m
+        chunks[lo:hi] = (m,)
+        del coll.mins[lo + 1 : hi]  # mins[lo] is lo_key already
+        coll._versions = None
+
+    def _merge_parsed(self, coll: Collection, e: ev.ChunksMerged) -> None:
         merged = self._chunk(coll, e.chunk)
         lo = coll.chunk_index(merged.min_key)
         hi = lo
         while hi < len(coll.chunks) and coll.chunks[hi].max_key <= merged.max_key:
             hi += 1
         for ch in coll.chunks[lo + 1 : hi]:
-            self._put(self._chunk_key(e.ns, ch.min_key), None)
+            self._put_chunk_key(e.ns, ch.min_key, None)
         coll.replace_chunks(lo, hi, [merged])
         self._put_chunk(e.ns, merged, e.chunk)
 
@@ -980,7 +1079,7 @@ class Catalog:
             self._put_indexes(ns)
         if (coll := self.collections.pop(ns, None)) is not None:
             for ch in coll.chunks:
-                self._put(self._chunk_key(ns, ch.min_key), None)
+                self._put_chunk_key(ns, ch.min_key, None)
             for z in coll.zones:
                 self._put(self._zone_key(ns, z.min_key), None)
             self._put(b"coll/" + ns.encode(), None)

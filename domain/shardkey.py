@@ -82,6 +82,10 @@ __all__ = [
     "to_ejson",
     "simple_bound_key",
     "to_ejson_bound",
+    "EXACT_INT",
+    "NUMBER_TAG",
+    "NUMBER_TIE",
+    "pack_negated_number",
 ]
 
 INT64_MIN = -(2**63)
@@ -507,6 +511,14 @@ _unpack_bits = struct.Struct(">Q").unpack
 _pack_number = struct.Struct(">BQH").pack
 
 
+# `_exact_int` of 0 < v <= 2**53: v's double with the sign bit set is the double -v, so the
+# whole key is one pack of -v (0 is not: -0 is the int 0, whose double has no sign bit).
+_pack_negated = struct.Struct(">BdH").pack
+# For a caller that folds millions of bounds and inlines simple_bound_key's first case:
+# encode_value(v) == pack_negated_number(NUMBER_TAG, -v, NUMBER_TIE) for every int 0 < v <= EXACT_INT.
+pack_negated_number, NUMBER_TAG, NUMBER_TIE, EXACT_INT = _pack_negated, _NUMBER, _TIE_BIAS, _EXACT_INT
+
+
 def _exact_int(v: int) -> bytes:
     """`encode_value` of an int with |v| <= 2**53 (the same bytes, in one pack)."""
     (bits,) = _unpack_bits(_pack_double(v))
@@ -530,17 +542,17 @@ def simple_bound_key(field: str | None, bound: Any) -> bytes | None:
     hot path); None for any other bound, which the caller parses."""
     if len(bound) != 1:
         return None
-    ((name, v),) = bound.items()
-    if name != field:
-        return None
-    if type(v) is int:
-        if -_EXACT_INT <= v <= _EXACT_INT:  # _exact_int, inlined: a replay's every bound
-            (bits,) = _unpack_bits(_pack_double(v))
-            return _pack_number(_NUMBER, bits ^ _ALL_BITS if bits & _SIGN_BIT else bits | _SIGN_BIT, _TIE_BIAS)
+    v = bound.get(field)  # None (no key) when the one field is another: not simple
+    t = type(v)
+    if t is int:
+        if 0 < v <= _EXACT_INT:  # a range-sharded replay's usual bound: one pack (_positive_int_key)
+            return _pack_negated(_NUMBER, -v, _TIE_BIAS)
+        if -_EXACT_INT <= v <= _EXACT_INT:
+            return _exact_int(v)
         return encode_value(v) if INT64_MIN <= v <= INT64_MAX else None
-    if type(v) is str:
+    if t is str:
         return encode_value(v)
-    if type(v) is dict and len(v) == 1:
+    if t is dict and len(v) == 1:
         ((wrapper, one),) = v.items()
         if type(one) is int and one == 1:
             return _SENTINEL_KEYS.get(wrapper)

@@ -263,3 +263,18 @@ def test_chunk_json_is_model_dump_json_byte_for_byte(lo, hi, shard, major, minor
     )
     ch.min_doc = ch.max_doc = None  # bounds known only parsed: written as doc() writes them
     assert chunk_json(ch) == ch.doc().model_dump_json().encode()
+
+
+@given(
+    st.text(max_size=3),
+    st.integers(-(2**70), 2**70),
+    st.integers(-(2**70), 2**70),
+    st.text(max_size=6),
+    st.integers(0, 2**40),
+    st.booleans(),
+)
+def test_chunk_json_of_int_bounds_on_one_field_is_model_dump_json(name, lo, hi, shard, minor, jumbo):
+    """The usual chunk of a range-sharded replay ({field: int} bounds), which chunk_json writes inline."""
+    ch = chunk({name: lo}, {name: hi}, shard, (1, minor), jumbo)
+    expected = ev.ChunkDoc(min={name: lo}, max={name: hi}, shard=shard, version=(1, minor), jumbo=jumbo)
+    assert chunk_json(ch) == expected.model_dump_json().encode()

@@ -531,6 +531,15 @@ def test_an_exact_int_is_encoded_as_the_general_number_encoding(v):
     assert encode_value(v) == bytes([_NUMBER]) + _number_body(v)
 
 
+@pytest.mark.parametrize(
+    "v", [0, 1, -1, 2, 2**52, 2**53 - 1, 2**53, 2**53 + 1, -(2**53), -(2**53) - 1, INT64_MAX, INT64_MIN]
+)
+def test_simple_bound_key_of_an_int_at_the_edges_of_its_one_pack_encodings(v):
+    from domain.shardkey import simple_bound_key
+
+    assert simple_bound_key("x", {"x": v}) == KeyPattern.parse({"x": 1}).encode_bound(from_ejson({"x": v}))
+
+
 _simple_values = st.one_of(
     st.integers(-(2**70), 2**70),
     st.text(max_size=4),
