@@ -237,7 +237,9 @@ class RouterServer:
             try:
                 req = schema.requests.decode(rec.value)
                 span.update_name(f"router {req.type}")  # consumed; its routing span is "route <type>"
-                reply = Reply(ok=True, result=await self.routing.handle(req), configTime=self.follower.config_time)
+                answer: dict = dict(
+                    ok=True, result=await self.routing.handle(req), configTime=self.follower.config_time
+                )
             except RecordError as e:
                 await self.producer.send(
                     self.settings.topics.dead_letters,
@@ -248,19 +250,20 @@ class RouterServer:
                         ("dlq.offset", str(rec.offset).encode()),
                     ],
                 )
-                reply = Reply(ok=False, code=ErrorCode.BadRecord, error=e.reason)
+                answer = dict(ok=False, code=ErrorCode.BadRecord, error=e.reason)
             except CommandError as e:
-                reply = Reply(ok=False, code=e.code, error=e.message, result=e.info)
+                answer = dict(ok=False, code=e.code, error=e.message, result=e.info)
             except Exception as e:  # a bug: answer clearly rather than leave the client waiting
                 log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
-                reply = Reply(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}")
-            # Every client reply carries the time of the operation and our signed ClusterTime.
-            reply = reply.model_copy(
-                update={
-                    "operationTime": self.routing.operation_time(),
-                    "clusterTime": self.routing.signed_cluster_time(),
-                }
-            )
+                answer = dict(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}")
+            # Every client reply carries the time of the operation and our signed ClusterTime: one
+            # Reply built with them (not built, then copied with them: a model_copy per operation).
+            times = dict(operationTime=self.routing.operation_time(), clusterTime=self.routing.signed_cluster_time())
+            try:
+                reply = Reply(**answer, **times)
+            except Exception as e:  # a result a Reply refuses: a bug, answered as before (in the try above)
+                log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
+                reply = Reply(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}", **times)
             self.served += 1
             if reply_to:
                 try:
