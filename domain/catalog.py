@@ -690,18 +690,17 @@ class Catalog:
             handler(self, e)
         if offset >= 0:
             self.config_time = offset + 1
+        # Fold the event's stamp: ConfigTime's logical value, TopologyTime's on a change of
+        # shards.  Inlined, with a set lookup on the exact type (event models are never
+        # subclassed) rather than isinstance against a tuple: this runs for every replayed event.
         ts: int | None = getattr(e, "ts", None)
         if ts is not None:
-            self._stamp(ts, isinstance(e, (ev.ShardAdded, ev.ShardRemoved)))
-
-    def _stamp(self, ts: int, topology: bool) -> None:
-        """Fold an event's stamp: ConfigTime's logical value, TopologyTime's on a change of shards."""
-        self.config_ts = ts
-        if topology:
-            self.topology_ts = ts
-        self._vector_dirty = True  # persisted once per batch, in drain_changes
-        if self.clock is not None:
-            self.clock.advance(ts, ts, self.topology_ts)
+            self.config_ts = ts
+            if type(e) in _TOPOLOGY_EVENTS:
+                self.topology_ts = ts
+            self._vector_dirty = True  # persisted once per batch, in drain_changes
+            if self.clock is not None:
+                self.clock.advance(ts, ts, self.topology_ts)
 
     @on_event.register(ev.ClusterTimeKeyCreated)
     def _on_ClusterTimeKeyCreated(self, e: ev.ClusterTimeKeyCreated) -> None:
@@ -1177,3 +1176,4 @@ class Catalog:
 
 
 _EVENT_HANDLERS = on_event.table
+_TOPOLOGY_EVENTS = frozenset({ev.ShardAdded, ev.ShardRemoved})

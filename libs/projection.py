@@ -171,19 +171,21 @@ class Projection:
             self._consumer = None
 
     async def _apply_batch(self, records: list[kafka.KafkaRecord]) -> None:
+        # Bound once per batch, not looked up on every record of a replay.
+        apply, decode = self.state.apply, self.codec.decode
         for rec in records:
             if rec.value is None and rec.key:  # a tombstone: what the processor wrote as Tombstone(key)
-                self.state.apply(Tombstone(key=rec.key), rec.offset)
+                apply(Tombstone(key=rec.key), rec.offset)
                 continue
             try:
-                event = self.codec.decode(rec.value)
+                event = decode(rec.value)
             except RecordError as e:
                 # Only one writer appends to an event log, so this is a bug or a foreign
                 # producer: skip it loudly rather than stop the world.
                 self.skipped += 1
                 log.error("%s: skipping undecodable record at %s@%d: %s", self.name, self.topic, rec.offset, e.reason)
                 continue
-            self.state.apply(event, rec.offset)
+            apply(event, rec.offset)
         last = records[-1]
         self.advance(last.offset + 1, fingerprint(last.value))
 
