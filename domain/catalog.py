@@ -812,6 +812,7 @@ class Catalog:
             return self._split_parsed(coll, e)
         # The outer bounds: a positive int's key is packed (the event is at hand, the parent's
         # documents are not), any other bound compared with the parent's JSON, else encoded.
+        # The same check twice, written out: a helper call per bound costs replay ~0.1 µs/event.
         m0 = d0.min
         v = m0.get(field)
         if not (
