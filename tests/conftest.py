@@ -303,6 +303,32 @@ def cli(settings, *args: str, timeout: float = 60) -> subprocess.CompletedProces
     )
 
 
+class OriginTask(asyncio.Task):
+    """A task that remembers the source file of the code that created it (outside asyncio):
+    tests that look for leaked tasks can then set aside the Kafka client library's own, which
+    come and go with its broker connections and fetches, not with anything the test does."""
+
+    origin = "?"
+
+
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__)
+
+
+def _origin_task_factory(loop, coro, **kw):
+    task = OriginTask(coro, loop=loop, **kw)
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_ASYNCIO_DIR):
+        frame = frame.f_back
+    if frame is not None:
+        task.origin = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return task
+
+
+def kafka_client_task(task: asyncio.Task) -> bool:
+    """Created inside aiokafka (its connections, fetches, metadata, group heartbeats)."""
+    return f"{os.sep}aiokafka{os.sep}" in getattr(task, "origin", "?")
+
+
 class InProcessCluster:
     """Config server, shards and a router as tasks on one event loop in a background thread
     ("a host process can run several services"); they still talk only through Kafka."""
@@ -316,6 +342,7 @@ class InProcessCluster:
 
         self.settings = settings
         self.loop = asyncio.new_event_loop()
+        self.loop.set_task_factory(_origin_task_factory)
         self.config = ConfigServer(settings)
         self.shards = {sid: ShardServer(settings, sid) for sid in shards}
         self.router = RouterServer(settings)
@@ -349,6 +376,19 @@ class InProcessCluster:
         await async_wait_until(
             lambda: self.router.wire is None or self.router.wire._server is not None, 60, "the router's wire edge"
         )
+
+        # the last things each service starts (tasks of their own): a test that begins now sees a
+        # cluster at rest, and can count its tasks
+        def background_started() -> bool:
+            shards = self.shards.values()
+            readers = [r for s in shards for r in (s.donor.requester, s.index_builder.requester, s.reaper.requester)]
+            return (
+                self.router.sessions.store._tail is not None
+                and all(s.reaper.store._tail is not None for s in shards)
+                and all(r._reader is not None for r in readers)
+            )
+
+        await async_wait_until(background_started, 60, "each shard's donor, index builder and session reaper")
 
     def command(self, cmd):
         """Send a config command and wait until the router and shards have seen its effect."""
