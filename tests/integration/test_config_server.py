@@ -12,9 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from libs.commands import CORRELATION_ID
 from libs.requests import Requester
 from schemas import config as c
-from tests.conftest import async_wait_until, cli, read_events, read_records
+from tests.conftest import async_wait_until, cli, read_events, read_records, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -241,6 +242,61 @@ def test_standby_takes_over_when_the_active_config_server_dies(settings, spawn):
     standby.wait_ready(role="active", timeout=5)
     names = collections.Counter(e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events))
     assert names == collections.Counter([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
+
+
+def group_offset_and_log_end(settings) -> tuple[int, int]:
+    """The config server's consumer group's committed offset on its command topic (-1: none) and
+    that topic's end."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from libs import kafka
+
+    async def go() -> tuple[int, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(settings.topics.group("config"))
+        finally:
+            await admin.close()
+        at = offsets.get(TopicPartition(settings.topics.config_commands, 0))
+        async with kafka.partition_reader(settings.bootstrap, settings.topics.config_commands) as (c, tp):
+            end = await kafka.log_end(c, tp)
+        return (at.offset if at is not None else -1), end
+
+    return asyncio.run(go())
+
+
+def test_the_heir_resumes_where_the_changelog_records_while_the_group_lags(settings, spawn):
+    """A transaction that writes events records its command offsets on them, not in the consumer
+    group (docs/reference/command-processor.md).  The active server's own group commits are held
+    off, so the group lags every command it answered; after its kill -9 the standby resumes where
+    the changelog says: no command is answered twice, none is lost, and the group catches up."""
+    active = spawn(settings, "services.config", ready_name="config", env={"SHARDLOG_READ_OFFSETS_COMMIT_S": "3600"})
+    active.wait_ready(role="active")
+    standby = spawn(settings, "services.config", "--instance", "1", ready_name="config-1")
+    standby.wait_ready(role="standby")
+    assert all(r.ok for r in request_all(settings, [c.AddShard(shard=f"a{i}") for i in range(20)]))
+    committed, end = group_offset_and_log_end(settings)
+    assert committed < end, "the group lags: the transactions recorded their offsets in the changelog"
+    active.kill9()
+    assert all(r.ok for r in request_all(settings, [c.AddShard(shard=f"b{i}") for i in range(20)], timeout=90))
+    standby.wait_ready(role="active", timeout=5)
+    names = collections.Counter(e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events))
+    assert names == collections.Counter([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
+    # Answered once: one reply per request on the requesters' inbox (the heir deciding an AddShard
+    # again would have answered it a second time, refused).
+    replies = collections.Counter(
+        dict(r.headers or ()).get(CORRELATION_ID) for r in read_records(settings.bootstrap, settings.topics.cli_replies)
+    )
+    assert len(replies) == 40 and set(replies.values()) == {1}, replies.most_common(3)
+
+    # The heir gives the group the position it resumed at, and keeps it current.
+    def group_current() -> bool:
+        committed, end = group_offset_and_log_end(settings)
+        return committed == end
+
+    wait_until(group_current, 30, "the group's offset to reach the command topic's end", interval=0.5)
 
 
 def test_a_zombie_config_server_cannot_append(settings, spawn):
