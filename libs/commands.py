@@ -302,7 +302,7 @@ class CommandProcessor:
                     continue
                 if not self.active.is_set():
                     if time.monotonic() < self._hold_until:  # fenced: let the group speak first
-                        consumer.pause(self.tp)  # (activation seeks to the committed offset)
+                        consumer.pause(self.tp)  # (activation seeks to where the commands resume)
                         await consumer.getmany(timeout_ms=100)
                         continue
                     await self._activate()
@@ -406,7 +406,7 @@ class CommandProcessor:
                 pass
             self._read_producer = None
         # Uncommitted read offsets: the next owner answers those reads again; and decides the
-        # commands fetched meanwhile (activation seeks to the committed offset).
+        # commands fetched meanwhile (activation seeks to where the last commit left them).
         self._read_sends, self._group_behind = [], None
         self._carried, self._carried_end = [], None
         self._uncommitted = set()  # a failed batch has already reset the state from the store

@@ -282,6 +282,29 @@ def read_records(bootstrap: str, topic: str) -> list:
     return asyncio.run(go())
 
 
+def group_offset_and_log_end(settings, member: str, topic: str) -> tuple[int, int]:
+    """The consumer group `member`'s committed offset on a command topic (-1: none) and that
+    topic's end (a command processor's lag)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from libs import kafka
+
+    async def go() -> tuple[int, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(settings.topics.group(member))
+        finally:
+            await admin.close()
+        at = offsets.get(TopicPartition(topic, 0))
+        async with kafka.partition_reader(settings.bootstrap, topic) as (c, tp):
+            end = await kafka.log_end(c, tp)
+        return (at.offset if at is not None else -1), end
+
+    return asyncio.run(go())
+
+
 def read_events(bootstrap: str, topic: str, *, keys: bool = False) -> list:
     """Every config event, as (offset, record); the cluster-time signing keys the config server
     makes on its own (ClusterTimeKeyCreated) only with `keys`."""

@@ -15,7 +15,14 @@ from cli.main import app
 from libs.commands import CORRELATION_ID
 from libs.requests import Requester
 from schemas import config as c
-from tests.conftest import async_wait_until, cli, read_events, read_records, wait_until
+from tests.conftest import (
+    async_wait_until,
+    cli,
+    group_offset_and_log_end,
+    read_events,
+    read_records,
+    wait_until,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -244,29 +251,6 @@ def test_standby_takes_over_when_the_active_config_server_dies(settings, spawn):
     assert names == collections.Counter([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
 
 
-def group_offset_and_log_end(settings) -> tuple[int, int]:
-    """The config server's consumer group's committed offset on its command topic (-1: none) and
-    that topic's end."""
-    from aiokafka import TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    from libs import kafka
-
-    async def go() -> tuple[int, int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
-        await admin.start()
-        try:
-            offsets = await admin.list_consumer_group_offsets(settings.topics.group("config"))
-        finally:
-            await admin.close()
-        at = offsets.get(TopicPartition(settings.topics.config_commands, 0))
-        async with kafka.partition_reader(settings.bootstrap, settings.topics.config_commands) as (c, tp):
-            end = await kafka.log_end(c, tp)
-        return (at.offset if at is not None else -1), end
-
-    return asyncio.run(go())
-
-
 def test_the_heir_resumes_where_the_changelog_records_while_the_group_lags(settings, spawn):
     """A transaction that writes events records its command offsets on them, not in the consumer
     group (docs/reference/command-processor.md).  The active server's own group commits are held
@@ -277,7 +261,7 @@ def test_the_heir_resumes_where_the_changelog_records_while_the_group_lags(setti
     standby = spawn(settings, "services.config", "--instance", "1", ready_name="config-1")
     standby.wait_ready(role="standby")
     assert all(r.ok for r in request_all(settings, [c.AddShard(shard=f"a{i}") for i in range(20)]))
-    committed, end = group_offset_and_log_end(settings)
+    committed, end = group_offset_and_log_end(settings, "config", settings.topics.config_commands)
     assert committed < end, "the group lags: the transactions recorded their offsets in the changelog"
     active.kill9()
     assert all(r.ok for r in request_all(settings, [c.AddShard(shard=f"b{i}") for i in range(20)], timeout=90))
@@ -293,7 +277,7 @@ def test_the_heir_resumes_where_the_changelog_records_while_the_group_lags(setti
 
     # The heir gives the group the position it resumed at, and keeps it current.
     def group_current() -> bool:
-        committed, end = group_offset_and_log_end(settings)
+        committed, end = group_offset_and_log_end(settings, "config", settings.topics.config_commands)
         return committed == end
 
     wait_until(group_current, 30, "the group's offset to reach the command topic's end", interval=0.5)
