@@ -38,7 +38,9 @@ class Checkpoint:
     command_end: int | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.__dict__).encode()
+        # Without a command position, as an earlier version wrote it (and can read it back).
+        fields = {k: v for k, v in self.__dict__.items() if k != "command_end" or v is not None}
+        return json.dumps(fields).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Checkpoint:

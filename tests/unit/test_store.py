@@ -54,3 +54,12 @@ def test_a_checkpoint_written_before_the_command_position_was_kept_has_none(tmp_
     s.db[key] = json.dumps({"topic": "t", "partition": 0, "next_offset": 8, "command_end": 3, "later": 1}).encode()
     assert s.checkpoint("t", 0) == Checkpoint("t", 0, 8, None, 3)
     s.close()
+
+
+def test_a_checkpoint_without_a_command_position_is_written_as_before():
+    assert json.loads(Checkpoint("t", 0, 7, 1).to_bytes()) == {
+        "topic": "t",
+        "partition": 0,
+        "next_offset": 7,
+        "last_fingerprint": 1,
+    }
