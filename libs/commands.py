@@ -3,12 +3,17 @@ events, replies and the consumed offsets in ONE Kafka transaction.
 
 - Exactly once: events, replies, dead letters and the command offsets commit
   together; a crash before the commit leaves no trace and the commands are
-  decided again by whoever takes over.
+  decided again by whoever takes over.  A transaction that writes events records
+  the offsets on them (the `cmd-end` header, projection.COMMAND_END) instead of
+  committing them to the consumer group; one that writes none commits them to the
+  group.  A new owner resumes at the larger of the two (docs/reference/command-processor.md).
 - Group commit: every command of a fetched batch shares one transaction.
 - Plain reads outside it: the commands a service calls plain reads (a shard's Find / Count
   without afterClusterTime) at the head of a batch write nothing, so they are answered at once
   through a non-transactional producer; their offsets commit with the next transaction, or
   alone within READ_OFFSETS_COMMIT_S (docs/reference/command-processor.md).
+- The consumer group's offset follows within READ_OFFSETS_COMMIT_S too (lag monitoring,
+  and a second record of the position): an occasional transaction also commits it.
 - One active instance: the member of the consumer group that owns the
   command topic's single partition.  It fences any earlier owner by starting
   a transactional producer with the stable id `<group>.<partition>`, catches
@@ -34,7 +39,7 @@ from opentelemetry.util.types import AttributeValue
 
 from libs import kafka, tracing
 from libs.faults import fault_point
-from libs.projection import Projection, fingerprint
+from libs.projection import COMMAND_END, Projection, fingerprint
 from schemas import Codec, Record, RecordError, Tombstone
 from schemas.reply import Reply
 
@@ -43,7 +48,8 @@ log = logging.getLogger(__name__)
 REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
 VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and reply (docs/decisions/0014)
 # How long the offsets of reads answered outside any transaction may stay uncommitted when no
-# transaction comes to carry them: a takeover answers at most this much again (harmlessly).
+# transaction comes to carry them: a takeover answers at most this much again (harmlessly).  Also
+# how far the consumer group's offset may lag the position recorded in the changelog.
 READ_OFFSETS_COMMIT_S = float(os.environ.get("SHARDLOG_READ_OFFSETS_COMMIT_S", "1"))
 # An inbox's partition for the replies sent outside any transaction (plain reads), when it has
 # more than one: a read_committed reader stops at the first open transaction of a partition, and
@@ -227,9 +233,14 @@ class CommandProcessor:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None  # transactional, while active
         self._read_producer: AIOKafkaProducer | None = None  # idempotent, plain reads' replies, while active
-        self._read_sends: list[asyncio.Future[RecordMetadata]] = []  # their replies not yet known acked
-        self._read_offset: int | None = None  # the offset after the last read answered, uncommitted
-        self._read_since = 0.0  # since when (monotonic) an offset has been uncommitted
+        # Plain reads' replies not yet known acked, each with whether it went to a partition that
+        # transactional replies use too (an inbox with one partition).
+        self._read_sends: list[tuple[asyncio.Future[RecordMetadata], bool]] = []
+        # The offset after the last command answered that the consumer group has not got: plain
+        # reads answered outside any transaction (recorded nowhere yet until a transaction comes),
+        # or commands whose transaction recorded them in the changelog only.
+        self._group_behind: int | None = None
+        self._group_behind_since = 0.0  # since when (monotonic) the group has lagged
         self._gone_inboxes: dict[str, float] = {}  # inbox -> until when (monotonic) it counts as gone
         # The documents (point_reads.changed keys) that events applied to the state but not yet
         # committed change; None: some such event may change what any read sees.
@@ -291,14 +302,17 @@ class CommandProcessor:
                     continue
                 if not self.active.is_set():
                     if time.monotonic() < self._hold_until:  # fenced: let the group speak first
-                        consumer.pause(self.tp)  # (activation seeks to the committed offset)
+                        consumer.pause(self.tp)  # (activation seeks to where the commands resume)
                         await consumer.getmany(timeout_ms=100)
                         continue
                     await self._activate()
                     continue
                 await self._serve_batch()
-                if self._read_offset is not None and time.monotonic() - self._read_since >= READ_OFFSETS_COMMIT_S:
-                    await self._guarded(self._commit_read_offsets)
+                if (
+                    self._group_behind is not None
+                    and time.monotonic() - self._group_behind_since >= READ_OFFSETS_COMMIT_S
+                ):
+                    await self._guarded(self._commit_group_offset)
         finally:
             await self._deactivate("stopping")
             await consumer.stop()
@@ -328,13 +342,20 @@ class CommandProcessor:
             if self.plain_read is not None:
                 self._read_producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-reads", linger_ms=0)
                 await self._read_producer.start()
-            # Only now is the committed offset final (the fenced owner cannot commit any more).
+            # Only now is the committed offset final (the fenced owner cannot commit any more; its
+            # last transactions are complete, their markers written: init_transactions waits).
             committed = await consumer.committed(self.tp)
-            consumer.seek(self.tp, committed if committed is not None else 0)
             # A standby's state is its store at its position: rewind, don't reload (O(state)).
             self.projection.rewind()
             t_committed = time.monotonic()
             at = await self.projection.catch_up()
+            # And only now is the position recorded in the changelog final: the transactions that
+            # wrote events recorded it there instead of in the group.  Resume after both.
+            recorded = self.projection.command_end
+            start = max(committed or 0, recorded or 0)
+            consumer.seek(self.tp, start)
+            if start != (committed or 0):  # the group learns it soon (lag monitoring)
+                self._group_behind, self._group_behind_since = start, time.monotonic()
             consumer.resume(self.tp)
             done = time.monotonic()
             # Where a take-over's time goes (bench/bench_takeover.py reads it from the readiness file).
@@ -348,11 +369,13 @@ class CommandProcessor:
             self.active.set()
             self.on_role("active")
             log.info(
-                "%s: active at ConfigTime %d, commands from offset %s; %.3fs after the assignment "
-                "(fence %.3fs, committed offset %.3fs, catch-up %.3fs)",
+                "%s: active at ConfigTime %d, commands from offset %d (group's %s, changelog's %s); "
+                "%.3fs after the assignment (fence %.3fs, committed offset %.3fs, catch-up %.3fs)",
                 self.name,
                 at,
+                start,
                 committed,
+                recorded,
                 done - self._assigned_at,
                 t_fenced - t0,
                 t_committed - t_fenced,
@@ -362,13 +385,14 @@ class CommandProcessor:
     async def _deactivate(self, why: str) -> None:
         was = self.active.is_set()
         self.active.clear()
-        if was and self._read_offset is not None and self._producer is not None:
+        if was and self._group_behind is not None and self._producer is not None:
             # Answered reads' offsets, so that the next owner does not answer them again (to
-            # inboxes that may be gone by then); a producer in a failed transaction cannot.
+            # inboxes that may be gone by then), and the group's offset current; a producer in
+            # a failed transaction cannot.
             try:
-                await self._commit_read_offsets()
+                await self._commit_group_offset()
             except Exception as e:
-                log.info("%s: answered reads' offsets not committed (%s: %s)", self.name, type(e).__name__, e)
+                log.info("%s: answered commands' offsets not committed (%s: %s)", self.name, type(e).__name__, e)
         if self._producer is not None:
             try:
                 await self._producer.stop()
@@ -382,8 +406,8 @@ class CommandProcessor:
                 pass
             self._read_producer = None
         # Uncommitted read offsets: the next owner answers those reads again; and decides the
-        # commands fetched meanwhile (activation seeks to the committed offset).
-        self._read_sends, self._read_offset = [], None
+        # commands fetched meanwhile (activation seeks to where the last commit left them).
+        self._read_sends, self._group_behind = [], None
         self._carried, self._carried_end = [], None
         self._uncommitted = set()  # a failed batch has already reset the state from the store
         if was:
@@ -428,9 +452,13 @@ class CommandProcessor:
     def _reads_answered(self, end: int) -> None:
         """Every command below `end` is answered, no transaction carries their offsets: commit them
         alone within READ_OFFSETS_COMMIT_S unless a transaction comes first."""
-        if self._read_offset is None:
-            self._read_since = time.monotonic()
-        self._read_offset = end
+        self._group_lags(end)
+
+    def _group_lags(self, end: int) -> None:
+        """The consumer group has not got `end` (the offset after commands answered)."""
+        if self._group_behind is None:
+            self._group_behind_since = time.monotonic()
+        self._group_behind = end
 
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` (a transaction) holding the lock; a failed transaction stands this instance by."""
@@ -518,7 +546,8 @@ class CommandProcessor:
         partitions = await self._inbox_partitions(p, inbox)  # known after the first: no pause
         if partitions is not None:
             to = UNTRANSACTED_REPLIES_PARTITION if UNTRANSACTED_REPLIES_PARTITION in partitions else None
-            self._read_sends.append(await p.send(inbox, Codec.encode(reply), headers=headers, partition=to))
+            send = await p.send(inbox, Codec.encode(reply), headers=headers, partition=to)
+            self._read_sends.append((send, to is None))
 
     # ------------------------------------------ point reads, during a transaction
 
@@ -608,18 +637,22 @@ class CommandProcessor:
             self._gone_inboxes[inbox] = time.monotonic() + GONE_INBOX_S
             return None
 
-    async def _reads_acked(self) -> None:
+    async def _reads_acked(self, *, shared: bool = False) -> None:
         """Every read reply sent so far is acked: before a commit takes their offsets (a lost reply
-        fails the commit, so the read is answered again) and before a transaction's replies go
-        out (a read's reply queued behind our open transaction on the same inbox partition would
-        stay invisible to read_committed consumers until it commits)."""
-        sends, self._read_sends = self._read_sends, []
-        for f in sends:
-            await f
+        fails the commit, so the read is answered again); `shared`: only those sent to a partition
+        that transactional replies use too, before a transaction's replies go out (a read's reply
+        queued behind our open transaction on the same inbox partition would stay invisible to
+        read_committed consumers until it commits)."""
+        sends = self._read_sends
+        self._read_sends = [(f, on_shared) for f, on_shared in sends if not on_shared] if shared else []
+        for f, on_shared in sends:
+            if on_shared or not shared:
+                await f
 
-    async def _commit_read_offsets(self) -> None:
-        """No transaction came to carry the answered reads' offsets: commit them alone."""
-        offset = self._read_offset
+    async def _commit_group_offset(self) -> None:
+        """No transaction came to give the consumer group the answered commands' offsets (plain
+        reads', or those recorded in the changelog only): commit them alone."""
+        offset = self._group_behind
         if offset is None:
             return
         await self._reads_acked()
@@ -627,8 +660,8 @@ class CommandProcessor:
         await p.begin_transaction()
         await p.send_offsets_to_transaction({self.tp: offset}, self.group_id)
         await p.commit_transaction()
-        if self._read_offset == offset:
-            self._read_offset = None
+        if self._group_behind == offset:
+            self._group_behind = None
 
     # -------------------------------------------------------- transactions
 
@@ -711,20 +744,32 @@ class CommandProcessor:
         p = self.producer
         events_topic = self.projection.topic
         await p.begin_transaction()
+        # The consumed offsets (up to `end`, past the plain reads answered before this batch's
+        # transaction too) commit with it in one of two places.  A transaction that writes events
+        # records them on its events (the COMMAND_END header: no AddOffsetsToTxn, TxnOffsetCommit
+        # and __consumer_offsets marker, most of a small transaction's cost to the broker); one
+        # that writes none commits them to the consumer group.  Its first write decides which.
+        # The group also gets them when it has lagged half of READ_OFFSETS_COMMIT_S (lag
+        # monitoring), so that under load it follows without transactions of their own.
         # Kafka 4 verifies a transaction's first write to each partition with the transaction
         # coordinator (KIP-890); meeting the coordinator mid-change of the same transaction (the
         # consumer offsets' AddOffsetsToTxn, or adding another partition) answers aiokafka's
         # produce as NOT_ENOUGH_REPLICAS, retried and logged as a warning on a healthy broker.
-        # So the coordinator's changes come first: the offsets now, and each phase's partitions
-        # (events, then replies) are added together before their first write goes out.
-        # (They include those of the plain reads answered before this batch's transaction.)
-        await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+        # So the coordinator's changes come first: the group's offsets before any write, and each
+        # phase's partitions (events, then replies) are added together before their first write.
+        to_group = (
+            self._group_behind is not None and time.monotonic() - self._group_behind_since >= READ_OFFSETS_COMMIT_S / 2
+        )
+        if to_group:
+            await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+        wrote_events = False
+        recorded = [(COMMAND_END, str(end).encode())]  # on every event: any of them that compaction keeps tells
         records = [rec for rec, _ in commands]
         if self.one_phase is not None:
             # Replies go out with the events: every read reply must be below them on its inbox
             # (_reads_acked), and every inbox's metadata known, so that no send pauses between
             # the events and replies the sender should take in one request.
-            await self._reads_acked()
+            await self._reads_acked(shared=True)
             for to in {to for r in records if (to := header(r.headers, REPLY_TO))}:
                 await self._inbox_partitions(p, to.decode())
         # Per command: the futures of its events (each with how many records past the one it names
@@ -756,6 +801,9 @@ class CommandProcessor:
                     decided = self._decide(rec, known.command if known is not None else None)
                 reply = decided.reply
                 if decided.dead_letter is not None:
+                    if not (to_group or wrote_events):  # the first write is not an event
+                        await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+                        to_group = True
                     await p.send(
                         self.dead_letters,
                         rec.value,
@@ -780,7 +828,9 @@ class CommandProcessor:
                     # exception aborts the whole transaction rather than commit half a command.
                     bulk, (keys, bulk_values) = decided.bulk, decided.bulk_records
                     if bulk is not None and bulk_values:
-                        # A clone batch: whole producer batches under one span, no header per record.
+                        # A clone batch: whole producer batches under one span, no header per record
+                        # but the position on its last.
+                        wrote_events = True
                         with trace.use_span(txn, end_on_exit=False):
                             self._uncommitted = None  # a clone batch: no point read before the commit
                             bulk.apply()
@@ -789,7 +839,7 @@ class CommandProcessor:
                                 "shardlog.events": len(bulk_values),
                             }
                             with tracing.producer_span(events_topic, **attributes):
-                                futures += await self._send_bulk(p, events_topic, keys, bulk_values)
+                                futures += await self._send_bulk(p, events_topic, keys, bulk_values, recorded)
                             last_value = bulk_values[-1]
                     # One producer span for the command's events (a span and a traceparent per
                     # event cost more than the rest of a small write's sending).
@@ -798,7 +848,8 @@ class CommandProcessor:
                             trace.use_span(txn, end_on_exit=False),
                             tracing.producer_span(events_topic, **{"shardlog.events": [e.type for e in events]}),
                         ):
-                            event_headers = tracing.inject()
+                            wrote_events = True
+                            event_headers = tracing.inject(recorded)
                             if self.point_reads is not None:
                                 self._note_uncommitted(events)
                             for event, value in zip(events, values):
@@ -822,6 +873,9 @@ class CommandProcessor:
                 ):
                     # One phase: no reader sees it before the commit (read_committed), and the commit
                     # waits for every ack; its position is the batch's start (a lower bound).
+                    if not (to_group or wrote_events):  # the first write is not an event
+                        await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+                        to_group = True
                     early = reply.model_copy(update={"configTime": self.projection.position})
                     early_headers = tracing.inject(headers)
                     if self.clock is not None:
@@ -830,6 +884,9 @@ class CommandProcessor:
                     reply_to = None
                 to_send = (reply, reply_to) if reply_to else None
                 pending.append((futures, to_send, tracing.inject(headers) if to_send else []))
+        if not (to_group or wrote_events):  # no event: the group takes the offsets, before any reply
+            await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+            to_group = True
         # Events must be acked before replies can name the ConfigTime that shows them; every
         # event is, before the first reply goes out (so the replies' partitions join together).
         last_offset: int | None = None
@@ -854,10 +911,13 @@ class CommandProcessor:
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
         await p.commit_transaction()
         fault_point(f"{self.name}.after_commit", tag=_tag(records))
-        self._read_offset = None  # this commit took them
         self.commands_done += len(records)
+        if to_group:
+            self._group_behind = None  # this commit took them (reads answered meanwhile come after)
+        else:
+            self._group_lags(end)  # recorded in the changelog only
         if last_offset is not None:
-            self.projection.advance(last_offset + 1, fingerprint(last_value))
+            self.projection.advance(last_offset + 1, fingerprint(last_value), end)
         self._uncommitted = set()  # the state is all committed again
 
     def _note_uncommitted(self, events: list[Record]) -> None:
@@ -874,17 +934,27 @@ class CommandProcessor:
                 self._uncommitted.update(changed)
 
     async def _send_bulk(
-        self, p: AIOKafkaProducer, topic: str, keys: list[bytes], values: list[bytes]
+        self,
+        p: AIOKafkaProducer,
+        topic: str,
+        keys: list[bytes],
+        values: list[bytes],
+        last_headers: list[tuple[str, bytes]],
     ) -> list[tuple[asyncio.Future[RecordMetadata], int]]:
         """Send bulk records as whole producer batches (no per-record future, span or trace
-        header); each future with how many records past its first the batch holds."""
+        header: only the last record has `last_headers`); each future with how many records
+        past its first the batch holds."""
         out: list[tuple[asyncio.Future[RecordMetadata], int]] = []
         batch, n = p.create_batch(), 0
-        for key, value in zip(keys, values):
-            if batch.append(timestamp=None, key=key, value=value) is None:  # full: send it, start the next
+        last = len(values) - 1
+        for i, (key, value) in enumerate(zip(keys, values)):
+            headers = last_headers if i == last else []
+            if (
+                batch.append(timestamp=None, key=key, value=value, headers=headers) is None
+            ):  # full: send it, start the next
                 out.append((await p.send_batch(batch, topic, partition=self.projection.tp.partition), n - 1))
                 batch, n = p.create_batch(), 0
-                if batch.append(timestamp=None, key=key, value=value) is None:
+                if batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
                     raise ValueError(f"a record of {len(value)} bytes does not fit a producer batch")
             n += 1
         out.append((await p.send_batch(batch, topic, partition=self.projection.tp.partition), n - 1))

@@ -1,7 +1,9 @@
 """Projection: fold one partition of a log into a RocksDB store.
 
 The consumed offset goes into the same write batch as the state it produced,
-so a restart resumes exactly where the store stands.  A missing store replays
+so a restart resumes exactly where the store stands; with it goes the command position the
+log's writer records in its records (`COMMAND_END`), so that a new owner of the commands knows
+where they resume (docs/reference/command-processor.md).  A missing store replays
 from the start; a store whose checkpoint the log cannot vouch for (topic
 recreated, records deleted) is refused rather than silently diverging.
 """
@@ -24,6 +26,19 @@ log = logging.getLogger(__name__)
 # How long a fetch of the log may wait for records at the broker (aiokafka's default is 500 ms).
 # A seek (activation, rewind) waits for the fetch in flight, so this bounds a take-over's pause.
 PROJECTION_FETCH_WAIT_MS = 100
+# The record header in which a command processor writes, on the events of a transaction, the offset
+# after the last command that transaction takes (libs.commands; docs/reference/command-processor.md).
+COMMAND_END = "cmd-end"
+
+
+def recorded_command_end(records: list[kafka.KafkaRecord]) -> int | None:
+    """The last command position the records carry (None: none does).  Positions grow along the
+    log, so the last one found from the end is the largest."""
+    for rec in reversed(records):
+        for k, v in rec.headers or ():
+            if k == COMMAND_END:
+                return int(v)
+    return None
 
 
 class State(Protocol):
@@ -67,6 +82,9 @@ class Projection:
         self.name = name
         self.position = 0  # next offset to apply: for config.events, the ConfigTime reached
         self.last_fingerprint: int | None = None
+        # The command position the log records up to `position` (None: none yet): where the
+        # writer's commands resume, if its consumer group's offset is behind.
+        self.command_end: int | None = None
         self.skipped = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._advanced = asyncio.Condition()
@@ -92,7 +110,11 @@ class Projection:
         except CheckpointMismatch:
             await self.stop()
             raise
-        self.position, self.last_fingerprint = ckpt.next_offset, ckpt.last_fingerprint
+        self.position, self.last_fingerprint, self.command_end = (
+            ckpt.next_offset,
+            ckpt.last_fingerprint,
+            ckpt.command_end,
+        )
         c.seek(self.tp, ckpt.next_offset)
         log.info("%s: resuming %s from its checkpoint at offset %d", self.name, self.topic, ckpt.next_offset)
 
@@ -146,6 +168,7 @@ class Projection:
         ckpt = self.store.checkpoint(self.topic, self.tp.partition)
         self.position = ckpt.next_offset if ckpt else 0
         self.last_fingerprint = ckpt.last_fingerprint if ckpt else None
+        self.command_end = ckpt.command_end if ckpt else None
         self.consumer.seek(self.tp, self.position)
 
     def rewind(self) -> None:
@@ -187,16 +210,19 @@ class Projection:
                 continue
             apply(event, rec.offset)
         last = records[-1]
-        self.advance(last.offset + 1, fingerprint(last.value))
+        self.advance(last.offset + 1, fingerprint(last.value), recorded_command_end(records))
 
-    def advance(self, next_offset: int, last_fingerprint: int | None) -> None:
-        """Persist the state's pending changes with the new position, in one batch."""
+    def advance(self, next_offset: int, last_fingerprint: int | None, command_end: int | None = None) -> None:
+        """Persist the state's pending changes with the new position (and the command position
+        recorded up to it, when these records carry one), in one batch."""
         self.position, self.last_fingerprint = next_offset, last_fingerprint
+        if command_end is not None:
+            self.command_end = command_end
         drain_ranges = getattr(self.state, "drain_range_deletions", None)
         ranges: list[tuple[bytes, bytes]] = drain_ranges() if drain_ranges is not None else []
         self.store.commit(
             self.state.drain_changes().items(),
-            Checkpoint(self.topic, self.tp.partition, next_offset, last_fingerprint),
+            Checkpoint(self.topic, self.tp.partition, next_offset, last_fingerprint, self.command_end),
             ranges,
         )
         asyncio.get_running_loop().call_soon(self._notify)

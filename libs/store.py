@@ -24,21 +24,29 @@ META = b"\x00meta/"
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where a projection stands in its log: the next offset to read, and a
+    """Where a projection stands in its log: the next offset to read, a
     fingerprint (CRC-32 of the value) of the last record applied, so a log
-    that was recreated under the store is recognised."""
+    that was recreated under the store is recognised, and the command position
+    the log's writer recorded up to there (`command_end`: the offset after the
+    last command its committed transactions took; None: none recorded, or a
+    store written before it was kept)."""
 
     topic: str
     partition: int
     next_offset: int
     last_fingerprint: int | None = None
+    command_end: int | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.__dict__).encode()
+        # Without a command position, as an earlier version wrote it (and can read it back).
+        fields = {k: v for k, v in self.__dict__.items() if k != "command_end" or v is not None}
+        return json.dumps(fields).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Checkpoint:
-        return cls(**json.loads(raw))
+        # Fields a later version adds are ignored, the ones an earlier one lacked take their default.
+        fields = json.loads(raw)
+        return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
 
 
 class Store:

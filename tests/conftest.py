@@ -282,6 +282,61 @@ def read_records(bootstrap: str, topic: str) -> list:
     return asyncio.run(go())
 
 
+def group_offset_and_log_end(settings, member: str, topic: str) -> tuple[int, int]:
+    """The consumer group `member`'s committed offset on a command topic (-1: none) and that
+    topic's end (a command processor's lag)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from libs import kafka
+
+    async def go() -> tuple[int, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(settings.topics.group(member))
+        finally:
+            await admin.close()
+        at = offsets.get(TopicPartition(topic, 0))
+        async with kafka.partition_reader(settings.bootstrap, topic) as (c, tp):
+            end = await kafka.log_end(c, tp)
+        return (at.offset if at is not None else -1), end
+
+    return asyncio.run(go())
+
+
+def wait_group_stable(settings, member: str, members: int, timeout: float = 60) -> None:
+    """Until the consumer group `member` is Stable with `members` members: no rebalance (whose
+    revocation commits the group's offset) is still to come."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def state() -> tuple[str, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+        await admin.start()
+        try:
+            g = (await admin.describe_consumer_groups([settings.topics.group(member)]))[0].to_object()["groups"][0]
+            return g["state"], len(g["members"])
+        finally:
+            await admin.close()
+
+    wait_until(
+        lambda: asyncio.run(state()) == ("Stable", members), timeout, f"group {member}: Stable, {members} members"
+    )
+
+
+def active_and_standby(
+    a: ServiceProcess, b: ServiceProcess, timeout: float = 30
+) -> tuple[ServiceProcess, ServiceProcess]:
+    """Two instances of a service, once one says it is active and the other standing by (the
+    group, not their order of start, decides which): (active, standby)."""
+
+    def roles() -> tuple[ServiceProcess, ServiceProcess] | None:
+        pair = ((a.ready_info() or {}).get("role"), (b.ready_info() or {}).get("role"))
+        return {("active", "standby"): (a, b), ("standby", "active"): (b, a)}.get(pair)  # type: ignore[arg-type]
+
+    return wait_until(roles, timeout, "one instance active, the other standing by")
+
+
 def read_events(bootstrap: str, topic: str, *, keys: bool = False) -> list:
     """Every config event, as (offset, record); the cluster-time signing keys the config server
     makes on its own (ClusterTimeKeyCreated) only with `keys`."""

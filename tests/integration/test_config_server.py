@@ -12,9 +12,18 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
+from libs.commands import CORRELATION_ID
 from libs.requests import Requester
 from schemas import config as c
-from tests.conftest import async_wait_until, cli, read_events, read_records
+from tests.conftest import (
+    active_and_standby,
+    async_wait_until,
+    cli,
+    group_offset_and_log_end,
+    read_events,
+    read_records,
+    wait_group_stable,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -241,6 +250,38 @@ def test_standby_takes_over_when_the_active_config_server_dies(settings, spawn):
     standby.wait_ready(role="active", timeout=5)
     names = collections.Counter(e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events))
     assert names == collections.Counter([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
+
+
+def test_the_heir_resumes_where_the_changelog_records_while_the_group_lags(settings, spawn):
+    """A transaction that writes events records its command offsets on them, not in the consumer
+    group (docs/reference/command-processor.md).  The servers' own group commits are held off, so
+    the group lags every command the active one answered; after its kill -9 the standby resumes
+    where the changelog says: no command is answered twice and none is lost; it gives the group
+    that position when it stops."""
+    held_off = {"SHARDLOG_READ_OFFSETS_COMMIT_S": "3600"}
+    first = spawn(settings, "services.config", ready_name="config", env=held_off)
+    first.wait_ready(role="active")
+    second = spawn(settings, "services.config", "--instance", "1", ready_name="config-1", env=held_off)
+    wait_group_stable(settings, "config", 2)  # the second's joining revokes (and commits): before the writes
+    active, heir = active_and_standby(first, second)
+    assert all(r.ok for r in request_all(settings, [c.AddShard(shard=f"a{i}") for i in range(20)]))
+    committed, end = group_offset_and_log_end(settings, "config", settings.topics.config_commands)
+    assert committed < end, "the group lags: the transactions recorded their offsets in the changelog"
+    active.kill9()
+    assert all(r.ok for r in request_all(settings, [c.AddShard(shard=f"b{i}") for i in range(20)], timeout=90))
+    heir.wait_ready(role="active", timeout=5)
+    names = collections.Counter(e.shard for _, e in read_events(settings.bootstrap, settings.topics.config_events))
+    assert names == collections.Counter([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
+    # Answered once: one reply per request on the requesters' inbox (the heir deciding an AddShard
+    # again would have answered it a second time, refused).
+    replies = collections.Counter(
+        dict(r.headers or ()).get(CORRELATION_ID) for r in read_records(settings.bootstrap, settings.topics.cli_replies)
+    )
+    assert len(replies) == 40 and set(replies.values()) == {1}, replies.most_common(3)
+    # An owner that stops gives the group where it stands.
+    heir.stop()
+    committed, end = group_offset_and_log_end(settings, "config", settings.topics.config_commands)
+    assert committed == end
 
 
 def test_a_zombie_config_server_cannot_append(settings, spawn):

@@ -4,13 +4,16 @@ router dies mid-workload; every acknowledged write is present exactly once."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 
 import pytest
 
 from libs.client import AsyncCluster
+from libs.commands import CORRELATION_ID
 from libs.requests import Requester
 from schemas import config as c
+from tests.conftest import active_and_standby, group_offset_and_log_end, read_records, wait_group_stable
 
 pytestmark = pytest.mark.kafka
 
@@ -154,3 +157,54 @@ def test_kill9_an_active_shard_mid_workload_its_standby_takes_over(settings, clu
     # The heir seeks to its state rather than reloading it; the readiness file says how long it took.
     assert set(info["activation"]) >= {"fenceS", "committedS", "catchUpS", "sinceAssignedS"}
     assert (settings.data_dir / "shard-s1-1" / "documents").is_dir(), "the standby keeps a store of its own"
+
+
+def test_a_shard_heir_resumes_where_the_changelog_records_while_the_group_lags(settings, spawn):
+    """A shard's transactions that write events record their command offsets on them, not in the
+    consumer group (docs/reference/command-processor.md).  The instances' own group commits
+    are held off, so after every write is acknowledged the group still lags; kill -9 the active
+    one: its standby resumes where the changelog says, so no $inc is applied twice and none is lost."""
+    config = spawn(settings, "services.config", ready_name="config")
+    config.wait_ready(role="active")
+
+    async def add_shard():
+        async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
+            assert (await r.request(settings.topics.config_commands, c.AddShard(shard="s0"), timeout=60)).ok
+            sharded = c.ShardCollection(ns="app.counters", key={"_id": "hashed"})
+            assert (await r.request(settings.topics.config_commands, sharded, timeout=60)).ok
+
+    asyncio.run(add_shard())
+    held_off = {"SHARDLOG_READ_OFFSETS_COMMIT_S": "3600"}
+    first = spawn(settings, "services.shard", "--shard-id", "s0", ready_name="shard-s0", env=held_off)
+    first.wait_ready(role="active")
+    second = spawn(
+        settings, "services.shard", "--shard-id", "s0", "--instance", "1", ready_name="shard-s0-1", env=held_off
+    )
+    spawn(settings, "services.router", "--instance", "r1", ready_name="router-r1").wait_ready()
+    wait_group_stable(settings, "shard-s0", 2)  # the second's joining revokes (and commits): before the writes
+    active, standby = active_and_standby(first, second)
+
+    async def incs(insert: bool) -> list[dict]:
+        async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120, attempt_timeout=8) as cl:
+            coll = cl["app"]["counters"]
+            if insert:
+                await asyncio.gather(*(coll.insert_one({"_id": i, "n": 0}) for i in range(N_DOCS)))
+            results = await asyncio.gather(*(coll.update_one({"_id": i}, {"$inc": {"n": 1}}) for i in range(N_DOCS)))
+            assert all(r["matched"] == 1 for r in results)
+            return await coll.find({}, sort={"_id": 1}).to_list() if not insert else []
+
+    asyncio.run(asyncio.wait_for(incs(insert=True), 120))
+    committed, end = group_offset_and_log_end(settings, "shard-s0", settings.topics.shard_requests("s0"))
+    assert committed < end, "the group lags: the transactions recorded their offsets in the changelog"
+    active.kill9()
+    docs = asyncio.run(asyncio.wait_for(incs(insert=False), 180))
+    assert [d["_id"] for d in docs] == list(range(N_DOCS)), "every acknowledged insert, once"
+    assert [d["n"] for d in docs] == [2] * N_DOCS, "every acknowledged $inc, once"
+    standby.wait_ready(role="active", timeout=5)
+    # Answered once: one transactional reply per request on the router's inbox (the heir deciding a
+    # write again would answer it again: the write's recorded outcome hides it from the documents).
+    replies = collections.Counter(
+        dict(r.headers or ()).get(CORRELATION_ID)
+        for r in read_records(settings.bootstrap, settings.topics.router_inbox("r1"))
+    )
+    assert set(replies.values()) == {1}, replies.most_common(3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from libs.store import Checkpoint, Store
 
 
@@ -32,3 +34,32 @@ def test_a_corrupt_store_is_moved_aside_and_starts_empty(tmp_path):
         assert [p.name.startswith("db.corrupt-") for p in tmp_path.iterdir()].count(True) == 1
     finally:
         s.close()
+
+
+def test_a_checkpoint_keeps_the_recorded_command_position(tmp_path):
+    s = Store(tmp_path / "db")
+    s.commit([], Checkpoint("t", 0, 7, 1, command_end=42))
+    s.close()
+    s = Store(tmp_path / "db")
+    assert s.checkpoint("t", 0) == Checkpoint("t", 0, 7, 1, 42)
+    s.close()
+
+
+def test_a_checkpoint_written_before_the_command_position_was_kept_has_none(tmp_path):
+    s = Store(tmp_path / "db")
+    key = Store._ckpt_key("t", 0)
+    s.db[key] = json.dumps({"topic": "t", "partition": 0, "next_offset": 7, "last_fingerprint": 1}).encode()
+    assert s.checkpoint("t", 0) == Checkpoint("t", 0, 7, 1, None)
+    # and one written by a later version, with a field this one does not know, still reads
+    s.db[key] = json.dumps({"topic": "t", "partition": 0, "next_offset": 8, "command_end": 3, "later": 1}).encode()
+    assert s.checkpoint("t", 0) == Checkpoint("t", 0, 8, None, 3)
+    s.close()
+
+
+def test_a_checkpoint_without_a_command_position_is_written_as_before():
+    assert json.loads(Checkpoint("t", 0, 7, 1).to_bytes()) == {
+        "topic": "t",
+        "partition": 0,
+        "next_offset": 7,
+        "last_fingerprint": 1,
+    }
