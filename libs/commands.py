@@ -447,15 +447,12 @@ class CommandProcessor:
         if rest:
             await self._transact_answering(rest, end)
         else:
-            self._reads_answered(end)
-
-    def _reads_answered(self, end: int) -> None:
-        """Every command below `end` is answered, no transaction carries their offsets: commit them
-        alone within READ_OFFSETS_COMMIT_S unless a transaction comes first."""
-        self._group_lags(end)
+            self._group_lags(end)
 
     def _group_lags(self, end: int) -> None:
-        """The consumer group has not got `end` (the offset after commands answered)."""
+        """The consumer group has not got `end` (the offset after commands answered): plain reads
+        no transaction carried, or a transaction that recorded it in the changelog only.  The
+        group gets it within READ_OFFSETS_COMMIT_S, with a transaction or alone."""
         if self._group_behind is None:
             self._group_behind_since = time.monotonic()
         self._group_behind = end
@@ -570,7 +567,7 @@ class CommandProcessor:
             if self._carried:
                 self._carried_end = answered_end  # the next transaction commits their offsets too
             else:
-                self._reads_answered(answered_end)
+                self._group_lags(answered_end)
 
     async def _answer_meanwhile(self, txn: asyncio.Future[None]) -> int | None:
         """Until `txn` ends: fetch, answer the point reads it cannot change, carry the rest.
