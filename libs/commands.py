@@ -760,6 +760,15 @@ class CommandProcessor:
         if to_group:
             await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
         wrote_events = False
+
+        async def group_first() -> None:
+            """Before a write that is not an event, when no event came first: the group takes the
+            offsets (the transaction may write no event at all), before that write."""
+            nonlocal to_group
+            if not (to_group or wrote_events):
+                await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+                to_group = True
+
         recorded = [(COMMAND_END, str(end).encode())]  # on every event: any of them that compaction keeps tells
         records = [rec for rec, _ in commands]
         if self.one_phase is not None:
@@ -798,9 +807,7 @@ class CommandProcessor:
                     decided = self._decide(rec, known.command if known is not None else None)
                 reply = decided.reply
                 if decided.dead_letter is not None:
-                    if not (to_group or wrote_events):  # the first write is not an event
-                        await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
-                        to_group = True
+                    await group_first()  # the first write may not be an event
                     await p.send(
                         self.dead_letters,
                         rec.value,
@@ -870,9 +877,7 @@ class CommandProcessor:
                 ):
                     # One phase: no reader sees it before the commit (read_committed), and the commit
                     # waits for every ack; its position is the batch's start (a lower bound).
-                    if not (to_group or wrote_events):  # the first write is not an event
-                        await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
-                        to_group = True
+                    await group_first()  # the first write may not be an event
                     early = reply.model_copy(update={"configTime": self.projection.position})
                     early_headers = tracing.inject(headers)
                     if self.clock is not None:
@@ -881,9 +886,7 @@ class CommandProcessor:
                     reply_to = None
                 to_send = (reply, reply_to) if reply_to else None
                 pending.append((futures, to_send, tracing.inject(headers) if to_send else []))
-        if not (to_group or wrote_events):  # no event: the group takes the offsets, before any reply
-            await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
-            to_group = True
+        await group_first()  # no event: before any reply
         # Events must be acked before replies can name the ConfigTime that shows them; every
         # event is, before the first reply goes out (so the replies' partitions join together).
         last_offset: int | None = None

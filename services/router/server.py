@@ -231,6 +231,11 @@ class RouterServer:
             for t in tasks:
                 t.cancel()
 
+    def _internal_error(self, rec, e: Exception) -> dict:
+        """A bug met handling `rec`: logged, and answered as InternalError."""
+        log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
+        return dict(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}")
+
     async def _handle(self, rec) -> None:
         reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
         with tracing.process_span(f"{self.name} process", rec.headers, **tracing.record_attributes(rec)) as span:
@@ -254,16 +259,14 @@ class RouterServer:
             except CommandError as e:
                 answer = dict(ok=False, code=e.code, error=e.message, result=e.info)
             except Exception as e:  # a bug: answer clearly rather than leave the client waiting
-                log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
-                answer = dict(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}")
+                answer = self._internal_error(rec, e)
             # Every client reply carries the time of the operation and our signed ClusterTime: one
             # Reply built with them (not built, then copied with them: a model_copy per operation).
             times = dict(operationTime=self.routing.operation_time(), clusterTime=self.routing.signed_cluster_time())
             try:
                 reply = Reply(**answer, **times)
-            except Exception as e:  # a result a Reply refuses: a bug, answered as before (in the try above)
-                log.exception("%s: operation at %s@%d failed", self.name, rec.topic, rec.offset)
-                reply = Reply(ok=False, code=ErrorCode.InternalError, error=f"{type(e).__name__}: {e}", **times)
+            except Exception as e:  # a result a Reply refuses: a bug, answered as above
+                reply = Reply(**self._internal_error(rec, e), **times)
             self.served += 1
             if reply_to:
                 try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 from opentelemetry.trace import SpanKind
 
 from libs import kafka
@@ -18,7 +17,7 @@ from libs.topics import SHORT_LIVED, TopicSpec
 from schemas import Codec
 from schemas import config as c
 from schemas import shard as s
-from tests.conftest import async_wait_until, wait_until
+from tests.conftest import async_wait_until, group_offset_and_log_end, wait_until
 from tests.integration.test_data_path import _pause, _resume, client_run
 from tests.integration.traces import Spans, is_parent, recorded
 
@@ -139,18 +138,8 @@ def test_a_plain_read_is_answered_outside_the_transaction_a_causal_one_inside(da
     # A last plain read with nothing after it: its offset commits alone.
     client_run(cl, lambda client: client.call(s.Find(ns="rd.c", filter={"_id": 1})))
 
-    async def committed() -> tuple[int, int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=cl.settings.bootstrap)
-        await admin.start()
-        try:
-            offsets = await admin.list_consumer_group_offsets(processor.group_id)
-            end = await kafka.log_end(processor.consumer, processor.tp)
-            return offsets[processor.tp].offset, end
-        finally:
-            await admin.close()
-
     def at_the_end() -> bool:
-        at, end = cl.call(committed())
+        at, end = group_offset_and_log_end(cl.settings, "shard-s0", processor.tp.topic)
         return at == end
 
     wait_until(at_the_end, 30, "the answered reads' offsets to commit")
