@@ -11,6 +11,7 @@ import pytest
 
 from domain.catalog import Catalog
 from libs import kafka
+from libs import projection as projection_mod
 from libs.projection import CheckpointMismatch, Projection
 from libs.store import Store
 from schemas import Codec
@@ -242,3 +243,102 @@ def test_rewind_resumes_at_the_state_without_reloading_and_reloads_if_the_store_
         return reloaded
 
     assert asyncio.run(disagreeing()) == end, "a disagreeing store must be reloaded, resuming at its checkpoint"
+
+
+def test_catch_up_writes_its_store_per_commit_bytes_and_by_its_end(settings, tmp_path, monkeypatch):
+    """A replay writes its store once per CATCH_UP_COMMIT_BYTES of records applied (each written
+    key's last value), not once per fetch, and everything it applied by the time it returns; a
+    catch-up cancelled between two fetches commits what it applied, one whose fold fails half-way
+    commits nothing of that fetch.  Each store then resumes to the same state as a fresh replay."""
+    topic = settings.topics.config_events
+    events = list(catalog_events(12_000))  # ~16k events: several fetches of at most 5,000 records
+    total = sum(len(Codec.encode(e)) for e in events)
+    asyncio.run(produce(settings.bootstrap, topic, events, f"{settings.cluster}.w"))
+    fresh, end = asyncio.run(fresh_replay(settings.bootstrap, topic, tmp_path / "fresh"))
+
+    def instrumented(proj: Projection, store: Store) -> tuple[list[int], list[int]]:
+        """(bytes of each fold, folds before each commit) as the catch-up goes."""
+        folds: list[int] = []
+        commits: list[int] = []
+        fold, commit = proj._fold, store.commit
+
+        def counted_fold(records):
+            fold(records)
+            folds.append(sum(len(r.value or b"") for r in records))
+
+        def counted_commit(*args):
+            commit(*args)
+            commits.append(len(folds))
+
+        proj._fold, store.commit = counted_fold, counted_commit
+        return folds, commits
+
+    async def replay(path, limit: int, catalog: Catalog | None = None) -> tuple[list[int], list[int], int]:
+        monkeypatch.setattr(projection_mod, "CATCH_UP_COMMIT_BYTES", limit)
+        store = Store(path)
+        proj = Projection(settings.bootstrap, topic, c.events, catalog or Catalog(), store)
+        folds, commits = instrumented(proj, store)
+        try:
+            await proj.start()
+            await proj.catch_up()
+            assert store.checkpoint(topic).next_offset == proj.position == end
+            return folds, commits, proj.position
+        finally:
+            await proj.stop()
+            store.close()
+
+    # One write at the end, however many fetches, when the limit is not reached.
+    folds, commits, _ = asyncio.run(replay(tmp_path / "whole", total * 2))
+    assert len(folds) >= 3 and commits == [len(folds)], (folds, commits)
+    assert durable_entities(tmp_path / "whole") == fresh
+    # A third of the log: each write but the last covers at least the limit and at most the
+    # limit plus the fetch that reached it (what a state holds pending is bounded).
+    limit = total // 3
+    folds, commits, _ = asyncio.run(replay(tmp_path / "thirds", limit))
+    since = 0
+    for i, at in enumerate(commits):
+        written = sum(folds[since:at])
+        assert written <= limit + folds[at - 1], (folds, commits)
+        assert i == len(commits) - 1 or written >= limit, (folds, commits)
+        since = at
+    assert commits[-1] == len(folds) and 2 <= len(commits) < len(folds), (folds, commits)
+    assert durable_entities(tmp_path / "thirds") == fresh
+
+    class Stopping(Catalog):
+        """Cancels the catch-up (or fails) once AFTER events are applied (class attributes:
+        `load` re-runs `__init__`)."""
+
+        AFTER, FAIL, applied = 7_000, False, 0
+
+        def apply(self, e, offset: int) -> None:
+            super().apply(e, offset)
+            Stopping.applied += 1
+            if Stopping.applied == self.AFTER:
+                if self.FAIL:
+                    raise RuntimeError("a fold that fails half-way")
+                asyncio.current_task().cancel()  # lands at the catch-up's next fetch
+
+    async def stopped(path, fail: bool) -> tuple[int, int | None, list[int]]:
+        monkeypatch.setattr(projection_mod, "CATCH_UP_COMMIT_BYTES", total * 2)
+        store = Store(path)
+        Stopping.FAIL, Stopping.applied = fail, 0
+        proj = Projection(settings.bootstrap, topic, c.events, Stopping(), store)
+        folds, _ = instrumented(proj, store)
+        try:
+            await proj.start()
+            with pytest.raises(RuntimeError if fail else asyncio.CancelledError):
+                await proj.catch_up()
+
+            ckpt = store.checkpoint(topic)
+            return proj.position, ckpt.next_offset if ckpt else None, folds
+        finally:
+            await proj.stop()
+            store.close()
+
+    position, stored, folds = asyncio.run(stopped(tmp_path / "cancelled", fail=False))
+    assert 7_000 <= position < end and stored == position, "what was applied before the cancel is committed"
+    position, stored, folds = asyncio.run(stopped(tmp_path / "failed", fail=True))
+    assert stored is None and len(folds) >= 1, "nothing of a half-folded fetch (nor, under the limit, before it)"
+    for path in ("cancelled", "failed"):
+        resumed, at = asyncio.run(fresh_replay(settings.bootstrap, topic, tmp_path / path))
+        assert (resumed, at) == (fresh, end), f"the {path} store resumes to the fresh replay's state"
