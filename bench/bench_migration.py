@@ -42,12 +42,18 @@ request topics and of their replies on its inbox.
               `DeleteRangeBatch` (the range deleter's job; the service is a stub), else
               the move back would wait for them (RangeDeletionPending).
 
+5. floor:     the loaded move's floor: the raw path with changelog (3 (c)'s sink, a source in a
+              child process framing documents of the same shape into records of the throttled
+              clone's size, one in flight) runs for `--raw-beside-seconds` beside the same YCSB-A
+              clients, no shardlog code moving anything: the clients' ops/s before and during it,
+              and their change per MB/s, printed beside the loaded move's clone phase.
+
 The load tasks address a document by {_id: k, k: k}: the router targets the shard by
 k and the shard finds the document by _id.  `--filter key` uses {k: k} alone, which
 the shard serves by scanning every range it owns (see bench/README.md).
 
 MB = 10^6 bytes of documents (their compact JSON, as the donor counts them).
-Run order: load, 4, 3, 1, 2 (the small moves run before the big range leaves
+Run order: load, 4, 3, 1, 2, 5 (the small moves run before the big range leaves
 N orphans on s0 and s1).  Ends with one JSON line, as the other benchmarks.
 
     KAFKA_BOOTSTRAP=... .venv/bin/python bench/bench_migration.py [--docs 50000] [--moves 20] [--range-docs 1000]
@@ -233,6 +239,46 @@ def raw_sink(
     asyncio.run(go())
 
 
+def raw_clone_source(
+    bootstrap: str, topic: str, ack_topic: str, n: int, batch_bytes: int, seconds: float, seed: int, q
+) -> None:
+    """Child process: for `seconds`, frame documents of the bench's shape (k cycling over [0, n)) into
+    records of `batch_bytes`, one in flight: each waits for the sink's ack (the throttled clone's
+    shape); report (start, end, documents, bytes)."""
+
+    async def go():
+        rng = random.Random(seed)
+        docs = [(doc_key(NS, encode_value(i), encode_value(i)), dumps(make_doc(i, rng))) for i in range(min(n, 20_000))]
+        p = kafka.producer(bootstrap, client_id="raw-beside-source", linger_ms=0)
+        acks = kafka.consumer(bootstrap, client_id="raw-beside-source")
+        await p.start()
+        await acks.start()
+        try:
+            atp = TopicPartition(ack_topic, 0)
+            acks.assign([atp])
+            acks.seek(atp, (await acks.end_offsets([atp]))[atp])
+            await acks.position(atp)
+            sent = size = i = batches = 0
+            t0 = time.time()
+            while time.time() - t0 < seconds:
+                pairs, batch = [], 0
+                while batch < batch_bytes:
+                    pairs.append(docs[i % len(docs)])
+                    batch += len(pairs[-1][1])
+                    i += 1
+                await (await p.send(topic, frame(pairs), key=str(batches).encode()))
+                batches += 1
+                while not (await acks.getmany(atp, timeout_ms=1000)).get(atp):
+                    pass
+                sent, size = sent + len(pairs), size + batch
+            q.put(("done", t0, time.time(), sent, size))
+        finally:
+            await p.stop()
+            await acks.stop()
+
+    asyncio.run(go())
+
+
 async def raw_path(
     bootstrap: str,
     src: Rdict,
@@ -321,6 +367,41 @@ async def raw_path(
         "source_seconds": round(t_read - t0, 3),
         "ms_per_batch": round(secs / batches * 1000, 1),
     }
+
+
+class YcsbLoad:
+    """`--concurrency` client tasks running YCSB-A (50 % find_one / 50 % update_one of a uniform k in
+    [0, n)) until stopped; every operation's (start unix, latency ms, kind) is kept."""
+
+    def __init__(self, coll, n: int, a) -> None:
+        self.ops: list[tuple[float, float, str]] = []
+        self.errors: dict[str, int] = {}
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._client(coll, n, a, i)) for i in range(a.concurrency)]
+
+    async def _client(self, coll, n: int, a, i: int) -> None:
+        rng = random.Random(a.seed * 1000 + i)
+        while not self._stop.is_set():
+            k = rng.randrange(n)
+            t, t0 = time.time(), time.perf_counter()
+            try:
+                if rng.random() < 0.5:
+                    kind = "read"
+                    await coll.find_one(key_filter(k, a.filter))
+                else:
+                    kind = "update"
+                    await coll.update_one(key_filter(k, a.filter), {"$set": {"f0": f"{i}-{t}".ljust(100, ".")}})
+                self.ops.append((t, (time.perf_counter() - t0) * 1000, kind))
+            except Exception as e:  # measured, not raised
+                self.errors[type(e).__name__] = self.errors.get(type(e).__name__, 0) + 1
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def window(self, lo: float, hi: float) -> dict:
+        sel = [lat for t, lat, _ in self.ops if lo <= t < hi]
+        return {"ops": len(sel), "ops_s": round(len(sel) / (hi - lo), 1), **lat_stats(sel)}
 
 
 # -------------------------------------------------------------------- bench
@@ -813,27 +894,7 @@ class Bench:
             f"moving range): [0, {self.n:,}) s1 -> s2",
             flush=True,
         )
-        ops: list[tuple[float, float, str]] = []  # (start unix, latency ms, kind)
-        errors: dict[str, int] = {}
-        stop = asyncio.Event()
-
-        async def client(i: int):
-            rng = random.Random(a.seed * 1000 + i)
-            while not stop.is_set():
-                k = rng.randrange(self.n)
-                t, t0 = time.time(), time.perf_counter()
-                try:
-                    if rng.random() < 0.5:
-                        kind = "read"
-                        await coll.find_one(key_filter(k, a.filter))
-                    else:
-                        kind = "update"
-                        await coll.update_one(key_filter(k, a.filter), {"$set": {"f0": f"{i}-{t}".ljust(100, ".")}})
-                    ops.append((t, (time.perf_counter() - t0) * 1000, kind))
-                except Exception as e:  # measured, not raised
-                    errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
-
-        tasks = [asyncio.create_task(client(i)) for i in range(a.concurrency)]
+        load = YcsbLoad(coll, self.n, a)
         try:
             await asyncio.sleep(1.0)  # warm-up
             w0, cpu_before_mark = time.time(), self.cpu_mark()
@@ -844,12 +905,8 @@ class Bench:
             rss = self.rss_peaks()
             cpu = m["cpu"]
         finally:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        def window(lo, hi):
-            sel = [lat for t, lat, _ in ops if lo <= t < hi]
-            return {"ops": len(sel), "ops_s": round(len(sel) / (hi - lo), 1), **lat_stats(sel)}
+            await load.stop()
+        ops, errors, window = load.ops, load.errors, load.window
 
         before, during = window(w0, w1), window(m["t0"], m["t_end"])
         slow = sorted((o for o in ops if o[1] > 1000), key=lambda o: -o[1])
@@ -909,6 +966,84 @@ class Bench:
         self.print_cpu(cpu_before, " before the move")
         self.print_cpu(cpu, " during the move")
         self.print_rss(rss, "shard-s1", "shard-s2")
+
+    async def part_raw_beside_load(self, coll) -> None:
+        """The loaded move's floor: what the same clients lose to the raw path with changelog alone
+        (no shardlog code moves anything), one THROTTLED_BATCH_BYTES record in flight."""
+        a = self.args
+        size = donor_mod.THROTTLED_BATCH_BYTES
+        print(
+            f"5. the raw path with changelog (one {size // 1024} KB record in flight, as the throttled clone) for "
+            f"{a.raw_beside_seconds:g}s beside the same YCSB-A clients ({a.concurrency} tasks over [0, {self.n:,}))",
+            flush=True,
+        )
+        transfer, acks, changelog = (f"{self.cluster}.raw.{t}" for t in ("transfer", "acks", "changelog"))
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        loop = asyncio.get_running_loop()
+
+        async def get(proc, timeout: float):
+            try:
+                return await loop.run_in_executor(None, q.get, True, timeout)
+            except queue.Empty:
+                raise SystemExit(f"{proc.name} did not answer within {timeout:g}s (exit {proc.exitcode})") from None
+
+        sink = ctx.Process(
+            target=raw_sink,
+            args=(self.bootstrap, transfer, acks, changelog, str(self.tmp / "raw-beside"), 1 << 62, q),
+            daemon=True,
+            name="raw sink",
+        )
+        source = ctx.Process(
+            target=raw_clone_source,
+            args=(self.bootstrap, transfer, acks, self.n, size, a.raw_beside_seconds, a.seed, q),
+            daemon=True,
+            name="raw source",
+        )
+        load = YcsbLoad(coll, self.n, a)
+        try:
+            sink.start()
+            assert (await get(sink, 60))[0] == "ready"
+            await asyncio.sleep(1.0)  # warm-up
+            w0, mark = time.time(), self.cpu_mark()
+            await asyncio.sleep(a.load_before)
+            w1, cpu_before = time.time(), self.cpu_since(mark)
+            mark = self.cpu_mark()
+            source.start()
+            _, t0, t1, docs, nbytes = await get(source, a.raw_beside_seconds + 60)
+            cpu = self.cpu_since(mark)
+        finally:
+            await load.stop()
+            for proc in (source, sink):
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(10)
+        before, during = load.window(w0, w1), load.window(t0, t1)
+        mb_s = nbytes / MB / (t1 - t0)
+        drop = during["ops_s"] / before["ops_s"] - 1 if before["ops_s"] else 0.0
+        f = {
+            "docs": docs,
+            "bytes": nbytes,
+            "seconds": round(t1 - t0, 3),
+            "mb_s": round(mb_s, 2),
+            "record_bytes": size,
+            "client_before": before,
+            "client_during": during,
+            "client_errors": load.errors,
+            "client_change_pct": round(drop * 100, 1),
+            "client_change_pct_per_mb_s": round(drop * 100 / mb_s, 2) if mb_s else None,
+            "cpu_pct_before": cpu_before,
+            "cpu_pct": cpu,
+        }
+        self.figures["raw_beside_load"] = f
+        print(
+            f"  raw beside the clients: {mb_s:.2f} MB/s ({docs:,} documents); clients {before['ops_s']:,.0f} -> "
+            f"{during['ops_s']:,.0f} ops/s ({drop * 100:+.0f} %, {f['client_change_pct_per_mb_s']:+.2f} % per MB/s; "
+            f"p50 {before['p50_ms']} -> {during['p50_ms']} ms); errors {load.errors or 'none'}",
+            flush=True,
+        )
+        self.print_cpu(cpu_before, " before")
+        self.print_cpu(cpu, " beside the raw path")
 
     async def part_raw(self) -> None:
         print(
@@ -1097,6 +1232,8 @@ class Bench:
                     await self.part_idle()
                 if 2 in a.parts:
                     await self.part_loaded(coll)
+                if 5 in a.parts:
+                    await self.part_raw_beside_load(coll)
 
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
@@ -1126,6 +1263,21 @@ def summary(b: Bench, wall: float) -> None:
             f"{lo['client_before']['ops_s']:,.0f}); p99 {lo['client_during']['p99_ms']} ms "
             f"(before: {lo['client_before']['p99_ms']} ms)"
         )
+    if "raw_beside_load" in f:
+        r = f["raw_beside_load"]
+        line = (
+            f"  5. raw path with changelog beside the clients: {r['mb_s']:.2f} MB/s, clients "
+            f"{r['client_change_pct']:+.0f} % ({r['client_change_pct_per_mb_s']:+.2f} % per MB/s)"
+        )
+        dc = f.get("loaded", {}).get("client_during_clone")
+        if dc and f["loaded"].get("clone_mb_s"):
+            before = f["loaded"]["client_before"]["ops_s"]
+            pct = (dc["ops_s"] / before - 1) * 100 if before else 0.0
+            line += (
+                f"; the loaded move's clone: {f['loaded']['clone_mb_s']:.2f} MB/s, clients {pct:+.0f} % "
+                f"({pct / f['loaded']['clone_mb_s']:+.2f} % per MB/s)"
+            )
+        print(line)
     if "critical" in f:
         c = f["critical"]
         print(
@@ -1205,12 +1357,18 @@ def main() -> None:
         metavar="NAME",
         help="run a service under cProfile (shard-s0, shard-s1, router-r1, config); repeatable",
     )
+    p.add_argument(
+        "--raw-beside-seconds",
+        type=float,
+        default=8.0,
+        help="part 5: seconds the raw path with changelog runs beside the YCSB-A clients (default 8)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (service logs, stores)")
     p.add_argument(
         "--parts",
-        default="1,2,3,4",
-        help="which parts to run (default 1,2,3,4; they run in the order "
-        "4, 3, 1, 2; part 2 moves the range part 1 moved, from s1)",
+        default="1,2,3,4,5",
+        help="which parts to run (default 1,2,3,4,5; they run in the order "
+        "4, 3, 1, 2, 5; part 2 moves the range part 1 moved, from s1)",
     )
     args = p.parse_args()
     args.parts = {int(x) for x in args.parts.split(",")}
