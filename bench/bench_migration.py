@@ -279,6 +279,14 @@ def raw_clone_source(
     asyncio.run(go())
 
 
+async def child_report(q, proc, timeout: float):
+    """The next report a raw child process puts on `q`, waited for off the event loop."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, q.get, True, timeout)
+    except queue.Empty:
+        raise SystemExit(f"{proc.name} did not answer within {timeout:g}s (exit code {proc.exitcode})") from None
+
+
 async def raw_path(
     bootstrap: str,
     src: Rdict,
@@ -294,16 +302,12 @@ async def raw_path(
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(
-        target=raw_sink, args=(bootstrap, topic, ack_topic, changelog, str(dest), n_docs, q), daemon=True
+        target=raw_sink,
+        args=(bootstrap, topic, ack_topic, changelog, str(dest), n_docs, q),
+        daemon=True,
+        name="raw sink",
     )
     proc.start()
-    loop = asyncio.get_running_loop()
-
-    async def get(timeout: float):
-        try:
-            return await loop.run_in_executor(None, q.get, True, timeout)
-        except queue.Empty:
-            raise SystemExit(f"raw sink did not answer within {timeout:g}s (exit code {proc.exitcode})") from None
 
     p = kafka.producer(bootstrap, client_id="raw-source", linger_ms=0)
     acks = kafka.consumer(bootstrap, client_id="raw-source") if ack_topic else None
@@ -315,7 +319,7 @@ async def raw_path(
         acks.seek(atp, (await acks.end_offsets([atp]))[atp])
         await acks.position(atp)
     try:
-        assert (await get(60))[0] == "ready"
+        assert (await child_report(q, proc, 60))[0] == "ready"
         t0 = time.time()
         it = src.iter()
         it.seek(lo)
@@ -347,7 +351,7 @@ async def raw_path(
             await send()
         t_read = time.time()
         await asyncio.gather(*futures)
-        _, t_end, docs, nbytes = await get(300)
+        _, t_end, docs, nbytes = await child_report(q, proc, 300)
         assert docs == sent == n_docs, (docs, sent, n_docs)
     finally:
         await p.stop()
@@ -980,14 +984,6 @@ class Bench:
         transfer, acks, changelog = (f"{self.cluster}.raw.{t}" for t in ("transfer", "acks", "changelog"))
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        loop = asyncio.get_running_loop()
-
-        async def get(proc, timeout: float):
-            try:
-                return await loop.run_in_executor(None, q.get, True, timeout)
-            except queue.Empty:
-                raise SystemExit(f"{proc.name} did not answer within {timeout:g}s (exit {proc.exitcode})") from None
-
         sink = ctx.Process(
             target=raw_sink,
             args=(self.bootstrap, transfer, acks, changelog, str(self.tmp / "raw-beside"), 1 << 62, q),
@@ -1003,14 +999,14 @@ class Bench:
         load = YcsbLoad(coll, self.n, a)
         try:
             sink.start()
-            assert (await get(sink, 60))[0] == "ready"
+            assert (await child_report(q, sink, 60))[0] == "ready"
             await asyncio.sleep(1.0)  # warm-up
             w0, mark = time.time(), self.cpu_mark()
             await asyncio.sleep(a.load_before)
             w1, cpu_before = time.time(), self.cpu_since(mark)
             mark = self.cpu_mark()
             source.start()
-            _, t0, t1, docs, nbytes = await get(source, a.raw_beside_seconds + 60)
+            _, t0, t1, docs, nbytes = await child_report(q, source, a.raw_beside_seconds + 60)
             cpu = self.cpu_since(mark)
         finally:
             await load.stop()
