@@ -271,17 +271,17 @@ class Projection:
         fetch: a replay's events rewrite the same keys again and again, and only each key's last
         value need be written.  Nothing reads the store of a state still catching up, and a crash
         loses only work the next start redoes from the last checkpoint."""
-        uncommitted, pending, folding = 0, False, False
+        committed, uncommitted, folding = self.position, 0, False  # the store's position, bytes since
 
         async def fold(records: list[kafka.KafkaRecord]) -> None:
-            nonlocal uncommitted, pending, folding
+            nonlocal committed, uncommitted, folding
             folding = True
             self._fold(records)
-            folding, pending = False, True
+            folding = False
             uncommitted += sum(r.serialized_value_size for r in records)
             if uncommitted >= CATCH_UP_COMMIT_BYTES:
                 self._commit()
-                uncommitted, pending = 0, False
+                committed, uncommitted = self.position, 0
             # A fetch of buffered records returns without yielding: let the loop's other tasks
             # (the fetcher, a group's heartbeat) run between two folds of a long replay.
             await asyncio.sleep(0)
@@ -291,7 +291,7 @@ class Projection:
         finally:
             # Also when cancelled between two fetches; not when a fold failed half-way (its
             # changes are partial: whoever handles the error reloads the state).
-            if pending and not folding:
+            if self.position != committed and not folding:
                 self._commit()
         return self.position
 
