@@ -145,12 +145,17 @@ def test_checkpoint_ahead_of_a_recreated_log_is_refused(settings, tmp_path):
         store.close()
         # The topic is deleted and recreated, then a shorter history is written.
         await kafka.delete_topics(settings.bootstrap, [topic])
-        for _ in range(100):
+        # Deletion is asynchronous: until the broker forgets the topic, ensure_topics finds it and
+        # creates nothing, and the next records would land after the old ones. Retry until it is ours.
+        for _ in range(200):
             try:
-                await kafka.ensure_topics(settings.bootstrap, settings.topics.core())
-                break
+                if topic in await kafka.ensure_topics(settings.bootstrap, settings.topics.core()):
+                    break
             except Exception:
-                await asyncio.sleep(0.1)
+                pass  # still being deleted: creating it is refused for a moment
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"{topic} was not deleted and created again within 10 s")
         await produce(settings.bootstrap, topic, catalog_events(3), f"{settings.cluster}.w2")
         store = Store(path)
         proj = Projection(settings.bootstrap, topic, c.events, Catalog(), store)
