@@ -141,6 +141,17 @@ class ErrorCode(StrEnum):
     AmbiguousIndexKeyPattern = ("AmbiguousIndexKeyPattern", 181)
     CannotDropShardKeyIndex = ("CannotDropShardKeyIndex", 370)
     DuplicateKey = ("DuplicateKey", 11000)
+    # the query and update language (domain/query.py) and the options commands carry (issue 38)
+    PathNotViable = ("PathNotViable", 28)
+    ConflictingUpdateOperators = ("ConflictingUpdateOperators", 40)
+    DollarPrefixedFieldName = ("DollarPrefixedFieldName", 52)
+    InvalidIdField = ("InvalidIdField", 53)
+    EmptyFieldName = ("EmptyFieldName", 56)
+    UnsatisfiableWriteConcern = ("UnsatisfiableWriteConcern", 100)
+    QueryFeatureNotAllowed = ("QueryFeatureNotAllowed", 224)  # an operator MongoDB has and shardlog refuses
+    NotImplemented = ("NotImplemented", 238)  # an option MongoDB has and shardlog refuses
+    APIVersionError = ("APIVersionError", 322)
+    APIStrictError = ("APIStrictError", 323)
     Interrupted = ("Interrupted", 11601)
     InterruptedDueToReplStateChange = ("InterruptedDueToReplStateChange", 11602)
     IDLFailedToParse = ("IDLFailedToParse", 40414)  # a required field missing (e.g. lsid without id)

@@ -18,7 +18,8 @@ Supported
   path through a scalar) equals null for ``$eq``/``$in``/``$gte``/``$lte``; ``$exists``
   tells them apart.
 * Targeting (``Matcher.equality_on / in_values_on / bounds_on``), see :class:`Matcher`.
-* Sort (:func:`sort_key`, :func:`merge_sorted`): ``{field: 1 | -1, ...}``.
+* Sort (:func:`sort_key`, :func:`merge_sorted`): ``{field: 1 | -1, ...}``; through arrays by
+  the smallest (ascending) or largest (descending) value, as MongoDB.
 * Projection (:func:`apply_projection`): inclusion or exclusion, dotted paths, ``_id``.
 * Updates (:func:`apply_update`, :func:`upsert_document`): ``$set $unset $inc
   $setOnInsert``, replacement documents, ``_id`` immutability, upsert seeding.
@@ -41,9 +42,6 @@ paths, aggregation-pipeline updates, updates through arrays; projection operator
 
 Deliberate deviations from MongoDB
 ----------------------------------
-* Sort reads a field with :func:`get_path` (no fan-out over arrays): an array value
-  sorts as a whole array, a path through an array sorts as null.  MongoDB sorts by
-  the smallest (ascending) or largest (descending) element.
 * A numeric path component only indexes arrays; MongoDB also looks for a field of
   that name in the array's subdocuments.  An index past the end is missing.
 * ``{a: {$gt: 1, b: 2}}`` (operators mixed with fields) is refused; MongoDB reads it
@@ -67,6 +65,7 @@ from typing import Any, Literal, NamedTuple
 from bson import Code, DatetimeMS, Decimal128, Int64, ObjectId, Regex, Timestamp
 from bson.decimal128 import create_decimal128_context
 
+from domain.bsonvalues import type_name
 from domain.shardkey import (
     INT64_MAX,
     INT64_MIN,
@@ -92,6 +91,8 @@ __all__ = [
     "QueryError",
     "apply_projection",
     "apply_update",
+    "check_insert_document",
+    "check_update",
     "compile_filter",
     "get_path",
     "is_update_operator_doc",
@@ -103,7 +104,9 @@ __all__ = [
 
 class QueryError(ValueError):
     """A malformed filter, sort, projection or update, or an update that cannot apply.
-    `code`: MongoDB's name for it (BadValue, or ImmutableField for an update of `_id`)."""
+    `code`: MongoDB's name for it (BadValue; FailedToParse for an unknown update modifier;
+    ImmutableField for an update of `_id`; QueryFeatureNotAllowed for an operator MongoDB has
+    and shardlog does not evaluate, refused rather than answered wrongly)."""
 
     def __init__(self, message: str, code: str = "BadValue") -> None:
         super().__init__(message)
@@ -131,6 +134,11 @@ NOT_CONSTRAINED: Any = _Marker("NOT_CONSTRAINED")
 """What :meth:`Matcher.equality_on` returns when the filter does not pin the path."""
 
 
+def _unsupported(what: str) -> QueryError:
+    """MongoDB has it, shardlog does not evaluate it: refused, whatever the data (issue 38)."""
+    return QueryError(f"{what} is not supported by shardlog", "QueryFeatureNotAllowed")
+
+
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -146,9 +154,7 @@ def _split_path(path: Any, what: str) -> tuple[str, ...]:
     if "" in parts:
         raise QueryError(f"{what} field {path!r} has an empty path component")
     if any(p.startswith("$") for p in parts):
-        raise QueryError(
-            f"{what} field {path!r}: path components must not start with '$' (positional operators are not supported)"
-        )
+        raise _unsupported(f"{what} field {path!r}: a '$' path component (positional operators)")
     return parts
 
 
@@ -218,6 +224,30 @@ _CMP: dict[str, Callable[[int], bool]] = {
     "$lte": lambda c: c <= 0,
 }
 _OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$not")
+# MongoDB's other operators: refused by name (QueryFeatureNotAllowed), never taken for unknown.
+_UNSUPPORTED_OPERATORS = frozenset(
+    {
+        "$regex",
+        "$options",
+        "$type",
+        "$all",
+        "$elemMatch",
+        "$size",
+        "$mod",
+        "$bitsAllSet",
+        "$bitsAnySet",
+        "$bitsAllClear",
+        "$bitsAnyClear",
+        "$geoWithin",
+        "$geoIntersects",
+        "$near",
+        "$nearSphere",
+        "$within",
+        "$jsonSchema",
+        "$_internalSchemaType",
+    }
+)
+_UNSUPPORTED_TOP_LEVEL = frozenset({"$expr", "$where", "$text", "$jsonSchema", "$sampleRate"})
 
 
 def _is_nan(v: Any) -> bool:
@@ -290,6 +320,16 @@ class _Field:
 
 
 @dataclass(frozen=True)
+class _Const:
+    """$alwaysTrue / $alwaysFalse."""
+
+    value: bool
+
+    def matches(self, doc: Document) -> bool:
+        return self.value
+
+
+@dataclass(frozen=True)
 class _Logic:
     op: str  # "$and" | "$or" | "$nor"
     children: tuple[Any, ...]
@@ -327,8 +367,19 @@ def _parse(flt: Any, depth: int = 0) -> _Logic:
             if not isinstance(value, list) or not value or not all(isinstance(x, dict) for x in value):
                 raise QueryError(f"{key} needs a non-empty array of objects, got {_short(value)}")
             nodes.append(_Logic(key, tuple(_parse(x, depth + 1) for x in value)))
+        elif key == "$comment":
+            continue  # MongoDB's: a note for the logs, matching everything
+        elif key in ("$alwaysTrue", "$alwaysFalse"):
+            if type(value) not in (int, float) or value != 1:
+                raise QueryError(f"{key} must be an integer value of 1")
+            nodes.append(_Const(key == "$alwaysTrue"))
+        elif key in _UNSUPPORTED_TOP_LEVEL:
+            raise _unsupported(f"the query operator {key}")
         elif isinstance(key, str) and key.startswith("$"):
-            raise QueryError(f"unknown top-level operator {key!r} (supported: $and, $or, $nor)")
+            raise QueryError(
+                f"unknown top level operator: {key}. If you have a field name that starts with a '$' symbol, "
+                "consider using $getField or $setField."
+            )
         else:
             parts = _split_path(key, "filter")
             if _is_operator_object(value):
@@ -344,9 +395,8 @@ def _no_regex(path: str, where: str, v: Any) -> None:
     """MongoDB matches a regex in these places as a pattern, which is not supported; an
     equality on the regex value would give different answers, so refuse it."""
     if isinstance(v, Regex):
-        raise QueryError(
-            f"{where} on {path!r}: regular expression matching is not supported, got {_short(v)} "
-            "(use {'$eq': regex} to compare regex values)"
+        raise _unsupported(
+            f"{where} on {path!r} with a regular expression ({_short(v)}): regular expression matching"
         )
 
 
@@ -376,13 +426,17 @@ def _parse_operators(path: str, ops: Document) -> tuple[Any, ...]:
                 raise QueryError(f"$exists on {path!r} needs true or false, got {_short(arg)}")
             tests.append(_Exists(bool(arg)))
         elif op == "$not":
+            if isinstance(arg, Regex):
+                raise _unsupported(f"$not on {path!r} with a regular expression")
             if not _is_operator_object(arg):
                 raise QueryError(
                     f"$not on {path!r} needs a non-empty operator object such as {{'$gt': 5}}, got {_short(arg)}"
                 )
             tests.append(_Not(_parse_operators(path, arg)))
+        elif op in _UNSUPPORTED_OPERATORS:
+            raise _unsupported(f"the query operator {op} (on {path!r})")
         else:
-            raise QueryError(f"unknown operator {op!r} on {path!r} (supported: {', '.join(_OPERATORS)})")
+            raise QueryError(f"unknown operator: {op}")
     return tuple(tests)
 
 
@@ -545,6 +599,8 @@ def _union(ranges: list[_Range | None]) -> _Range | None:
 def _range_of(node: Any, path: str) -> _Range | None:
     if isinstance(node, _Field):
         return _intersect(_range_of_test(t) for t in node.tests) if node.path == path else None
+    if isinstance(node, _Const):
+        return None
     if node.op == "$and":
         return _intersect(_range_of(c, path) for c in node.children)
     if node.op == "$or":
@@ -628,23 +684,64 @@ def _sort_fields(spec: Any) -> list[tuple[str, bool]]:
     return fields
 
 
+# An empty array at a sort path sorts below null (MongoDB's undefined), above MinKey.
+_EMPTY_ARRAY_KEY = b"\x18"
+
+
+def _sort_values(value: Any, parts: tuple[str, ...], i: int, out: list[bytes]) -> None:
+    """The encodings a document's sort key at ``parts`` is chosen from, as MongoDB generates
+    them: a leaf array gives its elements (an empty one sorts below null), arrays of
+    subdocuments fan out, and a missing field, or a scalar the path goes through, is null."""
+    if i == len(parts):
+        if isinstance(value, list):
+            if not value:
+                out.append(_EMPTY_ARRAY_KEY)
+            out.extend(encode_value(v) for v in value)
+        else:
+            out.append(encode_value(value))
+        return
+    part = parts[i]
+    if isinstance(value, dict):
+        if part in value:
+            _sort_values(value[part], parts, i + 1, out)
+        else:
+            out.append(encode_value(None))
+    elif isinstance(value, list):
+        if _is_index(part) and int(part) < len(value):
+            _sort_values(value[int(part)], parts, i + 1, out)
+        elif not value:
+            out.append(encode_value(None))
+        else:
+            for element in value:
+                _sort_values(element, parts, i, out) if isinstance(element, dict) else out.append(encode_value(None))
+    else:
+        out.append(encode_value(None))
+
+
 def sort_key(spec: Document) -> Callable[[Document], tuple[bytes, ...]]:
     """A ``key=`` function for ``sorted()`` ordering documents by ``spec`` in MongoDB
-    order; a missing field sorts as null.
+    order; a missing field sorts as null.  Through arrays, as MongoDB: an ascending field sorts
+    by the smallest value at its path, a descending one by the largest.
 
     Each field is its ``encode_value`` bytes and a 0x00, complemented when
     descending.  The only encodings that are a proper prefix of another continue with
     0xFF (a decimal's extra precision), so with the 0x00 two different fields differ
     at a byte both have and complementing exactly reverses their order."""
-    fields = _sort_fields(spec)
+    fields = [(path, tuple(path.split(".")), descending) for path, descending in _sort_fields(spec)]
 
     def key(doc: Document) -> tuple[bytes, ...]:
         out = []
-        for path, descending in fields:
+        for path, parts, descending in fields:
             v = get_path(doc, path)
+            if isinstance(v, list) or (v is MISSING and len(parts) > 1):
+                found: list[bytes] = []  # an array on the way: the smallest or largest value
+                _sort_values(doc, parts, 0, found)
+                enc = max(found) if descending else min(found)
+            else:
+                enc = encode_value(None if v is MISSING else v)
             # The 0x00 terminator: a decimal's encoding may extend a nearby number's with
             # bytes above 0x00 (domain.shardkey), so the reversal must not see a prefix.
-            enc = encode_value(None if v is MISSING else v) + b"\x00"
+            enc += b"\x00"
             out.append(enc.translate(_COMPLEMENT) if descending else enc)
         return tuple(out)
 
@@ -713,9 +810,8 @@ def _projection_plan(projection: Any) -> tuple[PathTree, bool]:
     for path, flag in projection.items():
         _split_path(path, "projection")
         if type(flag) not in (bool, int, float):
-            raise QueryError(
-                f"projection value for {path!r} must be 1/true or 0/false, got {_short(flag)} "
-                "($slice, $elemMatch, $meta and expressions are not supported)"
+            raise _unsupported(
+                f"the projection {{{path!r}: {_short(flag)}}}: $slice, $elemMatch, $meta, literals and expressions"
             )
         flags[path] = bool(flag)
     id_flag = flags.pop("_id", None)
@@ -753,26 +849,138 @@ def apply_projection(doc: Document, projection: Document | None) -> Document:
 # ----------------------------------------------------------------------------- updates
 
 _UPDATE_OPERATORS = ("$set", "$unset", "$inc", "$setOnInsert")
+# MongoDB's other update operators: refused by name (QueryFeatureNotAllowed), not "unknown".
+_UNSUPPORTED_UPDATE_OPERATORS = frozenset(
+    {"$push", "$addToSet", "$pull", "$pullAll", "$pop", "$min", "$max", "$mul", "$rename", "$currentDate", "$bit"}
+)
 
 
 def is_update_operator_doc(update: Document) -> bool:
-    """True for an operator update (``{"$set": ...}``), False for a replacement
-    document; :class:`QueryError` for an empty, mixed or non-object update."""
+    """True for an operator update (``{"$set": ...}``), False for a replacement document
+    (``{}`` included).  As MongoDB, the first field decides: a replacement may not hold a
+    top-level ``$`` field (DollarPrefixedFieldName), an operator update's other fields are
+    modifiers (an unknown one: FailedToParse, from :func:`check_update`)."""
     if isinstance(update, list):
-        raise QueryError("aggregation pipeline updates are not supported")
+        raise _unsupported("a pipeline-style update (an array of stages)")
     if not isinstance(update, dict):
-        raise QueryError(f"an update must be an object, got {type(update).__name__}")
+        raise QueryError(f"an update must be an object, got {type(update).__name__}", "FailedToParse")
     if not update:
-        raise QueryError("an update must not be empty")
-    dollar = [isinstance(k, str) and k.startswith("$") for k in update]
-    if all(dollar):
+        return False
+    first = next(iter(update))
+    if isinstance(first, str) and first.startswith("$"):
         return True
-    if any(dollar):
-        raise QueryError(
-            f"an update must hold only operators (an operator update) or only fields "
-            f"(a replacement), not both: {_short(update)}"
-        )
+    for k in update:
+        if isinstance(k, str) and k.startswith("$"):
+            raise QueryError(
+                f"The dollar ($) prefixed field '{k}' in '{k}' is not allowed in the context of an update's "
+                "replacement document. Consider using an aggregation pipeline with $replaceWith.",
+                "DollarPrefixedFieldName",
+            )
     return False
+
+
+_Edit = tuple[tuple[str, ...], str, Any]
+
+
+def _update_path(op: str, path: Any) -> tuple[str, ...]:
+    """A modifier's field path, with MongoDB's refusals."""
+    if not isinstance(path, str) or not path:
+        raise QueryError("An empty update path is not valid.", "EmptyFieldName")
+    parts = tuple(path.split("."))
+    if "" in parts:
+        raise QueryError(
+            f"The update path '{path}' contains an empty field name, which is not allowed.", "EmptyFieldName"
+        )
+    for p in parts:
+        if p == "$" or (p.startswith("$[") and p.endswith("]")):
+            raise _unsupported(f"the positional path {path!r} in {op} ($, $[] and $[<identifier>])")
+        if p.startswith("$"):
+            raise QueryError(
+                f"The dollar ($) prefixed field '{p}' in '{path}' is not valid for storage.", "DollarPrefixedFieldName"
+            )
+    return parts
+
+
+def _parse_edits(update: Document) -> list[_Edit]:
+    """The edits of an operator update, every one checked: what MongoDB refuses before it
+    reads a document is refused here, whether or not anything matches."""
+    edits: list[_Edit] = []
+    for op, fields in update.items():
+        if op in _UNSUPPORTED_UPDATE_OPERATORS:
+            raise _unsupported(f"the update operator {op}")
+        if op not in _UPDATE_OPERATORS:
+            raise QueryError(
+                f"Unknown modifier: {op}. Expected a valid update modifier or pipeline-style update specified as an array",
+                "FailedToParse",
+            )
+        if not isinstance(fields, dict):
+            raise QueryError(
+                f"Modifiers operate on fields but we found type {type_name(fields)} instead. For example: "
+                f"{{$mod: {{<field>: ...}}}} not {{{op}: {_short(fields)}}}",
+                "FailedToParse",
+            )
+        for path, arg in fields.items():
+            parts = _update_path(op, path)
+            if op == "$inc" and not _is_number(arg):
+                raise QueryError(
+                    f"Cannot increment with non-numeric argument: {{{path}: {_short(arg)}}}", "TypeMismatch"
+                )
+            if op in ("$set", "$setOnInsert") and parts == ("_id",):
+                check_id_value(arg, insert=False)
+            edits.append((parts, op, arg))
+    conflict = _first_conflict([parts for parts, _, _ in edits])
+    if conflict:
+        raise QueryError(
+            f"Updating the path '{conflict[1]}' would create a conflict at '{conflict[0]}'", "ConflictingUpdateOperators"
+        )
+    return edits
+
+
+def check_update(update: Any) -> None:
+    """Refuse a malformed update the way MongoDB does, before (and whatever) it matches: an
+    unknown modifier (FailedToParse), an operator shardlog does not have, a bad path, a
+    conflict, a non-numeric $inc, a replacement with a top-level $ field or an invalid _id."""
+    if is_update_operator_doc(update):
+        _parse_edits(update)
+    elif "_id" in update:
+        check_id_value(update["_id"], insert=False)
+
+
+def _dollar_field(value: Any) -> str | None:
+    """The first '$'-prefixed field name anywhere in an _id value, or None."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and k.startswith("$"):
+                return k
+            if (found := _dollar_field(v)) is not None:
+                return found
+    elif isinstance(value, list):
+        for v in value:
+            if (found := _dollar_field(v)) is not None:
+                return found
+    return None
+
+
+def check_id_value(value: Any, *, insert: bool) -> None:
+    """MongoDB's rules for a document's _id: not an array or a regular expression, no
+    '$'-prefixed field inside.  `insert`: the insert's wording and code (BadValue), else an
+    update's (InvalidIdField)."""
+    for kind, name in ((list, "array"), (Regex, "regex")):
+        if isinstance(value, kind):
+            if insert:
+                raise QueryError(f"can't use an {name} for _id" if name == "array" else f"can't use a {name} for _id")
+            raise QueryError(f"The '_id' value cannot be of type {name}", "InvalidIdField")
+    if (field := _dollar_field(value)) is not None:
+        raise QueryError(
+            f"_id fields may not contain '$'-prefixed fields: {field} is not valid for storage.",
+            "DollarPrefixedFieldName",
+        )
+
+
+def check_insert_document(doc: Document) -> None:
+    """What MongoDB refuses of a document to insert, beyond its size: an invalid _id."""
+    if "_id" in doc:
+        check_id_value(doc["_id"], insert=True)
 
 
 def _id_first(doc: Document) -> Document:
@@ -822,7 +1030,11 @@ def _add(current: Any, by: Any, path: str) -> Any:
         return float(current) + float(by)
     result = int(current) + int(by)
     if not INT64_MIN <= result <= INT64_MAX:
-        raise QueryError(f"$inc on {path!r} overflows a signed 64-bit integer")
+        raise QueryError(
+            f"Failed to apply $inc operations to current value ({_short(current)}) for document "
+            f"(field {path!r}): the result overflows a signed 64-bit integer",
+            "BadValue",
+        )
     if _is_long(current) or _is_long(by) or not _INT32_MIN <= result <= _INT32_MAX:
         return Int64(result)
     return result
@@ -836,12 +1048,13 @@ def _parent_for_write(doc: Document, parts: tuple[str, ...]) -> Document:
             node[p] = {}
         child = node[p]
         if isinstance(child, list):
-            raise QueryError(
-                f"cannot update {'.'.join(parts)!r}: {'.'.join(parts[: i + 1])!r} is an array "
-                "(updates inside arrays are not supported)"
+            raise _unsupported(
+                f"updating {'.'.join(parts)!r} through the array at {'.'.join(parts[: i + 1])!r}"
             )
         if not isinstance(child, dict):
-            raise QueryError(f"Cannot create field {parts[i + 1]!r} in element {{{p}: {_short(child)}}}")
+            raise QueryError(
+                f"Cannot create field '{parts[i + 1]}' in element {{{p}: {_short(child)}}}", "PathNotViable"
+            )
         node = child
     return node
 
@@ -868,8 +1081,9 @@ def _inc(doc: Document, parts: tuple[str, ...], by: int | float) -> None:
     current = parent[name]
     if not _is_number(current):
         raise QueryError(
-            f"Cannot apply $inc to a value of non-numeric type: field {'.'.join(parts)!r} "
-            f"holds {type(current).__name__} {_short(current)}"
+            f"Cannot apply $inc to a value of non-numeric type. {{_id: {_short(doc.get('_id'))}}} has the field "
+            f"'{parts[-1]}' of non-numeric type {type_name(current)}",
+            "TypeMismatch",
         )
     parent[name] = _add(current, by, ".".join(parts))
 
@@ -917,20 +1131,7 @@ def _apply_edits(
 ) -> tuple[Document, list[tuple[str, ...]]]:
     """The operator update applied, and the paths it edited.  ``copy_on_write``: the result
     shares every object it does not edit with ``base`` (which neither may be mutated after)."""
-    edits: list[tuple[tuple[str, ...], str, Any]] = []
-    for op, fields in update.items():
-        if op not in _UPDATE_OPERATORS:
-            raise QueryError(f"unknown update operator {op!r} (supported: {', '.join(_UPDATE_OPERATORS)})")
-        if not isinstance(fields, dict):
-            raise QueryError(f"{op} needs an object of field: value, got {_short(fields)}")
-        for path, arg in fields.items():
-            parts = _split_path(path, op)
-            if op == "$inc" and not _is_number(arg):
-                raise QueryError(f"Cannot increment with non-numeric argument: {{{path!r}: {_short(arg)}}}")
-            edits.append((parts, op, arg))
-    conflict = _first_conflict([parts for parts, _, _ in edits])
-    if conflict:
-        raise QueryError(f"Updating the path {conflict[1]!r} would create a conflict at {conflict[0]!r}")
+    edits = _parse_edits(update)
     copied: set[int] = set()
     result = dict(base) if copy_on_write else copy.deepcopy(base)
     applied: list[tuple[str, ...]] = []
@@ -970,6 +1171,8 @@ def update_stored(doc: Document, update: Document) -> Document | None:
 
 
 def _replace(base: Document, replacement: Document) -> Document:
+    if "_id" in replacement:
+        check_id_value(replacement["_id"], insert=False)
     result = copy.deepcopy(replacement)
     if "_id" in base:
         if "_id" not in result:

@@ -385,4 +385,12 @@ def test_split_then_merge_equals_the_whole_pipeline(docs, owners, pipeline):
     natural = [d for shard in shards for d in shard]  # the router reads the shards in order
     stages = parse(pipeline)
     shard_part, merge_part = split(stages)
-    assert merge_part.run(find_like_the_router(shard_part, shards)) == run(stages, natural)
+
+    def outcome(fn):  # a document the pipeline cannot take ($size of a number) fails both ways alike
+        try:
+            return fn()
+        except PipelineError as e:
+            return ("error", e.code, e.message)
+
+    split_run = outcome(lambda: merge_part.run(find_like_the_router(shard_part, shards)))
+    assert split_run == outcome(lambda: run(stages, natural))

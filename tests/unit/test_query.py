@@ -14,6 +14,7 @@ from functools import cmp_to_key
 from typing import Any
 
 import pytest
+from bson import Regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,8 @@ from domain.query import (
     QueryError,
     apply_projection,
     apply_update,
+    check_insert_document,
+    check_update,
     compile_filter,
     get_path,
     is_update_operator_doc,
@@ -258,10 +261,10 @@ def test_not_and_logical_operators() -> None:
         ([], "must be an object"),
         ("a", "must be an object"),
         (None, "must be an object"),
-        ({"a": {"$foo": 1}}, "unknown operator '\\$foo'"),
-        ({"a": {"$regex": "x"}}, "unknown operator"),
-        ({"a": {"$elemMatch": {"b": 1}}}, "unknown operator"),
-        ({"a": {"$size": 1}}, "unknown operator"),
+        ({"a": {"$foo": 1}}, "^unknown operator: \\$foo$"),
+        ({"a": {"$regex": "x"}}, "\\$regex .* not supported by shardlog"),
+        ({"a": {"$elemMatch": {"b": 1}}}, "\\$elemMatch .* not supported"),
+        ({"a": {"$size": 1}}, "\\$size .* not supported"),
         ({"a": {"$in": 1}}, "\\$in on 'a' needs an array"),
         ({"a": {"$nin": "xy"}}, "\\$nin on 'a' needs an array"),
         ({"a": {"$in": [{"$gt": 1}]}}, "cannot nest"),
@@ -271,9 +274,12 @@ def test_not_and_logical_operators() -> None:
         ({"$nor": "x"}, "non-empty array of objects"),
         ({"a": {"$gt": 1, "b": 2}}, "cannot mix operators and plain fields"),
         ({"a": {"b": 2, "$gt": 1}}, "cannot mix operators and plain fields"),
-        ({"$where": "this.a"}, "unknown top-level operator '\\$where'"),
-        ({"$expr": {}}, "unknown top-level operator"),
-        ({"$eq": 1}, "unknown top-level operator"),
+        ({"$where": "this.a"}, "\\$where is not supported"),
+        ({"$expr": {}}, "\\$expr is not supported"),
+        ({"$eq": 1}, "unknown top level operator: \\$eq"),
+        ({"$alwaysTrue": 2}, "must be an integer value of 1"),
+        ({"a": Regex("^x")}, "regular expression"),
+        ({"a": {"$in": [Regex("^x")]}}, "regular expression"),
         ({"a": {"$not": 5}}, "\\$not on 'a' needs a non-empty operator object"),
         ({"a": {"$not": {}}}, "\\$not"),
         ({"a": {"$not": {"b": 1}}}, "\\$not"),
@@ -484,10 +490,17 @@ def test_sort_examples() -> None:
         {"_id": 8, "a": {"x": 1}},
         {"_id": 9, "a": False},
     ]
-    # null/missing < numbers < strings < objects < arrays < booleans; missing ties null
-    assert sort_ids(docs, {"a": 1}) == [3, 5, 6, 4, 1, 0, 2, 8, 7, 9]
+    # null/missing < numbers < strings < objects < booleans; missing ties null; an array sorts
+    # by its smallest element ascending, its largest descending ([0] as 0)
+    assert sort_ids(docs, {"a": 1}) == [3, 5, 7, 6, 4, 1, 0, 2, 8, 9]
     # a shorter prefix sorts after the longer string when descending
-    assert sort_ids(docs, {"a": -1}) == [9, 7, 8, 2, 0, 1, 4, 6, 3, 5]
+    assert sort_ids(docs, {"a": -1}) == [9, 8, 2, 0, 1, 4, 6, 7, 3, 5]
+    arrays = [{"_id": 0, "a": [5, 1]}, {"_id": 1, "a": [3]}, {"_id": 2, "a": []}, {"_id": 3, "a": None}]
+    assert sort_ids(arrays, {"a": 1}) == [2, 3, 0, 1]  # [] below null; [5, 1] as 1
+    assert sort_ids(arrays, {"a": -1}) == [0, 1, 3, 2]  # [5, 1] as 5
+    through = [{"_id": 0, "a": [{"b": 4}, {"b": 2}]}, {"_id": 1, "a": [{"b": 3}]}, {"_id": 2, "a": [{"c": 1}, {"b": 9}]}]
+    assert sort_ids(through, {"a.b": 1}) == [2, 0, 1]  # a subdocument without b counts as null
+    assert sort_ids(through, {"a.b": -1}) == [2, 0, 1]
     compound = [{"_id": i, "a": i // 2, "b": i % 2} for i in range(4)]
     assert sort_ids(compound, {"a": 1, "b": -1}) == [1, 0, 3, 2]
     assert sort_ids(compound, {"a": -1, "b": 1}) == [2, 3, 0, 1]
@@ -527,13 +540,27 @@ sort_specs = st.lists(
 
 
 def reference_cmp(spec: dict):
-    def value(doc: dict, path: str) -> Any:
+    """MongoDB's documented sort: missing is null; an array sorts by its smallest element
+    ascending, its largest descending; an empty array below null (EMPTY)."""
+    empty = object()
+
+    def value(doc: dict, path: str, direction: int) -> Any:
         v = get_path(doc, path)
+        if isinstance(v, list):
+            if not v:
+                return empty
+            pick = min if direction == 1 else max
+            return pick(v, key=cmp_to_key(compare_values))
         return None if v is MISSING else v
+
+    def compare(a: Any, b: Any) -> int:
+        if a is empty or b is empty:
+            return (a is not empty) - (b is not empty)
+        return compare_values(a, b)
 
     def cmp(x: dict, y: dict) -> int:
         for path, direction in spec.items():
-            c = compare_values(value(x, path), value(y, path))
+            c = compare(value(x, path, direction), value(y, path, direction))
             if c:
                 return c if direction == 1 else -c
         return 0
@@ -599,7 +626,7 @@ def test_projection_examples(projection: dict | None, expected: dict) -> None:
     "projection, message",
     [
         ({"a": 1, "z": 0}, "mixes inclusion and exclusion"),
-        ({"a": "yes"}, "must be 1/true or 0/false"),
+        ({"a": "yes"}, "literals and expressions is not supported"),
         ({"a": {"$slice": 1}}, "not supported"),
         ({"a": 1, "a.b": 1}, "collision"),
         ({"a.b": 0, "a": 0}, "collision"),
@@ -680,25 +707,28 @@ def test_set_unset_inc() -> None:
         ({}, {"$inc": {"a": True}}, "non-numeric argument"),
         ({"a": INT64_MAX}, {"$inc": {"a": 1}}, "overflows"),
         ({"a": 5}, {"$set": {"a.b": 1}}, "Cannot create field 'b'"),
-        ({"a": [{"b": 1}]}, {"$set": {"a.0.b": 2}}, "inside arrays are not supported"),
-        ({"a": [1]}, {"$inc": {"a.0": 1}}, "inside arrays are not supported"),
+        ({"a": [{"b": 1}]}, {"$set": {"a.0.b": 2}}, "through the array at 'a' is not supported"),
+        ({"a": [1]}, {"$inc": {"a.0": 1}}, "through the array at 'a' is not supported"),
         ({"_id": 1}, {"$set": {"_id": 2}}, "immutable field '_id'"),
         ({"_id": 1}, {"$unset": {"_id": 1}}, "immutable field '_id'"),
         ({"_id": 1}, {"$inc": {"_id": 1}}, "immutable field '_id'"),
         ({"_id": {"x": 1}}, {"$set": {"_id.x": 2}}, "immutable field '_id'"),
         ({"_id": 1}, {"_id": 2, "a": 1}, "the \\(immutable\\) field '_id' was found to have been altered"),
-        ({}, {"$set": {"a": 1}, "b": 2}, "not both"),
-        ({}, {"b": 2, "$set": {"a": 1}}, "not both"),
-        ({}, {"$push": {"a": 1}}, "unknown update operator '\\$push'"),
-        ({}, {"$rename": {"a": "b"}}, "unknown update operator"),
-        ({}, {}, "must not be empty"),
+        ({}, {"$set": {"a": 1}, "b": 2}, "Unknown modifier: b"),
+        ({}, {"b": 2, "$set": {"a": 1}}, "The dollar \\(\\$\\) prefixed field '\\$set'"),
+        ({}, {"$push": {"a": 1}}, "the update operator \\$push is not supported by shardlog"),
+        ({}, {"$rename": {"a": "b"}}, "\\$rename is not supported"),
+        ({}, {"$foo": {"a": 1}}, "Unknown modifier: \\$foo"),
         ({}, [{"$set": {"a": 1}}], "pipeline"),
         ({}, "x", "must be an object"),
-        ({}, {"$set": [("a", 1)]}, "needs an object"),
+        ({}, {"$set": [("a", 1)]}, "Modifiers operate on fields but we found type array"),
         ({}, {"$set": {"a": 1}, "$inc": {"a": 1}}, "conflict at 'a'"),
         ({}, {"$set": {"a": 1, "a.b": 2}}, "Updating the path 'a.b' would create a conflict at 'a'"),
         ({}, {"$set": {"a.$": 1}}, "positional"),
-        ({}, {"$set": {"": 1}}, "non-empty"),
+        ({}, {"$set": {"": 1}}, "An empty update path is not valid"),
+        ({}, {"$set": {"a..b": 1}}, "contains an empty field name"),
+        ({}, {"_id": [1]}, "The '_id' value cannot be of type array"),
+        ({}, {"$set": {"_id": {"$a": 1}}}, "_id fields may not contain '\\$'-prefixed fields"),
         ([], {"$set": {"a": 1}}, "documents must be objects"),
     ],
 )
@@ -722,9 +752,77 @@ def test_replacement() -> None:
 def test_is_update_operator_doc() -> None:
     assert is_update_operator_doc({"$set": {"a": 1}, "$inc": {"b": 1}}) is True
     assert is_update_operator_doc({"a": 1}) is False
-    for bad in ({}, {"a": 1, "$set": {}}, [], None):
+    assert is_update_operator_doc({}) is False  # an empty replacement, as MongoDB
+    for bad in ({"a": 1, "$set": {}}, [], None):
         with pytest.raises(QueryError):
             is_update_operator_doc(bad)
+
+
+@pytest.mark.parametrize(
+    "update, code",
+    [
+        ({"$foo": {"a": 1}}, "FailedToParse"),
+        ({"$set": 5}, "FailedToParse"),
+        ({"$push": {"a": 1}}, "QueryFeatureNotAllowed"),
+        ([{"$set": {"a": 1}}], "QueryFeatureNotAllowed"),
+        ({"$set": {"a.$": 1}}, "QueryFeatureNotAllowed"),
+        ({"$set": {"a": 1, "a.b": 1}}, "ConflictingUpdateOperators"),
+        ({"$inc": {"a": "x"}}, "TypeMismatch"),
+        ({"a": 1, "$set": {"b": 1}}, "DollarPrefixedFieldName"),
+        ({"_id": {"$a": 1}}, "DollarPrefixedFieldName"),
+        ({"$set": {"": 1}}, "EmptyFieldName"),
+    ],
+)
+def test_check_update_refuses_before_any_document(update: Any, code: str) -> None:
+    """What MongoDB refuses of an update does not depend on a document matching."""
+    with pytest.raises(QueryError) as e:
+        check_update(update)
+    assert e.value.code == code
+
+
+def test_empty_replacement_keeps_only_the_id() -> None:
+    check_update({})
+    assert apply_update({"_id": 3, "a": 1}, {}) == {"_id": 3}
+    assert update_stored({"_id": 3, "a": 1}, {}) == {"_id": 3}
+
+
+@pytest.mark.parametrize(
+    "doc, message, code",
+    [
+        ({"_id": [1]}, "can't use an array for _id", "BadValue"),
+        ({"_id": Regex("a")}, "can't use a regex for _id", "BadValue"),
+        ({"_id": {"$a": 1}}, "_id fields may not contain '\\$'-prefixed fields: \\$a", "DollarPrefixedFieldName"),
+        ({"_id": {"a": {"$b": 1}}}, "\\$b is not valid for storage", "DollarPrefixedFieldName"),
+    ],
+)
+def test_insert_refuses_an_invalid_id(doc: Any, message: str, code: str) -> None:
+    with pytest.raises(QueryError, match=message) as e:
+        check_insert_document(doc)
+    assert e.value.code == code
+
+
+def test_insert_takes_dollar_fields_outside_the_id() -> None:
+    for doc in ({"_id": 1, "$a": 1}, {"_id": {"a.b": 1}}, {"a": {"_id": [1]}}, {"_id": 1, "a": {"$b": 1}}):
+        check_insert_document(doc)
+
+
+def test_filter_codes() -> None:
+    for flt, code in (
+        ({"a": {"$foo": 1}}, "BadValue"),
+        ({"$foo": 1}, "BadValue"),
+        ({"a": {"$regex": "x"}}, "QueryFeatureNotAllowed"),
+        ({"$expr": {"$eq": [1, 1]}}, "QueryFeatureNotAllowed"),
+    ):
+        with pytest.raises(QueryError) as e:
+            compile_filter(flt)
+        assert e.value.code == code, flt
+
+
+def test_comment_and_constant_filters() -> None:
+    assert compile_filter({"$comment": "why", "a": 1}).matches({"a": 1})
+    assert compile_filter({"$alwaysTrue": 1}).matches({})
+    assert not compile_filter({"$alwaysFalse": 1}).matches({})
+    assert compile_filter({"$or": [{"$alwaysFalse": 1}, {"a": 1}]}).matches({"a": 1})
 
 
 def test_upsert_document() -> None:
@@ -753,7 +851,7 @@ def test_upsert_document() -> None:
         upsert_document({"a": 1, "a.b": 2}, {"$set": {"x": 1}})
     with pytest.raises(QueryError, match="both matched by equality"):
         upsert_document({"a": 1, "$and": [{"a": 1}]}, {"$set": {"x": 1}})
-    with pytest.raises(QueryError, match="unknown operator"):
+    with pytest.raises(QueryError, match="unknown operator: \\$foo"):
         upsert_document({"a": {"$foo": 1}}, {"$set": {"x": 1}})
 
 
