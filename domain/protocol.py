@@ -147,6 +147,7 @@ class ErrorCode(StrEnum):
     DollarPrefixedFieldName = ("DollarPrefixedFieldName", 52)
     InvalidIdField = ("InvalidIdField", 53)
     EmptyFieldName = ("EmptyFieldName", 56)
+    UnknownReplWriteConcern = ("UnknownReplWriteConcern", 79)
     UnsatisfiableWriteConcern = ("UnsatisfiableWriteConcern", 100)
     QueryFeatureNotAllowed = ("QueryFeatureNotAllowed", 224)  # an operator MongoDB has and shardlog refuses
     NotImplemented = ("NotImplemented", 238)  # an option MongoDB has and shardlog refuses

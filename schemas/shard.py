@@ -122,6 +122,7 @@ class Count(Record):
     lsid: Any = None
     clusterTime: Any = None
     readConcern: Any = None
+    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
 
 
 class Update(Record):
@@ -137,6 +138,7 @@ class Update(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
+    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
     # the statement's index in its client's batch (the wire protocol's update/delete command):
     # its retryable-write statement id, which the router sends the shard in stmtIds
     stmtId: int = Field(0, ge=0, le=2**31 - 1)
@@ -153,6 +155,7 @@ class Delete(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
+    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
     # the statement's index in its client's batch (the wire protocol's update/delete command):
     # its retryable-write statement id, which the router sends the shard in stmtIds
     stmtId: int = Field(0, ge=0, le=2**31 - 1)
@@ -179,6 +182,7 @@ class FindAndModify(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
+    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
 
 
 class Explain(Record):

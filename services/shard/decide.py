@@ -32,6 +32,8 @@ from domain.query import (
     QueryError,
     apply_projection,
     apply_update,
+    check_insert_document,
+    check_update,
     compile_filter,
     get_path,
     sort_key,
@@ -416,7 +418,7 @@ class ShardDecider:
         try:
             matcher = compile_filter(flt)
         except QueryError as e:
-            raise CommandError(ErrorCode.BadValue, f"invalid filter: {e}") from None
+            raise CommandError(e.code, str(e)) from None
         if coll is None and self.migrations.primary_blocked(ns, reads=True):
             raise self.migrations.critical_section_wait(ns, "a read")
         blocked = self.migrations.blocked_ranges(ns, reads=True) if coll is not None else []
@@ -729,6 +731,10 @@ class ShardDecider:
             raise CommandError(ErrorCode.BadValue, "a document must be a JSON object")
         doc = doc if "_id" in doc else {"_id": new_object_id(), **doc}
         check_document_size(doc)
+        try:
+            check_insert_document(doc)
+        except QueryError as e:
+            raise CommandError(e.code, str(e)) from None
         skey = self._shard_key(coll, doc)
         if not self._owns(coll, skey):
             raise CommandError(
@@ -781,6 +787,7 @@ class ShardDecider:
         first: bytes | None = None
         seen: set[bytes] = set()  # the unique keys the update's documents take
         try:
+            check_update(req.update)  # refused whether or not anything matches, as MongoDB
             blocked = self._write_blocked(coll, req.ns)
             for skey, doc in self._matching(coll, req.ns, req.filter):
                 if any(lo <= skey < hi for lo, hi in blocked):
@@ -845,6 +852,8 @@ class ShardDecider:
         try:
             if req.fields is not None:
                 apply_projection({}, req.fields)  # a bad projection is refused before writing
+            if req.update is not None:
+                check_update(req.update)  # refused whether or not anything matches
             decision, skey, image, last_error = self._find_and_modify(coll, req)
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None

@@ -14,6 +14,7 @@ reply, logged.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import socket
@@ -35,6 +36,7 @@ from services.router.wire.frames import (
     MAX_WRITE_BATCH_SIZE,
 )
 from services.router.wire.gossip import reply_cluster_time, reply_timestamp, wire_cluster_time
+from services.router.wire.options import Fields, check_generic, max_time_ms
 
 if TYPE_CHECKING:
     from services.router.wire.edge import RouterEdge
@@ -122,6 +124,9 @@ Handler = Callable[[Connection, dict[str, Any]], Awaitable[dict[str, Any]]]
 class Entry:
     handler: Handler
     admin_only: bool  # MongoDB refuses it outside the admin database
+    # the fields the command defines (services/router/wire/options.py), checked before it runs;
+    # None: the handler's parser checks them itself (the admin commands: domain/sharding_commands.py)
+    fields: Fields | None = None
 
 
 # A driver's monitoring sends these every few seconds on every connection: not operations, no trace.
@@ -141,12 +146,14 @@ class CommandTable:
         self.what = what
         self.table: dict[str, Entry] = {}
 
-    def register(self, *names: str, admin_only: bool = False) -> Callable[[Handler], Handler]:
+    def register(
+        self, *names: str, admin_only: bool = False, fields: Fields | None = None
+    ) -> Callable[[Handler], Handler]:
         def add(fn: Handler) -> Handler:
             for name in names:
                 if name in self.table:
                     raise ValueError(f"{self.what}: {name} has two handlers")
-                self.table[name] = Entry(fn, admin_only)
+                self.table[name] = Entry(fn, admin_only, fields)
             return fn
 
         return add
@@ -189,10 +196,14 @@ class CommandTable:
         if conn.edge is not None:
             conn.edge.routing.begin_operation()
         try:
+            # Every field is honoured or refused before anything runs (options.py).
+            check_generic(name, cmd)
+            if entry.fields is not None:
+                entry.fields.check(cmd)
             if conn.edge is not None and "$clusterTime" in cmd:
                 # Gossip in once per command, before it runs: a refused time refuses the command.
                 conn.edge.routing.gossip_in(wire_cluster_time(cmd["$clusterTime"]))
-            reply = await entry.handler(conn, cmd)
+            reply = await self._within_max_time(conn, entry, cmd, max_time_ms(cmd))
             reply = {**reply, "ok": 1.0} if "ok" not in reply else reply
         except WireCommandError as e:
             reply = error_reply(e.code, e.code_name, e.message)
@@ -204,6 +215,21 @@ class CommandTable:
         if not reply["ok"] and retryable_write_error(name, cmd, reply["code"]):
             reply["errorLabels"] = ["RetryableWriteError"]
         return self._times(conn, reply)
+
+    @staticmethod
+    async def _within_max_time(conn: Connection, entry: Entry, cmd: dict[str, Any], ms: int) -> dict[str, Any]:
+        """The handler's reply, or MaxTimeMSExpired once `maxTimeMS` has passed (as mongos: a write
+        the shards already took stays taken; the client learns it did not finish in time)."""
+        if not ms:
+            return await entry.handler(conn, cmd)
+        deadline = asyncio.timeout(ms / 1000)
+        try:
+            async with deadline:
+                return await entry.handler(conn, cmd)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the handler's own timeout, not maxTimeMS
+            raise WireCommandError.of(ErrorCode.MaxTimeMSExpired, "operation exceeded time limit") from None
 
     @staticmethod
     def _times(conn: Connection, reply: dict[str, Any]) -> dict[str, Any]:
