@@ -94,8 +94,16 @@ def test_update_statements_carry_their_batch_index():
     [
         ({"q": {}}, "IDLFailedToParse"),
         ({"u": {}}, "IDLFailedToParse"),
-        ({"q": {}, "u": [{"$set": {"a": 1}}]}, "BadValue"),  # pipeline updates
+        ({"q": {}, "u": [{"$set": {"a": 1}}]}, "QueryFeatureNotAllowed"),  # pipeline updates
         ({"q": 1, "u": {}}, "TypeMismatch"),
+        ({"q": {}, "u": {"$foo": {"a": 1}}}, "FailedToParse"),  # whatever q matches
+        ({"q": {"a": {"$foo": 1}}, "u": {}}, "BadValue"),
+        ({"q": {}, "u": {"a": 1}, "multi": True}, "FailedToParse"),  # a replacement of many
+        ({"q": {}, "u": {}, "bogus": 1}, "IDLUnknownField"),
+        ({"q": {}, "u": {}, "collation": {"locale": "fr"}}, "NotImplemented"),
+        ({"q": {}, "u": {}, "sort": {"a": 1}}, "NotImplemented"),
+        ({"q": {}, "u": {"$set": {"a.$[x]": 1}}, "arrayFilters": [{"x": 1}]}, "NotImplemented"),
+        ({"q": {}, "u": {"$push": {"a": 1}}}, "QueryFeatureNotAllowed"),
     ],
 )
 def test_malformed_update_statements(op, code):

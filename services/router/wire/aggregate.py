@@ -16,10 +16,31 @@ from services.router.wire.admin import command_timeout
 from services.router.wire.commands import SERVER_COMMANDS, Connection, WireCommandError
 from services.router.wire.ddl import running_coordinators
 from services.router.wire.edge import RouterEdge
+from services.router.wire.gossip import wire_read_concern
+from services.router.wire.options import COLLATION, HONOURED, LET, Fields, only_if_false, refused
 
 DEFAULT_BATCH_SIZE = 101  # MongoDB's first batch when cursor.batchSize is not given
 DRAIN_BATCH_SIZE = 10_000  # the router reads the shards' find in batches this large
 INVALID_BSON_FIELD_VALUE = (51024, "Location51024")
+
+AGGREGATE_FIELDS = Fields(
+    "aggregate",
+    {
+        "pipeline": HONOURED,
+        "explain": HONOURED,
+        "cursor": HONOURED,
+        "allowDiskUse": HONOURED,  # the router's stages have no memory limit to lift
+        "bypassDocumentValidation": HONOURED,  # no validators exist (and no $out / $merge)
+        "hint": HONOURED,  # the shards' planner takes it with the pushed-down $match
+        "let": LET,
+        "collation": COLLATION,
+        "fromMongos": refused("fromMongos (an internal field of MongoDB's)"),
+        "needsMerge": refused("needsMerge (an internal field of MongoDB's)"),
+        "exchange": refused("exchange (an internal field of MongoDB's)"),
+        "isMapReduceCommand": only_if_false("isMapReduceCommand"),
+    },
+)
+CURSOR_FIELDS = Fields("aggregate.cursor", {"batchSize": HONOURED})
 
 
 def _batch_size(cmd: dict[str, Any]) -> int:
@@ -36,6 +57,7 @@ def _batch_size(cmd: dict[str, Any]) -> int:
             ErrorCode.TypeMismatch,
             f"BSON field 'aggregate.cursor' is the wrong type '{type(cursor).__name__}', expected type 'object'",
         )
+    CURSOR_FIELDS.check_statement(cursor)
     size = cursor.get("batchSize", DEFAULT_BATCH_SIZE)
     if isinstance(size, bool) or not isinstance(size, (int, float)):
         raise WireCommandError.of(
@@ -61,8 +83,17 @@ def _stages(cmd: dict[str, Any]) -> Any:
         raise WireCommandError((e.code, e.code_name), e.message) from None
 
 
-async def _shard_docs(edge: RouterEdge, ns: str, part: ShardPart) -> tuple[list[dict[str, Any]], list[str]]:
-    """The shards' answer to the pushed-down part: one find through the router, drained."""
+async def _shard_docs(
+    edge: RouterEdge, ns: str, part: ShardPart, cmd: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The shards' answer to the pushed-down part: one find through the router, drained, with
+    the command's readConcern and hint."""
+    hint = cmd.get("hint")
+    if hint is not None and not isinstance(hint, (str, dict)):
+        raise WireCommandError.of(
+            ErrorCode.TypeMismatch,
+            f"BSON field 'aggregate.hint' is the wrong type '{type(hint).__name__}', expected types '[string, object]'",
+        )
     first = await edge.routing.handle(
         s.Find(
             ns=ns,
@@ -72,6 +103,8 @@ async def _shard_docs(edge: RouterEdge, ns: str, part: ShardPart) -> tuple[list[
             limit=part.limit,
             projection=part.projection,
             batchSize=DRAIN_BATCH_SIZE,
+            readConcern=wire_read_concern(cmd.get("readConcern")),
+            hint=hint or None,
         )
     )
     docs, cursor = list(first["docs"]), first["cursorId"]
@@ -82,7 +115,7 @@ async def _shard_docs(edge: RouterEdge, ns: str, part: ShardPart) -> tuple[list[
     return docs, list(first.get("shards", []))
 
 
-@SERVER_COMMANDS.register("aggregate")
+@SERVER_COMMANDS.register("aggregate", fields=AGGREGATE_FIELDS)
 async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     db: str = cmd["$db"]
     coll = cmd["aggregate"]
@@ -124,7 +157,7 @@ async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         if db == "config":  # the router's own catalog projection: the whole pipeline runs here
             docs = run(stages, await config_db.documents(edge, coll))
         else:
-            raw, shards = await _shard_docs(edge, ns, shard_part)
+            raw, shards = await _shard_docs(edge, ns, shard_part, cmd)
             docs = merge_part.run(raw)
     except PipelineError as e:
         raise WireCommandError((e.code, e.code_name), e.message) from None

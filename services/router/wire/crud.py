@@ -33,6 +33,15 @@ from services.router.wire.commands import (
 )
 from services.router.wire.frames import MAX_WRITE_BATCH_SIZE
 from services.router.wire.gossip import wire_lsid, wire_read_concern
+from services.router.wire.options import (
+    COLLATION,
+    HONOURED,
+    LET,
+    Fields,
+    only_if_empty,
+    only_if_false,
+    refused,
+)
 
 # MongoDB's numbers for codes domain.protocol.ErrorCode lacks.
 INVALID_LENGTH = (16, "InvalidLength")  # a write batch of 0 or more than maxWriteBatchSize statements
@@ -43,6 +52,112 @@ UNBOUNDED_BATCH = 2**31 - 1  # a getMore without batchSize: as many as fit a rep
 DRAIN_BATCH = 10_000  # router-made results (distinct, batchSize 0) read the router's own cursor in these
 
 WRITE_COMMANDS = frozenset({"insert", "update", "delete", "findAndModify", "findandmodify"})
+
+
+# ------------------------------------------------------------------ the fields each command defines
+# (options.py: honoured, or refused with NotImplemented; anything else IDLUnknownField)
+
+INSERT_FIELDS = Fields(
+    "insert",
+    {
+        "documents": HONOURED,
+        "ordered": HONOURED,
+        "bypassDocumentValidation": HONOURED,  # no validators exist: there is nothing to bypass
+    },
+)
+UPDATE_FIELDS = Fields(
+    "update",
+    {"updates": HONOURED, "ordered": HONOURED, "bypassDocumentValidation": HONOURED, "let": LET},
+)
+UPDATE_STATEMENT = Fields(
+    "update.updates",
+    {
+        "q": HONOURED,
+        "u": HONOURED,
+        "multi": HONOURED,
+        "upsert": HONOURED,
+        "hint": HONOURED,
+        "collation": COLLATION,
+        "arrayFilters": only_if_empty("arrayFilters (filtered positional updates)"),
+        "c": only_if_empty("c (constants of a pipeline-style update)"),
+        "sort": only_if_empty("sort (which document an updateOne or replaceOne changes)"),
+        "upsertSupplied": refused("upsertSupplied (an internal field of MongoDB's)"),
+    },
+)
+DELETE_FIELDS = Fields("delete", {"deletes": HONOURED, "ordered": HONOURED, "let": LET})
+DELETE_STATEMENT = Fields(
+    "delete.deletes", {"q": HONOURED, "limit": HONOURED, "hint": HONOURED, "collation": COLLATION}
+)
+FIND_FIELDS = Fields(
+    "find",
+    {
+        "filter": HONOURED,
+        "sort": HONOURED,
+        "projection": HONOURED,
+        "hint": HONOURED,
+        "skip": HONOURED,
+        "limit": HONOURED,
+        "batchSize": HONOURED,
+        "singleBatch": HONOURED,
+        "allowDiskUse": HONOURED,  # shardlog's sorts have no memory limit to lift
+        "oplogReplay": HONOURED,  # a no-op in MongoDB since 4.4
+        "let": LET,
+        "collation": COLLATION,
+        "min": only_if_empty("min (index bounds)"),
+        "max": only_if_empty("max (index bounds)"),
+        "returnKey": only_if_false("returnKey"),
+        "showRecordId": only_if_false("showRecordId"),
+        "tailable": only_if_false("tailable (cursors on capped collections)"),
+        "awaitData": only_if_false("awaitData (tailable cursors)"),
+        "noCursorTimeout": only_if_false("noCursorTimeout (cursors time out after 10 minutes idle)"),
+        "allowPartialResults": only_if_false("allowPartialResults (an unreachable shard fails the query)"),
+        "readOnce": only_if_false("readOnce"),
+    },
+)
+GET_MORE_FIELDS = Fields(
+    "getMore",
+    {
+        "collection": HONOURED,
+        "batchSize": HONOURED,
+        "term": refused("term (an internal field of MongoDB's)"),
+        "lastKnownCommittedOpTime": refused("lastKnownCommittedOpTime (an internal field of MongoDB's)"),
+    },
+)
+KILL_CURSORS_FIELDS = Fields("killCursors", {"cursors": HONOURED})
+COUNT_FIELDS = Fields(
+    "count",
+    {
+        "query": HONOURED,
+        "limit": HONOURED,
+        "skip": HONOURED,
+        "hint": HONOURED,
+        "collation": COLLATION,
+        "fields": HONOURED,  # MongoDB's count takes and ignores it too
+    },
+)
+DISTINCT_FIELDS = Fields(
+    "distinct", {"key": HONOURED, "query": HONOURED, "collation": COLLATION, "hint": HONOURED}
+)
+FIND_AND_MODIFY_FIELDS = Fields(
+    "findAndModify",
+    {
+        "query": HONOURED,
+        "sort": HONOURED,
+        "remove": HONOURED,
+        "update": HONOURED,
+        "new": HONOURED,
+        "fields": HONOURED,
+        "upsert": HONOURED,
+        "bypassDocumentValidation": HONOURED,
+        "hint": HONOURED,
+        "let": LET,
+        "collation": COLLATION,
+        "arrayFilters": only_if_empty("arrayFilters (filtered positional updates)"),
+    },
+)
+EXPLAIN_FIELDS = Fields("explain", {"verbosity": HONOURED})
+END_SESSIONS_FIELDS = Fields("endSessions", {})
+KILL_SESSIONS_FIELDS = Fields("killSessions", {})
 
 
 # ------------------------------------------------------------------ session fields (pure)
@@ -156,24 +271,26 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update], bool]:
     for i, op in enumerate(ops):
         if not isinstance(op, dict):
             raise _wrong_type("update", f"updates.{i}", op, "object")
+        UPDATE_STATEMENT.check_statement(op)
         if "q" not in op:
-            raise _missing("UpdateOpEntry", "q")
+            raise _missing("update.updates", "q")
         if "u" not in op:
-            raise _missing("UpdateOpEntry", "u")
+            raise _missing("update.updates", "u")
         u = op["u"]
-        if isinstance(u, list):
-            raise CommandError(ErrorCode.BadValue, "pipeline-style updates are not supported by shardlog")
-        if not isinstance(u, dict):
-            raise _wrong_type("UpdateOpEntry", "u", u, "object")
-        if op.get("arrayFilters"):
-            raise CommandError(ErrorCode.BadValue, "arrayFilters are not supported by shardlog")
+        if not isinstance(u, (dict, list)):
+            raise _wrong_type("update.updates", "u", u, "object")
+        flt = _doc(op, "update.updates", "q", {})
+        multi = _bool(op, "update.updates", "multi", False)
+        _check_query(flt)
+        _check_update(u, multi)
         records.append(
             s.Update(
                 ns=ns,
-                filter=_doc(op, "UpdateOpEntry", "q", {}),
+                filter=flt,
                 update=u,
-                multi=_bool(op, "UpdateOpEntry", "multi", False),
-                upsert=_bool(op, "UpdateOpEntry", "upsert", False),
+                multi=multi,
+                upsert=_bool(op, "update.updates", "upsert", False),
+                hint=_hint(op, "update.updates"),
                 stmtId=i,
                 **session,
             )
@@ -189,17 +306,20 @@ def delete_records(cmd: dict[str, Any]) -> tuple[list[s.Delete], bool]:
     for i, op in enumerate(ops):
         if not isinstance(op, dict):
             raise _wrong_type("delete", f"deletes.{i}", op, "object")
+        DELETE_STATEMENT.check_statement(op)
         if "q" not in op:
-            raise _missing("DeleteOpEntry", "q")
+            raise _missing("delete.deletes", "q")
         if "limit" not in op:
-            raise _missing("DeleteOpEntry", "limit")
-        limit = _int(op, "DeleteOpEntry", "limit", None)
+            raise _missing("delete.deletes", "limit")
+        limit = _int(op, "delete.deletes", "limit", None)
         if limit not in (0, 1):
             raise CommandError(
                 ErrorCode.FailedToParse, f"The limit field in delete objects must be 0 or 1. Got {limit}"
             )
+        flt = _doc(op, "delete.deletes", "q", {})
+        _check_query(flt)
         records.append(
-            s.Delete(ns=ns, filter=_doc(op, "DeleteOpEntry", "q", {}), multi=limit == 0, stmtId=i, **session)
+            s.Delete(ns=ns, filter=flt, multi=limit == 0, hint=_hint(op, "delete.deletes"), stmtId=i, **session)
         )
     return records, _bool(cmd, "delete", "ordered", True)
 
@@ -210,8 +330,6 @@ def find_record(cmd: dict[str, Any]) -> tuple[s.Find, int, bool]:
     ns = namespace(cmd)
     batch = _non_negative(cmd, "find", "batchSize", DEFAULT_BATCH_SIZE)
     assert batch is not None
-    if cmd.get("tailable"):
-        raise CommandError(ErrorCode.BadValue, "tailable cursors need a capped collection; shardlog has none")
     record = s.Find(
         ns=ns,
         filter=_doc(cmd, "find", "filter", {}),
@@ -250,6 +368,7 @@ def count_record(cmd: dict[str, Any]) -> tuple[s.Count, int, int]:
         ns=namespace(cmd),
         filter=_doc(cmd, "count", "query", {}) or {},
         readConcern=wire_read_concern(cmd.get("readConcern")),
+        hint=_hint(cmd, "count"),
         **session_fields(cmd, write=False),
     )
     skip = _non_negative(cmd, "count", "skip", 0) or 0
@@ -273,6 +392,7 @@ def distinct_record(cmd: dict[str, Any]) -> tuple[s.Find, str]:
         filter=_doc(cmd, "distinct", "query", {}) or {},
         batchSize=DRAIN_BATCH,
         readConcern=wire_read_concern(cmd.get("readConcern")),
+        hint=_hint(cmd, "distinct"),
         **session_fields(cmd, write=False),
     )
     return record, key
@@ -307,21 +427,43 @@ def distinct_values(docs: list[dict[str, Any]], key: str) -> list[Any]:
 def find_and_modify_record(cmd: dict[str, Any]) -> s.FindAndModify:
     name = next(iter(cmd))
     update = cmd.get("update")
-    if isinstance(update, list):
-        raise CommandError(ErrorCode.BadValue, "pipeline-style updates are not supported by shardlog")
-    if cmd.get("arrayFilters"):
-        raise CommandError(ErrorCode.BadValue, "arrayFilters are not supported by shardlog")
+    if update is not None and not isinstance(update, (dict, list)):
+        raise _wrong_type(name, "update", update, "object")
+    flt = _doc(cmd, name, "query", {}) or {}
+    _check_query(flt)
+    if update is not None:
+        _check_update(update, multi=False)
     return s.FindAndModify(
         ns=namespace(cmd),
-        query=_doc(cmd, name, "query", {}) or {},
+        query=flt,
         sort=_doc(cmd, name, "sort") or None,
-        update=_doc(cmd, name, "update"),
+        update=update,
         remove=_bool(cmd, name, "remove", False),
         new=_bool(cmd, name, "new", False),
         upsert=_bool(cmd, name, "upsert", False),
         fields=_doc(cmd, name, "fields"),
+        hint=_hint(cmd, name),
         **session_fields(cmd, write=True),
     )
+
+
+def _check_query(flt: dict[str, Any]) -> None:
+    """A filter is refused as MongoDB refuses it, before it is routed: whatever it would match."""
+    try:
+        query.compile_filter(flt)
+    except QueryError as e:
+        raise CommandError(e.code, str(e)) from None
+
+
+def _check_update(update: Any, multi: bool) -> None:
+    """An update is refused as MongoDB refuses it, whatever it would match (the shard checks it
+    again, for clients that reach it without the wire)."""
+    try:
+        query.check_update(update)
+    except QueryError as e:
+        raise CommandError(e.code, str(e)) from None
+    if multi and isinstance(update, dict) and update and not query.is_update_operator_doc(update):
+        raise CommandError(ErrorCode.FailedToParse, "multi update is not supported for replacement-style update")
 
 
 # ------------------------------------------------------------------ replies (pure)
@@ -404,14 +546,14 @@ async def _statements(
     return results, errors
 
 
-@SERVER_COMMANDS.register("insert")
+@SERVER_COMMANDS.register("insert", fields=INSERT_FIELDS)
 async def _insert(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record = insert_record(cmd)
     _reject_config_write(cmd, record.ns)
     return insert_reply(await _run(conn, record))
 
 
-@SERVER_COMMANDS.register("update")
+@SERVER_COMMANDS.register("update", fields=UPDATE_FIELDS)
 async def _update(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     records, ordered = update_records(cmd)
     _reject_config_write(cmd, records[0].ns)
@@ -428,7 +570,7 @@ async def _update(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-@SERVER_COMMANDS.register("delete")
+@SERVER_COMMANDS.register("delete", fields=DELETE_FIELDS)
 async def _delete(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     records, ordered = delete_records(cmd)
     _reject_config_write(cmd, records[0].ns)
@@ -439,7 +581,7 @@ async def _delete(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-@SERVER_COMMANDS.register("findAndModify", "findandmodify")
+@SERVER_COMMANDS.register("findAndModify", "findandmodify", fields=FIND_AND_MODIFY_FIELDS)
 async def _find_and_modify(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record = find_and_modify_record(cmd)
     _reject_config_write(cmd, record.ns)
@@ -477,7 +619,7 @@ async def _find_docs(conn: Connection, record: s.Find) -> list[dict[str, Any]]:
     return await _drain(conn, await _run(conn, record.model_copy(update={"batchSize": DRAIN_BATCH})))
 
 
-@SERVER_COMMANDS.register("find")
+@SERVER_COMMANDS.register("find", fields=FIND_FIELDS)
 async def _find(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record, batch, single = find_record(cmd)
     routing = conn.cluster().routing
@@ -495,13 +637,13 @@ async def _find(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return cursor_reply(result, record.ns, "firstBatch")
 
 
-@SERVER_COMMANDS.register("getMore")
+@SERVER_COMMANDS.register("getMore", fields=GET_MORE_FIELDS)
 async def _get_more(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record, ns = get_more_record(cmd)
     return cursor_reply(await _run(conn, record), ns, "nextBatch")
 
 
-@SERVER_COMMANDS.register("killCursors")
+@SERVER_COMMANDS.register("killCursors", fields=KILL_CURSORS_FIELDS)
 async def _kill_cursors(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     namespace(cmd)
     ids = cmd.get("cursors")
@@ -519,7 +661,7 @@ async def _kill_cursors(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]
     }
 
 
-@SERVER_COMMANDS.register("count")
+@SERVER_COMMANDS.register("count", fields=COUNT_FIELDS)
 async def _count(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record, skip, limit = count_record(cmd)
     if record.ns.startswith("config."):
@@ -532,7 +674,7 @@ async def _count(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"n": counted(n, skip, limit)}
 
 
-@SERVER_COMMANDS.register("distinct")
+@SERVER_COMMANDS.register("distinct", fields=DISTINCT_FIELDS)
 async def _distinct(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     """Router-side: the shards return the matching documents, the router takes their values."""
     record, key = distinct_record(cmd)
@@ -541,7 +683,7 @@ async def _distinct(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"values": distinct_values(await _find_docs(conn, record), key)}
 
 
-@SERVER_COMMANDS.register("explain")
+@SERVER_COMMANDS.register("explain", fields=EXPLAIN_FIELDS)
 async def _explain(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     """mongos's explain: which shards a find / count / update / delete / findAndModify / distinct
     targets, and each shard's plan (winningPlan, rejectedPlans) and, unless the verbosity is
@@ -551,6 +693,9 @@ async def _explain(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         raise _wrong_type("explain", "explain", inner, "object")
     name = next(iter(inner))
     inner = {**inner, "$db": cmd["$db"]}
+    explained = SERVER_COMMANDS.table.get(name)
+    if explained is not None and explained.fields is not None:
+        explained.fields.check(inner)  # the explained command's options: honoured or refused, as when run
     verbosity = cmd.get("verbosity", "allPlansExecution")
     if verbosity not in ("queryPlanner", "executionStats", "allPlansExecution"):
         raise CommandError(
@@ -643,7 +788,7 @@ def _lsids(cmd: dict[str, Any]) -> Any:
     return out
 
 
-@SERVER_COMMANDS.register("endSessions")
+@SERVER_COMMANDS.register("endSessions", fields=END_SESSIONS_FIELDS)
 async def _end_sessions(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     if conn.edge is None:
         return {}  # the Kafka-less skeleton keeps no sessions (and advertises none)
@@ -651,7 +796,7 @@ async def _end_sessions(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]
     return {}
 
 
-@SERVER_COMMANDS.register("killSessions")
+@SERVER_COMMANDS.register("killSessions", fields=KILL_SESSIONS_FIELDS)
 async def _kill_sessions(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     await _run(conn, s.KillSessions(lsids=_lsids(cmd)))
     return {}
