@@ -262,12 +262,14 @@ def insert_record(cmd: dict[str, Any]) -> s.Insert:
     return s.Insert(ns=ns, docs=docs, ordered=_bool(cmd, "insert", "ordered", True), **session_fields(cmd, write=True))
 
 
-def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update], bool]:
-    """One Update per statement (statement i: stmtId i), and whether the batch is ordered."""
+def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update | CommandError], bool]:
+    """One Update per statement (statement i: stmtId i), and whether the batch is ordered.  A
+    statement whose filter or update MongoDB refuses is its refusal (a write error of that
+    statement, as mongod reports it), whatever the filter would match."""
     ns = namespace(cmd)
     ops = _batch(cmd, "update", "updates")
     session = session_fields(cmd, write=True)
-    records = []
+    records: list[s.Update | CommandError] = []
     for i, op in enumerate(ops):
         if not isinstance(op, dict):
             raise _wrong_type("update", f"updates.{i}", op, "object")
@@ -281,8 +283,12 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update], bool]:
             raise _wrong_type("update.updates", "u", u, "object")
         flt = _doc(op, "update.updates", "q", {})
         multi = _bool(op, "update.updates", "multi", False)
-        _check_query(flt)
-        _check_update(u, multi)
+        try:
+            _check_query(flt)
+            _check_update(u, multi)
+        except CommandError as e:
+            records.append(e)
+            continue
         records.append(
             s.Update(
                 ns=ns,
@@ -298,11 +304,13 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update], bool]:
     return records, _bool(cmd, "update", "ordered", True)
 
 
-def delete_records(cmd: dict[str, Any]) -> tuple[list[s.Delete], bool]:
+def delete_records(cmd: dict[str, Any]) -> tuple[list[s.Delete | CommandError], bool]:
+    """One Delete per statement, and whether the batch is ordered; a statement whose filter
+    MongoDB refuses is its refusal (a write error of that statement)."""
     ns = namespace(cmd)
     ops = _batch(cmd, "delete", "deletes")
     session = session_fields(cmd, write=True)
-    records = []
+    records: list[s.Delete | CommandError] = []
     for i, op in enumerate(ops):
         if not isinstance(op, dict):
             raise _wrong_type("delete", f"deletes.{i}", op, "object")
@@ -317,7 +325,11 @@ def delete_records(cmd: dict[str, Any]) -> tuple[list[s.Delete], bool]:
                 ErrorCode.FailedToParse, f"The limit field in delete objects must be 0 or 1. Got {limit}"
             )
         flt = _doc(op, "delete.deletes", "q", {})
-        _check_query(flt)
+        try:
+            _check_query(flt)
+        except CommandError as e:
+            records.append(e)
+            continue
         records.append(
             s.Delete(ns=ns, filter=flt, multi=limit == 0, hint=_hint(op, "delete.deletes"), stmtId=i, **session)
         )
@@ -536,6 +548,8 @@ async def _statements(
     errors: list[dict[str, Any]] = []
     for i, record in enumerate(records):
         try:
+            if isinstance(record, CommandError):
+                raise record  # refused before routing (update_records): this statement's error
             results.append({"index": i, **await _run(conn, record)})
         except CommandError as e:
             if e.code in COMMAND_LEVEL:
@@ -556,7 +570,7 @@ async def _insert(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
 @SERVER_COMMANDS.register("update", fields=UPDATE_FIELDS)
 async def _update(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     records, ordered = update_records(cmd)
-    _reject_config_write(cmd, records[0].ns)
+    _reject_config_write(cmd, namespace(cmd))
     results, errors = await _statements(conn, records, ordered)
     upserted = [{"index": r["index"], "_id": r["upsertedId"]} for r in results if "upsertedId" in r]
     reply: dict[str, Any] = {
@@ -573,7 +587,7 @@ async def _update(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
 @SERVER_COMMANDS.register("delete", fields=DELETE_FIELDS)
 async def _delete(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     records, ordered = delete_records(cmd)
-    _reject_config_write(cmd, records[0].ns)
+    _reject_config_write(cmd, namespace(cmd))
     results, errors = await _statements(conn, records, ordered)
     reply: dict[str, Any] = {"n": sum(r["deleted"] for r in results)}
     if errors:
