@@ -47,8 +47,8 @@ when the query has the same one.
 
 Sort and covering
 -----------------
-An index gives the sort when it is not multikey (shardlog sorts an array as a whole, an index
-holds its elements), the sort's fields follow the index's fields in order, skipping only fields
+An index gives the sort when it is not multikey (a multikey index holds a document once per
+element, and the scan's order is not MongoDB's smallest/largest-element order), the sort's fields follow the index's fields in order, skipping only fields
 bounded to one point, all in the index's directions or all reversed (then the scan runs
 backward); ``_id`` may follow the last index field (entries end with the ``_id``).  No field
 with a numeric path component (``a.0``) gives a sort or covers: the index reads a position of

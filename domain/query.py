@@ -29,31 +29,36 @@ Supported
   overflow is refused.
 * :func:`get_path`: plain dotted lookup (objects only) returning :data:`MISSING`.
 
-Not supported (refused with :class:`QueryError`)
-------------------------------------------------
-``$regex $elemMatch $size $all $type $mod $expr $where $text $jsonSchema``, geo and
-bitwise operators; a regular expression (``bson.Regex``) as an implicit equality or in
-``$in``/``$nin``/``$ne`` (MongoDB matches it as a pattern there; ``{$eq: regex}``, which
-compares regex values, is supported);
-bitwise operators; update operators other than the four above (``$push $pull
-$addToSet $pop $rename $min $max $mul $currentDate``...), positional ``$``/``$[]``
-paths, aggregation-pipeline updates, updates through arrays; projection operators
-(``$slice $elemMatch $meta``, expressions); collations; ``$natural``/``$meta`` sorts.
+Refused, never answered differently (issue 38 §1)
+-------------------------------------------------
+Operators MongoDB has that shardlog does not evaluate are refused by name with
+``QueryFeatureNotAllowed`` (224), whatever the data: ``$regex $type $all $elemMatch $size $mod
+$expr $where $text $jsonSchema $sampleRate``, geo and bitwise operators; a regular expression
+(``bson.Regex``) as an implicit equality, in ``$in``/``$nin``/``$ne`` or under ``$not`` (MongoDB
+matches it as a pattern there; ``{$eq: regex}``, which compares regex values, is supported);
+the update operators ``$push $addToSet $pull $pullAll $pop $min $max $mul $rename $currentDate
+$bit``, positional ``$``/``$[]``/``$[<id>]`` paths and pipeline-style updates; projection
+operators (``$slice $elemMatch $meta``, literals, expressions); ``$natural``/``$meta`` sorts.
+An unknown operator gets MongoDB's answer: ``unknown operator: $x`` (BadValue, 2) in a filter,
+``Unknown modifier: $x`` (FailedToParse, 9) in an update.  :func:`check_update` refuses what
+MongoDB refuses of an update before reading a document.
 
-Deliberate deviations from MongoDB
-----------------------------------
-* A numeric path component only indexes arrays; MongoDB also looks for a field of
-  that name in the array's subdocuments.  An index past the end is missing.
+Numeric path components: a filter reads ``a.0`` as the array's first element and as the field
+``"0"`` of its subdocuments; an update's ``a.0`` is the position (padding with nulls as
+MongoDB), ``$unset`` of an element leaves a null.  Update fields apply in MongoDB 5.0's order:
+component by component, numerically when both components are numbers.
+
+Deviations from MongoDB (refused, not answered otherwise)
+---------------------------------------------------------
 * ``{a: {$gt: 1, b: 2}}`` (operators mixed with fields) is refused; MongoDB reads it
   as an operator object or an exact object depending on the first key.
-* ``$exists`` takes a boolean or number only.  ``$set``/``$inc`` through an array
-  (``a.0.b``) are refused; ``$unset`` through one is a no-op.  Update fields are
-  applied in path order component by component, numeric names compared as strings.
+* ``$exists`` takes a boolean or number only.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import heapq
 import math
 import operator
@@ -187,10 +192,16 @@ def _collect(value: Any, parts: tuple[str, ...], i: int, out: list[Any]) -> None
             out.append(MISSING)
     elif isinstance(value, list):
         if _is_index(part):
+            # MongoDB reads a number as the array's position and as a field of its subdocuments.
             idx = int(part)
-            if idx < len(value):
+            found = idx < len(value)
+            if found:
                 _collect(value[idx], parts, i + 1, out)
-            else:
+            for element in value:
+                if isinstance(element, dict) and part in element:
+                    found = True
+                    _collect(element[part], parts, i + 1, out)
+            if not found:
                 out.append(MISSING)
         else:
             for element in value:  # subdocuments only: not scalars, not nested arrays
@@ -1040,18 +1051,54 @@ def _add(current: Any, by: Any, path: str) -> Any:
     return result
 
 
-def _parent_for_write(doc: Document, parts: tuple[str, ...]) -> Document:
-    """The object holding ``parts[-1]``, creating missing intermediate objects."""
+_MAX_PADDING = 1_500_000  # MongoDB's limit on the nulls an update may add to reach an array position
+
+
+def _child(node: Any, part: str) -> Any:
+    """The value under ``part`` of an object, or of an array when ``part`` is a position; else MISSING."""
+    if isinstance(node, dict):
+        return node.get(part, MISSING)
+    if isinstance(node, list) and _is_index(part) and int(part) < len(node):
+        return node[int(part)]
+    return MISSING
+
+
+def _value_at(doc: Any, parts: tuple[str, ...]) -> Any:
+    """The value an update path names (positions index arrays), or MISSING."""
     node = doc
+    for p in parts:
+        node = _child(node, p)
+        if node is MISSING:
+            return MISSING
+    return node
+
+
+def _put(node: Any, part: str, value: Any, where: str) -> None:
+    """Write ``value`` under ``part`` of an object, or at a position of an array, padding the
+    array with nulls as MongoDB does; a field name on an array is PathNotViable."""
+    if isinstance(node, dict):
+        node[part] = value
+        return
+    if not _is_index(part):
+        raise QueryError(f"Cannot create field '{part}' in element {{{where}: {_short(node)}}}", "PathNotViable")
+    i = int(part)
+    if i >= len(node):
+        if i - len(node) > _MAX_PADDING:
+            raise QueryError(f"can't backfill array to larger than {_MAX_PADDING} elements", "BadValue")
+        node.extend([None] * (i + 1 - len(node)))
+    node[i] = value
+
+
+def _parent_for_write(doc: Document, parts: tuple[str, ...]) -> Any:
+    """The object or array holding ``parts[-1]``, creating missing intermediate objects;
+    a position indexes an array.  A path through a scalar (or null) is PathNotViable."""
+    node: Any = doc
     for i, p in enumerate(parts[:-1]):
-        if p not in node:
-            node[p] = {}
-        child = node[p]
-        if isinstance(child, list):
-            raise _unsupported(
-                f"updating {'.'.join(parts)!r} through the array at {'.'.join(parts[: i + 1])!r}"
-            )
-        if not isinstance(child, dict):
+        child = _child(node, p)
+        if child is MISSING:
+            child = {}
+            _put(node, p, child, parts[i - 1] if i else p)
+        elif not isinstance(child, (dict, list)):
             raise QueryError(
                 f"Cannot create field '{parts[i + 1]}' in element {{{p}: {_short(child)}}}", "PathNotViable"
             )
@@ -1060,32 +1107,31 @@ def _parent_for_write(doc: Document, parts: tuple[str, ...]) -> Document:
 
 
 def _set(doc: Document, parts: tuple[str, ...], value: Any) -> None:
-    _parent_for_write(doc, parts)[parts[-1]] = copy.deepcopy(value)
+    _put(_parent_for_write(doc, parts), parts[-1], copy.deepcopy(value), ".".join(parts[:-1]))
 
 
 def _unset(doc: Document, parts: tuple[str, ...], _: Any = None) -> None:
-    node: Any = doc
-    for p in parts[:-1]:
-        node = node.get(p)
-        if not isinstance(node, dict):
-            return  # nothing there to remove
-    node.pop(parts[-1], None)
+    node = _value_at(doc, parts[:-1])
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+    elif isinstance(node, list) and _child(node, parts[-1]) is not MISSING:
+        node[int(parts[-1])] = None  # MongoDB's $unset of an array element leaves a null in its place
 
 
 def _inc(doc: Document, parts: tuple[str, ...], by: int | float) -> None:
     parent = _parent_for_write(doc, parts)
     name = parts[-1]
-    if name not in parent:
-        parent[name] = by
+    current = _child(parent, name)
+    if current is MISSING:
+        _put(parent, name, by, ".".join(parts[:-1]))
         return
-    current = parent[name]
     if not _is_number(current):
         raise QueryError(
             f"Cannot apply $inc to a value of non-numeric type. {{_id: {_short(doc.get('_id'))}}} has the field "
             f"'{parts[-1]}' of non-numeric type {type_name(current)}",
             "TypeMismatch",
         )
-    parent[name] = _add(current, by, ".".join(parts))
+    _put(parent, name, _add(current, by, ".".join(parts)), ".".join(parts[:-1]))
 
 
 _APPLY: dict[str, Callable[[Document, tuple[str, ...], Any], None]] = {
@@ -1106,22 +1152,39 @@ def _first_conflict(paths: list[tuple[str, ...]]) -> tuple[str, str] | None:
     return None
 
 
+def _compare_parts(a: str, b: str) -> int:
+    """MongoDB's order of two path components: numerically when both are numbers, else as strings."""
+    if _is_index(a) and _is_index(b):
+        return (int(a) > int(b)) - (int(a) < int(b))
+    return (a > b) - (a < b)
+
+
+_PART_ORDER = functools.cmp_to_key(_compare_parts)
+
+
+def _path_order(parts: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(_PART_ORDER(p) for p in parts)
+
+
 def _apply_operators(base: Document, update: Document, is_upsert_insert: bool) -> Document:
     result, _ = _apply_edits(base, update, is_upsert_insert, copy_on_write=False)
     return result
 
 
 def _copy_parents(doc: Document, parts: tuple[str, ...], copied: set[int]) -> None:
-    """Give ``doc`` copies of the objects on the way to ``parts[-1]``, so that editing there
-    leaves the original's objects untouched (paths never go through arrays)."""
-    node = doc
+    """Give ``doc`` copies of the objects and arrays on the way to ``parts[-1]``, so that
+    editing there leaves the original's untouched."""
+    node: Any = doc
     for p in parts[:-1]:
-        child = node.get(p)
-        if not isinstance(child, dict):
+        child = _child(node, p)
+        if not isinstance(child, (dict, list)):
             return  # missing (created fresh by the edit) or refused by it
         if id(child) not in copied:
-            child = dict(child)
-            node[p] = child
+            child = dict(child) if isinstance(child, dict) else list(child)
+            if isinstance(node, dict):
+                node[p] = child
+            else:
+                node[int(p)] = child
             copied.add(id(child))
         node = child
 
@@ -1135,7 +1198,7 @@ def _apply_edits(
     copied: set[int] = set()
     result = dict(base) if copy_on_write else copy.deepcopy(base)
     applied: list[tuple[str, ...]] = []
-    for parts, op, arg in sorted(edits, key=lambda e: e[0]):  # MongoDB 5.0+: path order
+    for parts, op, arg in sorted(edits, key=lambda e: _path_order(e[0])):  # MongoDB 5.0+: path order
         if op != "$setOnInsert" or is_upsert_insert:
             if copy_on_write:
                 _copy_parents(result, parts, copied)
@@ -1160,8 +1223,7 @@ def update_stored(doc: Document, update: Document) -> Document | None:
         return None if encode_value(new) == encode_value(doc) else new
     new, paths = _apply_edits(doc, update, False, copy_on_write=True)
     for parts in paths:
-        path = ".".join(parts)
-        before, after = get_path(doc, path), get_path(new, path)
+        before, after = _value_at(doc, parts), _value_at(new, parts)
         if before is MISSING or after is MISSING:
             if before is not after:
                 return new

@@ -707,8 +707,9 @@ def test_set_unset_inc() -> None:
         ({}, {"$inc": {"a": True}}, "non-numeric argument"),
         ({"a": INT64_MAX}, {"$inc": {"a": 1}}, "overflows"),
         ({"a": 5}, {"$set": {"a.b": 1}}, "Cannot create field 'b'"),
-        ({"a": [{"b": 1}]}, {"$set": {"a.0.b": 2}}, "through the array at 'a' is not supported"),
-        ({"a": [1]}, {"$inc": {"a.0": 1}}, "through the array at 'a' is not supported"),
+        ({"a": [{"b": 1}]}, {"$set": {"a.b": 2}}, "Cannot create field 'b' in element"),
+        ({"a": [1]}, {"$set": {"a.0.c": 1}}, "Cannot create field 'c' in element \\{0: 1\\}"),
+        ({"a": None}, {"$set": {"a.b": 1}}, "Cannot create field 'b'"),
         ({"_id": 1}, {"$set": {"_id": 2}}, "immutable field '_id'"),
         ({"_id": 1}, {"$unset": {"_id": 1}}, "immutable field '_id'"),
         ({"_id": 1}, {"$inc": {"_id": 1}}, "immutable field '_id'"),
@@ -967,3 +968,34 @@ def test_update_stored_refuses_what_apply_update_refuses():
         update_stored(copy.deepcopy(_STORED), {"$set": {"a.c.x": 1}})  # through an array
     with pytest.raises(QueryError):
         update_stored(copy.deepcopy(_STORED), {"$inc": {"s": 1}})
+
+
+def test_updates_through_array_positions() -> None:
+    """A position in an update path indexes the array (MongoDB), padding with nulls."""
+    doc = {"_id": 1, "a": [{"b": 1}, {"b": 2}], "n": [1, 2]}
+    assert apply_update(doc, {"$set": {"a.1.b": 5}})["a"] == [{"b": 1}, {"b": 5}]
+    assert apply_update(doc, {"$inc": {"n.0": 10}})["n"] == [11, 2]
+    assert apply_update(doc, {"$set": {"n.4": 7}})["n"] == [1, 2, None, None, 7]
+    assert apply_update(doc, {"$unset": {"n.0": 1}})["n"] == [None, 2]
+    assert apply_update(doc, {"$unset": {"a.0.b": 1}})["a"] == [{}, {"b": 2}]
+    assert apply_update(doc, {"$set": {"a.3.c": 1}})["a"] == [{"b": 1}, {"b": 2}, None, {"c": 1}]
+    assert apply_update({"o": {}}, {"$set": {"o.1": 1}})["o"] == {"1": 1}  # a number names an object's field
+    # copy-on-write leaves the stored document alone and sees the change
+    new = update_stored(doc, {"$set": {"a.0.b": 9}})
+    assert new is not None and new["a"][0] == {"b": 9} and doc["a"][0] == {"b": 1}
+    assert update_stored(doc, {"$set": {"a.0.b": 1}}) is None  # the same value: nothing modified
+    assert update_stored(doc, {"$unset": {"n.5": 1}}) is None
+
+
+def test_update_fields_apply_in_mongodb_order() -> None:
+    """Components compare numerically when both are numbers (MongoDB 5.0+), else as strings."""
+    out = apply_update({"o": {}}, {"$set": {"o.10": 1, "o.9": 1, "o.b": 1, "o.a": 1}})
+    assert list(out["o"]) == ["9", "10", "a", "b"]
+
+
+def test_a_position_in_a_filter_also_names_a_subdocument_field() -> None:
+    assert matches({"a.0": 5}, {"a": [5, 6]})
+    assert matches({"a.0": 5}, {"a": [{"0": 5}]})  # MongoDB reads both
+    assert matches({"a.1.b": 2}, {"a": [{"b": 1}, {"b": 2}]})
+    assert not matches({"a.1.b": 1}, {"a": [{"b": 1}, {"b": 2}]})
+    assert matches({"a.3": None}, {"a": [1]}) and not matches({"a.3": {"$exists": True}}, {"a": [1]})

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import services.router.wire  # noqa: F401  (registers every command)
-from services.router.wire.commands import SERVER_COMMANDS, Connection
-from services.router.wire.options import check_write_concern
+from services.router.wire.commands import SERVER_COMMANDS, CommandTable, Connection
+from services.router.wire.options import Fields, check_write_concern
 from libs.commands import CommandError
 
 REACHED_HANDLER = 59  # CommandNotFound: the handler ran and found no cluster attached
@@ -123,3 +123,27 @@ def test_write_concern_shapes() -> None:
     for bad in (5, {"w": True}, {"w": -1}, {"j": "yes"}, {"wtimeout": "x"}):
         with pytest.raises(CommandError):
             check_write_concern("insert", bad)
+
+
+def test_max_time_ms_is_enforced() -> None:
+    """A command still running when its maxTimeMS passes is answered MaxTimeMSExpired (50); one
+    that finishes in time is answered as usual."""
+    table = CommandTable("test")
+    never = asyncio.Event()
+
+    @table.register("stuck", fields=Fields("stuck", {}))
+    async def _stuck(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+        await never.wait()  # nothing sets it: only maxTimeMS ends this command
+        return {}
+
+    @table.register("quick", fields=Fields("quick", {}))
+    async def _quick(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+        return {"done": True}
+
+    async def run(cmd: dict[str, Any]) -> dict[str, Any]:
+        return await table(Connection(id=1, peer="test"), {**cmd, "$db": "app"})
+
+    r = asyncio.run(run({"stuck": 1, "maxTimeMS": 20}))
+    assert (r["ok"], r["code"], r["codeName"]) == (0, 50, "MaxTimeMSExpired")
+    assert asyncio.run(run({"quick": 1, "maxTimeMS": 60_000})) == {"done": True, "ok": 1.0}
+    assert asyncio.run(run({"quick": 1, "maxTimeMS": 0}))["ok"] == 1.0  # 0: no limit
