@@ -107,6 +107,9 @@ def _truthy(v: Any) -> bool:
     return True
 
 
+truthy = _truthy  # what $expr in a find filter counts as a match (domain/query.py)
+
+
 def _key(v: Any) -> bytes:
     """The comparison key of a value: BSON order, missing below everything (even MinKey)."""
     if v is MISSING:

@@ -373,6 +373,8 @@ def implies(query: Matcher, partial: Matcher) -> bool:
 def _filter_paths(node: Any, out: set[str]) -> set[str]:
     if isinstance(node, _Field):
         out.add(node.path)
+    elif node.op == "$expr":
+        out.add("$expr")  # it reads any field: no index covers it
     else:
         for c in node.children:
             _filter_paths(c, out)

@@ -59,13 +59,15 @@ from __future__ import annotations
 
 import copy
 import functools
+from datetime import UTC, datetime
 import heapq
 import math
 import operator
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from bson import Code, DatetimeMS, Decimal128, Int64, ObjectId, Regex, Timestamp
 from bson.decimal128 import create_decimal128_context
@@ -178,16 +180,16 @@ def _is_index(part: str) -> bool:
     return part.isascii() and part.isdigit() and str(int(part)) == part
 
 
-def _collect(value: Any, parts: tuple[str, ...], i: int, out: list[Any]) -> None:
+def _collect(value: Any, parts: tuple[str, ...], i: int, out: list[Any], expand: bool = True) -> None:
     if i == len(parts):
         out.append(value)
-        if isinstance(value, list):
+        if expand and isinstance(value, list):
             out.extend(value)  # a leaf array: the array and each element
         return
     part = parts[i]
     if isinstance(value, dict):
         if part in value:
-            _collect(value[part], parts, i + 1, out)
+            _collect(value[part], parts, i + 1, out, expand)
         else:
             out.append(MISSING)
     elif isinstance(value, list):
@@ -196,17 +198,17 @@ def _collect(value: Any, parts: tuple[str, ...], i: int, out: list[Any]) -> None
             idx = int(part)
             found = idx < len(value)
             if found:
-                _collect(value[idx], parts, i + 1, out)
+                _collect(value[idx], parts, i + 1, out, expand)
             for element in value:
                 if isinstance(element, dict) and part in element:
                     found = True
-                    _collect(element[part], parts, i + 1, out)
+                    _collect(element[part], parts, i + 1, out, expand)
             if not found:
                 out.append(MISSING)
         else:
             for element in value:  # subdocuments only: not scalars, not nested arrays
                 if isinstance(element, dict):
-                    _collect(element, parts, i, out)
+                    _collect(element, parts, i, out, expand)
     else:
         out.append(MISSING)  # a path through a scalar is missing
 
@@ -238,17 +240,6 @@ _OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exist
 # MongoDB's other operators: refused by name (QueryFeatureNotAllowed), never taken for unknown.
 _UNSUPPORTED_OPERATORS = frozenset(
     {
-        "$regex",
-        "$options",
-        "$type",
-        "$all",
-        "$elemMatch",
-        "$size",
-        "$mod",
-        "$bitsAllSet",
-        "$bitsAnySet",
-        "$bitsAllClear",
-        "$bitsAnyClear",
         "$geoWithin",
         "$geoIntersects",
         "$near",
@@ -258,7 +249,7 @@ _UNSUPPORTED_OPERATORS = frozenset(
         "$_internalSchemaType",
     }
 )
-_UNSUPPORTED_TOP_LEVEL = frozenset({"$expr", "$where", "$text", "$jsonSchema", "$sampleRate"})
+_UNSUPPORTED_TOP_LEVEL = frozenset({"$where", "$text", "$jsonSchema", "$sampleRate"})
 
 
 def _is_nan(v: Any) -> bool:
@@ -289,7 +280,7 @@ class _Cmp:
     value: Any
     enc: bytes
 
-    def test(self, cands: _Cands) -> bool:
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
         return any(_hit(self.op, c, e, self.value, self.enc) for c, e in cands)
 
 
@@ -298,7 +289,7 @@ class _In:
     values: tuple[Any, ...]
     encs: frozenset[bytes]
 
-    def test(self, cands: _Cands) -> bool:
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
         # Equality is byte equality of encodings (NaN included); missing equals null.
         return any(e in self.encs if e is not None else None in self.values for _, e in cands)
 
@@ -307,7 +298,7 @@ class _In:
 class _Exists:
     want: bool
 
-    def test(self, cands: _Cands) -> bool:
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
         return any(e is not None for _, e in cands) == self.want
 
 
@@ -315,8 +306,347 @@ class _Exists:
 class _Not:
     tests: tuple[Any, ...]
 
-    def test(self, cands: _Cands) -> bool:
-        return not all(t.test(cands) for t in self.tests)
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        return not all(t.test(cands, whole) for t in self.tests)
+
+
+@dataclass(frozen=True)
+class _AllOf:
+    """$all: every test holds (an empty $all matches nothing)."""
+
+    tests: tuple[Any, ...]
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        return bool(self.tests) and all(t.test(cands, whole) for t in self.tests)
+
+
+@dataclass(frozen=True)
+class _AnyOf:
+    """$in with regular expressions: one of the tests holds."""
+
+    tests: tuple[Any, ...]
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        return any(t.test(cands, whole) for t in self.tests)
+
+
+_REGEX_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "u": 0}
+_REGEX_MASK = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE
+
+
+@dataclass(frozen=True)
+class _Regex:
+    """$regex: a string matching the pattern, or a stored regular expression equal to it."""
+
+    source: Regex[Any]
+    compiled: re.Pattern[str]
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        for v, _ in cands:
+            if isinstance(v, str) and not isinstance(v, Code):
+                if self.compiled.search(v):
+                    return True
+            elif isinstance(v, Regex):
+                if v.pattern == self.source.pattern and _flags(v) == _flags(self.source):
+                    return True
+        return False
+
+
+def _flags(r: Regex[Any]) -> int:
+    flags = r.flags
+    if isinstance(flags, str):
+        return _regex_flags(flags)
+    return int(flags) & _REGEX_MASK
+
+
+def _regex_flags(options: str) -> int:
+    flags = 0
+    for ch in options:
+        if ch not in _REGEX_FLAGS:
+            raise QueryError(f"invalid flag in regex options: {ch}", "Location51108")
+        flags |= _REGEX_FLAGS[ch]
+    return flags
+
+
+def _make_regex(pattern: Any, options: str, path: str) -> _Regex:
+    if isinstance(pattern, Regex):
+        if options:
+            raise QueryError("options set in both $regex and $options", "BadValue")
+        source = pattern
+    elif isinstance(pattern, str):
+        source = Regex(pattern, _regex_flags(options))
+    else:
+        raise QueryError(f"$regex has to be a string, not {type_name(pattern)} (on {path!r})", "BadValue")
+    if "\x00" in source.pattern:
+        raise QueryError("Regular expression cannot contain an embedded null byte", "Location51091")
+    try:
+        compiled = re.compile(source.pattern, _flags(source))
+    except re.error as e:
+        raise QueryError(f"Regular expression is invalid: {e}", "Location51091") from None
+    return _Regex(source, compiled)
+
+
+# BSON type numbers by MongoDB's aliases ($type), "number" being the four numeric types.
+_TYPE_NUMBERS: dict[str, tuple[int, ...]] = {
+    "double": (1,),
+    "string": (2,),
+    "object": (3,),
+    "array": (4,),
+    "binData": (5,),
+    "undefined": (6,),
+    "objectId": (7,),
+    "bool": (8,),
+    "date": (9,),
+    "null": (10,),
+    "regex": (11,),
+    "dbPointer": (12,),
+    "javascript": (13,),
+    "symbol": (14,),
+    "javascriptWithScope": (15,),
+    "int": (16,),
+    "timestamp": (17,),
+    "long": (18,),
+    "decimal": (19,),
+    "minKey": (-1,),
+    "maxKey": (127,),
+    "number": (1, 16, 18, 19),
+}
+_KNOWN_TYPE_NUMBERS = frozenset(n for ns in _TYPE_NUMBERS.values() for n in ns)
+
+
+def _bson_type(v: Any) -> int:
+    if isinstance(v, Code):
+        return 13 if v.scope is None else 15
+    name = type_name(v)
+    return _TYPE_NUMBERS[name][0] if name in _TYPE_NUMBERS else 0
+
+
+@dataclass(frozen=True)
+class _Type:
+    numbers: frozenset[int]
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        return any(e is not None and _bson_type(v) in self.numbers for v, e in cands)
+
+
+def _parse_type(path: str, arg: Any) -> _Type:
+    items = arg if isinstance(arg, list) else [arg]
+    numbers: set[int] = set()
+    for item in items:
+        if isinstance(item, str):
+            if item not in _TYPE_NUMBERS:
+                raise QueryError(f"Unknown type name alias: {item}", "BadValue")
+            numbers.update(_TYPE_NUMBERS[item])
+        elif _is_number(item):
+            if isinstance(item, float) and not item.is_integer() or int(_as_float(item)) not in _KNOWN_TYPE_NUMBERS:
+                raise QueryError(f"Invalid numerical type code: {item}", "BadValue")
+            numbers.add(int(_as_float(item)))
+        else:
+            raise QueryError(f"type must be represented as a number or a string (on {path!r})", "TypeMismatch")
+    if not numbers and not items:
+        raise QueryError(f"{path} must match at least one type", "FailedToParse")
+    return _Type(frozenset(numbers))
+
+
+def _as_float(v: Any) -> float:
+    return float(v.to_decimal()) if isinstance(v, Decimal128) else float(v)
+
+
+@dataclass(frozen=True)
+class _Size:
+    """$size: the value itself (not its elements) is an array of that length."""
+
+    n: int
+    whole_values: ClassVar[bool] = True
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        return any(isinstance(v, list) and len(v) == self.n for v in whole or ())
+
+
+def _parse_size(arg: Any) -> _Size:
+    if not _is_number(arg):
+        raise QueryError("$size needs a number", "BadValue")
+    f = _as_float(arg)
+    if f != f or not float(f).is_integer():
+        raise QueryError("$size must be a whole number", "BadValue")
+    if f < 0:
+        raise QueryError("$size may not be negative", "BadValue")
+    return _Size(int(f))
+
+
+@dataclass(frozen=True)
+class _ElemMatch:
+    """$elemMatch: some element of an array value matches; `tests` (operators on the element
+    itself) or `root` (a filter on the element, a subdocument)."""
+
+    tests: tuple[Any, ...] | None
+    root: Any
+    whole_values: ClassVar[bool] = True
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        for v in whole or ():
+            if not isinstance(v, list):
+                continue
+            for el in v:
+                if self.tests is not None:
+                    el_cands = [(el, encode_value(el))]
+                    if all(t.test(el_cands, [el]) for t in self.tests):
+                        return True
+                elif isinstance(el, dict) and self.root.matches(el):
+                    return True
+        return False
+
+
+_FILTER_LEVEL = frozenset({"$and", "$or", "$nor", "$expr", "$where", "$text", "$comment", "$jsonSchema"})
+
+
+def _parse_elem_match(path: str, arg: Any, depth: int) -> _ElemMatch:
+    if not isinstance(arg, dict):
+        raise QueryError("$elemMatch needs an Object", "BadValue")
+    if arg and all(isinstance(k, str) and k.startswith("$") and k not in _FILTER_LEVEL for k in arg):
+        return _ElemMatch(_parse_operators(path, arg, depth + 1), None)
+    return _ElemMatch(None, _parse(arg, depth + 1))
+
+
+@dataclass(frozen=True)
+class _Mod:
+    divisor: int
+    remainder: int
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        for v, _ in cands:
+            if _is_number(v):
+                f = _as_float(v) if not isinstance(v, int) else v
+                if isinstance(f, float) and (f != f or f in (math.inf, -math.inf)):
+                    continue
+                n = int(v.to_decimal()) if isinstance(v, Decimal128) else int(f)
+                r = abs(n) % abs(self.divisor)  # C's %: the sign of the dividend
+                if (-r if n < 0 else r) == self.remainder:
+                    return True
+        return False
+
+
+def _parse_mod(arg: Any) -> _Mod:
+    if not isinstance(arg, list):
+        raise QueryError("malformed mod, needs to be an array", "BadValue")
+    if len(arg) < 2:
+        raise QueryError("malformed mod, not enough elements", "BadValue")
+    if len(arg) > 2:
+        raise QueryError("malformed mod, too many elements", "BadValue")
+    for x, what in zip(arg, ("divisor", "remainder")):
+        if not _is_number(x):
+            raise QueryError(f"malformed mod, {what} not a number", "BadValue")
+        if _as_float(x) != _as_float(x) or _as_float(x) in (math.inf, -math.inf):
+            raise QueryError(f"malformed mod, {what} value is invalid :: caused by :: {x}", "BadValue")
+    divisor, remainder = (int(_as_float(x)) for x in arg)
+    if divisor == 0:
+        raise QueryError("divisor cannot be 0", "BadValue")
+    return _Mod(divisor, remainder)
+
+
+@dataclass(frozen=True)
+class _Bits:
+    """$bitsAllSet / $bitsAnySet / $bitsAllClear / $bitsAnyClear: bit positions of an integral
+    number (two's complement, 64 bits, sign-extended) or of binary data (little-endian)."""
+
+    op: str
+    positions: frozenset[int]
+
+    def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
+        return any(self._one(v) for v, e in cands if e is not None)
+
+    def _one(self, v: Any) -> bool:
+        if isinstance(v, bytes):
+            def bit(i: int) -> bool:
+                return i // 8 < len(v) and bool(v[i // 8] >> (i % 8) & 1)
+        elif _is_number(v):
+            f = _as_float(v)
+            if f != f or not float(f).is_integer() or not -(2.0**63) <= f < 2.0**63:
+                return False
+            n = int(v.to_decimal()) if isinstance(v, Decimal128) else int(v)
+
+            def bit(i: int) -> bool:
+                return bool((n >> min(i, 63)) & 1)  # beyond bit 63: the sign
+        else:
+            return False
+        hits = [bit(i) for i in self.positions]
+        if self.op == "$bitsAllSet":
+            return all(hits)
+        if self.op == "$bitsAnySet":
+            return any(hits)
+        if self.op == "$bitsAllClear":
+            return not any(hits)
+        return not all(hits)  # $bitsAnyClear
+
+
+def _parse_bits(op: str, arg: Any) -> _Bits:
+    positions: set[int] = set()
+    if isinstance(arg, bytes):
+        positions = {i for i in range(len(arg) * 8) if arg[i // 8] >> (i % 8) & 1}
+    elif isinstance(arg, list):
+        for x in arg:
+            if not _is_number(x) or not float(_as_float(x)).is_integer():
+                raise QueryError(f"bit positions must be an integer but got: {_short(x)}", "BadValue")
+            if _as_float(x) < 0:
+                raise QueryError(f"bit positions must be >= 0 but got: {_short(x)}", "BadValue")
+            positions.add(int(_as_float(x)))
+    elif _is_number(arg):
+        f = _as_float(arg)
+        if f != f or not float(f).is_integer():
+            raise QueryError(f"{op} cannot represent {arg} as a 64-bit integer", "BadValue")
+        if f < 0:
+            raise QueryError(f"{op} must be non-negative, got {arg}", "BadValue")
+        n = int(f)
+        positions = {i for i in range(n.bit_length()) if n >> i & 1}
+    else:
+        raise QueryError(f"{op} takes an Array, a number, or a BinData but received: {_short(arg)}", "BadValue")
+    return _Bits(op, frozenset(positions))
+
+
+@dataclass(frozen=True)
+class _Expr:
+    """$expr: an aggregation expression over the document, true by MongoDB's truthiness."""
+
+    spec: Any
+    evaluate: Any
+    op: ClassVar[str] = "$expr"  # walked like a _Logic node by targeting and the planner
+    children: ClassVar[tuple[Any, ...]] = ()
+
+    def matches(self, doc: Document) -> bool:
+        from domain.aggregation import truthy  # the pipeline's module imports this one
+
+        try:
+            return truthy(self.evaluate(doc))
+        except ValueError as e:
+            raise _as_query_error(e) from None
+
+
+def _as_query_error(e: ValueError) -> QueryError:
+    code = getattr(e, "code", 2)
+    name = getattr(e, "code_name", None) or f"Location{code}"
+    return QueryError(getattr(e, "message", str(e)), name)
+
+
+def _parse_expr(spec: Any) -> _Expr:
+    from domain.aggregation import compile_expression
+
+    try:
+        return _Expr(spec, compile_expression(spec))
+    except ValueError as e:
+        raise _as_query_error(e) from None
+
+
+def _needs_whole(test: Any) -> bool:
+    if getattr(test, "whole_values", False):
+        return True
+    return any(_needs_whole(t) for t in getattr(test, "tests", None) or ())
+
+
+def _whole(doc: Document, parts: tuple[str, ...]) -> list[Any]:
+    """The values at the path, a leaf array as one value (what $size and $elemMatch look at)."""
+    out: list[Any] = []
+    _collect(doc, parts, 0, out, expand=False)
+    return out
 
 
 @dataclass(frozen=True)
@@ -324,20 +654,12 @@ class _Field:
     path: str
     parts: tuple[str, ...]
     tests: tuple[Any, ...]
+    whole: bool = False  # a test reads arrays as values ($size, $elemMatch)
 
     def matches(self, doc: Document) -> bool:
         cands = _candidates(doc, self.parts)
-        return all(t.test(cands) for t in self.tests)
-
-
-@dataclass(frozen=True)
-class _Const:
-    """$alwaysTrue / $alwaysFalse."""
-
-    value: bool
-
-    def matches(self, doc: Document) -> bool:
-        return self.value
+        whole = _whole(doc, self.parts) if self.whole else None
+        return all(t.test(cands, whole) for t in self.tests)
 
 
 @dataclass(frozen=True)
@@ -383,7 +705,10 @@ def _parse(flt: Any, depth: int = 0) -> _Logic:
         elif key in ("$alwaysTrue", "$alwaysFalse"):
             if type(value) not in (int, float) or value != 1:
                 raise QueryError(f"{key} must be an integer value of 1")
-            nodes.append(_Const(key == "$alwaysTrue"))
+            # an empty $and holds for every document, an empty $or for none
+            nodes.append(_Logic("$and" if key == "$alwaysTrue" else "$or", ()))
+        elif key == "$expr":
+            nodes.append(_parse_expr(value))
         elif key in _UNSUPPORTED_TOP_LEVEL:
             raise _unsupported(f"the query operator {key}")
         elif isinstance(key, str) and key.startswith("$"):
@@ -394,40 +719,82 @@ def _parse(flt: Any, depth: int = 0) -> _Logic:
         else:
             parts = _split_path(key, "filter")
             if _is_operator_object(value):
-                tests = _parse_operators(key, value)
+                tests = _parse_operators(key, value, depth)
+            elif isinstance(value, Regex):
+                tests = (_make_regex(value, "", key),)  # {a: /x/} matches as a pattern
             else:
-                _no_regex(key, "equality", value)
                 tests = (_Cmp("$eq", value, _encode(value, f"value of {key!r}")),)
-            nodes.append(_Field(key, parts, tests))
+            nodes.append(_Field(key, parts, tests, any(_needs_whole(t) for t in tests)))
     return _Logic("$and", tuple(nodes))
 
 
-def _no_regex(path: str, where: str, v: Any) -> None:
-    """MongoDB matches a regex in these places as a pattern, which is not supported; an
-    equality on the regex value would give different answers, so refuse it."""
-    if isinstance(v, Regex):
-        raise _unsupported(
-            f"{where} on {path!r} with a regular expression ({_short(v)}): regular expression matching"
-        )
-
-
-def _parse_in(path: str, op: str, arg: Any) -> _In:
+def _parse_in(path: str, op: str, arg: Any) -> Any:
+    """$in / $nin's values: equality to each, a regular expression matching as a pattern."""
     if not isinstance(arg, list):
-        raise QueryError(f"{op} on {path!r} needs an array, got {_short(arg)}")
+        raise QueryError(f"{op} needs an array")
+    plain: list[Any] = []
+    patterns: list[Any] = []
     for v in arg:
         if _is_operator_object(v):
-            raise QueryError(f"{op} on {path!r}: cannot nest operators inside {op}, got {_short(v)}")
-        _no_regex(path, op, v)
-    return _In(tuple(arg), frozenset(_encode(v, f"{op} on {path!r}") for v in arg))
+            raise QueryError(f"cannot nest $ under {op}")
+        if isinstance(v, Regex):
+            patterns.append(_make_regex(v, "", path))
+        else:
+            plain.append(v)
+    values = _In(tuple(plain), frozenset(_encode(v, f"{op} on {path!r}") for v in plain))
+    return _AnyOf((values, *patterns)) if patterns else values
 
 
-def _parse_operators(path: str, ops: Document) -> tuple[Any, ...]:
+def _parse_all(path: str, arg: Any, depth: int) -> _AllOf:
+    """$all: equality to every value (a regular expression as a pattern), or every $elemMatch."""
+    if not isinstance(arg, list):
+        raise QueryError("$all needs an array", "BadValue")
+    elem = [isinstance(v, dict) and bool(v) and next(iter(v)) == "$elemMatch" for v in arg]
+    if any(elem) and not all(elem):
+        raise QueryError("$all/$elemMatch has to be consistent", "BadValue")
+    tests: list[Any] = []
+    for v in arg:
+        if isinstance(v, dict) and v and next(iter(v)) == "$elemMatch":
+            tests.append(_parse_elem_match(path, v["$elemMatch"], depth))
+        elif _is_operator_object(v):
+            raise QueryError("no $ expressions in $all", "BadValue")
+        elif isinstance(v, Regex):
+            tests.append(_make_regex(v, "", path))
+        else:
+            tests.append(_Cmp("$eq", v, _encode(v, f"$all on {path!r}")))
+    return _AllOf(tuple(tests))
+
+
+def _parse_operators(path: str, ops: Document, depth: int = 0) -> tuple[Any, ...]:
+    if depth > MAX_NESTING_DEPTH:
+        raise QueryError(f"filter nested deeper than {MAX_NESTING_DEPTH} levels")
     tests: list[Any] = []
     for op, arg in ops.items():
         if op in _CMP:
             tests.append(_Cmp(op, arg, _encode(arg, f"{op} on {path!r}")))
+        elif op == "$regex":
+            options = ops.get("$options", "")
+            if not isinstance(options, str):
+                raise QueryError("$options has to be a string", "BadValue")
+            tests.append(_make_regex(arg, options, path))
+        elif op == "$options":
+            if "$regex" not in ops:
+                raise QueryError("$options needs a $regex", "BadValue")
+        elif op == "$type":
+            tests.append(_parse_type(path, arg))
+        elif op == "$size":
+            tests.append(_parse_size(arg))
+        elif op == "$mod":
+            tests.append(_parse_mod(arg))
+        elif op in ("$bitsAllSet", "$bitsAnySet", "$bitsAllClear", "$bitsAnyClear"):
+            tests.append(_parse_bits(op, arg))
+        elif op == "$elemMatch":
+            tests.append(_parse_elem_match(path, arg, depth))
+        elif op == "$all":
+            tests.append(_parse_all(path, arg, depth))
         elif op == "$ne":
-            _no_regex(path, op, arg)
+            if isinstance(arg, Regex):
+                raise QueryError("Can't have regex as arg to $ne.", "BadValue")
             tests.append(_Not((_Cmp("$eq", arg, _encode(arg, f"$ne on {path!r}")),)))
         elif op in ("$in", "$nin"):
             test = _parse_in(path, op, arg)
@@ -438,12 +805,13 @@ def _parse_operators(path: str, ops: Document) -> tuple[Any, ...]:
             tests.append(_Exists(bool(arg)))
         elif op == "$not":
             if isinstance(arg, Regex):
-                raise _unsupported(f"$not on {path!r} with a regular expression")
+                tests.append(_Not((_make_regex(arg, "", path),)))
+                continue
             if not _is_operator_object(arg):
                 raise QueryError(
                     f"$not on {path!r} needs a non-empty operator object such as {{'$gt': 5}}, got {_short(arg)}"
                 )
-            tests.append(_Not(_parse_operators(path, arg)))
+            tests.append(_Not(_parse_operators(path, arg, depth + 1)))
         elif op in _UNSUPPORTED_OPERATORS:
             raise _unsupported(f"the query operator {op} (on {path!r})")
         else:
@@ -597,7 +965,7 @@ def _intersect(ranges: Iterable[_Range | None]) -> _Range | None:
 
 
 def _union(ranges: list[_Range | None]) -> _Range | None:
-    if any(r is None for r in ranges):
+    if not ranges or any(r is None for r in ranges):
         return None  # some branch does not constrain the path
     result = ranges[0]
     for r in ranges[1:]:
@@ -610,8 +978,6 @@ def _union(ranges: list[_Range | None]) -> _Range | None:
 def _range_of(node: Any, path: str) -> _Range | None:
     if isinstance(node, _Field):
         return _intersect(_range_of_test(t) for t in node.tests) if node.path == path else None
-    if isinstance(node, _Const):
-        return None
     if node.op == "$and":
         return _intersect(_range_of(c, path) for c in node.children)
     if node.op == "$or":
@@ -859,11 +1225,24 @@ def apply_projection(doc: Document, projection: Document | None) -> Document:
 
 # ----------------------------------------------------------------------------- updates
 
-_UPDATE_OPERATORS = ("$set", "$unset", "$inc", "$setOnInsert")
-# MongoDB's other update operators: refused by name (QueryFeatureNotAllowed), not "unknown".
-_UNSUPPORTED_UPDATE_OPERATORS = frozenset(
-    {"$push", "$addToSet", "$pull", "$pullAll", "$pop", "$min", "$max", "$mul", "$rename", "$currentDate", "$bit"}
+_UPDATE_OPERATORS = (
+    "$set",
+    "$unset",
+    "$inc",
+    "$setOnInsert",
+    "$mul",
+    "$min",
+    "$max",
+    "$rename",
+    "$currentDate",
+    "$push",
+    "$addToSet",
+    "$pop",
+    "$pull",
+    "$pullAll",
+    "$bit",
 )
+_UNSUPPORTED_UPDATE_OPERATORS: frozenset[str] = frozenset()
 
 
 def is_update_operator_doc(update: Document) -> bool:
@@ -932,19 +1311,136 @@ def _parse_edits(update: Document) -> list[_Edit]:
             )
         for path, arg in fields.items():
             parts = _update_path(op, path)
-            if op == "$inc" and not _is_number(arg):
-                raise QueryError(
-                    f"Cannot increment with non-numeric argument: {{{path}: {_short(arg)}}}", "TypeMismatch"
-                )
             if op in ("$set", "$setOnInsert") and parts == ("_id",):
                 check_id_value(arg, insert=False)
-            edits.append((parts, op, arg))
-    conflict = _first_conflict([parts for parts, _, _ in edits])
+            edits.append((parts, op, _check_argument(op, path, parts, arg)))
+    touched = [parts for parts, _, _ in edits] + [arg for _, op, arg in edits if op == "$rename"]
+    conflict = _first_conflict(touched)
     if conflict:
         raise QueryError(
             f"Updating the path '{conflict[1]}' would create a conflict at '{conflict[0]}'", "ConflictingUpdateOperators"
         )
     return edits
+
+
+def _check_argument(op: str, path: str, parts: tuple[str, ...], arg: Any) -> Any:
+    """One modifier's argument, checked as MongoDB checks it (the form the apply step takes)."""
+    if op == "$inc" and not _is_number(arg):
+        raise QueryError(f"Cannot increment with non-numeric argument: {{{path}: {_short(arg)}}}", "TypeMismatch")
+    if op == "$mul" and not _is_number(arg):
+        raise QueryError(f"Cannot multiply with non-numeric argument: {{{path}: {_short(arg)}}}", "TypeMismatch")
+    if op == "$rename":
+        if not isinstance(arg, str):
+            raise QueryError(f"The 'to' field for $rename must be a string: {path}: {_short(arg)}", "BadValue")
+        target = _update_path(op, arg)
+        if target == parts:
+            raise QueryError(f"The source and target field for $rename must differ: {path}: {_short(arg)}", "BadValue")
+        if target[: len(parts)] == parts or parts[: len(target)] == target:
+            raise QueryError(
+                f"The source and target field for $rename must not be on the same path: {path}: {_short(arg)}",
+                "BadValue",
+            )
+        if any(_is_index(p) for p in (*parts, *target)):
+            raise QueryError("The source and target field for $rename cannot be array elements", "BadValue")
+        return target
+    if op == "$currentDate":
+        if arg is True or (isinstance(arg, dict) and arg.get("$type") == "date" and len(arg) == 1):
+            return "date"
+        if isinstance(arg, dict) and arg.get("$type") == "timestamp" and len(arg) == 1:
+            return "timestamp"
+        if isinstance(arg, dict) and "$type" in arg and len(arg) == 1:
+            raise QueryError("The '$type' string field is required to be 'date' or 'timestamp'", "BadValue")
+        raise QueryError(f"{_short(arg)} is not valid type for $currentDate. Please use a boolean ('true') or a $type expression ({{$type: 'timestamp/date'}}).", "BadValue")
+    if op == "$pop":
+        if not _is_number(arg) or _as_float(arg) not in (1.0, -1.0):
+            raise QueryError(f"$pop expects 1 or -1, found: {_short(arg)}", "FailedToParse")
+        return int(_as_float(arg))
+    if op == "$pullAll" and not isinstance(arg, list):
+        raise QueryError(f"$pullAll requires an array argument but was given a {type_name(arg)}", "BadValue")
+    if op in ("$push", "$addToSet"):
+        return _parse_push(op, arg)
+    if op == "$pull":
+        return _parse_pull(arg)
+    if op == "$bit":
+        return _parse_bit(path, arg)
+    return arg
+
+
+@dataclass(frozen=True)
+class _PushSpec:
+    each: tuple[Any, ...]
+    position: int | None = None
+    slice: int | None = None
+    sort: Any = None  # 1 / -1 (the values themselves) or a sort spec (subdocuments)
+
+
+_PUSH_MODIFIERS = ("$each", "$slice", "$sort", "$position")
+
+
+def _whole_number(v: Any, what: str) -> int:
+    if not _is_number(v) or not float(_as_float(v)).is_integer():
+        raise QueryError(f"The value for {what} must be an integer value but was given type: {type_name(v)}", "BadValue")
+    return int(_as_float(v))
+
+
+def _parse_push(op: str, arg: Any) -> _PushSpec:
+    """$push / $addToSet's value: one value, or {$each: [...]} with $push's modifiers."""
+    if not isinstance(arg, dict) or "$each" not in arg:
+        return _PushSpec((arg,))  # one value (a document without $each is a value, as MongoDB's)
+    for k in arg:
+        if k not in _PUSH_MODIFIERS or (op == "$addToSet" and k != "$each"):
+            raise QueryError(f"Unrecognized clause in {op}: {k}", "BadValue")
+    each = arg["$each"]
+    if not isinstance(each, list):
+        raise QueryError(f"The argument to $each in {op} must be an array but it was of type: {type_name(each)}", "BadValue")
+    position = _whole_number(arg["$position"], "$position") if "$position" in arg else None
+    slice_ = _whole_number(arg["$slice"], "$slice") if "$slice" in arg else None
+    sort = arg.get("$sort")
+    if "$sort" in arg:
+        if _is_number(sort) and _as_float(sort) in (1.0, -1.0):
+            sort = int(_as_float(sort))
+        elif isinstance(sort, dict) and sort:
+            _sort_fields(sort)
+        else:
+            raise QueryError("The $sort is invalid: use 1/-1 to sort the whole element, or {field:1/-1} to sort embedded fields", "BadValue")
+    return _PushSpec(tuple(each), position, slice_, sort)
+
+
+@dataclass(frozen=True)
+class _PullSpec:
+    matcher: Any  # a compiled filter on subdocument elements, or field tests on each element
+    tests: tuple[Any, ...] | None
+
+
+def _parse_pull(arg: Any) -> _PullSpec:
+    """$pull's condition: a value (equality), a regular expression, operators on the element,
+    or a filter on subdocument elements."""
+    if isinstance(arg, Regex):
+        return _PullSpec(None, (_make_regex(arg, "", "$pull"),))
+    if isinstance(arg, dict) and arg:
+        if all(isinstance(k, str) and k.startswith("$") and k not in _FILTER_LEVEL for k in arg):
+            return _PullSpec(None, _parse_operators("$pull", arg))
+        return _PullSpec(compile_filter(arg), None)
+    return _PullSpec(None, (_Cmp("$eq", arg, _encode(arg, "$pull")),))
+
+
+def _pull_hit(spec: _PullSpec, element: Any) -> bool:
+    if spec.tests is not None:
+        return all(t.test([(element, encode_value(element))], [element]) for t in spec.tests)
+    return isinstance(element, dict) and bool(spec.matcher.matches(element))
+
+
+def _parse_bit(path: str, arg: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(arg, dict) or not arg:
+        raise QueryError(f"The $bit modifier is not compatible with a {type_name(arg)}. You must pass in an embedded document: {{$bit: {{field: {{and/or/xor: #}}}}}}", "BadValue")
+    out = []
+    for how, mask in arg.items():
+        if how not in ("and", "or", "xor"):
+            raise QueryError(f"The $bit modifier only supports 'and', 'or', and 'xor', not '{how}' which is an unknown operator: {{{how}: {_short(mask)}}}", "BadValue")
+        if isinstance(mask, bool) or not isinstance(mask, int):
+            raise QueryError(f"The $bit modifier field must be an Integer(32/64 bit); a '{type_name(mask)}' is not supported here: {{{how}: {_short(mask)}}}", "BadValue")
+        out.append((how, mask))
+    return tuple(out)
 
 
 def check_update(update: Any) -> None:
@@ -1025,8 +1521,8 @@ def _is_long(v: int) -> bool:
     return isinstance(v, Int64) or not _INT32_MIN <= v <= _INT32_MAX
 
 
-def _add(current: Any, by: Any, path: str) -> Any:
-    """``current + by`` with MongoDB's type widening (SafeNum)."""
+def _add(current: Any, by: Any, path: str, op: str = "$inc") -> Any:
+    """``current + by`` (``*`` for $mul) with MongoDB's type widening (SafeNum)."""
     if isinstance(current, Decimal128) or isinstance(by, Decimal128):
 
         def as_decimal(v: Any) -> Any:
@@ -1036,13 +1532,14 @@ def _add(current: Any, by: Any, path: str) -> Any:
                 return _double_to_decimal(v)
             return _DECIMAL128.create_decimal(int(v))
 
-        return Decimal128(_DECIMAL128.add(as_decimal(current), as_decimal(by)))
+        combine = _DECIMAL128.multiply if op == "$mul" else _DECIMAL128.add
+        return Decimal128(combine(as_decimal(current), as_decimal(by)))
     if isinstance(current, float) or isinstance(by, float):
-        return float(current) + float(by)
-    result = int(current) + int(by)
+        return float(current) * float(by) if op == "$mul" else float(current) + float(by)
+    result = int(current) * int(by) if op == "$mul" else int(current) + int(by)
     if not INT64_MIN <= result <= INT64_MAX:
         raise QueryError(
-            f"Failed to apply $inc operations to current value ({_short(current)}) for document "
+            f"Failed to apply {op} operations to current value ({_short(current)}) for document "
             f"(field {path!r}): the result overflows a signed 64-bit integer",
             "BadValue",
         )
@@ -1134,11 +1631,162 @@ def _inc(doc: Document, parts: tuple[str, ...], by: int | float) -> None:
     _put(parent, name, _add(current, by, ".".join(parts)), ".".join(parts[:-1]))
 
 
+def _mul(doc: Document, parts: tuple[str, ...], by: Any) -> None:
+    parent = _parent_for_write(doc, parts)
+    name = parts[-1]
+    current = _child(parent, name)
+    if current is MISSING:  # MongoDB: a zero of the multiplier's type
+        zero: Any = Decimal128("0") if isinstance(by, Decimal128) else (0.0 if isinstance(by, float) else by * 0)
+        _put(parent, name, Int64(0) if isinstance(by, Int64) else zero, ".".join(parts[:-1]))
+        return
+    if not _is_number(current):
+        raise QueryError(
+            f"Cannot apply $mul to a value of non-numeric type. {{_id: {_short(doc.get('_id'))}}} has the field "
+            f"'{name}' of non-numeric type {type_name(current)}",
+            "TypeMismatch",
+        )
+    _put(parent, name, _add(current, by, ".".join(parts), "$mul"), ".".join(parts[:-1]))
+
+
+def _extreme(keep_smaller: bool) -> Callable[[Document, tuple[str, ...], Any], None]:
+    def apply(doc: Document, parts: tuple[str, ...], value: Any) -> None:
+        parent = _parent_for_write(doc, parts)
+        current = _child(parent, parts[-1])
+        c = None if current is MISSING else compare_values(value, current)
+        if c is None or (c < 0 if keep_smaller else c > 0):
+            _put(parent, parts[-1], copy.deepcopy(value), ".".join(parts[:-1]))
+
+    return apply
+
+
+def _rename(doc: Document, parts: tuple[str, ...], target: tuple[str, ...]) -> None:
+    holder = _value_at(doc, parts[:-1])
+    if not isinstance(holder, dict) or parts[-1] not in holder:
+        return  # nothing to rename
+    if isinstance(_value_at(doc, target[:-1]), list):
+        raise QueryError("The destination field for $rename may not be on a path that contains an array", "BadValue")
+    value = holder.pop(parts[-1])
+    _put(_parent_for_write(doc, target), target[-1], value, ".".join(target[:-1]))
+
+
+def _now() -> datetime:
+    """Now, as a BSON date holds it (milliseconds, UTC, naive as the drivers decode it)."""
+    now = datetime.now(UTC).replace(tzinfo=None)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def _current_date(doc: Document, parts: tuple[str, ...], kind: str) -> None:
+    now = _now()
+    value = Timestamp(int(now.timestamp()), 1) if kind == "timestamp" else now
+    _put(_parent_for_write(doc, parts), parts[-1], value, ".".join(parts[:-1]))
+
+
+def _array_at(doc: Document, parts: tuple[str, ...], op: str, create: bool) -> list[Any] | None:
+    """The array an array operator edits (created empty when missing and `create`), None
+    when missing; a value that is not an array is refused as MongoDB refuses it."""
+    parent = _parent_for_write(doc, parts) if create else _value_at(doc, parts[:-1])
+    current = _child(parent, parts[-1]) if isinstance(parent, (dict, list)) else MISSING
+    if current is MISSING:
+        if not create:
+            return None
+        current = []
+        _put(parent, parts[-1], current, ".".join(parts[:-1]))
+    elif not isinstance(current, list):
+        raise QueryError(
+            f"The field '{'.'.join(parts)}' must be an array but is of type {type_name(current)} in document "
+            f"{{_id: {_short(doc.get('_id'))}}}",
+            "BadValue",
+        )
+    else:
+        current = list(current)  # edited in place below: never the stored document's list
+        _put(parent, parts[-1], current, ".".join(parts[:-1]))
+    return current
+
+
+def _push(doc: Document, parts: tuple[str, ...], spec: _PushSpec) -> None:
+    arr = _array_at(doc, parts, "$push", create=True)
+    assert arr is not None
+    values = [copy.deepcopy(v) for v in spec.each]
+    if spec.position is None:
+        arr.extend(values)
+    else:
+        at = spec.position if spec.position >= 0 else max(0, len(arr) + spec.position)
+        arr[at:at] = values
+    if spec.sort is not None:
+        if isinstance(spec.sort, int):
+            key = sort_key({"v": spec.sort})
+            arr.sort(key=lambda v: key({"v": v}))
+        else:
+            key = sort_key(spec.sort)
+            arr.sort(key=lambda v: key(v if isinstance(v, dict) else {}))
+    if spec.slice is not None:
+        arr[:] = arr[: spec.slice] if spec.slice >= 0 else arr[len(arr) + spec.slice :] if -spec.slice < len(arr) else arr
+
+
+def _add_to_set(doc: Document, parts: tuple[str, ...], spec: _PushSpec) -> None:
+    arr = _array_at(doc, parts, "$addToSet", create=True)
+    assert arr is not None
+    present = {encode_value(v) for v in arr}
+    for v in spec.each:
+        enc = encode_value(v)
+        if enc not in present:
+            present.add(enc)
+            arr.append(copy.deepcopy(v))
+
+
+def _pop(doc: Document, parts: tuple[str, ...], end: int) -> None:
+    arr = _array_at(doc, parts, "$pop", create=False)
+    if arr:
+        arr.pop(-1 if end == 1 else 0)
+
+
+def _pull(doc: Document, parts: tuple[str, ...], spec: _PullSpec) -> None:
+    arr = _array_at(doc, parts, "$pull", create=False)
+    if arr is not None:
+        arr[:] = [v for v in arr if not _pull_hit(spec, v)]
+
+
+def _pull_all(doc: Document, parts: tuple[str, ...], values: list[Any]) -> None:
+    arr = _array_at(doc, parts, "$pullAll", create=False)
+    if arr is not None:
+        gone = {encode_value(v) for v in values}
+        arr[:] = [v for v in arr if encode_value(v) not in gone]
+
+
+def _bit(doc: Document, parts: tuple[str, ...], ops: tuple[tuple[str, int], ...]) -> None:
+    parent = _parent_for_write(doc, parts)
+    current = _child(parent, parts[-1])
+    value = 0 if current is MISSING else current
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QueryError(
+            f"Cannot apply $bit to a value of non-integral type.{{_id: {_short(doc.get('_id'))}}} has the field "
+            f"{parts[-1]} of non-integer type {type_name(value)}",
+            "BadValue",
+        )
+    long = _is_long(value) or any(_is_long(m) for _, m in ops)
+    n = int(value)
+    for how, mask in ops:
+        n = n & mask if how == "and" else n | mask if how == "or" else n ^ mask
+    n = (n + 2**63) % 2**64 - 2**63 if long else (n + 2**31) % 2**32 - 2**31
+    _put(parent, parts[-1], Int64(n) if long else n, ".".join(parts[:-1]))
+
+
 _APPLY: dict[str, Callable[[Document, tuple[str, ...], Any], None]] = {
     "$set": _set,
     "$setOnInsert": _set,
     "$unset": _unset,
     "$inc": _inc,
+    "$mul": _mul,
+    "$min": _extreme(keep_smaller=True),
+    "$max": _extreme(keep_smaller=False),
+    "$rename": _rename,
+    "$currentDate": _current_date,
+    "$push": _push,
+    "$addToSet": _add_to_set,
+    "$pop": _pop,
+    "$pull": _pull,
+    "$pullAll": _pull_all,
+    "$bit": _bit,
 }
 
 
@@ -1202,8 +1850,12 @@ def _apply_edits(
         if op != "$setOnInsert" or is_upsert_insert:
             if copy_on_write:
                 _copy_parents(result, parts, copied)
+                if op == "$rename":
+                    _copy_parents(result, arg, copied)
             _APPLY[op](result, parts, arg)
             applied.append(parts)
+            if op == "$rename":
+                applied.append(arg)
     if "_id" in base and ("_id" not in result or compare_values(result["_id"], base["_id"]) != 0):
         raise QueryError(
             "Performing an update on the path '_id' would modify the immutable field '_id'", "ImmutableField"

@@ -14,7 +14,7 @@ from functools import cmp_to_key
 from typing import Any
 
 import pytest
-from bson import Regex
+from bson import Int64, Regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -262,11 +262,23 @@ def test_not_and_logical_operators() -> None:
         ("a", "must be an object"),
         (None, "must be an object"),
         ({"a": {"$foo": 1}}, "^unknown operator: \\$foo$"),
-        ({"a": {"$regex": "x"}}, "\\$regex .* not supported by shardlog"),
-        ({"a": {"$elemMatch": {"b": 1}}}, "\\$elemMatch .* not supported"),
-        ({"a": {"$size": 1}}, "\\$size .* not supported"),
-        ({"a": {"$in": 1}}, "\\$in on 'a' needs an array"),
-        ({"a": {"$nin": "xy"}}, "\\$nin on 'a' needs an array"),
+        ({"a": {"$regex": 5}}, "\\$regex has to be a string"),
+        ({"a": {"$regex": "x", "$options": "z"}}, "invalid flag in regex options: z"),
+        ({"a": {"$options": "i"}}, "\\$options needs a \\$regex"),
+        ({"a": {"$regex": "("}}, "Regular expression is invalid"),
+        ({"a": {"$elemMatch": 1}}, "\\$elemMatch needs an Object"),
+        ({"a": {"$size": "1"}}, "\\$size needs a number"),
+        ({"a": {"$size": 1.5}}, "whole number"),
+        ({"a": {"$all": 1}}, "\\$all needs an array"),
+        ({"a": {"$mod": [0, 1]}}, "divisor cannot be 0"),
+        ({"a": {"$mod": [1]}}, "not enough elements"),
+        ({"a": {"$type": "nope"}}, "Unknown type name alias: nope"),
+        ({"a": {"$type": 99}}, "Invalid numerical type code"),
+        ({"a": {"$bitsAllSet": -1}}, "non-negative"),
+        ({"a": {"$ne": Regex("x")}}, "Can't have regex as arg to \\$ne"),
+        ({"a": {"$in": 1}}, "\\$in needs an array"),
+        ({"a": {"$nin": "xy"}}, "\\$nin needs an array"),
+        ({"a": {"$geoWithin": {}}}, "\\$geoWithin .* not supported"),
         ({"a": {"$in": [{"$gt": 1}]}}, "cannot nest"),
         ({"$and": []}, "non-empty array of objects"),
         ({"$and": {"a": 1}}, "non-empty array of objects"),
@@ -275,11 +287,10 @@ def test_not_and_logical_operators() -> None:
         ({"a": {"$gt": 1, "b": 2}}, "cannot mix operators and plain fields"),
         ({"a": {"b": 2, "$gt": 1}}, "cannot mix operators and plain fields"),
         ({"$where": "this.a"}, "\\$where is not supported"),
-        ({"$expr": {}}, "\\$expr is not supported"),
+        ({"$text": {"$search": "x"}}, "\\$text is not supported"),
+        ({"$expr": {"$nope": 1}}, "Unrecognized expression"),
         ({"$eq": 1}, "unknown top level operator: \\$eq"),
         ({"$alwaysTrue": 2}, "must be an integer value of 1"),
-        ({"a": Regex("^x")}, "regular expression"),
-        ({"a": {"$in": [Regex("^x")]}}, "regular expression"),
         ({"a": {"$not": 5}}, "\\$not on 'a' needs a non-empty operator object"),
         ({"a": {"$not": {}}}, "\\$not"),
         ({"a": {"$not": {"b": 1}}}, "\\$not"),
@@ -717,8 +728,20 @@ def test_set_unset_inc() -> None:
         ({"_id": 1}, {"_id": 2, "a": 1}, "the \\(immutable\\) field '_id' was found to have been altered"),
         ({}, {"$set": {"a": 1}, "b": 2}, "Unknown modifier: b"),
         ({}, {"b": 2, "$set": {"a": 1}}, "The dollar \\(\\$\\) prefixed field '\\$set'"),
-        ({}, {"$push": {"a": 1}}, "the update operator \\$push is not supported by shardlog"),
-        ({}, {"$rename": {"a": "b"}}, "\\$rename is not supported"),
+        ({"a": 1}, {"$push": {"a": 1}}, "The field 'a' must be an array but is of type int"),
+        ({}, {"$rename": {"a": "a"}}, "must differ"),
+        ({}, {"$rename": {"a": "a.b"}}, "must not be on the same path"),
+        ({}, {"$rename": {"a": 5}}, "must be a string"),
+        ({}, {"$mul": {"a": "x"}}, "Cannot multiply with non-numeric argument"),
+        ({"a": "x"}, {"$mul": {"a": 2}}, "Cannot apply \\$mul to a value of non-numeric type"),
+        ({}, {"$pop": {"a": 2}}, "\\$pop expects 1 or -1"),
+        ({}, {"$pullAll": {"a": 1}}, "\\$pullAll requires an array argument"),
+        ({}, {"$currentDate": {"a": "x"}}, "is not valid type for \\$currentDate"),
+        ({}, {"$bit": {"a": {"nand": 1}}}, "only supports 'and', 'or', and 'xor'"),
+        ({"a": 1.5}, {"$bit": {"a": {"and": 1}}}, "non-integral type"),
+        ({}, {"$push": {"a": {"$each": 1}}}, "The argument to \\$each in \\$push must be an array"),
+        ({}, {"$addToSet": {"a": {"$each": [1], "$slice": 1}}}, "Unrecognized clause in \\$addToSet"),
+        ({}, {"$rename": {"a": "b"}, "$set": {"b": 1}}, "would create a conflict at 'b'"),
         ({}, {"$foo": {"a": 1}}, "Unknown modifier: \\$foo"),
         ({}, [{"$set": {"a": 1}}], "pipeline"),
         ({}, "x", "must be an object"),
@@ -764,7 +787,9 @@ def test_is_update_operator_doc() -> None:
     [
         ({"$foo": {"a": 1}}, "FailedToParse"),
         ({"$set": 5}, "FailedToParse"),
-        ({"$push": {"a": 1}}, "QueryFeatureNotAllowed"),
+        ({"$set": {"a.$[]": 1}}, "QueryFeatureNotAllowed"),
+        ({"$pop": {"a": 0}}, "FailedToParse"),
+        ({"$mul": {"a": "x"}}, "TypeMismatch"),
         ([{"$set": {"a": 1}}], "QueryFeatureNotAllowed"),
         ({"$set": {"a.$": 1}}, "QueryFeatureNotAllowed"),
         ({"$set": {"a": 1, "a.b": 1}}, "ConflictingUpdateOperators"),
@@ -811,8 +836,10 @@ def test_filter_codes() -> None:
     for flt, code in (
         ({"a": {"$foo": 1}}, "BadValue"),
         ({"$foo": 1}, "BadValue"),
-        ({"a": {"$regex": "x"}}, "QueryFeatureNotAllowed"),
-        ({"$expr": {"$eq": [1, 1]}}, "QueryFeatureNotAllowed"),
+        ({"a": {"$near": [0, 0]}}, "QueryFeatureNotAllowed"),
+        ({"$where": "1"}, "QueryFeatureNotAllowed"),
+        ({"a": {"$regex": "x", "$options": "q"}}, "Location51108"),
+        ({"$expr": {"$nope": 1}}, "InvalidPipelineOperator"),
     ):
         with pytest.raises(QueryError) as e:
             compile_filter(flt)
@@ -999,3 +1026,170 @@ def test_a_position_in_a_filter_also_names_a_subdocument_field() -> None:
     assert matches({"a.1.b": 2}, {"a": [{"b": 1}, {"b": 2}]})
     assert not matches({"a.1.b": 1}, {"a": [{"b": 1}, {"b": 2}]})
     assert matches({"a.3": None}, {"a": [1]}) and not matches({"a.3": {"$exists": True}}, {"a": [1]})
+
+
+# ---------------------------------------------------------------- the other query operators
+# Expected answers from MongoDB's documentation of each operator (the query operators pages).
+
+
+@pytest.mark.parametrize(
+    ("flt", "doc", "expected"),
+    [
+        # $regex: strings (and elements of arrays), options, implicit form, $in and $not
+        ({"s": {"$regex": "^ab"}}, {"s": "abc"}, True),
+        ({"s": {"$regex": "^AB"}}, {"s": "abc"}, False),
+        ({"s": {"$regex": "^AB", "$options": "i"}}, {"s": "abc"}, True),
+        ({"s": {"$regex": Regex("^AB", "i")}}, {"s": "abc"}, True),
+        ({"s": Regex("b")}, {"s": ["x", "abc"]}, True),
+        ({"s": Regex("b")}, {"s": 5}, False),
+        ({"s": {"$regex": "^b$", "$options": "m"}}, {"s": "a\nb"}, True),
+        ({"s": {"$in": [Regex("^z"), 5]}}, {"s": 5}, True),
+        ({"s": {"$in": [Regex("^z"), 5]}}, {"s": "zed"}, True),
+        ({"s": {"$nin": [Regex("^z")]}}, {"s": "zed"}, False),
+        ({"s": {"$not": Regex("^z")}}, {"s": "abc"}, True),
+        ({"s": {"$not": Regex("^z")}}, {}, True),
+        ({"s": Regex("x")}, {"s": Regex("x")}, True),  # a stored regex equal to the pattern
+        # $type: aliases, numbers, "number", arrays of types, arrays and their elements
+        ({"v": {"$type": "string"}}, {"v": "x"}, True),
+        ({"v": {"$type": 2}}, {"v": "x"}, True),
+        ({"v": {"$type": "int"}}, {"v": 5}, True),
+        ({"v": {"$type": "long"}}, {"v": Int64(5)}, True),
+        ({"v": {"$type": "long"}}, {"v": 5}, False),
+        ({"v": {"$type": "number"}}, {"v": 5.5}, True),
+        ({"v": {"$type": ["bool", "null"]}}, {"v": None}, True),
+        ({"v": {"$type": "null"}}, {}, False),  # missing is no type
+        ({"v": {"$type": "array"}}, {"v": [1]}, True),
+        ({"v": {"$type": "string"}}, {"v": [1, "x"]}, True),
+        ({"v": {"$type": "object"}}, {"v": {"a": 1}}, True),
+        # $size: the array itself, not its elements
+        ({"a": {"$size": 2}}, {"a": [1, 2]}, True),
+        ({"a": {"$size": 1}}, {"a": [[1, 2]]}, True),
+        ({"a": {"$size": 2}}, {"a": [[1, 2]]}, False),
+        ({"a": {"$size": 0}}, {"a": []}, True),
+        ({"a": {"$size": 0}}, {}, False),
+        ({"a.b": {"$size": 2}}, {"a": [{"b": [1]}, {"b": [1, 2]}]}, True),
+        ({"a": {"$not": {"$size": 2}}}, {"a": 5}, True),
+        # $all: equality to each value, elements or the whole array
+        ({"a": {"$all": [1, 2]}}, {"a": [2, 3, 1]}, True),
+        ({"a": {"$all": [1, 4]}}, {"a": [2, 3, 1]}, False),
+        ({"a": {"$all": [5]}}, {"a": 5}, True),
+        ({"a": {"$all": []}}, {"a": [1]}, False),
+        ({"a": {"$all": [[1, 2]]}}, {"a": [[1, 2], 3]}, True),
+        ({"a": {"$all": [Regex("^x"), "y"]}}, {"a": ["xa", "y"]}, True),
+        ({"a": {"$all": [{"$elemMatch": {"b": 1}}, {"$elemMatch": {"c": 2}}]}}, {"a": [{"b": 1}, {"c": 2}]}, True),
+        # $elemMatch: objects, values, nested
+        ({"a": {"$elemMatch": {"b": 1, "c": 2}}}, {"a": [{"b": 1, "c": 2}]}, True),
+        ({"a": {"$elemMatch": {"b": 1, "c": 2}}}, {"a": [{"b": 1}, {"c": 2}]}, False),
+        ({"a": {"$elemMatch": {"$gte": 80, "$lt": 85}}}, {"a": [70, 82, 90]}, True),
+        ({"a": {"$elemMatch": {"$gte": 80, "$lt": 85}}}, {"a": [70, 90]}, False),
+        ({"a": {"$gte": 80, "$lt": 85}}, {"a": [70, 90]}, True),  # without $elemMatch: any elements
+        ({"a": {"$elemMatch": {"$gt": 1}}}, {"a": 5}, False),  # not an array
+        ({"a": {"$elemMatch": {"$or": [{"b": 1}, {"c": 1}]}}}, {"a": [{"c": 1}]}, True),
+        ({"a": {"$elemMatch": {"$elemMatch": {"$gt": 5}}}}, {"a": [[1], [6]]}, True),
+        ({"a": {"$elemMatch": {"$regex": "^q"}}}, {"a": ["x", "qq"]}, True),
+        # $mod: truncating numbers, the dividend's sign
+        ({"n": {"$mod": [4, 0]}}, {"n": 8}, True),
+        ({"n": {"$mod": [4, 1]}}, {"n": 9.7}, True),
+        ({"n": {"$mod": [4, -1]}}, {"n": -5}, True),
+        ({"n": {"$mod": [4, 3]}}, {"n": -5}, False),
+        ({"n": {"$mod": [4, 0]}}, {"n": "8"}, False),
+        ({"n": {"$mod": [4, 0]}}, {"n": float("nan")}, False),
+        ({"n": {"$mod": [2, 1]}}, {"n": [2, 3]}, True),
+        # bitwise: positions, masks, negatives (two's complement), binary data
+        ({"b": {"$bitsAllSet": [1, 5]}}, {"b": 54}, True),
+        ({"b": {"$bitsAllSet": 35}}, {"b": 54}, False),
+        ({"b": {"$bitsAnySet": [0, 1]}}, {"b": 2}, True),
+        ({"b": {"$bitsAllClear": [0, 3]}}, {"b": 6}, True),
+        ({"b": {"$bitsAnyClear": [1, 2]}}, {"b": 6}, False),
+        ({"b": {"$bitsAllSet": [63, 100]}}, {"b": -1}, True),
+        ({"b": {"$bitsAllSet": [0]}}, {"b": 1.5}, False),
+        ({"b": {"$bitsAllSet": [0, 9]}}, {"b": b"\x01\x02"}, True),
+        # $expr with aggregation expressions
+        ({"$expr": {"$gt": ["$a", "$b"]}}, {"a": 5, "b": 3}, True),
+        ({"$expr": {"$gt": ["$a", "$b"]}}, {"a": 1, "b": 3}, False),
+        ({"$expr": {"$eq": [{"$add": ["$a", 1]}, 6]}}, {"a": 5}, True),
+        ({"$expr": "$flag"}, {"flag": 0}, False),
+        ({"$expr": "$flag"}, {"flag": "yes"}, True),
+    ],
+)
+def test_query_operators(flt: dict, doc: dict, expected: bool) -> None:
+    assert matches(flt, doc) is expected, (flt, doc)
+
+
+# ---------------------------------------------------------------- the other update operators
+# Expected documents from MongoDB's documentation of each operator (the update operators pages).
+
+
+@pytest.mark.parametrize(
+    ("doc", "update", "expected"),
+    [
+        ({"_id": 1, "p": 10}, {"$mul": {"p": 2}}, {"_id": 1, "p": 20}),
+        ({"_id": 1, "p": 10}, {"$mul": {"p": 1.5}}, {"_id": 1, "p": 15.0}),
+        ({"_id": 1}, {"$mul": {"p": 3}}, {"_id": 1, "p": 0}),
+        ({"_id": 1, "p": 2**31 - 1}, {"$mul": {"p": 2}}, {"_id": 1, "p": Int64(2**32 - 2)}),
+        ({"_id": 1, "lo": 5}, {"$min": {"lo": 3}}, {"_id": 1, "lo": 3}),
+        ({"_id": 1, "lo": 5}, {"$min": {"lo": 8}}, {"_id": 1, "lo": 5}),
+        ({"_id": 1, "hi": 5}, {"$max": {"hi": 8}}, {"_id": 1, "hi": 8}),
+        ({"_id": 1, "hi": 5}, {"$max": {"hi": "x"}}, {"_id": 1, "hi": "x"}),  # strings sort above numbers
+        ({"_id": 1}, {"$max": {"hi": 1}}, {"_id": 1, "hi": 1}),
+        ({"_id": 1, "a": 1, "b": 2}, {"$rename": {"a": "c"}}, {"_id": 1, "b": 2, "c": 1}),
+        ({"_id": 1, "a": {"x": 1}}, {"$rename": {"a.x": "y.z"}}, {"_id": 1, "a": {}, "y": {"z": 1}}),
+        ({"_id": 1, "b": 2}, {"$rename": {"a": "c"}}, {"_id": 1, "b": 2}),  # nothing to rename
+        ({"_id": 1, "a": [1]}, {"$push": {"a": 2}}, {"_id": 1, "a": [1, 2]}),
+        ({"_id": 1}, {"$push": {"a": 2}}, {"_id": 1, "a": [2]}),
+        ({"_id": 1, "a": [1]}, {"$push": {"a": [2, 3]}}, {"_id": 1, "a": [1, [2, 3]]}),
+        ({"_id": 1, "a": [1]}, {"$push": {"a": {"$each": [2, 3]}}}, {"_id": 1, "a": [1, 2, 3]}),
+        ({"_id": 1, "a": [1, 2]}, {"$push": {"a": {"$each": [9], "$position": 1}}}, {"_id": 1, "a": [1, 9, 2]}),
+        ({"_id": 1, "a": [1, 2]}, {"$push": {"a": {"$each": [9], "$position": -1}}}, {"_id": 1, "a": [1, 9, 2]}),
+        ({"_id": 1, "a": [5, 1]}, {"$push": {"a": {"$each": [3], "$sort": 1}}}, {"_id": 1, "a": [1, 3, 5]}),
+        ({"_id": 1, "a": [5, 1]}, {"$push": {"a": {"$each": [3], "$sort": -1, "$slice": 2}}}, {"_id": 1, "a": [5, 3]}),
+        ({"_id": 1, "a": [1, 2, 3]}, {"$push": {"a": {"$each": [4], "$slice": -2}}}, {"_id": 1, "a": [3, 4]}),
+        ({"_id": 1, "a": [1]}, {"$push": {"a": {"$each": [], "$slice": 0}}}, {"_id": 1, "a": []}),
+        (
+            {"_id": 1, "q": [{"s": 7}, {"s": 3}]},
+            {"$push": {"q": {"$each": [{"s": 5}], "$sort": {"s": 1}}}},
+            {"_id": 1, "q": [{"s": 3}, {"s": 5}, {"s": 7}]},
+        ),
+        ({"_id": 1, "a": [1, 2]}, {"$addToSet": {"a": 2}}, {"_id": 1, "a": [1, 2]}),
+        ({"_id": 1, "a": [1, 2]}, {"$addToSet": {"a": 2.0}}, {"_id": 1, "a": [1, 2]}),  # 2 == 2.0
+        ({"_id": 1, "a": [1]}, {"$addToSet": {"a": {"$each": [1, 3, 3]}}}, {"_id": 1, "a": [1, 3]}),
+        ({"_id": 1, "a": [1, 2, 3]}, {"$pop": {"a": 1}}, {"_id": 1, "a": [1, 2]}),
+        ({"_id": 1, "a": [1, 2, 3]}, {"$pop": {"a": -1}}, {"_id": 1, "a": [2, 3]}),
+        ({"_id": 1}, {"$pop": {"a": 1}}, {"_id": 1}),
+        ({"_id": 1, "a": [1, 5, 6, 1]}, {"$pull": {"a": 1}}, {"_id": 1, "a": [5, 6]}),
+        ({"_id": 1, "a": [1, 5, 6]}, {"$pull": {"a": {"$gte": 5}}}, {"_id": 1, "a": [1]}),
+        ({"_id": 1, "a": ["x", "yz"]}, {"$pull": {"a": Regex("^y")}}, {"_id": 1, "a": ["x"]}),
+        (
+            {"_id": 1, "r": [{"i": "A", "s": 5}, {"i": "B", "s": 8}, {"i": "B", "s": 9}]},
+            {"$pull": {"r": {"s": 8, "i": "B"}}},
+            {"_id": 1, "r": [{"i": "A", "s": 5}, {"i": "B", "s": 9}]},
+        ),
+        ({"_id": 1, "r": [{"s": 5, "x": 1}, {"s": 9}]}, {"$pull": {"r": {"s": 5}}}, {"_id": 1, "r": [{"s": 9}]}),
+        ({"_id": 1, "a": [0, 2, 5, 5, 1]}, {"$pullAll": {"a": [0, 5]}}, {"_id": 1, "a": [2, 1]}),
+        ({"_id": 1, "e": 13}, {"$bit": {"e": {"and": 10}}}, {"_id": 1, "e": 8}),
+        ({"_id": 1, "e": 3}, {"$bit": {"e": {"or": 5}}}, {"_id": 1, "e": 7}),
+        ({"_id": 1, "e": 1}, {"$bit": {"e": {"xor": 5}}}, {"_id": 1, "e": 4}),
+        ({"_id": 1, "e": Int64(1)}, {"$bit": {"e": {"or": 2}}}, {"_id": 1, "e": Int64(3)}),
+    ],
+)
+def test_update_operators(doc: dict, update: dict, expected: dict) -> None:
+    before = copy.deepcopy(doc)
+    out = apply_update(doc, update)
+    assert out == expected and [type(v) for v in out.values()] == [type(v) for v in expected.values()]
+    assert doc == before
+    stored = update_stored(doc, update)  # the copy-on-write path agrees, and says when nothing changed
+    assert (stored if stored is not None else doc) == expected
+    assert (stored is None) == (encode_value(expected) == encode_value(doc))
+    assert doc == before
+
+
+def test_current_date() -> None:
+    import datetime as dt
+
+    out = apply_update({"_id": 1}, {"$currentDate": {"d": True, "t": {"$type": "timestamp"}, "e": {"$type": "date"}}})
+    assert isinstance(out["d"], dt.datetime) and isinstance(out["e"], dt.datetime)
+    assert abs(out["d"] - dt.datetime.now(dt.UTC).replace(tzinfo=None)) < dt.timedelta(seconds=60)
+    assert out["d"].microsecond % 1000 == 0
+    from bson import Timestamp
+
+    assert isinstance(out["t"], Timestamp)
