@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from domain.bsonvalues import type_name as bson_type_name
+from domain.protocol import ErrorCode
 from domain.query import MISSING, QueryError, apply_projection, compile_filter, get_path, sort_key
 from domain.shardkey import INT64_MAX, INT64_MIN, ShardKeyError, encode_value
 
@@ -665,8 +666,19 @@ def _match(spec: Any) -> Runner:
     try:
         matcher = compile_filter(spec)
     except QueryError as e:
-        raise _fail(BAD_VALUE, str(e)) from None
+        raise _query_error(e) from None
     return lambda docs: (d for d in docs if matcher.matches(d))
+
+
+def _query_error(e: QueryError) -> PipelineError:
+    """A filter's refusal with the query language's code (its number where MongoDB has one)."""
+    if e.code.startswith("Location") and e.code[8:].isdigit():
+        return _fail(int(e.code[8:]), str(e))
+    try:
+        number = ErrorCode(e.code).number
+    except ValueError:
+        number = None
+    return _fail((number, e.code) if number is not None else BAD_VALUE, str(e))
 
 
 def _limit(spec: Any) -> Runner:

@@ -51,27 +51,45 @@ MAX_INDEX_FIELDS = 32  # MongoDB's compound index limit
 ID_INDEX_NAME = "_id_"
 
 _COMPLEMENT = bytes(range(255, -1, -1))
-# The options of a createIndexes spec shardlog knows; MongoDB's others are refused by name
-# (InvalidIndexSpecificationOption) or, where MongoDB has them but shardlog does not, with
-# CannotCreateIndex saying so.
+# The options of a createIndexes spec (issue 38 §1, never silently wrong): each one MongoDB
+# defines is honoured, or refused with NotImplemented (238) naming it unless its value is the
+# one that changes nothing; a field MongoDB does not define is InvalidIndexSpecificationOption.
+# Honoured: key, name, unique, sparse, partialFilterExpression, v (2; 1 is refused: its looser
+# key rules are not shardlog's), background (a no-op since MongoDB 4.2, as here), ns (checked
+# against the collection by domain/sharding_commands.create_indexes).
 _ACCEPTED = {"key", "name", "unique", "sparse", "partialFilterExpression", "v", "background", "ns"}
-_NOT_SUPPORTED = {
-    "expireAfterSeconds": "TTL indexes",
-    "collation": "collations",
-    "hidden": "hidden indexes",
-    "wildcardProjection": "wildcard indexes",
-    "weights": "text indexes",
-    "default_language": "text indexes",
-    "language_override": "text indexes",
-    "textIndexVersion": "text indexes",
-    "2dsphereIndexVersion": "geospatial indexes",
-    "bits": "geospatial indexes",
-    "min": "geospatial indexes",
-    "max": "geospatial indexes",
-    "storageEngine": "storage engine options",
-    "clustered": "clustered indexes",
-    "prepareUnique": "prepareUnique",
+
+
+def _simple_collation(value: Any) -> bool:
+    """`{locale: "simple"}`: binary comparison, what an index without a collation does."""
+    return isinstance(value, dict) and value.get("locale") == "simple" and len(value) == 1
+
+
+def _false(value: Any) -> bool:
+    return value is False or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)
+
+
+# option -> (what shardlog lacks, the value that changes nothing or None)
+_NOT_SUPPORTED: dict[str, tuple[str, Any]] = {
+    "expireAfterSeconds": ("TTL indexes (documents would never expire)", None),
+    "collation": ("collations other than {locale: 'simple'}", _simple_collation),
+    "hidden": ("hidden indexes (the planner would still use it)", _false),
+    "wildcardProjection": ("wildcard indexes", None),
+    "weights": ("text indexes", None),
+    "default_language": ("text indexes", None),
+    "language_override": ("text indexes", None),
+    "textIndexVersion": ("text indexes", None),
+    "2dsphereIndexVersion": ("geospatial indexes", None),
+    "bits": ("geospatial indexes", None),
+    "min": ("geospatial indexes", None),
+    "max": ("geospatial indexes", None),
+    "bucketSize": ("geoHaystack indexes", None),
+    "storageEngine": ("storage engine options", lambda v: v == {}),
+    "clustered": ("clustered indexes", _false),
+    "prepareUnique": ("prepareUnique", _false),
 }
+# The options MongoDB defines for an index spec: what `ignoreUnknownIndexOptions` keeps.
+KNOWN_OPTIONS = frozenset(_ACCEPTED | set(_NOT_SUPPORTED))
 _NAME_TYPES = {"text": "text", "2d": "2d", "2dsphere": "2dsphere", "hashed": "hashed", "geoHaystack": "geoHaystack"}
 
 
@@ -100,9 +118,12 @@ class IndexSpec:
             raise _fail(ErrorCode.TypeMismatch, f"an index specification must be an object, got {shell_form(spec)}")
         for option in spec:
             if option in _NOT_SUPPORTED:
+                what, neutral = _NOT_SUPPORTED[option]
+                if neutral is not None and neutral(spec[option]):
+                    continue  # the value that changes nothing: as if it were not given
                 raise _fail(
-                    ErrorCode.CannotCreateIndex,
-                    f"index option {option!r} ({_NOT_SUPPORTED[option]}) is not supported by shardlog",
+                    ErrorCode.NotImplemented,
+                    f"index option {option!r} = {shell_form(spec[option])}: {what} is not supported by shardlog",
                 )
             if option not in _ACCEPTED:
                 raise _fail(
@@ -131,7 +152,12 @@ class IndexSpec:
                     ErrorCode.TypeMismatch, f"The field '{option}' must be a boolean, got {shell_form(spec[option])}"
                 )
             flags[option] = bool(spec.get(option, False))
-        if "v" in spec and spec["v"] not in (1, 2):
+        if "v" in spec and spec["v"] == 1 and not isinstance(spec["v"], bool):
+            raise _fail(
+                ErrorCode.NotImplemented,
+                "index option 'v' = 1: version 1 indexes are not supported by shardlog (use 2)",
+            )
+        if "v" in spec and (isinstance(spec["v"], bool) or spec["v"] != 2):
             raise _fail(ErrorCode.CannotCreateIndex, f"index version {shell_form(spec['v'])} is not supported (use 2)")
         partial = spec.get("partialFilterExpression")
         if partial is not None:

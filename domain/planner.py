@@ -459,8 +459,8 @@ class Plan:
 
 def _inclusion_paths(projection: Mapping[str, Any] | None) -> list[str] | None:
     """The paths an inclusion projection keeps (`_id` left out), None for any other projection."""
-    if not projection:
-        return None
+    if not projection or any(isinstance(f, dict) for f in projection.values()):
+        return None  # $slice / $elemMatch read more than the index holds
     flags = {p: bool(f) for p, f in projection.items()}
     others = {p: f for p, f in flags.items() if p != "_id"}
     if others and not all(others.values()):

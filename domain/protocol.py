@@ -149,8 +149,10 @@ class ErrorCode(StrEnum):
     EmptyFieldName = ("EmptyFieldName", 56)
     UnknownReplWriteConcern = ("UnknownReplWriteConcern", 79)
     UnsatisfiableWriteConcern = ("UnsatisfiableWriteConcern", 100)
+    InvalidPipelineOperator = ("InvalidPipelineOperator", 168)
     QueryFeatureNotAllowed = ("QueryFeatureNotAllowed", 224)  # an operator MongoDB has and shardlog refuses
     NotImplemented = ("NotImplemented", 238)  # an option MongoDB has and shardlog refuses
+    UnsatisfiableCommitQuorum = ("UnsatisfiableCommitQuorum", 278)  # a createIndexes commitQuorum above 1
     APIVersionError = ("APIVersionError", 322)
     APIStrictError = ("APIStrictError", 323)
     Interrupted = ("Interrupted", 11601)

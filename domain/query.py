@@ -59,13 +59,13 @@ from __future__ import annotations
 
 import copy
 import functools
-from datetime import UTC, datetime
 import heapq
 import math
 import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Literal, NamedTuple
 
@@ -484,17 +484,12 @@ class _ElemMatch:
     whole_values: ClassVar[bool] = True
 
     def test(self, cands: _Cands, whole: list[Any] | None = None) -> bool:
-        for v in whole or ():
-            if not isinstance(v, list):
-                continue
-            for el in v:
-                if self.tests is not None:
-                    el_cands = [(el, encode_value(el))]
-                    if all(t.test(el_cands, [el]) for t in self.tests):
-                        return True
-                elif isinstance(el, dict) and self.root.matches(el):
-                    return True
-        return False
+        return any(isinstance(v, list) and any(self.element_matches(el) for el in v) for v in whole or ())
+
+    def element_matches(self, el: Any) -> bool:
+        if self.tests is not None:
+            return all(t.test([(el, encode_value(el))], [el]) for t in self.tests)
+        return isinstance(el, dict) and bool(self.root.matches(el))
 
 
 _FILTER_LEVEL = frozenset({"$and", "$or", "$nor", "$expr", "$where", "$text", "$comment", "$jsonSchema"})
@@ -557,6 +552,7 @@ class _Bits:
 
     def _one(self, v: Any) -> bool:
         if isinstance(v, bytes):
+
             def bit(i: int) -> bool:
                 return i // 8 < len(v) and bool(v[i // 8] >> (i % 8) & 1)
         elif _is_number(v):
@@ -1180,17 +1176,45 @@ def _exclude(value: Any, tree: PathTree) -> Any:
     return out
 
 
-def _projection_plan(projection: Any) -> tuple[PathTree, bool]:
+@dataclass(frozen=True)
+class _ProjectionPlan:
+    tree: PathTree
+    inclusive: bool
+    slices: tuple[tuple[tuple[str, ...], int, int | None], ...]  # (path, skip or count, limit)
+    elem_matches: tuple[tuple[str, Any], ...]  # (top-level field, _ElemMatch)
+
+
+def _parse_slice(path: str, arg: Any) -> tuple[int, int | None]:
+    """$slice: n (the first n, or the last -n) or [skip, limit] (skip from the end if negative)."""
+    if _is_number(arg):
+        return int(_as_float(arg)), None
+    if isinstance(arg, list) and len(arg) == 2 and all(_is_number(x) for x in arg):
+        skip, limit = (int(_as_float(x)) for x in arg)
+        if limit <= 0:
+            raise QueryError(f"$slice limit must be positive (on {path!r})", "BadValue")
+        return skip, limit
+    raise QueryError("$slice only supports numbers and [skip, limit] arrays", "BadValue")
+
+
+def _projection_plan(projection: Any) -> _ProjectionPlan:
     if not isinstance(projection, dict):
         raise QueryError(f"a projection must be an object, got {_short(projection)}")
     flags: dict[str, bool] = {}
+    slices: list[tuple[tuple[str, ...], int, int | None]] = []
+    elem_matches: list[tuple[str, Any]] = []
     for path, flag in projection.items():
-        _split_path(path, "projection")
-        if type(flag) not in (bool, int, float):
-            raise _unsupported(
-                f"the projection {{{path!r}: {_short(flag)}}}: $slice, $elemMatch, $meta, literals and expressions"
-            )
-        flags[path] = bool(flag)
+        parts = _split_path(path, "projection")
+        if isinstance(flag, dict) and len(flag) == 1 and "$slice" in flag:
+            slices.append((parts, *_parse_slice(path, flag["$slice"])))
+        elif isinstance(flag, dict) and len(flag) == 1 and "$elemMatch" in flag:
+            if len(parts) > 1:
+                raise QueryError("Cannot use $elemMatch projection on a nested field.", "BadValue")
+            elem_matches.append((path, _parse_elem_match(path, flag["$elemMatch"], 0)))
+            flags[path] = True  # an $elemMatch projection includes its field
+        elif type(flag) not in (bool, int, float):
+            raise _unsupported(f"the projection {{{path!r}: {_short(flag)}}}: $meta, literals and expressions")
+        else:
+            flags[path] = bool(flag)
     id_flag = flags.pop("_id", None)
     modes = set(flags.values())
     if len(modes) > 1:
@@ -1203,8 +1227,34 @@ def _projection_plan(projection: Any) -> tuple[PathTree, bool]:
         flags["_id"] = True  # _id is included unless excluded explicitly
     elif id_flag is False and not inclusive:
         flags["_id"] = False
-    tree = _path_tree((tuple(p.split(".")) for p in flags), lambda p: f"projection path collision at {p!r}")
-    return tree, inclusive
+    paths = [tuple(p.split(".")) for p in flags]
+    if inclusive:
+        paths += [parts for parts, _, _ in slices]  # a sliced field is kept by an inclusion too
+    tree = _path_tree(paths, lambda p: f"projection path collision at {p!r}")
+    return _ProjectionPlan(tree, inclusive, tuple(slices), tuple(elem_matches))
+
+
+def _sliced(value: list[Any], skip: int, limit: int | None) -> list[Any]:
+    if limit is None:
+        return value[:skip] if skip >= 0 else value[skip:]
+    start = skip if skip >= 0 else max(0, len(value) + skip)
+    return value[start : start + limit]
+
+
+def _slice_at(node: Any, parts: tuple[str, ...], skip: int, limit: int | None) -> None:
+    """Slice the array at ``parts`` in the projected document (arrays of subdocuments fan out)."""
+    if isinstance(node, list):
+        for element in node:
+            if isinstance(element, dict):
+                _slice_at(element, parts, skip, limit)
+        return
+    if not isinstance(node, dict) or parts[0] not in node:
+        return
+    if len(parts) == 1:
+        if isinstance(node[parts[0]], list):
+            node[parts[0]] = _sliced(node[parts[0]], skip, limit)
+        return
+    _slice_at(node[parts[0]], parts[1:], skip, limit)
 
 
 def apply_projection(doc: Document, projection: Document | None) -> Document:
@@ -1213,13 +1263,25 @@ def apply_projection(doc: Document, projection: Document | None) -> Document:
     Inclusion ``{a: 1, "b.c": 1}`` keeps those paths (and ``_id`` unless ``_id: 0``) in
     the document's field order; exclusion ``{a: 0}`` drops them.  Dotted paths fan out
     over arrays of subdocuments; with inclusion, scalars inside such arrays are dropped.
+    ``{a: {$slice: n | [skip, limit]}}`` slices an array (and keeps the field in either mode);
+    ``{a: {$elemMatch: ...}}`` keeps only the first element that matches (the field is left out
+    when none does).
     """
     if projection is None or projection == {}:
         return copy.deepcopy(doc)
-    tree, inclusive = _projection_plan(projection)
+    plan = _projection_plan(projection)
     if not isinstance(doc, dict):
         raise QueryError(f"documents must be objects, got {type(doc).__name__}")
-    projected: Document = _include(doc, tree) if inclusive else _exclude(doc, tree)
+    projected: Document = _include(doc, plan.tree) if plan.inclusive else _exclude(doc, plan.tree)
+    for parts, skip, limit in plan.slices:
+        _slice_at(projected, parts, skip, limit)
+    for name, test in plan.elem_matches:
+        hit = [v for v in (doc.get(name),) if isinstance(v, list)]
+        first = next((el for el in (hit[0] if hit else ()) if test.element_matches(el)), MISSING)
+        if first is MISSING:
+            projected.pop(name, None)
+        else:
+            projected[name] = [copy.deepcopy(first)]
     return projected
 
 
@@ -1318,7 +1380,8 @@ def _parse_edits(update: Document) -> list[_Edit]:
     conflict = _first_conflict(touched)
     if conflict:
         raise QueryError(
-            f"Updating the path '{conflict[1]}' would create a conflict at '{conflict[0]}'", "ConflictingUpdateOperators"
+            f"Updating the path '{conflict[1]}' would create a conflict at '{conflict[0]}'",
+            "ConflictingUpdateOperators",
         )
     return edits
 
@@ -1350,7 +1413,10 @@ def _check_argument(op: str, path: str, parts: tuple[str, ...], arg: Any) -> Any
             return "timestamp"
         if isinstance(arg, dict) and "$type" in arg and len(arg) == 1:
             raise QueryError("The '$type' string field is required to be 'date' or 'timestamp'", "BadValue")
-        raise QueryError(f"{_short(arg)} is not valid type for $currentDate. Please use a boolean ('true') or a $type expression ({{$type: 'timestamp/date'}}).", "BadValue")
+        raise QueryError(
+            f"{_short(arg)} is not valid type for $currentDate. Please use a boolean ('true') or a $type expression ({{$type: 'timestamp/date'}}).",
+            "BadValue",
+        )
     if op == "$pop":
         if not _is_number(arg) or _as_float(arg) not in (1.0, -1.0):
             raise QueryError(f"$pop expects 1 or -1, found: {_short(arg)}", "FailedToParse")
@@ -1379,7 +1445,9 @@ _PUSH_MODIFIERS = ("$each", "$slice", "$sort", "$position")
 
 def _whole_number(v: Any, what: str) -> int:
     if not _is_number(v) or not float(_as_float(v)).is_integer():
-        raise QueryError(f"The value for {what} must be an integer value but was given type: {type_name(v)}", "BadValue")
+        raise QueryError(
+            f"The value for {what} must be an integer value but was given type: {type_name(v)}", "BadValue"
+        )
     return int(_as_float(v))
 
 
@@ -1392,7 +1460,9 @@ def _parse_push(op: str, arg: Any) -> _PushSpec:
             raise QueryError(f"Unrecognized clause in {op}: {k}", "BadValue")
     each = arg["$each"]
     if not isinstance(each, list):
-        raise QueryError(f"The argument to $each in {op} must be an array but it was of type: {type_name(each)}", "BadValue")
+        raise QueryError(
+            f"The argument to $each in {op} must be an array but it was of type: {type_name(each)}", "BadValue"
+        )
     position = _whole_number(arg["$position"], "$position") if "$position" in arg else None
     slice_ = _whole_number(arg["$slice"], "$slice") if "$slice" in arg else None
     sort = arg.get("$sort")
@@ -1402,7 +1472,10 @@ def _parse_push(op: str, arg: Any) -> _PushSpec:
         elif isinstance(sort, dict) and sort:
             _sort_fields(sort)
         else:
-            raise QueryError("The $sort is invalid: use 1/-1 to sort the whole element, or {field:1/-1} to sort embedded fields", "BadValue")
+            raise QueryError(
+                "The $sort is invalid: use 1/-1 to sort the whole element, or {field:1/-1} to sort embedded fields",
+                "BadValue",
+            )
     return _PushSpec(tuple(each), position, slice_, sort)
 
 
@@ -1432,13 +1505,22 @@ def _pull_hit(spec: _PullSpec, element: Any) -> bool:
 
 def _parse_bit(path: str, arg: Any) -> tuple[tuple[str, int], ...]:
     if not isinstance(arg, dict) or not arg:
-        raise QueryError(f"The $bit modifier is not compatible with a {type_name(arg)}. You must pass in an embedded document: {{$bit: {{field: {{and/or/xor: #}}}}}}", "BadValue")
+        raise QueryError(
+            f"The $bit modifier is not compatible with a {type_name(arg)}. You must pass in an embedded document: {{$bit: {{field: {{and/or/xor: #}}}}}}",
+            "BadValue",
+        )
     out = []
     for how, mask in arg.items():
         if how not in ("and", "or", "xor"):
-            raise QueryError(f"The $bit modifier only supports 'and', 'or', and 'xor', not '{how}' which is an unknown operator: {{{how}: {_short(mask)}}}", "BadValue")
+            raise QueryError(
+                f"The $bit modifier only supports 'and', 'or', and 'xor', not '{how}' which is an unknown operator: {{{how}: {_short(mask)}}}",
+                "BadValue",
+            )
         if isinstance(mask, bool) or not isinstance(mask, int):
-            raise QueryError(f"The $bit modifier field must be an Integer(32/64 bit); a '{type_name(mask)}' is not supported here: {{{how}: {_short(mask)}}}", "BadValue")
+            raise QueryError(
+                f"The $bit modifier field must be an Integer(32/64 bit); a '{type_name(mask)}' is not supported here: {{{how}: {_short(mask)}}}",
+                "BadValue",
+            )
         out.append((how, mask))
     return tuple(out)
 
@@ -1720,7 +1802,9 @@ def _push(doc: Document, parts: tuple[str, ...], spec: _PushSpec) -> None:
             key = sort_key(spec.sort)
             arr.sort(key=lambda v: key(v if isinstance(v, dict) else {}))
     if spec.slice is not None:
-        arr[:] = arr[: spec.slice] if spec.slice >= 0 else arr[len(arr) + spec.slice :] if -spec.slice < len(arr) else arr
+        arr[:] = (
+            arr[: spec.slice] if spec.slice >= 0 else arr[len(arr) + spec.slice :] if -spec.slice < len(arr) else arr
+        )
 
 
 def _add_to_set(doc: Document, parts: tuple[str, ...], spec: _PushSpec) -> None:

@@ -19,6 +19,7 @@ from domain import ddl
 from domain.bsonvalues import type_name
 from domain.catalog import Catalog, Chunk, Collection
 from domain.index_ddl import check_drop_target, list_documents
+from domain.indexes import KNOWN_OPTIONS as KNOWN_INDEX_OPTIONS
 from domain.protocol import RESERVED_DBS, ErrorCode, check_db_name, check_shard_name, valid_collection_name
 from domain.settings import MB
 from domain.shardkey import InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, shell_range, to_ejson
@@ -61,6 +62,21 @@ def only_fields(cmd: Mapping[str, Any], allowed: set[str]) -> None:
     for k in cmd:
         if k != name and k not in allowed and k not in GENERIC_FIELDS:
             raise CommandError(ErrorCode.IDLUnknownField, f"BSON field '{name}.{k}' is an unknown field.")
+
+
+def not_implemented(command: str, field: str, what: str) -> CommandError:
+    """NotImplemented (238): an option MongoDB defines and shardlog does not have (issue 38 §1:
+    refused, never accepted and ignored), worded as services/router/wire/options.py words it."""
+    return CommandError(
+        ErrorCode.NotImplemented, f"BSON field '{command}.{field}': {what} is not supported by shardlog"
+    )
+
+
+def no_collection_uuid(cmd: Mapping[str, Any]) -> None:
+    """`collectionUUID` (MongoDB 6.0: CollectionUUIDMismatch when the collection's UUID differs)
+    is not checked by shardlog: refused rather than ignored."""
+    if "collectionUUID" in cmd:
+        raise not_implemented(next(iter(cmd)), "collectionUUID", "checking the collection's UUID")
 
 
 def required(cmd: Mapping[str, Any], field: str) -> Any:
@@ -131,6 +147,8 @@ def parse_add_shard(cmd: Mapping[str, Any]) -> c.AddShard:
     named, not reached by host (they are Kafka consumers): the id is `name`, else the
     replica set name of the connection string, else the string itself."""
     only_fields(cmd, {"name", "maxSize"})
+    if "maxSize" in cmd:  # MongoDB 6.2 removed it, refusing it so
+        raise CommandError(ErrorCode.InvalidOptions, "The maxSize field is no longer supported.")
     conn = cmd["addShard"]
     if not isinstance(conn, str):
         raise CommandError(ErrorCode.TypeMismatch, f"'addShard' must be of type String, not {type_name(conn)}")
@@ -225,9 +243,9 @@ def parse_shard_collection(cmd: Mapping[str, Any]) -> c.ShardCollection:
     ns = namespace(cmd)
     key = document(cmd, "key")
     if typed(cmd, "presplitHashedZones", bool, "bool", False):
-        raise CommandError(ErrorCode.InvalidOptions, "presplitHashedZones is not supported by shardlog")
+        raise not_implemented("shardCollection", "presplitHashedZones", "pre-splitting hashed zones")
     if "timeseries" in cmd:
-        raise CommandError(ErrorCode.InvalidOptions, "time-series collections are not supported by shardlog")
+        raise not_implemented("shardCollection", "timeseries", "time-series collections")
     collation = typed(cmd, "collation", dict, "object")
     if collation is not None and collation.get("locale") != "simple":
         raise CommandError(ErrorCode.BadValue, "the shard key's collation must be {locale: 'simple'}")
@@ -348,6 +366,8 @@ def merge(ns: str, lo: Any, hi: Any) -> c.MergeChunks:
 
 def parse_merge_chunks(cmd: Mapping[str, Any]) -> c.MergeChunks:
     only_fields(cmd, {"bounds", "epoch"})
+    if "epoch" in cmd:  # not compared with the collection's: refused rather than ignored
+        raise not_implemented("mergeChunks", "epoch", "checking the collection's epoch")
     ns = namespace(cmd)
     required(cmd, "bounds")
     lo, hi = bounds(cmd)
@@ -457,9 +477,11 @@ def parse_configure_collection_balancing(cmd: Mapping[str, Any]) -> list[c.SetSe
     only_fields(cmd, {"chunkSize", "enableAutoMerger", "defragmentCollection", "enableAutoSplitter"})
     ns = namespace(cmd)
     out: list[c.SetSetting] = []
-    if "defragmentCollection" in cmd and cmd["defragmentCollection"]:
-        raise CommandError(
-            ErrorCode.InvalidOptions, "defragmentCollection: use `shardlog defragment start` (not through the wire yet)"
+    if typed(cmd, "defragmentCollection", bool, "bool", False):
+        raise not_implemented(
+            "configureCollectionBalancing",
+            "defragmentCollection",
+            "defragmenting through the wire (use `shardlog defragment start`)",
         )
     size = typed(cmd, "chunkSize", (int, float), "int")
     if size is not None:
@@ -469,6 +491,9 @@ def parse_configure_collection_balancing(cmd: Mapping[str, Any]) -> list[c.SetSe
     merger = typed(cmd, "enableAutoMerger", bool, "bool")
     if merger is not None:
         out.append(c.SetSetting(ns=ns, key="autoMergerEnabled", value=merger))
+    splitter = typed(cmd, "enableAutoSplitter", bool, "bool")
+    if splitter is not None:  # the collection's autoSplit (docs/reference/auto-split.md)
+        out.append(c.SetSetting(ns=ns, key="autoSplit", value=splitter))
     return out
 
 
@@ -597,7 +622,8 @@ def refine_shard_key(ns: str, key: Any) -> d.RefineCollectionShardKey:
 
 def parse_drop(cmd: Mapping[str, Any]) -> d.DropCollection:
     """`{drop: "<collection>", $db}` (collectionUUID is not checked: refused)."""
-    only_fields(cmd, set())
+    only_fields(cmd, {"collectionUUID"})
+    no_collection_uuid(cmd)
     name = cmd["drop"]
     if not isinstance(name, str):
         raise CommandError(ErrorCode.InvalidNamespace, f"collection name has invalid type {type_name(name)}")
@@ -631,7 +657,8 @@ def drop_database_reply(result: dict[str, Any]) -> dict[str, Any]:
 
 def parse_rename_collection(cmd: Mapping[str, Any]) -> d.RenameCollection:
     """`{renameCollection: "db.a", to: "db.b", dropTarget?, stayTemp?}` on admin."""
-    only_fields(cmd, {"to", "dropTarget", "stayTemp"})
+    only_fields(cmd, {"to", "dropTarget", "stayTemp", "collectionUUID"})
+    no_collection_uuid(cmd)
     ns = namespace(cmd)
     to = required(cmd, "to")
     if not isinstance(to, str):
@@ -691,21 +718,12 @@ def current_op_entry(state: dict[str, Any], now: float) -> dict[str, Any]:
     }
 
 
-# currentOp's options (not filter fields): `$all`, `$ownOps`, and $currentOp's stage options.
-CURRENT_OP_OPTIONS = frozenset(
-    {
-        "$all",
-        "$ownOps",
-        "allUsers",
-        "idleConnections",
-        "idleCursors",
-        "idleSessions",
-        "localOps",
-        "truncateOps",
-        "backtrace",
-        "targetAllNodes",
-    }
-)
+# currentOp's options (not filter fields): `$all` and `$ownOps`; every other field is a query on
+# the entries, as mongos builds its $match (so `{currentOp: 1, idleConnections: true}` matches
+# the entries whose `idleConnections` is true, none).  `$ownOps`: without users, every operation
+# is the client's own.  `$all` adds idle connections, cursors and sessions, which shardlog does
+# not list (only the running DDL coordinators are listed either way).
+CURRENT_OP_OPTIONS = frozenset({"$all", "$ownOps"})
 
 
 def current_op_filter(cmd: Mapping[str, Any]) -> dict[str, Any]:
@@ -732,7 +750,8 @@ def collection_ns(cmd: Mapping[str, Any]) -> str:
 
 
 def create_indexes(ns: str, specs: list[Any]) -> d.CreateCollectionIndexes:
-    """The request, every spec checked as MongoDB checks it (domain.indexes.IndexSpec.parse)."""
+    """The request, every spec checked as MongoDB checks it (domain.indexes.IndexSpec.parse); a
+    spec's `ns`, if given, must be the collection's."""
     if not specs:
         raise CommandError(ErrorCode.BadValue, "Must specify at least one index.")
     for spec in specs:
@@ -740,6 +759,11 @@ def create_indexes(ns: str, specs: list[Any]) -> d.CreateCollectionIndexes:
             raise CommandError(
                 ErrorCode.TypeMismatch,
                 f"BSON field 'createIndexes.indexes' elements must be objects, got {type_name(spec)}",
+            )
+        if "ns" in spec and spec["ns"] != ns:
+            raise CommandError(
+                ErrorCode.BadValue,
+                f"The value of the field 'ns' ({spec['ns']}) doesn't match the namespace '{ns}'",
             )
     return _checked(d.CreateCollectionIndexes(ns=ns, indexes=specs))  # type: ignore[return-value]
 
@@ -766,22 +790,50 @@ def index_spec(
 
 
 def parse_create_indexes(cmd: Mapping[str, Any]) -> d.CreateCollectionIndexes:
-    """`{createIndexes: "<collection>", indexes: [...], commitQuorum?}` (every shard builds; a
-    commitQuorum is accepted and has nothing to count: shards are single nodes)."""
-    only_fields(cmd, {"indexes", "commitQuorum", "ignoreUnknownIndexOptions"})
+    """`{createIndexes: "<collection>", indexes: [...], commitQuorum?, ignoreUnknownIndexOptions?}`
+    (every shard builds; shards are single nodes, so a commitQuorum of 0 or 1, "majority" or
+    "votingMembers" is met by each, and a larger one is UnsatisfiableCommitQuorum, as a
+    one-node replica set answers)."""
+    only_fields(cmd, {"indexes", "commitQuorum", "ignoreUnknownIndexOptions", "collectionUUID"})
+    no_collection_uuid(cmd)
     ns = collection_ns(cmd)
+    check_commit_quorum(cmd)
     specs = required(cmd, "indexes")
     if not isinstance(specs, list):
         raise CommandError(
             ErrorCode.TypeMismatch,
             f"BSON field 'createIndexes.indexes' is the wrong type '{type_name(specs)}', expected type 'array'",
         )
-    if cmd.get("ignoreUnknownIndexOptions"):
+    if typed(cmd, "ignoreUnknownIndexOptions", bool, "bool", False):
+        # only the options MongoDB does not define go: a known one shardlog lacks is still refused
         specs = [{k: v for k, v in s.items() if k in KNOWN_INDEX_OPTIONS} if isinstance(s, dict) else s for s in specs]
     return create_indexes(ns, specs)
 
 
-KNOWN_INDEX_OPTIONS = frozenset({"key", "name", "unique", "sparse", "partialFilterExpression", "v", "background"})
+def check_commit_quorum(cmd: Mapping[str, Any]) -> None:
+    if "commitQuorum" not in cmd:
+        return
+    q = cmd["commitQuorum"]
+    if isinstance(q, bool) or not isinstance(q, (int, float, str)):
+        raise CommandError(
+            ErrorCode.TypeMismatch,
+            f"BSON field 'createIndexes.commitQuorum' is the wrong type '{type_name(q)}', expected types '[string, int]'",
+        )
+    if isinstance(q, (int, float)):
+        if q < 0 or q > 50:
+            raise CommandError(
+                ErrorCode.FailedToParse,
+                f"commitQuorum has to be a non-negative number and not greater than 50; found: {q}",
+            )
+        if q > 1:
+            raise CommandError(
+                ErrorCode.UnsatisfiableCommitQuorum,
+                f"Not enough data-bearing voting nodes to satisfy commit quorum: {int(q)}",
+            )
+    elif q not in ("majority", "votingMembers"):
+        raise CommandError(
+            ErrorCode.UnsatisfiableCommitQuorum, f"Commit quorum cannot be satisfied: no replica set tag '{q}'"
+        )
 
 
 def drop_indexes(ns: str, index: Any) -> d.DropCollectionIndexes:
@@ -790,16 +842,44 @@ def drop_indexes(ns: str, index: Any) -> d.DropCollectionIndexes:
 
 def parse_drop_indexes(cmd: Mapping[str, Any]) -> d.DropCollectionIndexes:
     """`{dropIndexes: "<collection>", index: "*" | name | key pattern | [names]}`."""
-    only_fields(cmd, {"index"})
+    only_fields(cmd, {"index", "collectionUUID"})
+    no_collection_uuid(cmd)
     ns = collection_ns(cmd)
     return drop_indexes(ns, required(cmd, "index"))
 
 
 def parse_list_indexes(cmd: Mapping[str, Any]) -> str:
-    """`{listIndexes: "<collection>", cursor?: {batchSize}}` -> the namespace."""
+    """`{listIndexes: "<collection>", cursor?: {batchSize}}` -> the namespace.  The index builds
+    in progress are not listed (the catalog lists built indexes), so `includeBuildUUIDs` and
+    `includeIndexBuildInfo`, which change the entries' shape, are refused unless false."""
     only_fields(cmd, {"cursor", "includeBuildUUIDs", "includeIndexBuildInfo"})
-    typed(cmd, "cursor", dict, "object")
+    cursor_options(cmd)
+    for option in ("includeBuildUUIDs", "includeIndexBuildInfo"):
+        if typed(cmd, option, bool, "bool", False):
+            raise not_implemented("listIndexes", option, "listing index builds in progress")
     return collection_ns(cmd)
+
+
+def cursor_options(cmd: Mapping[str, Any]) -> int | None:
+    """A command's `cursor: {batchSize?}` (MongoDB's SimpleCursorOptions): the batch size, or None."""
+    cursor = typed(cmd, "cursor", dict, "object")
+    if not cursor:
+        return None
+    name = next(iter(cmd))
+    for key in cursor:
+        if key != "batchSize":
+            raise CommandError(ErrorCode.IDLUnknownField, f"BSON field '{name}.cursor.{key}' is an unknown field.")
+    if "batchSize" not in cursor:
+        return None
+    size = cursor["batchSize"]
+    if isinstance(size, bool) or not isinstance(size, (int, float)):
+        raise CommandError(
+            ErrorCode.TypeMismatch,
+            f"BSON field '{name}.cursor.batchSize' is the wrong type '{type_name(size)}', expected type 'number'",
+        )
+    if size < 0:
+        raise CommandError(ErrorCode.BadValue, f"BatchSize value must be non-negative, but received: {size}")
+    return int(size)
 
 
 def list_indexes(catalog: Catalog, ns: str) -> list[dict[str, Any]]:

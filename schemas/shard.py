@@ -122,7 +122,9 @@ class Count(Record):
     lsid: Any = None
     clusterTime: Any = None
     readConcern: Any = None
-    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = (
+        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    )
 
 
 class Update(Record):
@@ -138,7 +140,9 @@ class Update(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
-    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = (
+        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    )
     # the statement's index in its client's batch (the wire protocol's update/delete command):
     # its retryable-write statement id, which the router sends the shard in stmtIds
     stmtId: int = Field(0, ge=0, le=2**31 - 1)
@@ -155,7 +159,9 @@ class Delete(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
-    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = (
+        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    )
     # the statement's index in its client's batch (the wire protocol's update/delete command):
     # its retryable-write statement id, which the router sends the shard in stmtIds
     stmtId: int = Field(0, ge=0, le=2**31 - 1)
@@ -182,7 +188,9 @@ class FindAndModify(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
-    hint: Any = None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = (
+        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    )
 
 
 class Explain(Record):

@@ -33,7 +33,7 @@ from domain.protocol import (
     record_bytes,
     split_ns,
 )
-from domain.query import QueryError, apply_projection, compile_filter, merge_sorted
+from domain.query import QueryError, apply_projection, check_insert_document, compile_filter, merge_sorted
 from domain.session import RetryableWrite, client_session
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge
 from libs import tracing
@@ -584,7 +584,11 @@ class OperationRouter:
             (
                 shard,
                 s.Count(
-                    ns=req.ns, filter=req.filter, routing=self._routing(req.ns, shard), readConcern=req.readConcern
+                    ns=req.ns,
+                    filter=req.filter,
+                    routing=self._routing(req.ns, shard),
+                    readConcern=req.readConcern,
+                    hint=req.hint,  # the shards' planner takes it, as a find's
                 ),
             )
             for shard in t.shards
@@ -627,7 +631,13 @@ def _with_id(doc: Any) -> dict:
     if not isinstance(doc, dict):
         raise CommandError(ErrorCode.BadValue, "a document must be a JSON object")
     # A client library supplies _id so retries are idempotent; a bare client gets one here.
-    return doc if "_id" in doc else {"_id": new_object_id(), **doc}
+    if "_id" not in doc:
+        return {"_id": new_object_id(), **doc}
+    try:
+        check_insert_document(doc)  # an invalid _id is refused as MongoDB refuses it, before targeting
+    except QueryError as e:
+        raise CommandError(e.code, str(e)) from None
+    return doc
 
 
 def _write_error(i: int, e: Exception) -> dict:

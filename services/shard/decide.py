@@ -383,9 +383,11 @@ class ShardDecider:
 
     # ------------------------------------------------------------------ reads
 
-    def _matching(self, coll: Collection | None, ns: str, flt: dict) -> Iterator[tuple[bytes, dict]]:
-        """(shard key, document) of every owned document matching the filter."""
-        plan, access = self._query(coll, ns, flt)
+    def _matching(self, coll: Collection | None, ns: str, flt: dict, hint: Any = None) -> Iterator[tuple[bytes, dict]]:
+        """(shard key, document) of every owned document matching the filter, found by the plan
+        `hint` asks for (None: the planner's choice).  The plan is chosen now: a bad filter or a
+        hint naming no index (BadValue) is refused before the first document is read."""
+        plan, access = self._query(coll, ns, flt, hint=hint)
         return query_plan.matching(plan, access)
 
     # ---- issue 15: the query planner (domain/planner.py, domain/query_plan.py) ------------------
@@ -569,7 +571,7 @@ class ShardDecider:
         self._read_after(req)
         coll = self._placement(req.ns, req.routing)
         # issue 15: `{_id: 1}` lets a covered plan count from the index's keys, without fetching
-        plan, access = self._query(coll, req.ns, req.filter, projection={"_id": 1})
+        plan, access = self._query(coll, req.ns, req.filter, projection={"_id": 1}, hint=req.hint)
         return Decision([], {"n": sum(1 for _ in query_plan.matching(plan, access))})
 
     @on_request.register(s.Explain)
@@ -789,7 +791,7 @@ class ShardDecider:
         try:
             check_update(req.update)  # refused whether or not anything matches, as MongoDB
             blocked = self._write_blocked(coll, req.ns)
-            for skey, doc in self._matching(coll, req.ns, req.filter):
+            for skey, doc in self._matching(coll, req.ns, req.filter, req.hint):
                 if any(lo <= skey < hi for lo, hi in blocked):
                     raise self.migrations.critical_section_wait(req.ns, "an update")
                 matched += 1
@@ -831,7 +833,7 @@ class ShardDecider:
             return Decision([], {**done.result, "retried": True})
         events: list[s.DocumentRemoved] = []
         blocked = self._write_blocked(coll, req.ns)
-        for skey, doc in self._matching(coll, req.ns, req.filter):
+        for skey, doc in self._matching(coll, req.ns, req.filter, req.hint):
             if any(lo <= skey < hi for lo, hi in blocked):
                 raise self.migrations.critical_section_wait(req.ns, "a delete")
             events.append(s.DocumentRemoved(ns=req.ns, skey=skey.hex(), id=doc["_id"]))
@@ -866,7 +868,8 @@ class ShardDecider:
     ) -> tuple[Decision, bytes | None, dict | None, dict]:
         """(decision, shard key of the document, the image to return, lastErrorObject)."""
         blocked = self._write_blocked(coll, req.ns)
-        plan, access = self._query(coll, req.ns, req.query, sort=req.sort)  # issue 15: an index may give the order
+        # issue 15: an index may give the order; a hint picks the plan, as a find's
+        plan, access = self._query(coll, req.ns, req.query, sort=req.sort, hint=req.hint)
         matching = query_plan.matching(plan, access)
         if req.sort and not plan.sort_provided:
             found = min(matching, key=lambda hit: sort_key(req.sort)(hit[1]), default=None)

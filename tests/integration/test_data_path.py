@@ -194,7 +194,7 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_trace(data_cluster):
             ),
             (k.insert_one({"_id": 1, "region": "eu", "n": 1}), DuplicateKeyError, "DuplicateKey"),
             (k.update_one({"_id": 1}, {"$set": {"region": "us"}}), ShardKeyError, "ImmutableField"),
-            (k.update_one({"_id": 1}, {"$foo": {"a": 1}}), ShardlogError, "BadValue"),
+            (k.update_one({"_id": 1}, {"$foo": {"a": 1}}), ShardlogError, "FailedToParse"),  # as MongoDB
             (k.find({"n": {"$bogus": 1}}).to_list(), ShardlogError, "BadValue"),
             (cl["bad db"]["c"].insert_one({"a": 1}), InvalidNamespace, "InvalidNamespace"),
             (cl["app"]["$bad"].find({}).to_list(), InvalidNamespace, "InvalidNamespace"),

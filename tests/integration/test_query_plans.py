@@ -233,3 +233,49 @@ def test_sparse_and_partial_indexes_serve_only_the_queries_they_can_answer(data_
     # ... one that does not (status "b" documents are not in it) reads the collection
     check({"p": {"$gte": 60}}, list(range(60, 120)), None)
     check({"p": {"$gte": 60}, "status": "b"}, [d["_id"] for d in docs if d["status"] == "b" and d["p"] >= 60], None)
+
+
+def test_count_update_delete_and_find_and_modify_take_a_hint(data_cluster):
+    """A hint reaches the shards' planners from count, update, delete and findAndModify as from find:
+    a name no index has is BadValue (2) and changes nothing; a valid hint answers as without it."""
+    data_cluster.command(c.ShardCollection(ns="app.hw", key={"k": 1}))
+    coll = data_cluster.mongo_client().app.hw
+    coll.insert_many([{"_id": i, "k": i, "x": i % 10} for i in range(50)])
+    assert coll.create_index("x") == "x_1"
+    db = coll.database
+
+    def refused(call) -> int | None:
+        with pytest.raises(OperationFailure) as e:
+            call()
+        return e.value.code
+
+    def unchanged() -> None:
+        assert sorted((d["_id"], d["k"], d["x"]) for d in coll.find()) == [(i, i, i % 10) for i in range(50)]
+        assert coll.count_documents({"$or": [{"u": {"$exists": True}}, {"f": {"$exists": True}}]}) == 0
+
+    # count
+    for flt in ({"x": 3}, {"_id": 7}):
+        n = db.command("count", "hw", query=flt)["n"]
+        assert n == (5 if "x" in flt else 1)
+        for hint in ("x_1", {"x": 1}, {"$natural": 1}):
+            assert db.command("count", "hw", query=flt, hint=hint)["n"] == n, (flt, hint)
+        assert refused(lambda flt=flt: db.command("count", "hw", query=flt, hint="nope_1")) == 2
+    # writes with a hint naming no index: refused, nothing written or removed
+    assert refused(lambda: coll.update_many({"x": 3}, {"$set": {"u": 1}}, hint="nope_1")) == 2
+    assert refused(lambda: coll.update_one({"_id": 7}, {"$set": {"u": 1}}, hint="nope_1")) == 2
+    assert refused(lambda: coll.update_one({"k": 99}, {"$set": {"u": 1}}, upsert=True, hint="nope_1")) == 2
+    assert refused(lambda: coll.delete_many({"x": 4}, hint="nope_1")) == 2
+    assert refused(lambda: coll.delete_one({"_id": 7}, hint={"nope": 1})) == 2
+    assert refused(lambda: coll.find_one_and_update({"x": 5}, {"$set": {"f": 1}}, hint="nope_1")) == 2
+    assert refused(lambda: coll.find_one_and_delete({"_id": 8}, hint="nope_1")) == 2
+    unchanged()
+    # with a valid hint: as without one
+    assert coll.update_many({"x": 3}, {"$set": {"u": 1}}, hint="x_1").modified_count == 5
+    assert coll.update_one({"k": 11}, {"$set": {"u": 2}}, hint=[("$natural", 1)]).modified_count == 1
+    assert sorted(d["_id"] for d in coll.find({"u": {"$exists": True}})) == [3, 11, 13, 23, 33, 43]
+    assert coll.delete_many({"x": 4}, hint=[("x", 1)]).deleted_count == 5
+    assert coll.delete_one({"_id": 7}, hint="x_1").deleted_count == 1
+    found = coll.find_one_and_update({"x": 5}, {"$set": {"f": 1}}, sort=[("k", -1)], hint="x_1")
+    assert found == {"_id": 45, "k": 45, "x": 5}
+    assert coll.find_one_and_delete({"x": 6}, sort=[("k", 1)], hint=[("$natural", 1)]) == {"_id": 6, "k": 6, "x": 6}
+    assert coll.count_documents({}) == 50 - 5 - 1 - 1

@@ -208,7 +208,7 @@ def test_add_fields_set_unset():
         ([{"$skip": -1}], 5107200),
         ([{"$skip": "x"}], 5107200),
         ([{"$match": 1}], 15959),
-        ([{"$match": {"a": {"$regex": "x"}}}], 2),
+        ([{"$match": {"a": {"$regex": "("}}}], 51091),  # an invalid pattern
         ([{"$sort": 1}], 15973),
         ([{"$sort": {}}], 15976),
         ([{"$sort": {"a": 2}}], 15975),

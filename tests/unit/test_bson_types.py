@@ -554,9 +554,12 @@ def test_code_is_not_a_string() -> None:
 def test_regex_values() -> None:
     docs = [{"r": Regex("^a", "i")}, {"r": "abc"}]
     assert [compile_filter({"r": {"$eq": Regex("^a", "i")}}).matches(d) for d in docs] == [True, False]
-    for flt in ({"r": Regex("^a")}, {"r": {"$in": [Regex("^a")]}}, {"r": {"$ne": Regex("^a")}}):
-        with pytest.raises(QueryError, match="regular expression matching is not supported"):
-            compile_filter(flt)
+    # elsewhere a regex matches as a pattern: strings it matches, and a stored regex equal to it
+    for flt in ({"r": Regex("^a")}, {"r": {"$in": [Regex("^a")]}}):
+        assert [compile_filter(flt).matches(d) for d in docs] == [False, True]
+    assert compile_filter({"r": Regex("^a", "i")}).matches(docs[0])
+    with pytest.raises(QueryError, match="Can't have regex as arg to \\$ne"):
+        compile_filter({"r": {"$ne": Regex("^a")}})
 
 
 @pytest.mark.parametrize(

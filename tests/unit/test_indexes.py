@@ -63,7 +63,7 @@ def test_a_spec_gets_mongodbs_default_name_and_lists_as_mongodb_lists_it():
         ({"key": {"a": 1}, "name": "*"}, ErrorCode.BadValue),
         ({"key": {"a": 1}, "name": 5}, ErrorCode.TypeMismatch),
         ({"key": {"a": 1}, "bogus": 1}, ErrorCode.InvalidIndexSpecificationOption),
-        ({"key": {"a": 1}, "expireAfterSeconds": 5}, ErrorCode.CannotCreateIndex),
+        ({"key": {"a": 1}, "expireAfterSeconds": 5}, ErrorCode.NotImplemented),
         ({"key": {"a": 1}, "sparse": True, "partialFilterExpression": {"a": 1}}, ErrorCode.CannotCreateIndex),
         ({"key": {"a": 1}, "partialFilterExpression": {"a": {"$bogus": 1}}}, ErrorCode.CannotCreateIndex),
         ({"key": {"a": 1}, "name": "_id_"}, ErrorCode.BadValue),

@@ -509,7 +509,11 @@ def test_sort_examples() -> None:
     arrays = [{"_id": 0, "a": [5, 1]}, {"_id": 1, "a": [3]}, {"_id": 2, "a": []}, {"_id": 3, "a": None}]
     assert sort_ids(arrays, {"a": 1}) == [2, 3, 0, 1]  # [] below null; [5, 1] as 1
     assert sort_ids(arrays, {"a": -1}) == [0, 1, 3, 2]  # [5, 1] as 5
-    through = [{"_id": 0, "a": [{"b": 4}, {"b": 2}]}, {"_id": 1, "a": [{"b": 3}]}, {"_id": 2, "a": [{"c": 1}, {"b": 9}]}]
+    through = [
+        {"_id": 0, "a": [{"b": 4}, {"b": 2}]},
+        {"_id": 1, "a": [{"b": 3}]},
+        {"_id": 2, "a": [{"c": 1}, {"b": 9}]},
+    ]
     assert sort_ids(through, {"a.b": 1}) == [2, 0, 1]  # a subdocument without b counts as null
     assert sort_ids(through, {"a.b": -1}) == [2, 0, 1]
     compound = [{"_id": i, "a": i // 2, "b": i % 2} for i in range(4)]
@@ -638,7 +642,7 @@ def test_projection_examples(projection: dict | None, expected: dict) -> None:
     [
         ({"a": 1, "z": 0}, "mixes inclusion and exclusion"),
         ({"a": "yes"}, "literals and expressions is not supported"),
-        ({"a": {"$slice": 1}}, "not supported"),
+        ({"a": {"$meta": "textScore"}}, "not supported"),
         ({"a": 1, "a.b": 1}, "collision"),
         ({"a.b": 0, "a": 0}, "collision"),
         ({"l.$": 1}, "positional"),
@@ -1193,3 +1197,32 @@ def test_current_date() -> None:
     from bson import Timestamp
 
     assert isinstance(out["t"], Timestamp)
+
+
+@pytest.mark.parametrize(
+    ("projection", "expected"),
+    [
+        ({"a": {"$slice": 2}}, {"_id": 1, "a": [1, 2], "b": "x", "q": [{"s": 1, "t": 1}, {"s": 2, "t": 0}]}),
+        ({"a": {"$slice": -1}, "b": 0}, {"_id": 1, "a": [4], "q": [{"s": 1, "t": 1}, {"s": 2, "t": 0}]}),
+        ({"a": {"$slice": [1, 2]}, "_id": 0, "b": 1}, {"a": [2, 3], "b": "x"}),
+        ({"a": {"$slice": [-2, 5]}, "b": 1}, {"_id": 1, "a": [3, 4], "b": "x"}),
+        ({"b": {"$slice": 1}, "_id": 0, "x": 1}, {"b": "x"}),  # not an array: as it is
+        ({"q": {"$elemMatch": {"t": 0}}}, {"_id": 1, "q": [{"s": 2, "t": 0}]}),
+        ({"q": {"$elemMatch": {"t": 5}}}, {"_id": 1}),
+        ({"a": {"$elemMatch": {"$gt": 2}}, "b": 1}, {"_id": 1, "a": [3], "b": "x"}),
+    ],
+)
+def test_projection_operators(projection: dict, expected: dict) -> None:
+    doc = {"_id": 1, "a": [1, 2, 3, 4], "b": "x", "q": [{"s": 1, "t": 1}, {"s": 2, "t": 0}]}
+    assert apply_projection(doc, projection) == expected
+
+
+def test_bad_projection_operators() -> None:
+    for projection, message in (
+        ({"a": {"$slice": "x"}}, "only supports numbers and \\[skip, limit\\]"),
+        ({"a": {"$slice": [1, 0]}}, "limit must be positive"),
+        ({"a.b": {"$elemMatch": {"x": 1}}}, "nested field"),
+        ({"a": {"$meta": "textScore"}}, "not supported"),
+    ):
+        with pytest.raises(QueryError, match=message):
+            apply_projection({}, projection)

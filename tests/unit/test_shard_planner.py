@@ -210,3 +210,204 @@ def test_find_and_modify_takes_the_first_document_in_the_indexs_order(shard):
         s.FindAndModify(ns="d.c", query={"a": {"$gte": 7}}, sort={"a": -1}, remove=True, routing=shard.routing("d.c"))
     )
     assert r["value"]["a"] == 9 and ix.scanned - before == 1  # the first key, read backward
+
+
+# ------------------------------------------------ hints on Count, Update, Delete and FindAndModify
+
+MISSING_INDEX_HINTS = ["nope", {"nope": 1}]
+NATURAL = {"$natural": 1}
+HINTS = ["a_1", {"a": 1}, NATURAL]
+
+
+def stored(shard, ns: str) -> list[dict]:
+    return [d for _, d in shard.documents.scan(ns)]
+
+
+def refused(shard, req) -> str | None:
+    """The code a request is refused with."""
+    with pytest.raises(Exception) as err:
+        shard.run(req)
+    return getattr(err.value, "code", None)
+
+
+def twins(shard) -> ShardIndexes:
+    """d.c and d.h: the same documents and index a_1, for an operation without a hint on d.c and
+    the same one with a hint on d.h.  The counter counts the index entries either scans."""
+    load(shard, "d.c", DOCS, a_1())
+    return load(shard, "d.h", DOCS, a_1())
+
+
+def same_with_a_hint(shard, ix: ShardIndexes, hint: Any, make, indexed: bool) -> dict:
+    """Run `make(ns, hint)` on d.c without the hint and on d.h with it: the same reply, and the
+    hinted plan read a_1's entries exactly when the hint names a_1.  `indexed`: whether the
+    planner reads a_1 by itself, so that each hint is seen to change some plan."""
+    before = ix.scanned
+    _, plain = shard.run(make("d.c", None))
+    assert (ix.scanned > before) == indexed
+    before = ix.scanned
+    _, hinted = shard.run(make("d.h", hint))
+    assert hinted == plain
+    assert (ix.scanned > before) == (hint != NATURAL)
+    return plain
+
+
+def test_count_plans_with_its_hint(shard):
+    ix = load(shard, "d.c", DOCS, a_1(), IndexSpec.make("sp", (("s", 1),), sparse=True))
+    shard.run(
+        s.Update(
+            ns="d.c", filter={"b": {"$lt": 5}}, update={"$set": {"s": 1}}, multi=True, routing=shard.routing("d.c")
+        )
+    )
+
+    def count(flt: dict, hint: Any = None) -> tuple[int, int]:
+        """(n, index entries scanned)."""
+        before = ix.scanned
+        _, r = shard.run(s.Count(ns="d.c", filter=flt, hint=hint, routing=shard.routing("d.c")))
+        return r["n"], ix.scanned - before
+
+    assert count({"b": {"$lt": 30}}) == (30, 0)  # a COLLSCAN
+    assert count({"b": {"$lt": 30}}, "a_1") == count({"b": {"$lt": 30}}, {"a": 1}) == (30, 100)  # all of a_1
+    assert count({"a": 3}) == (10, 10)
+    assert count({"a": 3}, NATURAL) == (10, 0)
+    assert count({"_id": 7}) == (1, 0)  # the IDHACK
+    assert count({"_id": 7}, "a_1") == (1, 100)  # a hint plans otherwise, as a find's
+    assert count({"s": 1}, "sp") == count({"s": 1}) == (5, 5)
+    for hint in MISSING_INDEX_HINTS:
+        for flt in ({"a": 3}, {"_id": 7}, {}):
+            req = s.Count(ns="d.c", filter=flt, hint=hint, routing=shard.routing("d.c"))
+            assert refused(shard, req) == "BadValue", (hint, flt)
+    # The sparse index lacks the documents without `s`: it may not count them (5 for 100).
+    assert count({})[0] == 100
+    assert refused(shard, s.Count(ns="d.c", filter={}, hint="sp", routing=shard.routing("d.c"))) == "BadValue"
+
+
+@pytest.mark.parametrize("hint", HINTS)
+def test_update_with_a_hint_does_what_it_does_without(shard, hint):
+    ix = twins(shard)
+    for flt, update, multi, upsert, indexed in [
+        ({"a": 4}, {"$set": {"x": 1}}, True, False, True),
+        ({"b": {"$gte": 90}}, {"$inc": {"b": 1000}}, True, False, False),
+        ({"b": 42}, {"$set": {"y": 2}}, False, False, False),
+        ({"_id": 7}, {"$set": {"z": 3}}, False, False, False),  # the IDHACK without a hint
+        ({"_id": 1000, "a": 4}, {"$set": {"u": 1}}, False, True, False),  # an upsert
+    ]:
+
+        def make(ns, h, flt=flt, update=update, multi=multi, upsert=upsert):
+            return s.Update(
+                ns=ns, filter=flt, update=update, multi=multi, upsert=upsert, hint=h, routing=shard.routing(ns)
+            )
+
+        r = same_with_a_hint(shard, ix, hint, make, indexed)
+        if upsert:
+            assert r == {"matched": 0, "modified": 0, "upsertedId": 1000}, flt
+        else:
+            assert r["modified"] > 0, flt
+    assert stored(shard, "d.h") == stored(shard, "d.c")
+    # a: 4 (10), b >= 90 (10, _id 94 among both), _id 42, _id 7, the upserted 1000
+    assert len([d for d in stored(shard, "d.c") if {"x", "y", "z", "u"} & d.keys() or d["b"] >= 1000]) == 22
+
+
+def test_update_with_a_hint_naming_no_index_is_refused_and_writes_nothing(shard):
+    load(shard, "d.c", DOCS, a_1(), IndexSpec.make("a_part", (("a", 1),), partial={"a": {"$lt": 5}}))
+    for hint in MISSING_INDEX_HINTS:
+        for flt, multi, upsert in [
+            ({"a": 4}, True, False),
+            ({"b": 42}, False, False),
+            ({"_id": 7}, False, False),  # not the IDHACK either
+            ({"_id": 1000}, False, True),  # no upsert
+        ]:
+            req = s.Update(
+                ns="d.c",
+                filter=flt,
+                update={"$set": {"x": 1}},
+                multi=multi,
+                upsert=upsert,
+                hint=hint,
+                routing=shard.routing("d.c"),
+            )
+            assert refused(shard, req) == "BadValue", (hint, flt)
+    # A partial index that would miss matching documents is refused too, not half applied.
+    req = s.Update(
+        ns="d.c",
+        filter={"a": {"$gte": 3}},
+        update={"$set": {"x": 1}},
+        multi=True,
+        hint="a_part",
+        routing=shard.routing("d.c"),
+    )
+    assert refused(shard, req) == "BadValue"
+    assert stored(shard, "d.c") == DOCS
+
+
+@pytest.mark.parametrize("hint", HINTS)
+def test_delete_with_a_hint_does_what_it_does_without(shard, hint):
+    ix = twins(shard)
+    deleted = []
+    for flt, multi, indexed in [
+        ({"a": {"$in": [2, 4]}}, True, True),
+        ({"b": 43}, False, False),
+        ({"_id": 7}, False, False),  # the IDHACK without a hint
+        ({"b": -1}, True, False),
+    ]:
+
+        def make(ns, h, flt=flt, multi=multi):
+            return s.Delete(ns=ns, filter=flt, multi=multi, hint=h, routing=shard.routing(ns))
+
+        deleted.append(same_with_a_hint(shard, ix, hint, make, indexed)["deleted"])
+    assert deleted == [20, 1, 1, 0]
+    assert stored(shard, "d.h") == stored(shard, "d.c")
+    assert len(stored(shard, "d.c")) == 78
+
+
+def test_delete_with_a_hint_naming_no_index_is_refused_and_removes_nothing(shard):
+    load(shard, "d.c", DOCS, a_1(), IndexSpec.make("a_part", (("a", 1),), partial={"a": {"$lt": 5}}))
+    for hint in MISSING_INDEX_HINTS:
+        for flt, multi in [({"a": 4}, True), ({}, True), ({"b": 42}, False), ({"_id": 7}, False)]:
+            req = s.Delete(ns="d.c", filter=flt, multi=multi, hint=hint, routing=shard.routing("d.c"))
+            assert refused(shard, req) == "BadValue", (hint, flt)
+    req = s.Delete(ns="d.c", filter={"a": {"$gte": 3}}, multi=True, hint="a_part", routing=shard.routing("d.c"))
+    assert refused(shard, req) == "BadValue"
+    assert stored(shard, "d.c") == DOCS
+
+
+@pytest.mark.parametrize("hint", HINTS)
+def test_find_and_modify_with_a_hint_does_what_it_does_without(shard, hint):
+    ix = twins(shard)
+    values = []
+    for options, indexed in [
+        ({"query": {"a": 5}, "sort": {"b": -1}, "update": {"$set": {"y": 1}}, "new": True}, True),
+        ({"query": {"a": {"$gte": 7}}, "sort": {"a": -1, "b": 1}, "remove": True}, True),
+        ({"query": {"b": 42}, "update": {"$inc": {"b": 1}}}, False),
+        ({"query": {"_id": 8}, "remove": True}, False),  # the IDHACK without a hint
+        ({"query": {"_id": 1000, "a": 4}, "update": {"$set": {"u": 1}}, "upsert": True, "new": True}, False),
+    ]:
+
+        def make(ns, h, options=options):
+            return s.FindAndModify(ns=ns, hint=h, routing=shard.routing(ns), **options)
+
+        r = same_with_a_hint(shard, ix, hint, make, indexed)
+        assert r["lastErrorObject"]["n"] == 1, options
+        values.append(r["value"])
+    assert values == [
+        {"_id": 95, "a": 5, "b": 95, "y": 1},
+        {"_id": 9, "a": 9, "b": 9},
+        {"_id": 42, "a": 2, "b": 42},
+        {"_id": 8, "a": 8, "b": 8},
+        {"_id": 1000, "a": 4, "u": 1},
+    ]
+    assert stored(shard, "d.h") == stored(shard, "d.c")
+
+
+def test_find_and_modify_with_a_hint_naming_no_index_is_refused_and_writes_nothing(shard):
+    load(shard, "d.c", DOCS, a_1(), IndexSpec.make("a_part", (("a", 1),), partial={"a": {"$lt": 5}}))
+    for hint in MISSING_INDEX_HINTS:
+        for options in [
+            {"query": {"a": 5}, "sort": {"b": -1}, "update": {"$set": {"y": 1}}},
+            {"query": {"_id": 8}, "remove": True},
+            {"query": {"_id": 1000}, "update": {"$set": {"u": 1}}, "upsert": True},
+        ]:
+            req = s.FindAndModify(ns="d.c", hint=hint, routing=shard.routing("d.c"), **options)
+            assert refused(shard, req) == "BadValue", (hint, options)
+    req = s.FindAndModify(ns="d.c", query={"a": {"$gte": 3}}, remove=True, hint="a_part", routing=shard.routing("d.c"))
+    assert refused(shard, req) == "BadValue"
+    assert stored(shard, "d.c") == DOCS

@@ -6,7 +6,7 @@ from __future__ import annotations
 from domain.shardkey import encode_value
 from schemas import Tombstone
 from schemas import shard as s
-from services.shard.decide import PointReads
+from services.shard.decide import PointReads, plain_read
 from services.shard.documents import document_changelog_key, record_key
 
 
@@ -18,6 +18,20 @@ def test_a_find_by_id_value_reads_that_document_and_nothing_else_is_a_point_read
     assert PointReads.key(s.Find(ns="db.c", filter={"_id": 1}, hint={"_id": 1})) is None, "a hint plans otherwise"
     assert PointReads.key(s.Find(ns="db.c", filter={"k": 1})) is None
     assert PointReads.key(s.Count(ns="db.c", filter={"_id": 1})) is None
+
+
+def test_a_hinted_count_or_write_by_id_is_no_point_read():
+    """A Count with a hint is a plain read (answered outside the transaction, but planned by the
+    shard with its hint: test_shard_planner), never a point read; a write is neither."""
+    by_id = {"_id": 1}
+    count = s.Count(ns="db.c", filter=by_id, hint="a_1")
+    assert plain_read(count) and PointReads.key(count) is None
+    for write in [
+        s.Update(ns="db.c", filter=by_id, update={"$set": {"x": 1}}, hint="a_1"),
+        s.Delete(ns="db.c", filter=by_id, hint="a_1"),
+        s.FindAndModify(ns="db.c", query=by_id, remove=True, hint="a_1"),
+    ]:
+        assert not plain_read(write) and PointReads.key(write) is None, write.type
 
 
 def test_a_document_event_changes_its_document_a_session_record_none_anything_else_everything():

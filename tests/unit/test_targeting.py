@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 from bson import Int64, ObjectId, Regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.catalog import Catalog
-from domain.query import QueryError, compile_filter
+from domain.query import compile_filter
 from domain.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, KeyPattern, encode_value, hash_value, to_ejson
 from domain.targeting import for_document, for_query
 from schemas import config as c
@@ -211,8 +210,9 @@ def test_an_id_query_on_a_hashed_id_takes_the_shortcut_to_the_same_owner_as_the_
     # What is not a plain value keeps the general path's meaning.
     for flt in ({"_id": {"$in": [1, 2]}}, {"_id": [1, 2]}, {"_id": {"a": 1}}, {"_id": None}):
         assert for_query(cat, NS, flt) == for_query(cat, NS, {"$and": [flt]}), flt
-    with pytest.raises(QueryError):  # a regex as a value is refused, as ever
-        for_query(cat, NS, {"_id": Regex("^u")})
+    # a regex matches as a pattern: no one owner, every shard is asked
+    by_pattern = for_query(cat, NS, {"_id": Regex("^u")})
+    assert set(by_pattern.shards) == set(H_OWNERS) and not by_pattern.full_key
 
 
 def test_a_range_on_a_hashed_key_targets_every_shard():

@@ -103,7 +103,7 @@ def test_update_statements_carry_their_batch_index():
         ({"q": {}, "u": {}, "collation": {"locale": "fr"}}, "NotImplemented"),
         ({"q": {}, "u": {}, "sort": {"a": 1}}, "NotImplemented"),
         ({"q": {}, "u": {"$set": {"a.$[x]": 1}}, "arrayFilters": [{"x": 1}]}, "NotImplemented"),
-        ({"q": {}, "u": {"$push": {"a": 1}}}, "QueryFeatureNotAllowed"),
+        ({"q": {}, "u": {"$set": {"a.$": 1}}}, "QueryFeatureNotAllowed"),  # positional paths
     ],
 )
 def test_malformed_update_statements(op, code):

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import services.router.wire  # noqa: F401  (registers every command)
+from libs.commands import CommandError
 from services.router.wire.commands import SERVER_COMMANDS, CommandTable, Connection
 from services.router.wire.options import Fields, check_write_concern
-from libs.commands import CommandError
 
 REACHED_HANDLER = 59  # CommandNotFound: the handler ran and found no cluster attached
 
@@ -90,6 +90,7 @@ def test_an_option_shardlog_does_not_implement_is_refused(cmd: dict[str, Any]) -
         {"insert": "c", "documents": [{}], "writeConcern": {"w": 1, "j": True, "wtimeout": 100}},
         {"find": "c", "maxTimeMS": 1000, "comment": "why", "apiVersion": "1", "apiStrict": True},
         {"find": "c", "readConcern": {"level": "majority"}},
+        {"insert": "c", "documents": [{}], "readConcern": {"level": "local"}},  # a causal session's write
         {"aggregate": "c", "pipeline": [], "cursor": {"batchSize": 5}, "hint": "a_1", "let": {}},
     ],
 )
@@ -103,7 +104,8 @@ def test_a_neutral_or_honoured_value_reaches_the_handler(cmd: dict[str, Any]) ->
         ({"find": "c", "maxTimeMS": -1}, 2),
         ({"find": "c", "maxTimeMS": "x"}, 2),
         ({"find": "c", "writeConcern": {"w": 1}}, 72),  # a read takes no writeConcern
-        ({"insert": "c", "documents": [{}], "readConcern": {"level": "local"}}, 72),
+        ({"insert": "c", "documents": [{}], "readConcern": {"level": "majority"}}, 72),
+        ({"insert": "c", "documents": [{}], "readConcern": {"level": "snapshot"}}, 72),
         ({"insert": "c", "documents": [{}], "writeConcern": {"w": 3}}, 100),
         ({"insert": "c", "documents": [{}], "writeConcern": {"w": "dc1"}}, 79),
         ({"insert": "c", "documents": [{}], "writeConcern": {"w": 1, "x": 1}}, 9),

@@ -30,6 +30,7 @@ from schemas import shard as s
 from services.router.wire.commands import SERVER_COMMANDS, Connection
 from services.router.wire.config_db import documents, from_wire, object_id, version_timestamp
 from services.router.wire.edge import RouterEdge
+from services.router.wire.options import Fields, only_if_false
 
 # How long an admin command waits for the config server's reply, and a migration for its
 # outcome, unless the command's maxTimeMS says otherwise (seconds; docs/reference/wire-protocol.md).
@@ -196,26 +197,26 @@ async def _move_primary(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]
 # ------------------------------------------------------------------ the balancer
 
 
-@SERVER_COMMANDS.register("balancerStart", admin_only=True)
+@SERVER_COMMANDS.register("balancerStart", admin_only=True, fields=Fields("balancerStart"))
 async def _balancer_start(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     await config_command(conn.cluster(), sc.balancer_enabled(True), command_timeout(cmd))
     return {}
 
 
-@SERVER_COMMANDS.register("balancerStop", admin_only=True)
+@SERVER_COMMANDS.register("balancerStop", admin_only=True, fields=Fields("balancerStop"))
 async def _balancer_stop(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     await config_command(conn.cluster(), sc.balancer_enabled(False), command_timeout(cmd))
     return {}
 
 
-@SERVER_COMMANDS.register("balancerStatus", admin_only=True)
+@SERVER_COMMANDS.register("balancerStatus", admin_only=True, fields=Fields("balancerStatus"))
 async def _balancer_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     edge = conn.cluster()
     state = await balancer_state(edge, b.GetBalancerState())
     return sc.balancer_status_reply(edge.follower.catalog, state)
 
 
-@SERVER_COMMANDS.register("balancerCollectionStatus", admin_only=True)
+@SERVER_COMMANDS.register("balancerCollectionStatus", admin_only=True, fields=Fields("balancerCollectionStatus"))
 async def _balancer_collection_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     edge = conn.cluster()
     ns = sc.namespace(cmd)
@@ -237,12 +238,12 @@ async def _configure_collection_balancing(conn: Connection, cmd: dict[str, Any])
 # ------------------------------------------------------------------ the router itself
 
 
-@SERVER_COMMANDS.register("listShards", admin_only=True)
+@SERVER_COMMANDS.register("listShards", admin_only=True, fields=Fields("listShards"))
 async def _list_shards(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"shards": await documents(conn.cluster(), "shards")}
 
 
-@SERVER_COMMANDS.register("flushRouterConfig", "flushrouterconfig", admin_only=True)
+@SERVER_COMMANDS.register("flushRouterConfig", "flushrouterconfig", admin_only=True, fields=Fields("flushRouterConfig"))
 async def _flush_router_config(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     """Our routing table is a projection that follows config.events: "flushing" it is
     catching up to the end of the log as of now."""
@@ -254,7 +255,13 @@ async def _flush_router_config(conn: Connection, cmd: dict[str, Any]) -> dict[st
     return {"flushed": True}
 
 
-@SERVER_COMMANDS.register("getShardVersion", "getshardversion", admin_only=True)
+# fullMetadata: true lists the chunks too (not answered here: refused unless false).
+GET_SHARD_VERSION = Fields(
+    "getShardVersion", {"fullMetadata": only_if_false("the routing table's chunks (fullMetadata)")}
+)
+
+
+@SERVER_COMMANDS.register("getShardVersion", "getshardversion", admin_only=True, fields=GET_SHARD_VERSION)
 async def _get_shard_version(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     """The routing table's version of a collection, as mongos answers it."""
     edge = conn.cluster()
@@ -268,6 +275,6 @@ async def _get_shard_version(conn: Connection, cmd: dict[str, Any]) -> dict[str,
     return out
 
 
-@SERVER_COMMANDS.register("isdbgrid")
+@SERVER_COMMANDS.register("isdbgrid", fields=Fields("isdbgrid"))
 async def _isdbgrid(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"isdbgrid": 1, "hostname": socket.gethostname()}

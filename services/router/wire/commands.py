@@ -19,13 +19,14 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanKind, StatusCode
 
+from domain.bsonvalues import type_name
 from domain.protocol import ErrorCode
 from libs import tracing
 from libs.commands import CommandError
@@ -36,7 +37,7 @@ from services.router.wire.frames import (
     MAX_WRITE_BATCH_SIZE,
 )
 from services.router.wire.gossip import reply_cluster_time, reply_timestamp, wire_cluster_time
-from services.router.wire.options import Fields, check_generic, max_time_ms
+from services.router.wire.options import HONOURED, Fields, check_generic, max_time_ms
 
 if TYPE_CHECKING:
     from services.router.wire.edge import RouterEdge
@@ -283,6 +284,10 @@ def command_error_code(code: str) -> tuple[int, str]:
     try:
         known = ErrorCode(code)
     except ValueError:
+        # MongoDB's numbered assertions without a name travel as "Location<n>" (the query
+        # language's and the pipeline's): their number is MongoDB's.
+        if code.startswith("Location") and code[8:].isdigit():
+            return int(code[8:]), code
         return numbered(ErrorCode.InternalError)
     return numbered(known) if known.number is not None else numbered(ErrorCode.InternalError)
 
@@ -348,12 +353,50 @@ def session_timeout_minutes(minutes: float) -> int:
     return max(1, int(minutes))
 
 
-@SERVER_COMMANDS.register("hello")
+# hello's fields (MongoDB's hello.idl), all honoured: drivers send many on every handshake.
+# `topologyVersion` / `maxAwaitTimeMS` ask for an awaitable hello; no reply of ours carries a
+# topologyVersion, so any one a client sends is another process's and MongoDB answers at once,
+# as here.  `saslSupportedMechs` / `speculativeAuthenticate`: there are no users, so the reply
+# names no mechanisms and carries no speculative answer, as MongoDB's does for an unknown user
+# (the driver then authenticates the usual way).  `loadBalanced: true`: a mongos not behind a
+# load balancer answers without a `serviceId`, as here, and the driver refuses it (MongoDB's
+# load_balancer_support.cpp raises LoadBalancerSupportMismatch only for a connection that came
+# through its load-balancer port without the option).  `forShell`, `hostInfo`,
+# `hangUpOnStepDown` and `internalClient` change nothing on a mongos.
+#
+# The handshake is tolerant, as MongoDB's is: drivers add hello fields that every server must
+# take (pymongo 4.20 sends `backpressure: "2"` to any server, saying it understands overload
+# errors, which shardlog never sends), so a field hello does not define is not refused.
+HELLO_FIELDS = {
+    "client": HONOURED,
+    "compression": HONOURED,
+    "helloOk": HONOURED,
+    "topologyVersion": HONOURED,
+    "maxAwaitTimeMS": HONOURED,
+    "saslSupportedMechs": HONOURED,
+    "speculativeAuthenticate": HONOURED,
+    "loadBalanced": HONOURED,
+    "forShell": HONOURED,
+    "hostInfo": HONOURED,
+    "hangUpOnStepDown": HONOURED,
+    "internalClient": HONOURED,
+}
+
+
+class TolerantFields(Fields):
+    """A table whose rules apply to the fields it names; other fields are let through (hello)."""
+
+    def check(self, doc: Mapping[str, Any], *, skip_first: bool = True) -> None:
+        known = {k: v for i, (k, v) in enumerate(doc.items()) if (i or not skip_first) and k in self.rules}
+        super().check(known, skip_first=False)
+
+
+@SERVER_COMMANDS.register("hello", fields=TolerantFields("hello", HELLO_FIELDS))
 async def _hello(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return hello_reply(conn, cmd, legacy=False)
 
 
-@SERVER_COMMANDS.register("isMaster", "ismaster")
+@SERVER_COMMANDS.register("isMaster", "ismaster", fields=TolerantFields("isMaster", HELLO_FIELDS))
 async def _is_master(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return hello_reply(conn, cmd, legacy=True)
 
@@ -361,7 +404,7 @@ async def _is_master(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ server commands
 
 
-@SERVER_COMMANDS.register("ping")
+@SERVER_COMMANDS.register("ping", fields=Fields("ping"))
 async def _ping(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return {}
 
@@ -387,7 +430,7 @@ def build_info() -> dict[str, Any]:
     }
 
 
-@SERVER_COMMANDS.register("buildInfo", "buildinfo")
+@SERVER_COMMANDS.register("buildInfo", "buildinfo", fields=Fields("buildInfo"))
 async def _build_info(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return build_info()
 
@@ -396,6 +439,7 @@ def parameters() -> dict[str, Any]:
     return {"featureCompatibilityVersion": {"version": FEATURE_COMPATIBILITY_VERSION}}
 
 
+# getParameter's fields are the parameters asked for (any name): its handler reads them.
 @SERVER_COMMANDS.register("getParameter", admin_only=True)
 async def _get_parameter(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     known = parameters()
@@ -408,12 +452,12 @@ async def _get_parameter(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any
     return found
 
 
-@SERVER_COMMANDS.register("whatsmyuri")
+@SERVER_COMMANDS.register("whatsmyuri", fields=Fields("whatsmyuri"))
 async def _whatsmyuri(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"you": conn.peer}
 
 
-@SERVER_COMMANDS.register("connectionStatus")
+@SERVER_COMMANDS.register("connectionStatus", fields=Fields("connectionStatus", {"showPrivileges": HONOURED}))
 async def _connection_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {"authenticatedUsers": [], "authenticatedUserRoles": []}
     if cmd.get("showPrivileges"):
@@ -421,9 +465,14 @@ async def _connection_status(conn: Connection, cmd: dict[str, Any]) -> dict[str,
     return {"authInfo": info}
 
 
-@SERVER_COMMANDS.register("getLog", admin_only=True)
+@SERVER_COMMANDS.register("getLog", admin_only=True, fields=Fields("getLog"))
 async def _get_log(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     which = cmd["getLog"]
+    if not isinstance(which, str):
+        raise WireCommandError.of(
+            ErrorCode.TypeMismatch,
+            f"BSON field 'getLog' is the wrong type '{type_name(which)}', expected type 'string'",
+        )
     if which == "*":
         return {"names": ["global", "startupWarnings"]}
     if which not in ("global", "startupWarnings"):
@@ -431,7 +480,7 @@ async def _get_log(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return {"totalLinesWritten": 0, "log": []}
 
 
-@SERVER_COMMANDS.register("hostInfo", admin_only=True)
+@SERVER_COMMANDS.register("hostInfo", admin_only=True, fields=Fields("hostInfo"))
 async def _host_info(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     try:
         mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)

@@ -135,9 +135,7 @@ COUNT_FIELDS = Fields(
         "fields": HONOURED,  # MongoDB's count takes and ignores it too
     },
 )
-DISTINCT_FIELDS = Fields(
-    "distinct", {"key": HONOURED, "query": HONOURED, "collation": COLLATION, "hint": HONOURED}
-)
+DISTINCT_FIELDS = Fields("distinct", {"key": HONOURED, "query": HONOURED, "collation": COLLATION, "hint": HONOURED})
 FIND_AND_MODIFY_FIELDS = Fields(
     "findAndModify",
     {
@@ -285,7 +283,7 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update | CommandError], 
         multi = _bool(op, "update.updates", "multi", False)
         try:
             _check_query(flt)
-            _check_update(u, multi)
+            u = _check_update(u, multi)
         except CommandError as e:
             records.append(e)
             continue
@@ -444,7 +442,7 @@ def find_and_modify_record(cmd: dict[str, Any]) -> s.FindAndModify:
     flt = _doc(cmd, name, "query", {}) or {}
     _check_query(flt)
     if update is not None:
-        _check_update(update, multi=False)
+        update = _check_update(update, multi=False)
     return s.FindAndModify(
         ns=namespace(cmd),
         query=flt,
@@ -467,15 +465,17 @@ def _check_query(flt: dict[str, Any]) -> None:
         raise CommandError(e.code, str(e)) from None
 
 
-def _check_update(update: Any, multi: bool) -> None:
+def _check_update(update: Any, multi: bool) -> dict[str, Any]:
     """An update is refused as MongoDB refuses it, whatever it would match (the shard checks it
-    again, for clients that reach it without the wire)."""
+    again, for clients that reach it without the wire); a pipeline is refused there too."""
     try:
         query.check_update(update)
     except QueryError as e:
         raise CommandError(e.code, str(e)) from None
-    if multi and isinstance(update, dict) and update and not query.is_update_operator_doc(update):
+    assert isinstance(update, dict)  # check_update refused anything else
+    if multi and update and not query.is_update_operator_doc(update):
         raise CommandError(ErrorCode.FailedToParse, "multi update is not supported for replacement-style update")
+    return update
 
 
 # ------------------------------------------------------------------ replies (pure)

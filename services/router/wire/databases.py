@@ -20,12 +20,13 @@ from bson import Int64
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.query import QueryError, compile_filter
-from domain.sharding_commands import GENERIC_FIELDS
+from domain.sharding_commands import cursor_options
 from libs.commands import CommandError
 from schemas.config import CreateCollection
 from services.router.wire.commands import COMPATIBLE_VERSION, SERVER_COMMANDS, Connection
 from services.router.wire.config_db import COLLECTIONS as CONFIG_COLLECTIONS
 from services.router.wire.config_db import this_router_id, uuid_value
+from services.router.wire.options import HONOURED, Fields, Rule, only_if_empty, only_if_false, refused, refused_unless
 
 
 def _filter(flt: Any, what: str) -> Any:
@@ -73,7 +74,11 @@ def list_databases(cat: Catalog, cmd: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@SERVER_COMMANDS.register("listDatabases", admin_only=True)
+# There are no users: every database is authorized, so `authorizedDatabases` changes nothing.
+LIST_DATABASES = Fields("listDatabases", {"filter": HONOURED, "nameOnly": HONOURED, "authorizedDatabases": HONOURED})
+
+
+@SERVER_COMMANDS.register("listDatabases", admin_only=True, fields=LIST_DATABASES)
 async def _list_databases(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     return list_databases(conn.cluster().follower.catalog, cmd)
 
@@ -106,14 +111,27 @@ def list_collections(cat: Catalog, db: str, cmd: dict[str, Any]) -> list[dict[st
     return docs
 
 
-@SERVER_COMMANDS.register("listCollections")
+# No users: every collection is authorized (`authorizedCollections`).  A collection being
+# dropped is not listed apart (`includePendingDrops`, an internal option: refused unless false).
+LIST_COLLECTIONS = Fields(
+    "listCollections",
+    {
+        "filter": HONOURED,
+        "nameOnly": HONOURED,
+        "authorizedCollections": HONOURED,
+        "cursor": HONOURED,  # {batchSize}: checked by cursor_options
+        "includePendingDrops": only_if_false("listing collections pending drop"),
+    },
+)
+
+
+@SERVER_COMMANDS.register("listCollections", fields=LIST_COLLECTIONS)
 async def _list_collections(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
+    batch = cursor_options(cmd)
     edge = conn.cluster()
     db = cmd["$db"]
     docs = list_collections(edge.follower.catalog, db, cmd)
-    cursor = cmd.get("cursor") or {}
-    batch = cursor.get("batchSize") if isinstance(cursor, dict) else None
-    if isinstance(batch, int) and not isinstance(batch, bool) and 0 <= batch < len(docs):
+    if batch is not None and batch < len(docs):
         # more than one batch: a router-held cursor, continued by getMore like any find
         opened = edge.routing.open_cursor(docs, batch)
         cursor_id = Int64(opened["cursorId"] or 0)
@@ -124,9 +142,9 @@ async def _list_collections(conn: Connection, cmd: dict[str, Any]) -> dict[str, 
 # ------------------------------------------------------------------ dbStats / collStats
 
 
-def db_stats(cat: Catalog, db: str, scale: int) -> dict[str, Any]:
+def db_stats(cat: Catalog, db: str, scale: int, free_storage: bool = False) -> dict[str, Any]:
     names = collection_names(cat, db)
-    return {
+    out: dict[str, Any] = {
         "db": db,
         "collections": len(names),
         "views": 0,
@@ -141,6 +159,9 @@ def db_stats(cat: Catalog, db: str, scale: int) -> dict[str, Any]:
         "fileSize": 0,
         "raw": {},
     }
+    if free_storage:  # sizes live with the shards (not projected to routers): 0, as above
+        out.update(freeStorageSize=0, indexFreeStorageSize=0, totalFreeStorageSize=0)
+    return out
 
 
 def _scale(cmd: dict[str, Any]) -> int:
@@ -150,9 +171,13 @@ def _scale(cmd: dict[str, Any]) -> int:
     return int(scale)
 
 
-@SERVER_COMMANDS.register("dbStats", "dbstats")
+DB_STATS = Fields("dbStats", {"scale": HONOURED, "freeStorage": HONOURED})
+
+
+@SERVER_COMMANDS.register("dbStats", "dbstats", fields=DB_STATS)
 async def _db_stats(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
-    return db_stats(conn.cluster().follower.catalog, cmd["$db"], _scale(cmd))
+    scale = _scale(cmd)
+    return db_stats(conn.cluster().follower.catalog, cmd["$db"], scale, bool(cmd.get("freeStorage")))
 
 
 def coll_stats(cat: Catalog, ns: str, scale: int) -> dict[str, Any]:
@@ -186,7 +211,21 @@ def coll_stats(cat: Catalog, ns: str, scale: int) -> dict[str, Any]:
     return out
 
 
-@SERVER_COMMANDS.register("collStats", "collstats")
+# collStats: `indexDetails` (each index's storage-engine statistics) and `verbose` (more of
+# them) are refused unless false; `indexDetailsKey` / `indexDetailsName` only pick among those
+# details, so without them they change nothing, as in MongoDB; a router takes no lock to wait for.
+COLL_STATS_RULES: dict[str, Rule] = {
+    "scale": HONOURED,
+    "verbose": only_if_false("verbose storage statistics"),
+    "indexDetails": only_if_false("per-index storage statistics"),
+    "indexDetailsKey": HONOURED,
+    "indexDetailsName": HONOURED,
+    "waitForLock": HONOURED,
+}
+
+
+@SERVER_COMMANDS.register("collStats", fields=Fields("collStats", COLL_STATS_RULES))
+@SERVER_COMMANDS.register("collstats", fields=Fields("collstats", COLL_STATS_RULES))
 async def _coll_stats(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     name = cmd["collStats"] if "collStats" in cmd else cmd["collstats"]
     if not isinstance(name, str) or not name:
@@ -197,10 +236,28 @@ async def _coll_stats(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ serverStatus
 
 
+# Always in serverStatus's reply, whatever the section toggles say (as MongoDB's).
+SERVER_STATUS_BASICS = frozenset(
+    {"host", "version", "process", "pid", "uptime", "uptimeMillis", "uptimeEstimate", "localTime"}
+)
+
+
+# serverStatus's fields are section toggles (`{serverStatus: 1, connections: 0}`), any name, as
+# in MongoDB: a section turned off is left out; the others are all included (fields=None).
 @SERVER_COMMANDS.register("serverStatus", "serverstatus")
 async def _server_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     """What this router really knows: who it is, since when, its connections."""
     edge = conn.cluster()
+    reply = server_status(edge)
+    off = {k for k, v in list(cmd.items())[1:] if k not in SERVER_STATUS_BASICS and _off(v)}
+    return {k: v for k, v in reply.items() if k not in off}
+
+
+def _off(value: Any) -> bool:
+    return value is False or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)
+
+
+def server_status(edge: Any) -> dict[str, Any]:
     now = time.time()
     return {
         "host": socket.gethostname(),
@@ -219,18 +276,62 @@ async def _server_status(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any
 # ------------------------------------------------------------------ create
 
 
-@SERVER_COMMANDS.register("create")
+def _simple_collation(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("locale") == "simple" and len(value) == 1
+
+
+def _default_id_index(value: Any) -> bool:
+    """The _id index every collection has: `{key: {_id: 1}, name: "_id_"}` (v 2)."""
+    if not isinstance(value, dict):
+        return False
+    rest = {k: v for k, v in value.items() if k not in ("key", "name", "v", "ns")}
+    return (
+        value.get("key") == {"_id": 1} and value.get("name", "_id_") == "_id_" and value.get("v", 2) == 2 and not rest
+    )
+
+
+# create's options (MongoDB's create.idl): a collection here is a plain collection with the _id
+# index and binary string comparison.  Every other kind is refused, naming the option, unless
+# the value is the one that changes nothing.
+CREATE_FIELDS = Fields(
+    "create",
+    {
+        "capped": only_if_false("capped collections"),
+        "size": refused("capped collections (size)"),
+        "max": refused("capped collections (max)"),
+        "autoIndexId": refused_unless(lambda v: v is True or v == 1, "a collection without an _id index"),
+        "idIndex": refused_unless(_default_id_index, "an _id index other than {key: {_id: 1}, name: '_id_'}"),
+        "storageEngine": only_if_empty("storage engine options"),
+        "indexOptionDefaults": only_if_empty("index option defaults"),
+        "validator": only_if_empty("document validation"),
+        "validationLevel": refused_unless(lambda v: v == "strict", "document validation (validationLevel)"),
+        "validationAction": refused_unless(lambda v: v == "error", "document validation (validationAction)"),
+        "viewOn": refused("views"),
+        "pipeline": refused("views"),
+        "collation": refused_unless(_simple_collation, "collations other than {locale: 'simple'}"),
+        "timeseries": refused("time-series collections"),
+        "expireAfterSeconds": refused("expiring documents (TTL)"),
+        "clusteredIndex": only_if_false("clustered collections"),
+        "changeStreamPreAndPostImages": refused_unless(
+            lambda v: v == {"enabled": False}, "change stream pre- and post-images"
+        ),
+        "recordPreImages": only_if_false("recording pre-images"),
+        "encryptedFields": refused("Queryable Encryption"),
+        "temp": only_if_false("temporary collections"),
+        "flags": only_if_false("collection flags"),
+    },
+)
+
+
+@SERVER_COMMANDS.register("create", fields=CREATE_FIELDS)
 async def _create(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     """An explicit create is the implicit one a first insert makes: the catalog tracks the
-    collection on its database's primary.  Options (capped, views, validators, ...) are refused."""
+    collection on its database's primary.  Its options are checked by CREATE_FIELDS first."""
     from services.router.wire.admin import config_command  # the one way config commands go
 
     name, db = cmd["create"], cmd["$db"]
     if not isinstance(name, str) or not name:
         raise CommandError(ErrorCode.InvalidNamespace, "create needs a collection name")
-    options = [k for k in cmd if k not in ("create", *GENERIC_FIELDS)]
-    if options:
-        raise CommandError(ErrorCode.InvalidOptions, f"create: options are not supported by shardlog: {options}")
     if db in ("config", "admin", "local"):
         raise CommandError(ErrorCode.InvalidNamespace, f"cannot create a collection in the {db!r} database")
     ns = f"{db}.{name}"

@@ -5,6 +5,8 @@ phases): the command returns once the coordinator is done (domain/ddl_client.py)
 router's catalog shows the change, so the client's next listIndexes sees it.  listIndexes is
 answered from this router's catalog, which lists every collection's indexes.  Bad input is
 refused here with MongoDB's codes, before anything is sent (domain/sharding_commands.py).
+Their fields are checked by those parsers (`only_fields`), not by a Fields table: each is
+honoured or refused there, and each index option by domain/indexes.IndexSpec.parse.
 """
 
 from __future__ import annotations
@@ -55,9 +57,8 @@ async def _list_indexes(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]
     edge = conn.cluster()
     docs = sc.list_indexes(edge.follower.catalog, ns)
     cursor_ns = f"{cmd['$db']}.$cmd.listIndexes.{ns.partition('.')[2]}"
-    cursor = cmd.get("cursor") or {}
-    batch = cursor.get("batchSize")
-    if isinstance(batch, int) and not isinstance(batch, bool) and 0 <= batch < len(docs):
+    batch = sc.cursor_options(cmd)
+    if batch is not None and batch < len(docs):
         opened = edge.routing.open_cursor(docs, batch)  # continued by getMore like any find
         return {"cursor": {"id": Int64(opened["cursorId"] or 0), "ns": cursor_ns, "firstBatch": opened["docs"]}}
     return {"cursor": {"id": Int64(0), "ns": cursor_ns, "firstBatch": docs}}

@@ -139,7 +139,17 @@ GENERIC_ARGUMENTS = frozenset(
 
 # Reads: a writeConcern on them is refused, as MongoDB refuses it.
 READ_COMMANDS = frozenset(
-    {"find", "getMore", "count", "distinct", "explain", "killCursors", "listCollections", "listIndexes", "listDatabases"}
+    {
+        "find",
+        "getMore",
+        "count",
+        "distinct",
+        "explain",
+        "killCursors",
+        "listCollections",
+        "listIndexes",
+        "listDatabases",
+    }
 )
 # The commands that read with a readConcern (MongoDB refuses one elsewhere outside transactions).
 READ_CONCERN_COMMANDS = frozenset({"find", "aggregate", "count", "distinct", "explain"})
@@ -190,7 +200,9 @@ def max_time_ms(cmd: Mapping[str, Any]) -> int:
     if isinstance(value, float) and not value.is_integer():
         raise CommandError(ErrorCode.BadValue, "maxTimeMS has a fractional component")
     if not 0 <= value <= MAX_TIME_MS_MAX:
-        raise CommandError(ErrorCode.BadValue, f"{int(value)} value for maxTimeMS is out of range [0, {MAX_TIME_MS_MAX}]")
+        raise CommandError(
+            ErrorCode.BadValue, f"{int(value)} value for maxTimeMS is out of range [0, {MAX_TIME_MS_MAX}]"
+        )
     return int(value)
 
 
@@ -212,7 +224,9 @@ def check_write_concern(name: str, wc: Any) -> None:
         raise CommandError(ErrorCode.FailedToParse, f"w has to be a number or string; found: {type_name(w)}")
     if isinstance(w, (int, float)):
         if w < 0 or w > 50:
-            raise CommandError(ErrorCode.FailedToParse, f"w has to be a non-negative number and not greater than 50; found: {w}")
+            raise CommandError(
+                ErrorCode.FailedToParse, f"w has to be a non-negative number and not greater than 50; found: {w}"
+            )
         if w > 1:
             raise CommandError(
                 ErrorCode.UnsatisfiableWriteConcern, f"Not enough data-bearing nodes to satisfy w:{int(w)}"
@@ -227,6 +241,10 @@ def check_write_concern(name: str, wc: Any) -> None:
             raise CommandError(ErrorCode.FailedToParse, f"{key} must be a number")
 
 
+def _short_rc(rc: Any) -> str:
+    return f"readConcern {rc!r}"[:120]
+
+
 def check_generic(name: str, cmd: Mapping[str, Any]) -> None:
     """The generic arguments of any command, checked once before it runs."""
     max_time_ms(cmd)
@@ -238,7 +256,7 @@ def check_generic(name: str, cmd: Mapping[str, Any]) -> None:
                 f"BSON field 'apiVersion' is the wrong type '{type_name(version)}', expected type 'string'",
             )
         if version != "1":
-            raise CommandError(ErrorCode.APIVersionError, f"API version must be \"1\", got \"{version}\"")
+            raise CommandError(ErrorCode.APIVersionError, f'API version must be "1", got "{version}"')
         for key in ("apiStrict", "apiDeprecationErrors"):
             if key in cmd and not isinstance(cmd[key], bool):
                 raise CommandError(
@@ -252,15 +270,17 @@ def check_generic(name: str, cmd: Mapping[str, Any]) -> None:
     else:
         for key in ("apiStrict", "apiDeprecationErrors"):
             if key in cmd:
-                raise CommandError(
-                    ErrorCode.InvalidOptions, f"Provided {key} without a corresponding API version"
-                )
+                raise CommandError(ErrorCode.InvalidOptions, f"Provided {key} without a corresponding API version")
     if "writeConcern" in cmd:
         if name in READ_COMMANDS:
             raise CommandError(ErrorCode.InvalidOptions, f"Command {name} does not support writeConcern")
         check_write_concern(name, cmd["writeConcern"])
     rc = cmd.get("readConcern")
-    if rc is not None and rc != {} and name not in READ_CONCERN_COMMANDS:
-        raise CommandError(
-            ErrorCode.InvalidOptions, f"Command {name} does not support a readConcern outside a transaction"
-        )
+    if rc is not None and name not in READ_CONCERN_COMMANDS:
+        # A causally consistent session's driver sends {afterClusterTime} (level local) with any
+        # command: a write, applied on its shard's newest state, already follows that time.
+        # Any other level promises what a write outside a transaction does not do.
+        if not isinstance(rc, dict) or rc.get("level", "local") != "local" or set(rc) - {"level", "afterClusterTime"}:
+            raise CommandError(
+                ErrorCode.InvalidOptions, f"Command {name} does not support {_short_rc(rc)} outside a transaction"
+            )
