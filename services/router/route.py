@@ -68,8 +68,10 @@ class Stale(Exception):
 @dataclass
 class RouterCursor:
     docs: list[dict]
-    created: float
+    created: float  # when it was last used: a cursor idle for CURSOR_TIMEOUT_S is dropped
     session: str | None = None  # the id of the lsid it was opened under: killSessions kills it
+    ns: str | None = None  # what a getMore must name (the wire's check); None: not checked
+    no_timeout: bool = False  # find's noCursorTimeout: kept until exhausted or killed
 
 
 WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
@@ -545,9 +547,15 @@ class OperationRouter:
             )
         n = _batch_length(cur.docs, req.batchSize)
         batch, rest = cur.docs[:n], cur.docs[n:]
-        if rest:
-            self.cursors[req.cursorId] = RouterCursor(rest, cur.created, cur.session)
+        if rest:  # used now: the idle timeout starts again, as MongoDB's
+            self.cursors[req.cursorId] = RouterCursor(rest, time.monotonic(), cur.session, cur.ns, cur.no_timeout)
         return {"docs": batch, "cursorId": req.cursorId if rest else 0, "cursorTopic": self.cursor_topic}
+
+    def tag_cursor(self, cursor_id: int, ns: str, no_timeout: bool = False) -> None:
+        """Name the namespace a cursor's getMores must give, and keep it past the idle timeout."""
+        cur = self.cursors.get(cursor_id)
+        if cur is not None:
+            cur.ns, cur.no_timeout = ns, no_timeout
 
     def kill_cursors(self, ids: list[int]) -> tuple[list[int], list[int]]:
         """MongoDB's killCursors on this router's cursors: (killed, not found), in the order asked."""
@@ -558,7 +566,9 @@ class OperationRouter:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for cid in [c for c, cur in self.cursors.items() if now - cur.created > CURSOR_TIMEOUT_S]:
+        for cid in [
+            c for c, cur in self.cursors.items() if not cur.no_timeout and now - cur.created > CURSOR_TIMEOUT_S
+        ]:
             del self.cursors[cid]
 
     # ------------------------------------------------------------ sessions

@@ -160,3 +160,16 @@ def test_unknown_fields_get_mongodb_s_answer(colls):
                 db.command(cmd)
             assert e.value.code == 40415, cmd
         assert coll.find_one({"_id": 99}) is None and coll.count_documents({"z": 1}) == 0
+
+
+def test_get_more_must_name_the_cursor_s_collection_and_no_cursor_timeout_is_kept(colls, data_cluster):
+    db, both = colls
+    plain, sharded = both
+    first = db.command(SON([("find", plain.name), ("batchSize", 2), ("noCursorTimeout", True)]))
+    cid = first["cursor"]["id"]
+    assert cid and data_cluster.router.routing.cursors[cid].no_timeout
+    with pytest.raises(OperationFailure) as e:  # another collection's name: refused, cursor intact
+        db.command(SON([("getMore", cid), ("collection", sharded.name)]))
+    assert e.value.code == 13
+    more = db.command(SON([("getMore", cid), ("collection", plain.name), ("batchSize", 100)]))
+    assert len(first["cursor"]["firstBatch"]) + len(more["cursor"]["nextBatch"]) == 8

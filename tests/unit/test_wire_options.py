@@ -62,7 +62,6 @@ def test_an_unknown_field_is_idl_unknown_field(cmd: dict[str, Any]) -> None:
         {"find": "c", "returnKey": True},
         {"find": "c", "showRecordId": True},
         {"find": "c", "tailable": True},
-        {"find": "c", "noCursorTimeout": True},
         {"find": "c", "allowPartialResults": True},
         {"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "sort": {"a": 1}}]},
         {"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "collation": {"locale": "en"}}]},
@@ -84,7 +83,7 @@ def test_an_option_shardlog_does_not_implement_is_refused(cmd: dict[str, Any]) -
     "cmd",
     [
         {"find": "c", "collation": {"locale": "simple"}, "returnKey": False, "showRecordId": False},
-        {"find": "c", "noCursorTimeout": False, "allowDiskUse": True, "let": {"x": 1}, "min": {}},
+        {"find": "c", "noCursorTimeout": True, "allowDiskUse": True, "let": {"x": 1}, "min": {}},
         {"update": "c", "updates": [{"q": {}, "u": {}, "arrayFilters": [], "collation": {"locale": "simple"}}]},
         {"insert": "c", "documents": [{}], "bypassDocumentValidation": True, "writeConcern": {"w": "majority"}},
         {"insert": "c", "documents": [{}], "writeConcern": {"w": 1, "j": True, "wtimeout": 100}},

@@ -162,6 +162,7 @@ async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     except PipelineError as e:
         raise WireCommandError((e.code, e.code_name), e.message) from None
     first = edge.routing.open_cursor(docs, batch_size, tuple(shards))
+    edge.routing.tag_cursor(first["cursorId"], ns)
     return {"cursor": {"firstBatch": first["docs"], "id": Int64(first["cursorId"]), "ns": ns}}
 
 

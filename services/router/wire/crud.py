@@ -27,6 +27,7 @@ from schemas import shard as s
 from services.router.wire import config_db
 from services.router.wire.commands import (
     SERVER_COMMANDS,
+    UNAUTHORIZED,
     Connection,
     WireCommandError,
     command_error_code,
@@ -109,7 +110,7 @@ FIND_FIELDS = Fields(
         "showRecordId": only_if_false("showRecordId"),
         "tailable": only_if_false("tailable (cursors on capped collections)"),
         "awaitData": only_if_false("awaitData (tailable cursors)"),
-        "noCursorTimeout": only_if_false("noCursorTimeout (cursors time out after 10 minutes idle)"),
+        "noCursorTimeout": HONOURED,  # the router holds the rest of every find: it keeps that cursor
         "allowPartialResults": only_if_false("allowPartialResults (an unreachable shard fails the query)"),
         "readOnce": only_if_false("readOnce"),
     },
@@ -648,12 +649,20 @@ async def _find(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     if single and result.get("cursorId"):
         routing.kill_cursors([result["cursorId"]])
         result = {**result, "cursorId": 0}
+    if result.get("cursorId"):
+        routing.tag_cursor(result["cursorId"], record.ns, _bool(cmd, "find", "noCursorTimeout", False))
     return cursor_reply(result, record.ns, "firstBatch")
 
 
 @SERVER_COMMANDS.register("getMore", fields=GET_MORE_FIELDS)
 async def _get_more(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record, ns = get_more_record(cmd)
+    cursor = conn.cluster().routing.cursors.get(record.cursorId)
+    if cursor is not None and cursor.ns is not None and cursor.ns != ns:
+        raise WireCommandError(
+            UNAUTHORIZED,
+            f"Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {cursor.ns}",
+        )
     return cursor_reply(await _run(conn, record), ns, "nextBatch")
 
 
