@@ -33,7 +33,15 @@ from domain.protocol import (
     record_bytes,
     split_ns,
 )
-from domain.query import QueryError, apply_projection, check_insert_document, compile_filter, merge_sorted
+from domain.query import (
+    QueryError,
+    apply_projection,
+    check_insert_document,
+    check_update,
+    compile_filter,
+    merge_sorted,
+    sort_key,
+)
 from domain.session import RetryableWrite, client_session
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge
 from libs import tracing
@@ -405,6 +413,7 @@ class OperationRouter:
             await self._ensure_collection(req.ns)
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         if not t.shards and not req.upsert:
+            _refuse_malformed(req)  # no shard will look at it: refused here, as MongoDB would
             return {"matched": 0, "modified": 0}
         if req.upsert and t.sharded and not t.full_key:
             raise CommandError(
@@ -426,6 +435,7 @@ class OperationRouter:
     async def delete(self, req: s.Delete) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         if not t.shards:
+            _refuse_malformed(req)
             return {"deleted": 0}
         return await self._write_targets(
             req, t, lambda a, b: {"deleted": a["deleted"] + b["deleted"]}, done=lambda r: r["deleted"] > 0
@@ -464,6 +474,7 @@ class OperationRouter:
             await self._ensure_collection(req.ns)
         t = targeting.for_query(self.catalog, req.ns, req.query)
         if not t.shards and not req.upsert:
+            _refuse_malformed(req)
             return {"value": None, "lastErrorObject": {"n": 0} if req.remove else {"n": 0, "updatedExisting": False}}
         if req.upsert and t.sharded and not t.full_key:
             raise CommandError(
@@ -486,6 +497,8 @@ class OperationRouter:
     async def find(self, req: s.Find) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
         docs: list[dict] = []
+        if not t.shards:
+            _refuse_malformed(req)
         if t.shards:
             # Shards apply the limit of skip+limit; the router skips after merging.  With a sort,
             # the projection waits for the merge (it might drop the sort fields).
@@ -590,6 +603,8 @@ class OperationRouter:
     @on_operation.register(s.Count)
     async def count(self, req: s.Count) -> dict:
         t = targeting.for_query(self.catalog, req.ns, req.filter)
+        if not t.shards:
+            _refuse_malformed(req)
         parts = [
             (
                 shard,
@@ -625,6 +640,19 @@ class OperationRouter:
             "configTime": self.follower.config_time,
             "plans": plans,
         }
+
+
+def _refuse_malformed(req: Any) -> None:
+    """What a shard would refuse of a request no shard will see (its database does not exist):
+    the filter, sort, projection and update, so the answer does not depend on the data."""
+    compile_filter(getattr(req, "filter", None) or getattr(req, "query", None) or {})
+    if getattr(req, "sort", None):
+        sort_key(req.sort)
+    for projection in (getattr(req, "projection", None), getattr(req, "fields", None)):
+        if projection is not None:
+            apply_projection({}, projection)
+    if getattr(req, "update", None) is not None:
+        check_update(req.update)
 
 
 def _batch_length(docs: list[dict], size: int) -> int:

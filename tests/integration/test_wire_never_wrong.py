@@ -173,3 +173,19 @@ def test_get_more_must_name_the_cursor_s_collection_and_no_cursor_timeout_is_kep
     assert e.value.code == 13
     more = db.command(SON([("getMore", cid), ("collection", plain.name), ("batchSize", 100)]))
     assert len(first["cursor"]["firstBatch"]) + len(more["cursor"]["nextBatch"]) == 8
+
+
+def test_a_database_that_does_not_exist_refuses_what_a_shard_would(data_cluster):
+    """No shard sees a query of a missing database: the router refuses what they would."""
+    coll = data_cluster.mongo_client().nosuchdb.c
+    for call, code in (
+        (lambda: list(coll.find({"a": {"$foo": 1}})), 2),
+        (lambda: list(coll.find({}).sort("a", 2)), 2),
+        (lambda: list(coll.find({}, {"a": {"$meta": "textScore"}})), 224),
+        (lambda: coll.count_documents({"a": {"$foo": 1}}), 2),
+        (lambda: coll.find_one_and_update({}, {"$foo": {"a": 1}}), 9),
+    ):
+        with pytest.raises(OperationFailure) as e:
+            call()
+        assert e.value.code == code
+    assert list(coll.find({"a": {"$gt": 1}})) == [] and coll.count_documents({}) == 0
