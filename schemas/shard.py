@@ -85,6 +85,9 @@ class Insert(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
+    # document i is the retryable-write statement firstStmtId + i (a bulkWrite's inserts follow
+    # its other operations in one statement numbering)
+    firstStmtId: int = Field(0, ge=0, le=2**31 - 1)
 
 
 class Find(Record):

@@ -387,7 +387,7 @@ class OperationRouter:
                     ordered=req.ordered,
                     routing=self._routing(req.ns, shard),
                     # statement i is the client's document i, whichever shard holds it
-                    **_session_fields(req, idx),
+                    **_session_fields(req, [req.firstStmtId + i for i in idx]),
                 ),
             )
             for shard, idx in runs

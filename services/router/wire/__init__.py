@@ -14,6 +14,8 @@ Writes:  replies on the same connections: OP_MSG, OP_REPLY (to OP_QUERY); to Kaf
 - `crud.py`      insert / update / delete / find / getMore / killCursors / count / distinct /
                  findAndModify
 - `aggregate.py` aggregate: pushdown to the shards, the rest on the router
+- `bulk.py`      bulkWrite (MongoDB 8.0): several namespaces, per-operation results in a cursor
+- `options.py`   every command's fields: honoured, or refused (never accepted and ignored)
 - `admin.py`     sharding administration (addShard, shardCollection, moveRange, balancer, zones)
 - `config_db.py` the read-only `config` database from the catalog projection
 - `databases.py` listDatabases, listCollections, dbStats, collStats, serverStatus
@@ -26,4 +28,4 @@ Design note: docs/design/wire-protocol.md.
 """
 
 # Each module registers its commands in commands.SERVER_COMMANDS when imported.
-from services.router.wire import admin, aggregate, config_db, crud, databases, ddl, indexes  # noqa: E402, F401
+from services.router.wire import admin, aggregate, bulk, config_db, crud, databases, ddl, indexes  # noqa: E402, F401
