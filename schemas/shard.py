@@ -125,9 +125,8 @@ class Count(Record):
     lsid: Any = None
     clusterTime: Any = None
     readConcern: Any = None
-    hint: Any = (
-        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
-    )
+    # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = None
 
 
 class Update(Record):
@@ -143,9 +142,10 @@ class Update(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
-    hint: Any = (
-        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
-    )
+    # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = None
+    # MongoDB 8.0's updateOne / replaceOne sort: the first matching document in this order is the one
+    sort: Doc | None = None
     # the statement's index in its client's batch (the wire protocol's update/delete command):
     # its retryable-write statement id, which the router sends the shard in stmtIds
     stmtId: int = Field(0, ge=0, le=2**31 - 1)
@@ -162,9 +162,8 @@ class Delete(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
-    hint: Any = (
-        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
-    )
+    # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = None
     # the statement's index in its client's batch (the wire protocol's update/delete command):
     # its retryable-write statement id, which the router sends the shard in stmtIds
     stmtId: int = Field(0, ge=0, le=2**31 - 1)
@@ -191,9 +190,8 @@ class FindAndModify(Record):
     txnNumber: Any = None
     stmtIds: Any = None
     clusterTime: Any = None
-    hint: Any = (
-        None  # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
-    )
+    # an index name or key pattern, or {"$natural": 1}: the shards' planner takes it (domain/planner.py)
+    hint: Any = None
 
 
 class Explain(Record):

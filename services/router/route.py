@@ -420,6 +420,11 @@ class OperationRouter:
                 ErrorCode.ShardKeyNotFound,
                 "an upsert on a sharded collection must pin the full shard key (or _id) by equality in its filter",
             )
+        if req.sort and len(t.shards) > 1:
+            raise CommandError(
+                ErrorCode.ShardKeyNotFound,
+                "an updateOne with a sort on a sharded collection must target one shard: pin the shard key in its filter",
+            )
         return await self._write_targets(
             req,
             t,

@@ -791,7 +791,7 @@ class ShardDecider:
         try:
             check_update(req.update)  # refused whether or not anything matches, as MongoDB
             blocked = self._write_blocked(coll, req.ns)
-            for skey, doc in self._matching(coll, req.ns, req.filter, req.hint):
+            for skey, doc in self._update_targets(coll, req):
                 if any(lo <= skey < hi for lo, hi in blocked):
                     raise self.migrations.critical_section_wait(req.ns, "an update")
                 matched += 1
@@ -815,6 +815,19 @@ class ShardDecider:
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
         return Decision(events, {"matched": matched, "modified": modified}), first
+
+    def _update_targets(self, coll: Collection | None, req: s.Update) -> Iterator[tuple[bytes, dict]]:
+        """The documents an update changes, in order; with a sort (an updateOne's, MongoDB 8.0),
+        the first matching document in that order alone."""
+        if not req.sort:
+            return self._matching(coll, req.ns, req.filter, req.hint)
+        plan, access = self._query(coll, req.ns, req.filter, sort=req.sort, hint=req.hint)
+        matching = query_plan.matching(plan, access)
+        if plan.sort_provided:
+            first = next(matching, None)
+        else:
+            first = min(matching, key=lambda hit: sort_key(req.sort)(hit[1]), default=None)
+        return iter([first] if first is not None else [])
 
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
         if coll is None:

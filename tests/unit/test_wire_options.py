@@ -63,7 +63,6 @@ def test_an_unknown_field_is_idl_unknown_field(cmd: dict[str, Any]) -> None:
         {"find": "c", "showRecordId": True},
         {"find": "c", "tailable": True},
         {"find": "c", "allowPartialResults": True},
-        {"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "sort": {"a": 1}}]},
         {"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "collation": {"locale": "en"}}]},
         {"delete": "c", "deletes": [{"q": {}, "limit": 1, "collation": {"locale": "en"}}]},
         {"count": "c", "collation": {"locale": "en"}},
@@ -112,6 +111,7 @@ def test_a_neutral_or_honoured_value_reaches_the_handler(cmd: dict[str, Any]) ->
         ({"find": "c", "apiStrict": True}, 72),  # apiStrict without apiVersion
         ({"distinct": "c", "key": "a", "apiVersion": "1", "apiStrict": True}, 323),
         ({"find": "c", "let": 5}, 14),
+        ({"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}, "sort": {"a": 1}, "multi": True}]}, 72),
     ],
 )
 def test_generic_arguments_are_checked_for_every_command(cmd: dict[str, Any], expected: int) -> None:

@@ -67,7 +67,7 @@ UPDATE_OP = Fields(
         "collation": COLLATION,
         "arrayFilters": only_if_empty("arrayFilters (filtered positional updates)"),
         "constants": only_if_empty("constants (of a pipeline-style update)"),
-        "sort": only_if_empty("sort (which document an updateOne or replaceOne changes)"),
+        "sort": HONOURED,  # MongoDB 8.0: which document an updateOne or replaceOne changes
     },
 )
 DELETE_OP = Fields(
@@ -165,6 +165,9 @@ def _record(kind: str, ns: str, idx: int, op: dict[str, Any], session: dict[str,
         if e.code in COMMAND_LEVEL:
             raise
         return e  # this operation's error, as a statement's in an update command
+    sort = op.get("sort") or None
+    if sort is not None and (not isinstance(sort, dict) or multi):
+        raise CommandError(ErrorCode.InvalidOptions, "bulkWrite: a sort is an object, and not with multi=true")
     return s.Update(
         ns=ns,
         filter=flt,
@@ -172,6 +175,7 @@ def _record(kind: str, ns: str, idx: int, op: dict[str, Any], session: dict[str,
         multi=multi,
         upsert=_bool(op, "bulkWrite.ops", "upsert", False),
         hint=_hint(op, "bulkWrite.ops"),
+        sort=sort,
         stmtId=idx,
         **session,
     )

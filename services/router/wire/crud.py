@@ -81,7 +81,7 @@ UPDATE_STATEMENT = Fields(
         "collation": COLLATION,
         "arrayFilters": only_if_empty("arrayFilters (filtered positional updates)"),
         "c": only_if_empty("c (constants of a pipeline-style update)"),
-        "sort": only_if_empty("sort (which document an updateOne or replaceOne changes)"),
+        "sort": HONOURED,  # MongoDB 8.0: which document an updateOne or replaceOne changes
         "upsertSupplied": refused("upsertSupplied (an internal field of MongoDB's)"),
     },
 )
@@ -282,7 +282,12 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update | CommandError], 
             raise _wrong_type("update.updates", "u", u, "object")
         flt = _doc(op, "update.updates", "q", {})
         multi = _bool(op, "update.updates", "multi", False)
+        sort = _doc(op, "update.updates", "sort") or None
+        if sort and multi:
+            raise CommandError(ErrorCode.InvalidOptions, "Cannot specify sort with multi=true")
         try:
+            if sort:
+                _check_sort(sort)  # a bad sort is this statement's error
             _check_query(flt)
             u = _check_update(u, multi)
         except CommandError as e:
@@ -296,6 +301,7 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update | CommandError], 
                 multi=multi,
                 upsert=_bool(op, "update.updates", "upsert", False),
                 hint=_hint(op, "update.updates"),
+                sort=sort,
                 stmtId=i,
                 **session,
             )
@@ -462,6 +468,13 @@ def _check_query(flt: dict[str, Any]) -> None:
     """A filter is refused as MongoDB refuses it, before it is routed: whatever it would match."""
     try:
         query.compile_filter(flt)
+    except QueryError as e:
+        raise CommandError(e.code, str(e)) from None
+
+
+def _check_sort(sort: dict[str, Any]) -> None:
+    try:
+        query.sort_key(sort)
     except QueryError as e:
         raise CommandError(e.code, str(e)) from None
 
