@@ -8,7 +8,7 @@ import typer
 
 from cli.context import CliContext, JsonOpt, chunk_range
 from domain import sharding_commands as sc
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import shard as s
 
 chunks_app = typer.Typer()

@@ -30,7 +30,7 @@ from domain.protocol import ErrorCode
 from domain.shardkey import shell_form, shell_range
 from libs import kafka, tracing
 from libs.client import AsyncCluster, ShardlogError
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.requests import Requester, RequestTimeout
 from libs.topics import Topics
 from schemas import Record

@@ -26,7 +26,7 @@ from cli.ddl import progress_line, run_document
 from domain import ddl_client, index_ddl
 from domain import sharding_commands as sc
 from domain.indexes import IndexSpec
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.requests import Requester, RequestTimeout
 from schemas import Record
 from schemas import indexes as ix

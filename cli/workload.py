@@ -24,7 +24,7 @@ from rich.table import Table
 from cli.context import CliContext, JsonOpt
 from domain.protocol import split_ns
 from libs.client import AsyncCluster
-from libs.commands import CommandError
+from libs.errors import CommandError
 from services.workload import runner
 from services.workload.ycsb import REQUEST_DISTRIBUTIONS, Workload
 

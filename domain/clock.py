@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from domain.protocol import ErrorCode
-from libs.commands import VECTOR_TIME as VECTOR_TIME  # the header: "cluster,config,topology", packed, decimal
-from libs.commands import CommandError
+from libs.errors import CommandError
+from libs.headers import VECTOR_TIME as VECTOR_TIME  # the header: "cluster,config,topology", packed, decimal
 
 MAX_INC = 0xFFFFFFFF
 HASH_BYTES = 20  # SHA-1

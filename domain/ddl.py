@@ -50,7 +50,7 @@ from domain.index_ddl import check_drop_target
 from domain.indexes import IndexSpec
 from domain.protocol import ErrorCode, check_db_name, split_ns
 from domain.shardkey import MAX_KEY, MIN_KEY, InvalidKeyPattern, KeyPattern
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record
 from schemas import ddl as d
 

@@ -21,7 +21,7 @@ from typing import Any
 from domain import ddl
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record
 from schemas import ddl as d
 from schemas.reply import Reply

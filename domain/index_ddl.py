@@ -29,7 +29,7 @@ from typing import Any, cast
 from domain.indexes import ID_INDEX, ID_INDEX_NAME, IndexSpec, check_new, check_unique_with_shard_key
 from domain.protocol import ErrorCode
 from domain.shardkey import shell_form
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 ALL = "*"
 ALREADY_EXIST = "all indexes already exist"

@@ -44,7 +44,7 @@ from domain.bsonvalues import to_record
 from domain.protocol import ErrorCode
 from domain.query import MISSING, QueryError, compile_filter
 from domain.shardkey import MAX_KEY, MIN_KEY, ShardKeyError, encode_value, shell_form
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 MAX_INDEXES = 64  # per collection, the _id index included (MongoDB's limit)
 MAX_INDEX_FIELDS = 32  # MongoDB's compound index limit

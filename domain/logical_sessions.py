@@ -32,7 +32,7 @@ from domain.protocol import ErrorCode
 from domain.session import parse_lsid
 from domain.settings import ClusterSettings
 from libs import kafka
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.service import supervised
 from schemas import RecordError
 from schemas.sessions import Session, sessions

@@ -105,7 +105,7 @@ from domain.query import (
     compile_filter,
 )
 from domain.shardkey import MAX_KEY, MIN_KEY, compare_values, encode_value, hash_value, is_max_key, is_min_key
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 IDHACK = "IDHACK"  # a Plan's hint when the shard reads one document by its _id (MongoDB's IDHACK)
 MAX_SCAN_POINTS = 4096  # points of an equality prefix's product before a field becomes its hull

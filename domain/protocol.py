@@ -14,7 +14,7 @@ import bson
 from bson.errors import InvalidDocument
 
 from domain.bsonvalues import to_record
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.topics import SHARD_ID
 
 # ------------------------------------------------------------------ headers

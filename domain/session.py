@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.protocol import ErrorCode
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 INT32_MAX = 2**31 - 1
 

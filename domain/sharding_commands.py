@@ -23,7 +23,7 @@ from domain.indexes import KNOWN_OPTIONS as KNOWN_INDEX_OPTIONS
 from domain.protocol import RESERVED_DBS, ErrorCode, check_db_name, check_shard_name, valid_collection_name
 from domain.settings import MB
 from domain.shardkey import InvalidKeyPattern, KeyPattern, ShardKeyError, from_ejson, shell_range, to_ejson
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record
 from schemas import config as c
 from schemas import ddl as d

@@ -38,15 +38,17 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from libs import kafka, tracing
+from libs.errors import CommandError as CommandError  # re-exported: the processor's importers
 from libs.faults import fault_point
+from libs.headers import CORRELATION_ID as CORRELATION_ID  # re-exported
+from libs.headers import REPLY_TO as REPLY_TO
+from libs.headers import VECTOR_TIME as VECTOR_TIME
 from libs.projection import COMMAND_END, Projection, fingerprint
 from schemas import Codec, Record, RecordError, Tombstone
 from schemas.reply import Reply
 
 log = logging.getLogger(__name__)
 
-REPLY_TO, CORRELATION_ID = "reply-to", "correlation-id"
-VECTOR_TIME = "vector-time"  # the vector clock's gossip on every request and reply (docs/decisions/0014)
 # How long the offsets of reads answered outside any transaction may stay uncommitted when no
 # transaction comes to carry them: a takeover answers at most this much again (harmlessly).  Also
 # how far the consumer group's offset may lag the position recorded in the changelog.
@@ -103,18 +105,6 @@ def stamped(record: Record) -> bool:
     if (has := _STAMPED.get(kind)) is None:
         has = _STAMPED[kind] = "ts" in kind.model_fields
     return has
-
-
-class CommandError(Exception):
-    """A command refused by the domain: `code` (MongoDB's name where one exists) and a message."""
-
-    def __init__(self, code: str, message: str, info: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.info = (
-            code,
-            message,
-            info,
-        )  # info: details for the caller (e.g. StaleConfig's versions)
 
 
 class BulkEvents(Protocol):

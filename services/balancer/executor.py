@@ -19,8 +19,8 @@ from typing import Any
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.shardkey import from_ejson
-from libs.commands import CommandError
 from libs.dispatch import Dispatch
+from libs.errors import CommandError
 from libs.requests import Requester
 from libs.service import ServiceSettings
 from schemas import Record

@@ -45,8 +45,8 @@ from domain.query import (
 from domain.session import RetryableWrite, client_session
 from domain.shardkey import ShardKeyError, ShardKeyTooLarge
 from libs import tracing
-from libs.commands import CommandError
 from libs.dispatch import Dispatch
+from libs.errors import CommandError
 from libs.ids import new_object_id
 from libs.metrics import OperationCounters, measured
 from libs.requests import Requester, RequestTimeout

@@ -55,8 +55,8 @@ from domain.bsonvalues import from_record, to_record
 from domain.clock import VectorClock
 from domain.indexes import IndexSpec, entries, key_prefix
 from domain.shardkey import ShardKeyError, encode_value
-from libs.commands import CommandError
 from libs.dispatch import Dispatch
+from libs.errors import CommandError
 from libs.store import META, Store
 from schemas import Record, Tombstone
 from schemas import ddl as dd

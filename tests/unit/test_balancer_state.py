@@ -8,7 +8,7 @@ import json
 import pytest
 
 from domain.catalog import Catalog
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import Checkpoint, Store
 from schemas import Codec
 from schemas import balancer as b

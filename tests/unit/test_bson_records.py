@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from domain import protocol
 from domain.protocol import MAX_DOCUMENT_BYTES, MAX_DOCUMENT_RECORD_BYTES, check_document_size, record_bytes
 from domain.shardkey import MAX_KEY, MIN_KEY, KeyPattern, from_ejson, to_ejson
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.ids import new_hex_id, new_object_id
 from libs.kafka import MAX_RECORD_BYTES
 from libs.topics import LARGE_RECORDS

@@ -34,7 +34,7 @@ from domain.shardkey import (
     key_length,
     to_ejson,
 )
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import bsonjson
 
 PROPERTY = settings(max_examples=300, deadline=None)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cli.context import parse_document, parse_documents, parse_object
 from cli.main import app
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 # An invalid cluster name is refused where the cluster is first needed, after every argument is
 # parsed and before any I/O: that refusal means "the arguments were good".

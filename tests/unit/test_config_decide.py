@@ -21,7 +21,7 @@ from domain.catalog import Catalog
 from domain.settings import MB, ClusterSettings, CollectionSettings
 from domain.shardkey import INT64_MAX, INT64_MIN, MAX_KEY, MIN_KEY, to_ejson
 from domain.versions import hashed_split_points, moved_primary, new_epoch, new_uuid
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import Checkpoint, Store
 from schemas import Codec
 from schemas import config as c

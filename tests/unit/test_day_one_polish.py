@@ -18,7 +18,7 @@ from domain.catalog import Catalog
 from domain.protocol import ErrorCode, split_ns
 from domain.settings import Window, in_window
 from domain.shardkey import MAX_KEY, MIN_KEY, shell_form, shell_range
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import config as c
 from services.balancer import policy
 from services.config.decide import decide

@@ -19,7 +19,7 @@ from cli.main import app
 from domain import ddl_client
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record
 from schemas import ddl as d
 from schemas.reply import Reply

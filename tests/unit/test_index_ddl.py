@@ -17,7 +17,7 @@ from domain import sharding_commands as sc
 from domain.catalog import Catalog
 from domain.ddl import Phase, before_point_of_no_return, next_phase, order_of
 from domain.indexes import ID_INDEX, IndexSpec
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import Checkpoint, Store
 from schemas import config as c
 from schemas import ddl as d

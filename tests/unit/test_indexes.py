@@ -27,7 +27,7 @@ from domain.indexes import (
 )
 from domain.protocol import ErrorCode
 from domain.shardkey import compare_values, encode_value
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 
 def code_of(call) -> str:

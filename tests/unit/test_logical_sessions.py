@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from domain.logical_sessions import SessionCache, SessionsView, check_lsid, check_lsids, expired, timeout_ms
 from domain.protocol import ErrorCode
 from domain.settings import ClusterSettings, validated
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.topics import Topics
 from schemas import Codec
 from schemas.sessions import Session

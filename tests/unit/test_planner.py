@@ -28,7 +28,7 @@ from domain.planner import (
 from domain.query import apply_projection, compile_filter, sort_key
 from domain.query_plan import Access, ExecStats, MemoryDocuments, run
 from domain.shardkey import MAX_KEY, MIN_KEY, encode_value
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 INF = math.inf
 NAN = float("nan")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from domain.catalog import Catalog
 from domain.session import client_session, parse_lsid, parse_stmt_ids, parse_txn_number, shard_session
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import Store
 from schemas import Tombstone
 from schemas import config as c

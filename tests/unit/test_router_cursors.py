@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from domain.protocol import CURSOR_TIMEOUT_S
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import shard as s
 from services.router import route
 from services.router.route import OperationRouter

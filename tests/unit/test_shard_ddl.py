@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.shardkey import KeyPattern, encode_value
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import META, Store
 from schemas import Record
 from schemas import config as c

@@ -7,7 +7,7 @@ import pytest
 
 from domain.catalog import Catalog
 from domain.protocol import MAX_BATCH_BYTES, record_bytes
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import Store
 from schemas import config as c
 from schemas import shard as s

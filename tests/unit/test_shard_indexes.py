@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from domain.indexes import IndexSpec, entries, key_prefix
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import Store
 from schemas import Tombstone
 from schemas import config as c

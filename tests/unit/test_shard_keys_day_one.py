@@ -12,7 +12,7 @@ from bson import Decimal128, Int64
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import config as c
 from schemas import shard as s
 from tests.unit.test_shard_decide import Shard

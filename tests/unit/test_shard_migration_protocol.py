@@ -14,7 +14,7 @@ import pytest
 from domain.catalog import Catalog, Migration
 from domain.protocol import ErrorCode
 from domain.shardkey import KeyPattern
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.store import Store
 from schemas import Record
 from schemas import config as c

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from domain import sharding_commands as sc
 from domain.catalog import Catalog
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import config as c
 
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from domain import clock as vclock
-from libs.commands import CommandError
+from libs.errors import CommandError
 from services.router.wire.commands import WireCommandError, command_error_code, retryable_write_error
 from services.router.wire.crud import (
     count_record,

@@ -19,7 +19,7 @@ from domain import sharding_commands as sc
 from domain.catalog import Catalog
 from domain.indexes import IndexSpec
 from domain.protocol import ErrorCode
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import config as c
 from services.router.wire import admin, databases
 from services.router.wire.commands import SERVER_COMMANDS, Connection

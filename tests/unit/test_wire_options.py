@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import services.router.wire  # noqa: F401  (registers every command)
-from libs.commands import CommandError
+from libs.errors import CommandError
 from services.router.wire.commands import SERVER_COMMANDS, CommandTable, Connection
 from services.router.wire.options import Fields, check_write_concern
 

@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
 from libs.client import shard_unreachable
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.requests import RequestTimeout
 from schemas import Record
 from schemas import balancer as b

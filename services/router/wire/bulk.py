@@ -17,7 +17,7 @@ from bson import Int64
 
 from domain.bsonvalues import type_name
 from domain.protocol import ErrorCode
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import shard as s
 from services.router.wire import config_db
 from services.router.wire.commands import SERVER_COMMANDS, Connection, command_error_code

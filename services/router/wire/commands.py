@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from domain.bsonvalues import type_name
 from domain.protocol import ErrorCode
 from libs import tracing
-from libs.commands import CommandError
+from libs.errors import CommandError
 from services.router.wire.frames import (
     COMPRESSORS,
     MAX_BSON_OBJECT_SIZE,

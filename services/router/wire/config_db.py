@@ -26,7 +26,7 @@ from domain.catalog import Catalog, Collection
 from domain.protocol import ErrorCode
 from domain.settings import MB
 from domain.shardkey import MAX_KEY, MIN_KEY, to_ejson
-from libs.commands import CommandError
+from libs.errors import CommandError
 from services.router.wire.commands import COMPATIBLE_VERSION
 
 if TYPE_CHECKING:

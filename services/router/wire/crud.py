@@ -22,7 +22,7 @@ from domain.bsonvalues import type_name
 from domain.protocol import ErrorCode
 from domain.query import QueryError
 from domain.shardkey import encode_value
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import shard as s
 from services.router.wire import config_db
 from services.router.wire.commands import (

@@ -21,7 +21,7 @@ from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.query import QueryError, compile_filter
 from domain.sharding_commands import cursor_options
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas.config import CreateCollection
 from services.router.wire.commands import COMPATIBLE_VERSION, SERVER_COMMANDS, Connection
 from services.router.wire.config_db import COLLECTIONS as CONFIG_COLLECTIONS

@@ -17,7 +17,7 @@ from domain import ddl_client
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
 from domain.query import QueryError, compile_filter
-from libs.commands import CommandError
+from libs.errors import CommandError
 from libs.requests import RequestTimeout
 from schemas import Record
 from schemas import ddl as d

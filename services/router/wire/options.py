@@ -24,7 +24,7 @@ from typing import Any
 
 from domain.bsonvalues import type_name
 from domain.protocol import ErrorCode
-from libs.commands import CommandError
+from libs.errors import CommandError
 
 # A rule for one field: None (honoured as it is), or a function of the value that returns None
 # when the value is honoured and the reason it is refused otherwise.

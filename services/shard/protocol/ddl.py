@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 from domain.protocol import ErrorCode
 from domain.shardkey import ShardKeyError
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record, Tombstone
 from schemas import ddl as d
 from schemas import indexes as ix

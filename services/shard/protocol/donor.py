@@ -41,7 +41,7 @@ from enum import StrEnum
 from domain.catalog import Migration
 from domain.protocol import ErrorCode, record_bytes
 from domain.shardkey import from_ejson, to_ejson
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record
 from schemas import shard as s
 from services.shard.documents import shard_key_part

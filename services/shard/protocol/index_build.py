@@ -66,7 +66,7 @@ from domain.indexes import (
 )
 from domain.protocol import ErrorCode
 from domain.shardkey import ShardKeyError, encode_value, shell_form
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record, Tombstone
 from schemas import indexes as ix
 from services.shard.documents import index_changelog_key

@@ -38,7 +38,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from domain.protocol import ErrorCode
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record
 from schemas import shard as s
 from services.shard.documents import UNSHARDED_END, UNSHARDED_KEY, StoredDocument

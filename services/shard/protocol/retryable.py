@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from domain.protocol import ErrorCode
 from domain.session import RetryableWrite
-from libs.commands import CommandError
+from libs.errors import CommandError
 from schemas import Record, Tombstone
 from schemas import shard as s
 from services.shard.documents import SessionEntry, record_key
