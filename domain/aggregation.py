@@ -603,8 +603,6 @@ KNOWN_UNSUPPORTED = frozenset(
         "$bucket",
         "$bucketAuto",
         "$sortByCount",
-        "$replaceRoot",
-        "$replaceWith",
         "$sample",
         "$geoNear",
         "$redact",
@@ -981,12 +979,47 @@ def _unset(spec: Any) -> Runner:
     return lambda docs: (apply_projection(d, excl) for d in docs)
 
 
+def _replace_root(spec: Any, stage: str = "$replaceRoot") -> Runner:
+    """$replaceRoot {newRoot: <expression>} / $replaceWith <expression>: the expression's value,
+    which must be a document, is the whole document."""
+    if stage == "$replaceRoot":
+        if not isinstance(spec, dict):
+            raise _fail(40228, f"expected an object as specification for $replaceRoot stage, got {type_name(spec)}")
+        if set(spec) != {"newRoot"}:
+            unknown = next((k for k in spec if k != "newRoot"), None)
+            if unknown is not None:
+                raise _fail(40415, f"BSON field '$replaceRoot.{unknown}' is an unknown field.")
+            raise _fail(40414, "BSON field '$replaceRoot.newRoot' is missing but a required field")
+        spec = spec["newRoot"]
+    expr = compile_expression(spec)
+
+    def replace(docs: Iterable[Document]) -> Iterator[Document]:
+        for d in docs:
+            new = expr(d)
+            if not isinstance(new, dict):
+                raise _fail(
+                    40228,
+                    f"'newRoot' expression must evaluate to an object, but resulting value was: "
+                    f"{_short(None if new is MISSING else new)}. Type of resulting value: "
+                    f"'{'missing' if new is MISSING else type_name(new)}'.",
+                )
+            yield copy.deepcopy(new)
+
+    return replace
+
+
+# The stages a pipeline-style update may hold (MongoDB's): each maps one document to one.
+UPDATE_STAGES = frozenset({"$addFields", "$set", "$project", "$unset", "$replaceRoot", "$replaceWith"})
+
+
 _STAGES: dict[str, Callable[[Any], Runner]] = {
     "$match": _match,
     "$project": _project,
     "$addFields": _add_fields,
     "$set": lambda spec: _add_fields(spec, "$set"),
     "$unset": _unset,
+    "$replaceRoot": _replace_root,
+    "$replaceWith": lambda spec: _replace_root(spec, "$replaceWith"),
     "$sort": _sort,
     "$limit": _limit,
     "$skip": _skip,

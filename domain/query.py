@@ -1307,13 +1307,13 @@ _UPDATE_OPERATORS = (
 _UNSUPPORTED_UPDATE_OPERATORS: frozenset[str] = frozenset()
 
 
-def is_update_operator_doc(update: Document) -> bool:
+def is_update_operator_doc(update: Document | list[Any]) -> bool:
     """True for an operator update (``{"$set": ...}``), False for a replacement document
     (``{}`` included).  As MongoDB, the first field decides: a replacement may not hold a
     top-level ``$`` field (DollarPrefixedFieldName), an operator update's other fields are
     modifiers (an unknown one: FailedToParse, from :func:`check_update`)."""
     if isinstance(update, list):
-        raise _unsupported("a pipeline-style update (an array of stages)")
+        return False  # a pipeline-style update: see _run_pipeline
     if not isinstance(update, dict):
         raise QueryError(f"an update must be an object, got {type(update).__name__}", "FailedToParse")
     if not update:
@@ -1525,11 +1525,46 @@ def _parse_bit(path: str, arg: Any) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def _pipeline(update: list[Any]) -> list[Any]:
+    """A pipeline-style update's stages, parsed: only the stages MongoDB allows in an update."""
+    from domain.aggregation import UPDATE_STAGES, PipelineError, parse  # the pipeline's module imports this one
+
+    for raw in update:
+        if isinstance(raw, dict) and len(raw) == 1 and (name := next(iter(raw))) not in UPDATE_STAGES:
+            raise QueryError(f"{name} is not allowed to be used within an update", "InvalidOptions")
+    try:
+        return parse(update)
+    except PipelineError as e:
+        raise _as_query_error(e) from None
+
+
+def _run_pipeline(doc: Document, update: list[Any]) -> Document:
+    """What a pipeline-style update makes of ``doc``: the stages run over it; ``_id`` may not
+    change (a result without one keeps the document's)."""
+    from domain.aggregation import PipelineError, run
+
+    try:
+        (new,) = run(_pipeline(update), [doc])
+    except PipelineError as e:
+        raise _as_query_error(e) from None
+    if "_id" in doc:
+        if "_id" not in new:
+            new = {"_id": copy.deepcopy(doc["_id"]), **new}
+        elif compare_values(new["_id"], doc["_id"]) != 0:
+            raise QueryError(
+                "Performing an update on the path '_id' would modify the immutable field '_id'", "ImmutableField"
+            )
+    return new
+
+
 def check_update(update: Any) -> None:
     """Refuse a malformed update the way MongoDB does, before (and whatever) it matches: an
     unknown modifier (FailedToParse), an operator shardlog does not have, a bad path, a
-    conflict, a non-numeric $inc, a replacement with a top-level $ field or an invalid _id."""
-    if is_update_operator_doc(update):
+    conflict, a non-numeric $inc, a replacement with a top-level $ field or an invalid _id, a
+    pipeline with a stage an update may not hold."""
+    if isinstance(update, list):
+        _pipeline(update)
+    elif is_update_operator_doc(update):
         _parse_edits(update)
     elif "_id" in update:
         check_id_value(update["_id"], insert=False)
@@ -1947,13 +1982,16 @@ def _apply_edits(
     return result, applied
 
 
-def update_stored(doc: Document, update: Document) -> Document | None:
+def update_stored(doc: Document, update: Document | list[Any]) -> Document | None:
     """What ``update`` turns a stored document into, or None when it changes nothing (MongoDB's
     equality of BSON values: true is not 1).  As :func:`apply_update`, inputs never mutated, but
     an operator update copies only the objects it edits and compares only the values it wrote:
     the rest of the new document is the stored one's (neither may be mutated afterwards)."""
     if not isinstance(doc, dict):
         raise QueryError(f"documents must be objects, got {type(doc).__name__}")
+    if isinstance(update, list):
+        new = _run_pipeline(doc, update)
+        return None if encode_value(new) == encode_value(doc) else new
     if not is_update_operator_doc(update):
         new = _replace(doc, update)
         return None if encode_value(new) == encode_value(doc) else new
@@ -2013,8 +2051,11 @@ def _upsert_seed(query: Document) -> Document:
     return seed
 
 
+Update = Document | list[Any]  # operators or a replacement, or a pipeline of stages
+
+
 def apply_update(
-    doc: Document, update: Document, *, is_upsert_insert: bool = False, query: Document | None = None
+    doc: Document, update: Update, *, is_upsert_insert: bool = False, query: Document | None = None
 ) -> Document:
     """The document ``update`` turns ``doc`` into: a new dict, inputs never mutated.
 
@@ -2032,18 +2073,21 @@ def apply_update(
     """
     if not isinstance(doc, dict):
         raise QueryError(f"documents must be objects, got {type(doc).__name__}")
-    operators = is_update_operator_doc(update)
+    operators = isinstance(update, list) or is_update_operator_doc(update)  # a pipeline seeds as operators do
     base = doc
     if is_upsert_insert and query is not None:
         seed = _upsert_seed(query)
         if not operators:
             seed = {"_id": seed["_id"]} if "_id" in seed else {}
         base = {**seed, **{k: v for k, v in doc.items() if k not in seed}}
-    result = _apply_operators(base, update, is_upsert_insert) if operators else _replace(base, update)
+    if isinstance(update, list):
+        result = _run_pipeline(base, update)
+    else:
+        result = _apply_operators(base, update, is_upsert_insert) if operators else _replace(base, update)
     return _id_first(result) if is_upsert_insert else result
 
 
-def upsert_document(query: Document, update: Document) -> Document:
+def upsert_document(query: Document, update: Update) -> Document:
     """The document an upsert inserts when ``query`` matches nothing: the query's
     equality fields (top level and inside ``$and``, dotted paths expanded) with the
     operator update applied (``$setOnInsert`` included), or for a replacement the

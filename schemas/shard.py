@@ -134,7 +134,7 @@ class Update(Record):
     v: Literal[1] = 1
     ns: str
     filter: Doc
-    update: Doc
+    update: Doc | list[Doc]  # operators, a replacement, or a pipeline of stages
     multi: bool = False
     upsert: bool = False
     routing: Routing | None = None  # None: from a client to a router
@@ -180,7 +180,7 @@ class FindAndModify(Record):
     ns: str
     query: Doc = Field(default_factory=dict)
     sort: Doc | None = None
-    update: Doc | None = None
+    update: Doc | list[Doc] | None = None  # operators, a replacement, or a pipeline of stages
     remove: bool = False
     new: bool = False
     upsert: bool = False

@@ -747,7 +747,7 @@ def test_set_unset_inc() -> None:
         ({}, {"$addToSet": {"a": {"$each": [1], "$slice": 1}}}, "Unrecognized clause in \\$addToSet"),
         ({}, {"$rename": {"a": "b"}, "$set": {"b": 1}}, "would create a conflict at 'b'"),
         ({}, {"$foo": {"a": 1}}, "Unknown modifier: \\$foo"),
-        ({}, [{"$set": {"a": 1}}], "pipeline"),
+        ({}, [{"$match": {"a": 1}}], "\\$match is not allowed to be used within an update"),
         ({}, "x", "must be an object"),
         ({}, {"$set": [("a", 1)]}, "Modifiers operate on fields but we found type array"),
         ({}, {"$set": {"a": 1}, "$inc": {"a": 1}}, "conflict at 'a'"),
@@ -781,7 +781,8 @@ def test_is_update_operator_doc() -> None:
     assert is_update_operator_doc({"$set": {"a": 1}, "$inc": {"b": 1}}) is True
     assert is_update_operator_doc({"a": 1}) is False
     assert is_update_operator_doc({}) is False  # an empty replacement, as MongoDB
-    for bad in ({"a": 1, "$set": {}}, [], None):
+    assert is_update_operator_doc([]) is False  # a pipeline: neither operators nor a replacement
+    for bad in ({"a": 1, "$set": {}}, None):
         with pytest.raises(QueryError):
             is_update_operator_doc(bad)
 
@@ -794,7 +795,7 @@ def test_is_update_operator_doc() -> None:
         ({"$set": {"a.$[]": 1}}, "QueryFeatureNotAllowed"),
         ({"$pop": {"a": 0}}, "FailedToParse"),
         ({"$mul": {"a": "x"}}, "TypeMismatch"),
-        ([{"$set": {"a": 1}}], "QueryFeatureNotAllowed"),
+        ([{"$sort": {"a": 1}}], "InvalidOptions"),
         ({"$set": {"a.$": 1}}, "QueryFeatureNotAllowed"),
         ({"$set": {"a": 1, "a.b": 1}}, "ConflictingUpdateOperators"),
         ({"$inc": {"a": "x"}}, "TypeMismatch"),
@@ -1226,3 +1227,39 @@ def test_bad_projection_operators() -> None:
     ):
         with pytest.raises(QueryError, match=message):
             apply_projection({}, projection)
+
+
+# ---------------------------------------------------------------- pipeline-style updates
+
+
+@pytest.mark.parametrize(
+    ("doc", "pipeline", "expected"),
+    [
+        ({"_id": 1, "a": 1}, [{"$set": {"b": {"$add": ["$a", 1]}}}], {"_id": 1, "a": 1, "b": 2}),
+        ({"_id": 1, "a": 1, "b": 2}, [{"$unset": "b"}], {"_id": 1, "a": 1}),
+        ({"_id": 1, "a": 1, "b": 2}, [{"$project": {"b": 1}}], {"_id": 1, "b": 2}),
+        ({"_id": 1, "a": {"x": 5}}, [{"$replaceRoot": {"newRoot": "$a"}}], {"_id": 1, "x": 5}),  # _id kept
+        ({"_id": 1, "a": 1}, [{"$replaceWith": {"_id": 1, "z": "$a"}}], {"_id": 1, "z": 1}),
+        ({"_id": 1, "a": 1}, [{"$addFields": {"a": "$$ROOT._id"}}, {"$set": {"c": "$a"}}], {"_id": 1, "a": 1, "c": 1}),
+        ({"_id": 1, "a": 1}, [], {"_id": 1, "a": 1}),
+    ],
+)
+def test_pipeline_updates(doc: dict, pipeline: list, expected: dict) -> None:
+    check_update(pipeline)
+    assert apply_update(doc, pipeline) == expected
+    stored = update_stored(doc, pipeline)
+    assert (stored if stored is not None else doc) == expected
+
+
+def test_pipeline_update_refusals_and_upserts() -> None:
+    with pytest.raises(QueryError) as e:
+        check_update([{"$group": {"_id": 1}}])
+    assert e.value.code == "InvalidOptions" and "not allowed to be used within an update" in str(e.value)
+    with pytest.raises(QueryError) as e:
+        check_update([{"$set": {"a": {"$nope": 1}}}])
+    assert e.value.code == "InvalidPipelineOperator"
+    with pytest.raises(QueryError) as e:
+        apply_update({"_id": 1}, [{"$set": {"_id": 2}}])
+    assert e.value.code == "ImmutableField"
+    # an upsert starts from the query's equality fields, as an operator update's does
+    assert upsert_document({"_id": 3, "k": "x"}, [{"$set": {"n": 1}}]) == {"_id": 3, "k": "x", "n": 1}

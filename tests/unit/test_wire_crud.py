@@ -94,7 +94,7 @@ def test_update_statements_carry_their_batch_index():
     [
         ({"q": {}}, "IDLFailedToParse"),
         ({"u": {}}, "IDLFailedToParse"),
-        ({"q": {}, "u": [{"$set": {"a": 1}}]}, "QueryFeatureNotAllowed"),  # pipeline updates
+        ({"q": {}, "u": [{"$group": {"_id": 1}}]}, "InvalidOptions"),  # not a stage an update may hold
         ({"q": 1, "u": {}}, "TypeMismatch"),
         ({"q": {}, "u": {"$foo": {"a": 1}}}, "FailedToParse"),  # whatever q matches
         ({"q": {"a": {"$foo": 1}}, "u": {}}, "BadValue"),
@@ -115,7 +115,7 @@ def test_malformed_update_statements(op, code):
         assert e.code == code
     else:
         assert isinstance(records[0], CommandError) and records[0].code == code
-        assert code in ("FailedToParse", "BadValue", "QueryFeatureNotAllowed")
+        assert code in ("FailedToParse", "BadValue", "QueryFeatureNotAllowed", "InvalidOptions")
 
 
 def test_delete_limit_is_zero_or_one():

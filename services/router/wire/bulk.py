@@ -162,8 +162,6 @@ def _record(kind: str, ns: str, idx: int, op: dict[str, Any], session: dict[str,
             raise CommandError(ErrorCode.IDLFailedToParse, "BSON field 'bulkWrite.ops.updateMods' is missing")
         update = _check_update(op["updateMods"], multi)
     except CommandError as e:
-        if e.code in COMMAND_LEVEL:
-            raise
         return e  # this operation's error, as a statement's in an update command
     sort = op.get("sort") or None
     if sort is not None and (not isinstance(sort, dict) or multi):
@@ -236,9 +234,12 @@ async def _bulk_write(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
             stop = ordered and bool(failed)
             continue
         op = run[0]
+        if isinstance(op.record, CommandError):  # refused before routing: this operation's error
+            results.append(_error(op.idx, op.record))
+            totals["nErrors"] += 1
+            stop = ordered
+            continue
         try:
-            if isinstance(op.record, CommandError):
-                raise op.record
             result = await _run(conn, op.record)
         except CommandError as e:
             if e.code in COMMAND_LEVEL:

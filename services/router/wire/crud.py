@@ -479,15 +479,15 @@ def _check_sort(sort: dict[str, Any]) -> None:
         raise CommandError(e.code, str(e)) from None
 
 
-def _check_update(update: Any, multi: bool) -> dict[str, Any]:
+def _check_update(update: Any, multi: bool) -> dict[str, Any] | list[Any]:
     """An update is refused as MongoDB refuses it, whatever it would match (the shard checks it
-    again, for clients that reach it without the wire); a pipeline is refused there too."""
+    again, for clients that reach it without the wire)."""
     try:
         query.check_update(update)
     except QueryError as e:
         raise CommandError(e.code, str(e)) from None
-    assert isinstance(update, dict)  # check_update refused anything else
-    if multi and update and not query.is_update_operator_doc(update):
+    assert isinstance(update, (dict, list))  # check_update refused anything else
+    if multi and isinstance(update, dict) and update and not query.is_update_operator_doc(update):
         raise CommandError(ErrorCode.FailedToParse, "multi update is not supported for replacement-style update")
     return update
 
@@ -561,9 +561,12 @@ async def _statements(
     results: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     for i, record in enumerate(records):
+        if isinstance(record, CommandError):  # refused before routing (update_records): this statement's
+            errors.append(write_error(i, record.code, record.message, record.info))
+            if ordered:
+                break
+            continue
         try:
-            if isinstance(record, CommandError):
-                raise record  # refused before routing (update_records): this statement's error
             results.append({"index": i, **await _run(conn, record)})
         except CommandError as e:
             if e.code in COMMAND_LEVEL:
