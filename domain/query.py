@@ -1344,8 +1344,16 @@ def _update_path(op: str, path: Any) -> tuple[str, ...]:
             f"The update path '{path}' contains an empty field name, which is not allowed.", "EmptyFieldName"
         )
     for p in parts:
-        if p == "$" or (p.startswith("$[") and p.endswith("]")):
-            raise _unsupported(f"the positional path {path!r} in {op} ($, $[] and $[<identifier>])")
+        if p == "$":
+            raise _unsupported(f"the positional path {path!r} in {op} (the positional $ operator)")
+        if p.startswith("$[") and p.endswith("]"):
+            if p != "$[]" and not _IDENTIFIER.fullmatch(p[2:-1]):
+                raise QueryError(
+                    f"The array filter identifier in '{path}' must be an alphanumeric string beginning with a "
+                    f"lowercase letter, found '{p[2:-1]}'",
+                    "BadValue",
+                )
+            continue  # $[] / $[<identifier>]: every element, or those the identifier's filter matches
         if p.startswith("$"):
             raise QueryError(
                 f"The dollar ($) prefixed field '{p}' in '{path}' is not valid for storage.", "DollarPrefixedFieldName"
@@ -1353,9 +1361,62 @@ def _update_path(op: str, path: Any) -> tuple[str, ...]:
     return parts
 
 
-def _parse_edits(update: Document) -> list[_Edit]:
+_IDENTIFIER = re.compile(r"[a-z][a-zA-Z0-9]*")
+ArrayFilters = dict[str, "Matcher"]
+
+
+def _filter_identifiers(flt: Document) -> set[str]:
+    ids: set[str] = set()
+    for k, v in flt.items():
+        if k in ("$and", "$or", "$nor") and isinstance(v, list):
+            for sub in v:
+                if isinstance(sub, dict):
+                    ids |= _filter_identifiers(sub)
+        elif isinstance(k, str) and not k.startswith("$"):
+            ids.add(k.split(".")[0])
+    return ids
+
+
+def compile_array_filters(filters: Any) -> ArrayFilters:
+    """arrayFilters: one filter per identifier, each on fields `<id>` or `<id>.<path>` (an element
+    matches when the filter matches the document {<id>: element})."""
+    if filters is None:
+        return {}
+    if not isinstance(filters, list):
+        raise QueryError(f"arrayFilters must be an array, not {type_name(filters)}", "TypeMismatch")
+    out: ArrayFilters = {}
+    for flt in filters:
+        if not isinstance(flt, dict):
+            raise QueryError(f"arrayFilters entries must be objects, not {type_name(flt)}", "TypeMismatch")
+        ids = _filter_identifiers(flt)
+        if not ids:
+            raise QueryError("Cannot use an expression without a top-level field name in arrayFilters", "FailedToParse")
+        if len(ids) > 1:
+            a, b = sorted(ids)[:2]
+            raise QueryError(
+                f"Error parsing array filter :: caused by :: Expected a single top-level field name, found '{a}' "
+                f"and '{b}'",
+                "FailedToParse",
+            )
+        ident = ids.pop()
+        if not _IDENTIFIER.fullmatch(ident):
+            raise QueryError(
+                "The top-level field name must be an alphanumeric string beginning with a lowercase letter, "
+                f"found '{ident}'",
+                "BadValue",
+            )
+        if ident in out:
+            raise QueryError(
+                f"Found multiple array filters with the same top-level field name {ident}", "FailedToParse"
+            )
+        out[ident] = compile_filter(flt)
+    return out
+
+
+def _parse_edits(update: Document, filters: ArrayFilters | None = None) -> list[_Edit]:
     """The edits of an operator update, every one checked: what MongoDB refuses before it
     reads a document is refused here, whether or not anything matches."""
+    filters = filters or {}
     edits: list[_Edit] = []
     for op, fields in update.items():
         if op in _UNSUPPORTED_UPDATE_OPERATORS:
@@ -1376,6 +1437,14 @@ def _parse_edits(update: Document) -> list[_Edit]:
             if op in ("$set", "$setOnInsert") and parts == ("_id",):
                 check_id_value(arg, insert=False)
             edits.append((parts, op, _check_argument(op, path, parts, arg)))
+    used = {p[2:-1] for parts, _, _ in edits for p in parts if p.startswith("$[") and p != "$[]"}
+    for ident in sorted(used - set(filters)):
+        path = next(".".join(parts) for parts, _, _ in edits if f"$[{ident}]" in parts)
+        raise QueryError(f"No array filter found for identifier '{ident}' in path '{path}'", "BadValue")
+    for ident in sorted(set(filters) - used):
+        raise QueryError(
+            f"The array filter for identifier '{ident}' was not used in the update {_short(update)}", "FailedToParse"
+        )
     touched = [parts for parts, _, _ in edits] + [arg for _, op, arg in edits if op == "$rename"]
     conflict = _first_conflict(touched)
     if conflict:
@@ -1403,7 +1472,7 @@ def _check_argument(op: str, path: str, parts: tuple[str, ...], arg: Any) -> Any
                 f"The source and target field for $rename must not be on the same path: {path}: {_short(arg)}",
                 "BadValue",
             )
-        if any(_is_index(p) for p in (*parts, *target)):
+        if any(_is_index(p) or p.startswith("$") for p in (*parts, *target)):
             raise QueryError("The source and target field for $rename cannot be array elements", "BadValue")
         return target
     if op == "$currentDate":
@@ -1557,15 +1626,18 @@ def _run_pipeline(doc: Document, update: list[Any]) -> Document:
     return new
 
 
-def check_update(update: Any) -> None:
+def check_update(update: Any, array_filters: Any = None) -> None:
     """Refuse a malformed update the way MongoDB does, before (and whatever) it matches: an
     unknown modifier (FailedToParse), an operator shardlog does not have, a bad path, a
     conflict, a non-numeric $inc, a replacement with a top-level $ field or an invalid _id, a
     pipeline with a stage an update may not hold."""
+    filters = compile_array_filters(array_filters)
+    if filters and (isinstance(update, list) or not is_update_operator_doc(update)):
+        raise QueryError("arrayFilters may only be specified with an update operator document", "FailedToParse")
     if isinstance(update, list):
         _pipeline(update)
     elif is_update_operator_doc(update):
-        _parse_edits(update)
+        _parse_edits(update, filters)
     elif "_id" in update:
         check_id_value(update["_id"], insert=False)
 
@@ -1933,11 +2005,6 @@ def _path_order(parts: tuple[str, ...]) -> tuple[Any, ...]:
     return tuple(_PART_ORDER(p) for p in parts)
 
 
-def _apply_operators(base: Document, update: Document, is_upsert_insert: bool) -> Document:
-    result, _ = _apply_edits(base, update, is_upsert_insert, copy_on_write=False)
-    return result
-
-
 def _copy_parents(doc: Document, parts: tuple[str, ...], copied: set[int]) -> None:
     """Give ``doc`` copies of the objects and arrays on the way to ``parts[-1]``, so that
     editing there leaves the original's untouched."""
@@ -1956,17 +2023,52 @@ def _copy_parents(doc: Document, parts: tuple[str, ...], copied: set[int]) -> No
         node = child
 
 
+def _expand(doc: Document, parts: tuple[str, ...], filters: ArrayFilters) -> list[tuple[str, ...]]:
+    """The concrete paths of a path with `$[]` / `$[<identifier>]`: one per element it names."""
+    out: list[tuple[str, ...]] = [()]
+    for p in parts:
+        if not (p.startswith("$[") and p.endswith("]")):
+            out = [prefix + (p,) for prefix in out]
+            continue
+        ident = p[2:-1]
+        expanded = []
+        for prefix in out:
+            arr = _value_at(doc, prefix)
+            if arr is MISSING:
+                raise QueryError(
+                    f"The path '{'.'.join(prefix)}' must exist in the document in order to apply array updates.",
+                    "BadValue",
+                )
+            if not isinstance(arr, list):
+                raise QueryError(
+                    f"Cannot apply array updates to non-array element {prefix[-1]}: {_short(arr)}", "BadValue"
+                )
+            expanded += [
+                (*prefix, str(i)) for i, el in enumerate(arr) if not ident or filters[ident].matches({ident: el})
+            ]
+        out = expanded
+    return out
+
+
 def _apply_edits(
-    base: Document, update: Document, is_upsert_insert: bool, *, copy_on_write: bool
+    base: Document,
+    update: Document,
+    is_upsert_insert: bool,
+    *,
+    copy_on_write: bool,
+    filters: ArrayFilters | None = None,
 ) -> tuple[Document, list[tuple[str, ...]]]:
     """The operator update applied, and the paths it edited.  ``copy_on_write``: the result
     shares every object it does not edit with ``base`` (which neither may be mutated after)."""
-    edits = _parse_edits(update)
+    filters = filters or {}
+    edits = _parse_edits(update, filters)
     copied: set[int] = set()
     result = dict(base) if copy_on_write else copy.deepcopy(base)
     applied: list[tuple[str, ...]] = []
-    for parts, op, arg in sorted(edits, key=lambda e: _path_order(e[0])):  # MongoDB 5.0+: path order
-        if op != "$setOnInsert" or is_upsert_insert:
+    for raw, op, arg in sorted(edits, key=lambda e: _path_order(e[0])):  # MongoDB 5.0+: path order
+        if op == "$setOnInsert" and not is_upsert_insert:
+            continue
+        for parts in _expand(result, raw, filters) if any(p.startswith("$[") for p in raw) else [raw]:
             if copy_on_write:
                 _copy_parents(result, parts, copied)
                 if op == "$rename":
@@ -1982,7 +2084,7 @@ def _apply_edits(
     return result, applied
 
 
-def update_stored(doc: Document, update: Document | list[Any]) -> Document | None:
+def update_stored(doc: Document, update: Document | list[Any], array_filters: Any = None) -> Document | None:
     """What ``update`` turns a stored document into, or None when it changes nothing (MongoDB's
     equality of BSON values: true is not 1).  As :func:`apply_update`, inputs never mutated, but
     an operator update copies only the objects it edits and compares only the values it wrote:
@@ -1995,7 +2097,7 @@ def update_stored(doc: Document, update: Document | list[Any]) -> Document | Non
     if not is_update_operator_doc(update):
         new = _replace(doc, update)
         return None if encode_value(new) == encode_value(doc) else new
-    new, paths = _apply_edits(doc, update, False, copy_on_write=True)
+    new, paths = _apply_edits(doc, update, False, copy_on_write=True, filters=compile_array_filters(array_filters))
     for parts in paths:
         before, after = _value_at(doc, parts), _value_at(new, parts)
         if before is MISSING or after is MISSING:
@@ -2055,7 +2157,12 @@ Update = Document | list[Any]  # operators or a replacement, or a pipeline of st
 
 
 def apply_update(
-    doc: Document, update: Update, *, is_upsert_insert: bool = False, query: Document | None = None
+    doc: Document,
+    update: Update,
+    *,
+    is_upsert_insert: bool = False,
+    query: Document | None = None,
+    array_filters: Any = None,
 ) -> Document:
     """The document ``update`` turns ``doc`` into: a new dict, inputs never mutated.
 
@@ -2083,14 +2190,19 @@ def apply_update(
     if isinstance(update, list):
         result = _run_pipeline(base, update)
     else:
-        result = _apply_operators(base, update, is_upsert_insert) if operators else _replace(base, update)
+        filters = compile_array_filters(array_filters)
+        result = (
+            _apply_edits(base, update, is_upsert_insert, copy_on_write=False, filters=filters)[0]
+            if operators
+            else _replace(base, update)
+        )
     return _id_first(result) if is_upsert_insert else result
 
 
-def upsert_document(query: Document, update: Update) -> Document:
+def upsert_document(query: Document, update: Update, array_filters: Any = None) -> Document:
     """The document an upsert inserts when ``query`` matches nothing: the query's
     equality fields (top level and inside ``$and``, dotted paths expanded) with the
     operator update applied (``$setOnInsert`` included), or for a replacement the
     replacement plus the query's ``_id`` if it pins one.  The caller adds an ``_id``
     if the result has none."""
-    return apply_update({}, update, is_upsert_insert=True, query=query)
+    return apply_update({}, update, is_upsert_insert=True, query=query, array_filters=array_filters)

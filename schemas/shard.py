@@ -146,6 +146,7 @@ class Update(Record):
     hint: Any = None
     # MongoDB 8.0's updateOne / replaceOne sort: the first matching document in this order is the one
     sort: Doc | None = None
+    arrayFilters: list[Doc] | None = None  # the filters of the update's $[<identifier>] paths
     # the statement's index in its client's batch (the wire protocol's update/delete command):
     # its retryable-write statement id, which the router sends the shard in stmtIds
     stmtId: int = Field(0, ge=0, le=2**31 - 1)
@@ -181,6 +182,7 @@ class FindAndModify(Record):
     query: Doc = Field(default_factory=dict)
     sort: Doc | None = None
     update: Doc | list[Doc] | None = None  # operators, a replacement, or a pipeline of stages
+    arrayFilters: list[Doc] | None = None  # the filters of the update's $[<identifier>] paths
     remove: bool = False
     new: bool = False
     upsert: bool = False

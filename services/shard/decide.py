@@ -789,7 +789,7 @@ class ShardDecider:
         first: bytes | None = None
         seen: set[bytes] = set()  # the unique keys the update's documents take
         try:
-            check_update(req.update)  # refused whether or not anything matches, as MongoDB
+            check_update(req.update, req.arrayFilters)  # refused whether or not anything matches, as MongoDB
             blocked = self._write_blocked(coll, req.ns)
             for skey, doc in self._update_targets(coll, req):
                 if any(lo <= skey < hi for lo, hi in blocked):
@@ -797,7 +797,7 @@ class ShardDecider:
                 matched += 1
                 first = skey if first is None else first
                 # Copy-on-write, comparing only the written fields (MongoDB equality: true is not 1).
-                if (new := update_stored(doc, req.update)) is not None:
+                if (new := update_stored(doc, req.update, req.arrayFilters)) is not None:
                     self._check_key_unchanged(coll, skey, doc, new)
                     check_document_size(new)
                     self._check_indexes(req.ns, new, seen)
@@ -806,7 +806,7 @@ class ShardDecider:
                 if not req.multi:
                     break
             if matched == 0 and req.upsert:
-                new = upsert_document(req.filter, req.update)
+                new = upsert_document(req.filter, req.update, req.arrayFilters)
                 new = new if "_id" in new else {"_id": new_object_id(), **new}
                 event = self._insert_one(coll, req.ns, new, set())
                 return Decision([event], {"matched": 0, "modified": 0, "upsertedId": new["_id"]}), bytes.fromhex(
@@ -868,7 +868,7 @@ class ShardDecider:
             if req.fields is not None:
                 apply_projection({}, req.fields)  # a bad projection is refused before writing
             if req.update is not None:
-                check_update(req.update)  # refused whether or not anything matches
+                check_update(req.update, req.arrayFilters)  # refused whether or not anything matches
             decision, skey, image, last_error = self._find_and_modify(coll, req)
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
@@ -900,7 +900,7 @@ class ShardDecider:
                     {"n": 1},
                 )
             assert req.update is not None
-            new = apply_update(doc, req.update)
+            new = apply_update(doc, req.update, array_filters=req.arrayFilters)
             events: list[Record] = []
             if encode_value(new) != encode_value(doc):
                 self._check_key_unchanged(coll, skey, doc, new)
@@ -909,7 +909,7 @@ class ShardDecider:
                 events.append(s.DocumentWritten(ns=req.ns, skey=skey.hex(), doc=new))
             return Decision(events), skey, new if req.new else doc, {"n": 1, "updatedExisting": True}
         if req.upsert and req.update is not None:
-            new = upsert_document(req.query, req.update)
+            new = upsert_document(req.query, req.update, req.arrayFilters)
             new = new if "_id" in new else {"_id": new_object_id(), **new}
             event = self._insert_one(coll, req.ns, new, set())
             last_error = {"n": 1, "updatedExisting": False, "upserted": new["_id"]}

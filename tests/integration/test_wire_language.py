@@ -84,6 +84,12 @@ def test_updates_give_the_same_documents_on_one_shard_and_three(colls):
     assert docs[0][0]["tags"] == ["x", "y", "t0"] and docs[0][0]["n"] == 5 and docs[0][11]["total"] == 111
     # the pipeline removed doc 11's b; $bit then made it again from 0 (as MongoDB: a missing field is 0)
     assert docs[0][11]["b"] == Int64(1) and docs[0][2]["b"] == Int64(7)
+    for coll in colls:  # filtered positional updates
+        coll.update_many({}, {"$inc": {"items.$[big].qty": 100}}, array_filters=[{"big.qty": {"$gte": 9}}])
+        coll.update_one({"_id": 4}, {"$set": {"tags.$[]": "all"}})
+    docs = [sorted(coll.find({}, {"seen": 0}), key=lambda d: d["_id"]) for coll in colls]
+    assert docs[0] == docs[1] and docs[0][4]["tags"] == ["all"] * len(docs[0][4]["tags"])
+    assert [it["qty"] for it in docs[0][0]["items"]] == [0, 110]  # only the element the filter names
     for coll in colls:  # a pipeline in findAndModify, and an upsert from a pipeline
         doc = coll.find_one_and_update(
             {"_id": 1}, [{"$set": {"twice": {"$multiply": ["$n", 2]}}}], return_document=ReturnDocument.AFTER

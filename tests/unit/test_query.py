@@ -792,7 +792,7 @@ def test_is_update_operator_doc() -> None:
     [
         ({"$foo": {"a": 1}}, "FailedToParse"),
         ({"$set": 5}, "FailedToParse"),
-        ({"$set": {"a.$[]": 1}}, "QueryFeatureNotAllowed"),
+        ({"$set": {"a.$": 1}}, "QueryFeatureNotAllowed"),
         ({"$pop": {"a": 0}}, "FailedToParse"),
         ({"$mul": {"a": "x"}}, "TypeMismatch"),
         ([{"$sort": {"a": 1}}], "InvalidOptions"),
@@ -1263,3 +1263,61 @@ def test_pipeline_update_refusals_and_upserts() -> None:
     assert e.value.code == "ImmutableField"
     # an upsert starts from the query's equality fields, as an operator update's does
     assert upsert_document({"_id": 3, "k": "x"}, [{"$set": {"n": 1}}]) == {"_id": 3, "k": "x", "n": 1}
+
+
+# ---------------------------------------------------------------- $[] and $[<identifier>]
+
+
+@pytest.mark.parametrize(
+    ("doc", "update", "filters", "expected"),
+    [
+        ({"_id": 1, "a": [1, 2, 3]}, {"$inc": {"a.$[]": 10}}, None, {"_id": 1, "a": [11, 12, 13]}),
+        ({"_id": 1, "a": [1, 5, 9]}, {"$set": {"a.$[big]": 0}}, [{"big": {"$gte": 5}}], {"_id": 1, "a": [1, 0, 0]}),
+        (
+            {"_id": 1, "g": [{"s": 80, "k": 1}, {"s": 95, "k": 2}]},
+            {"$set": {"g.$[e].top": True}},
+            [{"e.s": {"$gte": 90}}],
+            {"_id": 1, "g": [{"s": 80, "k": 1}, {"s": 95, "k": 2, "top": True}]},
+        ),
+        (
+            {"_id": 1, "m": [{"r": [1, 7]}, {"r": [8]}]},
+            {"$mul": {"m.$[].r.$[x]": 2}},
+            [{"x": {"$gt": 5}}],
+            {"_id": 1, "m": [{"r": [1, 14]}, {"r": [16]}]},
+        ),
+        ({"_id": 1, "a": []}, {"$set": {"a.$[]": 1}}, None, {"_id": 1, "a": []}),
+        ({"_id": 1, "a": [{"b": 1}]}, {"$unset": {"a.$[].b": 1}}, None, {"_id": 1, "a": [{}]}),
+    ],
+)
+def test_all_and_filtered_positional_updates(doc: dict, update: dict, filters: Any, expected: dict) -> None:
+    check_update(update, filters)
+    assert apply_update(doc, update, array_filters=filters) == expected
+    stored = update_stored(doc, update, filters)
+    assert (stored if stored is not None else doc) == expected
+
+
+@pytest.mark.parametrize(
+    ("doc", "update", "filters", "message", "code"),
+    [
+        ({}, {"$set": {"a.$[x]": 1}}, None, "No array filter found for identifier 'x'", "BadValue"),
+        ({}, {"$set": {"a": 1}}, [{"x": 1}], "The array filter for identifier 'x' was not used", "FailedToParse"),
+        ({}, {"$set": {"a.$[x]": 1}}, [{"x": 1}, {"x": 2}], "multiple array filters", "FailedToParse"),
+        ({}, {"$set": {"a.$[x]": 1}}, [{"x": 1, "y": 2}], "Expected a single top-level field name", "FailedToParse"),
+        ({}, {"$set": {"a.$[X]": 1}}, [{"X": 1}], "beginning with a lowercase letter", "BadValue"),
+        ({}, {"a": 1}, [{"x": 1}], "only be specified with an update operator", "FailedToParse"),
+        ({}, {"$set": {"a.$": 1}}, None, "the positional \\$ operator", "QueryFeatureNotAllowed"),
+        ({"_id": 1}, {"$set": {"a.$[]": 1}}, None, "must exist in the document", "BadValue"),
+        (
+            {"_id": 1, "a": 5},
+            {"$set": {"a.$[]": 1}},
+            None,
+            "Cannot apply array updates to non-array element",
+            "BadValue",
+        ),
+    ],
+)
+def test_positional_refusals(doc: dict, update: dict, filters: Any, message: str, code: str) -> None:
+    with pytest.raises(QueryError, match=message) as e:
+        check_update(update, filters)
+        apply_update(doc, update, array_filters=filters)
+    assert e.value.code == code

@@ -65,7 +65,7 @@ UPDATE_OP = Fields(
         "upsert": HONOURED,
         "hint": HONOURED,
         "collation": COLLATION,
-        "arrayFilters": only_if_empty("arrayFilters (filtered positional updates)"),
+        "arrayFilters": HONOURED,
         "constants": only_if_empty("constants (of a pipeline-style update)"),
         "sort": HONOURED,  # MongoDB 8.0: which document an updateOne or replaceOne changes
     },
@@ -160,7 +160,7 @@ def _record(kind: str, ns: str, idx: int, op: dict[str, Any], session: dict[str,
             return s.Delete(ns=ns, filter=flt, multi=multi, hint=_hint(op, "bulkWrite.ops"), stmtId=idx, **session)
         if "updateMods" not in op:
             raise CommandError(ErrorCode.IDLFailedToParse, "BSON field 'bulkWrite.ops.updateMods' is missing")
-        update = _check_update(op["updateMods"], multi)
+        update = _check_update(op["updateMods"], multi, op.get("arrayFilters"))
     except CommandError as e:
         return e  # this operation's error, as a statement's in an update command
     sort = op.get("sort") or None
@@ -174,6 +174,7 @@ def _record(kind: str, ns: str, idx: int, op: dict[str, Any], session: dict[str,
         upsert=_bool(op, "bulkWrite.ops", "upsert", False),
         hint=_hint(op, "bulkWrite.ops"),
         sort=sort,
+        arrayFilters=op.get("arrayFilters") or None,
         stmtId=idx,
         **session,
     )

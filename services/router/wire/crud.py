@@ -79,7 +79,7 @@ UPDATE_STATEMENT = Fields(
         "upsert": HONOURED,
         "hint": HONOURED,
         "collation": COLLATION,
-        "arrayFilters": only_if_empty("arrayFilters (filtered positional updates)"),
+        "arrayFilters": HONOURED,
         "c": only_if_empty("c (constants of a pipeline-style update)"),
         "sort": HONOURED,  # MongoDB 8.0: which document an updateOne or replaceOne changes
         "upsertSupplied": refused("upsertSupplied (an internal field of MongoDB's)"),
@@ -151,7 +151,7 @@ FIND_AND_MODIFY_FIELDS = Fields(
         "hint": HONOURED,
         "let": LET,
         "collation": COLLATION,
-        "arrayFilters": only_if_empty("arrayFilters (filtered positional updates)"),
+        "arrayFilters": HONOURED,
     },
 )
 EXPLAIN_FIELDS = Fields("explain", {"verbosity": HONOURED})
@@ -289,7 +289,7 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update | CommandError], 
             if sort:
                 _check_sort(sort)  # a bad sort is this statement's error
             _check_query(flt)
-            u = _check_update(u, multi)
+            u = _check_update(u, multi, op.get("arrayFilters"))
         except CommandError as e:
             records.append(e)
             continue
@@ -302,6 +302,7 @@ def update_records(cmd: dict[str, Any]) -> tuple[list[s.Update | CommandError], 
                 upsert=_bool(op, "update.updates", "upsert", False),
                 hint=_hint(op, "update.updates"),
                 sort=sort,
+                arrayFilters=op.get("arrayFilters") or None,
                 stmtId=i,
                 **session,
             )
@@ -449,7 +450,7 @@ def find_and_modify_record(cmd: dict[str, Any]) -> s.FindAndModify:
     flt = _doc(cmd, name, "query", {}) or {}
     _check_query(flt)
     if update is not None:
-        update = _check_update(update, multi=False)
+        update = _check_update(update, False, cmd.get("arrayFilters"))
     return s.FindAndModify(
         ns=namespace(cmd),
         query=flt,
@@ -460,6 +461,7 @@ def find_and_modify_record(cmd: dict[str, Any]) -> s.FindAndModify:
         upsert=_bool(cmd, name, "upsert", False),
         fields=_doc(cmd, name, "fields"),
         hint=_hint(cmd, name),
+        arrayFilters=cmd.get("arrayFilters") or None,
         **session_fields(cmd, write=True),
     )
 
@@ -479,11 +481,11 @@ def _check_sort(sort: dict[str, Any]) -> None:
         raise CommandError(e.code, str(e)) from None
 
 
-def _check_update(update: Any, multi: bool) -> dict[str, Any] | list[Any]:
+def _check_update(update: Any, multi: bool, array_filters: Any = None) -> dict[str, Any] | list[Any]:
     """An update is refused as MongoDB refuses it, whatever it would match (the shard checks it
     again, for clients that reach it without the wire)."""
     try:
-        query.check_update(update)
+        query.check_update(update, array_filters)
     except QueryError as e:
         raise CommandError(e.code, str(e)) from None
     assert isinstance(update, (dict, list))  # check_update refused anything else
