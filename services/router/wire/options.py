@@ -24,6 +24,7 @@ from typing import Any
 
 from domain.bsonvalues import type_name
 from domain.protocol import ErrorCode
+from domain.sharding_commands import GENERIC_FIELDS
 from libs.errors import CommandError
 
 # A rule for one field: None (honoured as it is), or a function of the value that returns None
@@ -114,28 +115,9 @@ class Fields:
         self.check(doc, skip_first=False)
 
 
-# MongoDB's generic arguments: any command may carry them (checked by check_generic).
-GENERIC_ARGUMENTS = frozenset(
-    {
-        "$db",
-        "$readPreference",
-        "$clusterTime",
-        "lsid",
-        "txnNumber",
-        "autocommit",
-        "startTransaction",
-        "comment",
-        "maxTimeMS",
-        "writeConcern",
-        "readConcern",
-        "apiVersion",
-        "apiStrict",
-        "apiDeprecationErrors",
-        "$audit",
-        "$client",
-        "mayBypassWriteBlocking",
-    }
-)
+# MongoDB's generic arguments: any command may carry them (checked by check_generic); the one list
+# the sharding commands' parsers use too.
+GENERIC_ARGUMENTS = GENERIC_FIELDS
 
 # Reads: a writeConcern on them is refused, as MongoDB refuses it.
 READ_COMMANDS = frozenset(
