@@ -4,41 +4,40 @@ ordering (``encode_value`` bytes / ``compare_values``).
 
 Supported
 ---------
-* Filters (:func:`compile_filter`): implicit equality ``{a: v}``, ``$eq $ne $gt $gte
-  $lt $lte $in $nin $exists``, ``$not`` on an operator object, ``$and $or $nor`` (top
-  level and nested), dotted paths.  MongoDB's array rules: a path reaching an array
-  tests the array itself and each element; ``a.b`` fans out over the subdocuments of
-  an array ``a`` (not over nested arrays, not over scalar elements); a numeric
-  component indexes an array.  ``$ne``/``$nin``/``$not`` negate the whole path, so
-  ``{a: {$ne: 1}}`` does not match ``a: [1, 2]``.  Equality is value equality
-  (``1 == 1.0 == Int64(1) == Decimal128("1")``, ``true != 1``); ``$gt``-style operators
-  only match values of the operand's canonical type (numbers with numbers, dates with
-  dates, ObjectIds with ObjectIds, ...), except MinKey/MaxKey operands.
-  NaN equals NaN and is neither below nor above anything.  A missing field (or a
-  path through a scalar) equals null for ``$eq``/``$in``/``$gte``/``$lte``; ``$exists``
-  tells them apart.
+* Filters (:func:`compile_filter`): implicit equality, ``$eq $ne $gt $gte $lt $lte $in $nin
+  $exists $not $and $or $nor``, ``$regex``/``$options`` (and regular expressions in equality,
+  ``$in``, ``$nin``, ``$not``), ``$type``, ``$size``, ``$all``, ``$elemMatch``, ``$mod``,
+  ``$bitsAllSet $bitsAnySet $bitsAllClear $bitsAnyClear``, ``$expr`` (the pipeline's
+  expressions, ``domain/aggregation.py``), ``$comment``, ``$alwaysTrue``/``$alwaysFalse``; dotted
+  paths.  MongoDB's array rules: a path reaching an array tests the array itself and each
+  element; ``a.b`` fans out over the subdocuments of an array ``a``; ``$size`` and
+  ``$elemMatch`` look at the array as a value.  ``$ne``/``$nin``/``$not`` negate the whole
+  path.  Equality is value equality (``1 == 1.0 == Int64(1) == Decimal128("1")``, ``true !=
+  1``); ``$gt``-style operators only match values of the operand's canonical type, except
+  MinKey/MaxKey operands.  A missing field equals null for ``$eq``/``$in``/``$gte``/``$lte``.
 * Targeting (``Matcher.equality_on / in_values_on / bounds_on``), see :class:`Matcher`.
 * Sort (:func:`sort_key`, :func:`merge_sorted`): ``{field: 1 | -1, ...}``; through arrays by
   the smallest (ascending) or largest (descending) value, as MongoDB.
-* Projection (:func:`apply_projection`): inclusion or exclusion, dotted paths, ``_id``.
-* Updates (:func:`apply_update`, :func:`upsert_document`): ``$set $unset $inc
-  $setOnInsert``, replacement documents, ``_id`` immutability, upsert seeding.
-  ``$inc`` widens as MongoDB does: int32 + int32 stays int32 unless it overflows (then
-  ``Int64``); with an ``Int64`` it is an ``Int64``; with a double a double; with a
-  ``Decimal128`` a ``Decimal128`` (a double rounded to 15 digits first); an int64
-  overflow is refused.
+* Projection (:func:`apply_projection`): inclusion or exclusion, dotted paths, ``_id``,
+  ``$slice``, ``$elemMatch``.
+* Updates (:func:`check_update`, :func:`apply_update`, :func:`update_stored`,
+  :func:`upsert_document`): ``$set $unset $inc $setOnInsert $mul $min $max $rename
+  $currentDate $push $addToSet $pop $pull $pullAll $bit``, the positional ``$``, ``$[]`` and
+  ``$[<identifier>]`` with arrayFilters, replacement documents, pipelines (``$set $addFields
+  $project $unset $replaceRoot $replaceWith``), ``_id`` immutability, upsert seeding.
+  ``$inc``/``$mul`` widen as MongoDB does (SafeNum): int32 stays int32 unless it overflows
+  (then ``Int64``), with an ``Int64`` an ``Int64``, with a double a double, with a
+  ``Decimal128`` a ``Decimal128`` (a double rounded to 15 digits first); an int64 overflow is
+  refused.
 * :func:`get_path`: plain dotted lookup (objects only) returning :data:`MISSING`.
 
 Refused, never answered differently (issue 38 §1)
 -------------------------------------------------
-Operators MongoDB has that shardlog does not evaluate are refused by name with
-``QueryFeatureNotAllowed`` (224), whatever the data: ``$regex $type $all $elemMatch $size $mod
-$expr $where $text $jsonSchema $sampleRate``, geo and bitwise operators; a regular expression
-(``bson.Regex``) as an implicit equality, in ``$in``/``$nin``/``$ne`` or under ``$not`` (MongoDB
-matches it as a pattern there; ``{$eq: regex}``, which compares regex values, is supported);
-the update operators ``$push $addToSet $pull $pullAll $pop $min $max $mul $rename $currentDate
-$bit``, positional ``$``/``$[]``/``$[<id>]`` paths and pipeline-style updates; projection
-operators (``$slice $elemMatch $meta``, literals, expressions); ``$natural``/``$meta`` sorts.
+What MongoDB has and shardlog does not evaluate is refused by name with
+``QueryFeatureNotAllowed`` (224), whatever the data: ``$where $text $jsonSchema $sampleRate``
+and the geospatial operators; a positional ``$`` whose array the query's conditions match at
+different elements (MongoDB's pick depends on its evaluation order); projection ``$meta``, the
+projection's positional ``$``, literals and expressions; ``$natural``/``$meta`` sorts.
 An unknown operator gets MongoDB's answer: ``unknown operator: $x`` (BadValue, 2) in a filter,
 ``Unknown modifier: $x`` (FailedToParse, 9) in an update.  :func:`check_update` refuses what
 MongoDB refuses of an update before reading a document.
@@ -1343,9 +1342,15 @@ def _update_path(op: str, path: Any) -> tuple[str, ...]:
         raise QueryError(
             f"The update path '{path}' contains an empty field name, which is not allowed.", "EmptyFieldName"
         )
+    if parts.count("$") > 1:
+        raise QueryError(f"Too many positional (i.e. '$') elements found in path '{path}'", "BadValue")
+    if parts[0] == "$":
+        raise QueryError(
+            f"Cannot have positional (i.e. '$') element in the first component in path '{path}'", "BadValue"
+        )
     for p in parts:
         if p == "$":
-            raise _unsupported(f"the positional path {path!r} in {op} (the positional $ operator)")
+            continue  # the element the query matched (see _positional)
         if p.startswith("$[") and p.endswith("]"):
             if p != "$[]" and not _IDENTIFIER.fullmatch(p[2:-1]):
                 raise QueryError(
@@ -2023,6 +2028,51 @@ def _copy_parents(doc: Document, parts: tuple[str, ...], copied: set[int]) -> No
         node = child
 
 
+_NO_POSITIONAL_MATCH = "The positional operator did not find the match needed from the query."
+
+
+def _with_value(doc: Any, parts: tuple[str, ...], value: Any) -> Any:
+    """``doc`` with the value at ``parts`` (objects only) replaced: the objects on the way copied."""
+    if not parts:
+        return value
+    return {**doc, parts[0]: _with_value(doc[parts[0]], parts[1:], value)}
+
+
+def _positional(doc: Document, query: Matcher | None, raw: tuple[str, ...]) -> tuple[str, ...]:
+    """The path with its `$` replaced by the position of the array element the query matched
+    (MongoDB's positional operator).  The query's conditions on the array (top level and inside
+    `$and`) each name their first matching element; when they name different ones MongoDB's
+    choice depends on the order it evaluates them in, so that is refused rather than guessed."""
+    at = raw.index("$")
+    array_parts = raw[:at]
+    prefix = ".".join(array_parts)
+    arr = get_path(doc, prefix)
+    conditions = [
+        f
+        for f in _conjuncts(query._root if query is not None else _Logic("$and", ()))
+        if isinstance(f, _Field) and (f.path == prefix or f.path.startswith(prefix + "."))
+    ]
+    if not isinstance(arr, list) or not conditions:
+        raise QueryError(_NO_POSITIONAL_MATCH, "BadValue")
+    firsts = set()
+    for f in conditions:
+        first = next((i for i, el in enumerate(arr) if f.matches(_with_value(doc, array_parts, [el]))), None)
+        if first is None:
+            raise QueryError(_NO_POSITIONAL_MATCH, "BadValue")
+        firsts.add(first)
+    if len(firsts) > 1:
+        raise _unsupported(
+            f"the positional $ in '{'.'.join(raw)}' when the query's conditions on '{prefix}' match different elements"
+        )
+    return (*array_parts, str(firsts.pop()), *raw[at + 1 :])
+
+
+def _conjuncts(node: Any) -> list[Any]:
+    if isinstance(node, _Logic) and node.op == "$and":
+        return [x for c in node.children for x in _conjuncts(c)]
+    return [node]
+
+
 def _expand(doc: Document, parts: tuple[str, ...], filters: ArrayFilters) -> list[tuple[str, ...]]:
     """The concrete paths of a path with `$[]` / `$[<identifier>]`: one per element it names."""
     out: list[tuple[str, ...]] = [()]
@@ -2057,6 +2107,7 @@ def _apply_edits(
     *,
     copy_on_write: bool,
     filters: ArrayFilters | None = None,
+    match_filter: Document | None = None,
 ) -> tuple[Document, list[tuple[str, ...]]]:
     """The operator update applied, and the paths it edited.  ``copy_on_write``: the result
     shares every object it does not edit with ``base`` (which neither may be mutated after)."""
@@ -2065,9 +2116,14 @@ def _apply_edits(
     copied: set[int] = set()
     result = dict(base) if copy_on_write else copy.deepcopy(base)
     applied: list[tuple[str, ...]] = []
+    query: Matcher | None = None
     for raw, op, arg in sorted(edits, key=lambda e: _path_order(e[0])):  # MongoDB 5.0+: path order
         if op == "$setOnInsert" and not is_upsert_insert:
             continue
+        if "$" in raw:  # the element the query matched, in the document as it was
+            if query is None and match_filter is not None and not is_upsert_insert:
+                query = compile_filter(match_filter)
+            raw = _positional(base, query, raw)
         for parts in _expand(result, raw, filters) if any(p.startswith("$[") for p in raw) else [raw]:
             if copy_on_write:
                 _copy_parents(result, parts, copied)
@@ -2084,7 +2140,9 @@ def _apply_edits(
     return result, applied
 
 
-def update_stored(doc: Document, update: Document | list[Any], array_filters: Any = None) -> Document | None:
+def update_stored(
+    doc: Document, update: Document | list[Any], array_filters: Any = None, match_filter: Document | None = None
+) -> Document | None:
     """What ``update`` turns a stored document into, or None when it changes nothing (MongoDB's
     equality of BSON values: true is not 1).  As :func:`apply_update`, inputs never mutated, but
     an operator update copies only the objects it edits and compares only the values it wrote:
@@ -2097,7 +2155,14 @@ def update_stored(doc: Document, update: Document | list[Any], array_filters: An
     if not is_update_operator_doc(update):
         new = _replace(doc, update)
         return None if encode_value(new) == encode_value(doc) else new
-    new, paths = _apply_edits(doc, update, False, copy_on_write=True, filters=compile_array_filters(array_filters))
+    new, paths = _apply_edits(
+        doc,
+        update,
+        False,
+        copy_on_write=True,
+        filters=compile_array_filters(array_filters),
+        match_filter=match_filter,  # the query: what a positional $ names
+    )
     for parts in paths:
         before, after = _value_at(doc, parts), _value_at(new, parts)
         if before is MISSING or after is MISSING:
@@ -2163,6 +2228,7 @@ def apply_update(
     is_upsert_insert: bool = False,
     query: Document | None = None,
     array_filters: Any = None,
+    match_filter: Document | None = None,
 ) -> Document:
     """The document ``update`` turns ``doc`` into: a new dict, inputs never mutated.
 
@@ -2192,7 +2258,9 @@ def apply_update(
     else:
         filters = compile_array_filters(array_filters)
         result = (
-            _apply_edits(base, update, is_upsert_insert, copy_on_write=False, filters=filters)[0]
+            _apply_edits(
+                base, update, is_upsert_insert, copy_on_write=False, filters=filters, match_filter=match_filter
+            )[0]
             if operators
             else _replace(base, update)
         )

@@ -797,7 +797,7 @@ class ShardDecider:
                 matched += 1
                 first = skey if first is None else first
                 # Copy-on-write, comparing only the written fields (MongoDB equality: true is not 1).
-                if (new := update_stored(doc, req.update, req.arrayFilters)) is not None:
+                if (new := update_stored(doc, req.update, req.arrayFilters, req.filter)) is not None:
                     self._check_key_unchanged(coll, skey, doc, new)
                     check_document_size(new)
                     self._check_indexes(req.ns, new, seen)
@@ -900,7 +900,7 @@ class ShardDecider:
                     {"n": 1},
                 )
             assert req.update is not None
-            new = apply_update(doc, req.update, array_filters=req.arrayFilters)
+            new = apply_update(doc, req.update, array_filters=req.arrayFilters, match_filter=req.query)
             events: list[Record] = []
             if encode_value(new) != encode_value(doc):
                 self._check_key_unchanged(coll, skey, doc, new)

@@ -97,3 +97,13 @@ def test_updates_give_the_same_documents_on_one_shard_and_three(colls):
         assert doc["twice"] == doc["n"] * 2
         coll.update_one({"_id": "new"}, [{"$set": {"made": True}}], upsert=True)
         assert coll.find_one({"_id": "new"}) == {"_id": "new", "made": True}
+
+
+def test_the_positional_operator_through_the_wire(colls):
+    for coll in colls:
+        coll.update_one({"_id": 2, "items.sku": "z"}, {"$set": {"items.$.qty": 77}})
+        assert [it["qty"] for it in coll.find_one({"_id": 2})["items"]] == [2, 77]
+        doc = coll.find_one_and_update(
+            {"_id": 3, "tags": "t1"}, {"$set": {"tags.$": "hit"}}, return_document=ReturnDocument.AFTER
+        )
+        assert "hit" in doc["tags"] and "t1" not in doc["tags"]

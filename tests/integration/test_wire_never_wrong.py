@@ -97,8 +97,8 @@ def test_bad_updates_and_filters_are_refused_whether_or_not_anything_matches(col
                 coll.update_many(flt, {"$set": {"a": 1, "a.b": 2}})
             assert w.value.code == 40  # ConflictingUpdateOperators
             with pytest.raises(WriteError) as w:
-                coll.update_one(flt, {"$set": {"a.$[]": 1}})
-            assert w.value.code == 224  # refused, not ignored
+                coll.update_one(flt, {"$set": {"a.$[x]": 1}})  # no arrayFilters for x
+            assert w.value.code == 2
             with pytest.raises(OperationFailure) as e:
                 coll.find_one_and_update(flt, {"$foo": {"a": 1}})
             assert e.value.code == 9

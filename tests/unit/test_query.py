@@ -792,11 +792,11 @@ def test_is_update_operator_doc() -> None:
     [
         ({"$foo": {"a": 1}}, "FailedToParse"),
         ({"$set": 5}, "FailedToParse"),
-        ({"$set": {"a.$": 1}}, "QueryFeatureNotAllowed"),
+        ({"$set": {"a.$.b.$": 1}}, "BadValue"),  # one positional $ at most
         ({"$pop": {"a": 0}}, "FailedToParse"),
         ({"$mul": {"a": "x"}}, "TypeMismatch"),
         ([{"$sort": {"a": 1}}], "InvalidOptions"),
-        ({"$set": {"a.$": 1}}, "QueryFeatureNotAllowed"),
+        ({"$set": {"a.$.b.$": 1}}, "BadValue"),  # one positional $ at most
         ({"$set": {"a": 1, "a.b": 1}}, "ConflictingUpdateOperators"),
         ({"$inc": {"a": "x"}}, "TypeMismatch"),
         ({"a": 1, "$set": {"b": 1}}, "DollarPrefixedFieldName"),
@@ -1305,7 +1305,7 @@ def test_all_and_filtered_positional_updates(doc: dict, update: dict, filters: A
         ({}, {"$set": {"a.$[x]": 1}}, [{"x": 1, "y": 2}], "Expected a single top-level field name", "FailedToParse"),
         ({}, {"$set": {"a.$[X]": 1}}, [{"X": 1}], "beginning with a lowercase letter", "BadValue"),
         ({}, {"a": 1}, [{"x": 1}], "only be specified with an update operator", "FailedToParse"),
-        ({}, {"$set": {"a.$": 1}}, None, "the positional \\$ operator", "QueryFeatureNotAllowed"),
+        ({}, {"$set": {"a.$": 1}}, None, "did not find the match needed", "BadValue"),
         ({"_id": 1}, {"$set": {"a.$[]": 1}}, None, "must exist in the document", "BadValue"),
         (
             {"_id": 1, "a": 5},
@@ -1321,3 +1321,53 @@ def test_positional_refusals(doc: dict, update: dict, filters: Any, message: str
         check_update(update, filters)
         apply_update(doc, update, array_filters=filters)
     assert e.value.code == code
+
+
+# ---------------------------------------------------------------- the positional $
+
+
+@pytest.mark.parametrize(
+    ("doc", "query", "update", "expected"),
+    [
+        ({"_id": 1, "g": [85, 80, 80]}, {"g": 80}, {"$set": {"g.$": 82}}, {"_id": 1, "g": [85, 82, 80]}),
+        (
+            {"_id": 1, "g": [{"s": 80, "m": 1}, {"s": 85, "m": 2}]},
+            {"g.s": 85},
+            {"$set": {"g.$.m": 9}},
+            {"_id": 1, "g": [{"s": 80, "m": 1}, {"s": 85, "m": 9}]},
+        ),
+        (
+            {"_id": 1, "g": [{"s": 80, "m": 1}, {"s": 90, "m": 2}]},
+            {"g": {"$elemMatch": {"s": {"$gte": 85}, "m": {"$gt": 1}}}},
+            {"$inc": {"g.$.s": 1}},
+            {"_id": 1, "g": [{"s": 80, "m": 1}, {"s": 91, "m": 2}]},
+        ),
+        (
+            {"_id": 1, "a": {"g": [1, 2]}},
+            {"_id": 1, "a.g": 2},
+            {"$unset": {"a.g.$": 1}},
+            {"_id": 1, "a": {"g": [1, None]}},
+        ),
+        ({"_id": 1, "g": [3, 5, 11]}, {"g": {"$gte": 4, "$lt": 9}}, {"$set": {"g.$": 0}}, {"_id": 1, "g": [3, 0, 11]}),
+    ],
+)
+def test_the_positional_operator(doc: dict, query: dict, update: dict, expected: dict) -> None:
+    assert compile_filter(query).matches(doc)
+    assert apply_update(doc, update, match_filter=query) == expected
+    stored = update_stored(doc, update, None, query)
+    assert (stored if stored is not None else doc) == expected
+
+
+def test_the_positional_operator_refusals() -> None:
+    doc = {"_id": 1, "g": [{"x": 1, "y": 0}, {"x": 0, "y": 1}], "n": 5}
+    for query, update, message, code in (
+        ({"n": 5}, {"$set": {"g.$": 1}}, "did not find the match needed", "BadValue"),  # no condition on g
+        ({"g.x": 1, "g.y": 1}, {"$set": {"g.$.z": 1}}, "match different elements", "QueryFeatureNotAllowed"),
+        ({"g.x": 1}, {"$set": {"g.$.a.$": 1}}, "Too many positional", "BadValue"),
+        ({"g.x": 1}, {"$set": {"$.a": 1}}, "first component", "BadValue"),
+    ):
+        with pytest.raises(QueryError, match=message) as e:
+            apply_update(doc, update, match_filter=query)
+        assert e.value.code == code
+    with pytest.raises(QueryError, match="did not find the match needed"):  # an upsert has no element
+        upsert_document({"g": 1}, {"$set": {"g.$": 2}})

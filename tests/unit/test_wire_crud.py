@@ -103,7 +103,7 @@ def test_update_statements_carry_their_batch_index():
         ({"q": {}, "u": {}, "collation": {"locale": "fr"}}, "NotImplemented"),
         ({"q": {}, "u": {}, "sort": {"a": 2}}, "BadValue"),  # a sort is honoured (8.0): a bad one refused
         ({"q": {}, "u": {"$set": {"a.$[x]": 1}}, "arrayFilters": [{"y": 1}]}, "BadValue"),  # no filter for x
-        ({"q": {}, "u": {"$set": {"a.$": 1}}}, "QueryFeatureNotAllowed"),  # positional paths
+        ({"q": {}, "u": {"$set": {"a.$.b.$": 1}}}, "BadValue"),  # two positional $
     ],
 )
 def test_malformed_update_statements(op, code):
