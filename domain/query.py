@@ -379,10 +379,69 @@ def _make_regex(pattern: Any, options: str, path: str) -> _Regex:
     if "\x00" in source.pattern:
         raise QueryError("Regular expression cannot contain an embedded null byte", "Location51091")
     try:
-        compiled = re.compile(source.pattern, _flags(source))
+        compiled = re.compile(_pcre_to_python(source.pattern), _flags(source))
     except re.error as e:
         raise QueryError(f"Regular expression is invalid: {e}", "Location51091") from None
     return _Regex(source, compiled)
+
+
+# MongoDB matches with PCRE2 in UTF mode without UCP: \d \w \s and \b know ASCII only (Python's
+# know Unicode), and \Z also matches before a final newline.  The pattern is rewritten so Python's
+# `re` answers as PCRE does; an escape the two read differently and that cannot be rewritten is
+# refused, never matched otherwise.
+_WORD = "A-Za-z0-9_"
+_SPACE = "\\t\\n\\x0b\\x0c\\r "
+_OUTSIDE = {
+    "d": "[0-9]",
+    "D": "[^0-9]",
+    "w": f"[{_WORD}]",
+    "W": f"[^{_WORD}]",
+    "s": f"[{_SPACE}]",
+    "S": f"[^{_SPACE}]",
+    "b": f"(?:(?<=[{_WORD}])(?![{_WORD}])|(?<![{_WORD}])(?=[{_WORD}]))",
+    "B": f"(?:(?<=[{_WORD}])(?=[{_WORD}])|(?<![{_WORD}])(?![{_WORD}]))",
+    "Z": "(?=\\n?\\Z)",
+    "z": "\\Z",
+}
+_INSIDE = {"d": "0-9", "w": _WORD, "s": _SPACE}
+_PCRE_ONLY = set("hHvVRXKGpPNgkEQC")  # escapes PCRE reads otherwise (or Python lacks)
+
+
+def _pcre_to_python(pattern: str) -> str:
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            esc = pattern[i + 1]
+            if esc in _PCRE_ONLY:
+                raise QueryError(
+                    f"Regular expression is invalid: \\{esc} is not supported by shardlog", "Location51091"
+                )
+            if in_class and esc in "DWSBZz":  # (\\b in a class is a backspace, in both)
+                raise QueryError(
+                    f"Regular expression is invalid: \\{esc} inside a character class is not supported by shardlog",
+                    "Location51091",
+                )
+            table = _INSIDE if in_class else _OUTSIDE
+            out.append(table.get(esc, ch + esc))
+            i += 2
+            continue
+        if in_class:
+            if ch == "]":
+                in_class = False
+        elif ch == "[":
+            in_class = True
+            out.append(ch)
+            i += 1
+            for lead in ("^", "]"):  # a ']' first in a class is a character, not its end
+                if i < len(pattern) and pattern[i] == lead:
+                    out.append(lead)
+                    i += 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 # BSON type numbers by MongoDB's aliases ($type), "number" being the four numeric types.

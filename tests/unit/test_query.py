@@ -1371,3 +1371,30 @@ def test_the_positional_operator_refusals() -> None:
         assert e.value.code == code
     with pytest.raises(QueryError, match="did not find the match needed"):  # an upsert has no element
         upsert_document({"g": 1}, {"$set": {"g.$": 2}})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "expected"),
+    [
+        (r"^\d+$", "12", True),
+        (r"^\d+$", "\u0661\u0662", False),  # Arabic-Indic digits: not \d to PCRE (no UCP), unlike Python
+        (r"^\w+$", "caf\u00e9", False),
+        (r"^[\w]+$", "abc_1", True),
+        (r"\bfoo\b", "a foo b", True),
+        (r"\b\u00e9", "x\u00e9", True),  # \u00e9 is no word character to PCRE: a boundary before it
+        (r"abc\Z", "abc\n", True),  # PCRE's \Z: also before a final newline
+        (r"abc\z", "abc\n", False),
+        (r"^\s$", "\u00a0", False),
+        (r"(?i)^CAF\u00c9$", "caf\u00e9", True),  # caseless matching is Unicode in both
+        (r"[]x]", "]", True),
+    ],
+)
+def test_regular_expressions_match_as_pcre(pattern: str, text: str, expected: bool) -> None:
+    assert compile_filter({"s": Regex(pattern)}).matches({"s": text}) is expected
+
+
+def test_pcre_escapes_python_reads_otherwise_are_refused() -> None:
+    for pattern in (r"\p{L}", r"\h", r"\v", r"[\D]", r"\R"):
+        with pytest.raises(QueryError) as e:
+            compile_filter({"s": Regex(pattern)})
+        assert e.value.code == "Location51091", pattern
