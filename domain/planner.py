@@ -92,11 +92,11 @@ from domain.protocol import ErrorCode
 from domain.query import (
     Matcher,
     _Cmp,
+    _conjuncts,
     _Exists,
     _Field,
     _In,
     _intersect,
-    _Logic,
     _Range,
     _range_of,
     _range_of_test,
@@ -293,12 +293,6 @@ def _excludes_null(r: _Range | None) -> bool:
     if r.values is not None:
         return all(v is not None for v in r.values)
     return r.bounds is not None and not Interval(*r.bounds).contains(None)
-
-
-def _conjuncts(node: Any) -> list[Any]:
-    if isinstance(node, _Logic) and node.op == "$and":
-        return [x for c in node.children for x in _conjuncts(c)]
-    return [node]
 
 
 def _admits(test: Any, value: Any, missing: bool = False) -> bool:

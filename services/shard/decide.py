@@ -821,13 +821,19 @@ class ShardDecider:
         the first matching document in that order alone."""
         if not req.sort:
             return self._matching(coll, req.ns, req.filter, req.hint)
-        plan, access = self._query(coll, req.ns, req.filter, sort=req.sort, hint=req.hint)
-        matching = query_plan.matching(plan, access)
-        if plan.sort_provided:
-            first = next(matching, None)
-        else:
-            first = min(matching, key=lambda hit: sort_key(req.sort)(hit[1]), default=None)
+        first = self._first_match(coll, req.ns, req.filter, req.sort, req.hint)
         return iter([first] if first is not None else [])
+
+    def _first_match(
+        self, coll: Collection | None, ns: str, flt: dict, sort: dict | None, hint: Any
+    ) -> tuple[bytes, dict] | None:
+        """(shard key, document) of the first matching document in `sort` order (any, without
+        one); an index may give the order, a hint picks the plan, as a find's."""
+        plan, access = self._query(coll, ns, flt, sort=sort, hint=hint)
+        matching = query_plan.matching(plan, access)
+        if sort and not plan.sort_provided:
+            return min(matching, key=lambda hit: sort_key(sort)(hit[1]), default=None)
+        return next(matching, None)
 
     def _check_key_unchanged(self, coll, skey: bytes, old: dict, new: dict) -> None:
         if coll is None:
@@ -881,13 +887,7 @@ class ShardDecider:
     ) -> tuple[Decision, bytes | None, dict | None, dict]:
         """(decision, shard key of the document, the image to return, lastErrorObject)."""
         blocked = self._write_blocked(coll, req.ns)
-        # issue 15: an index may give the order; a hint picks the plan, as a find's
-        plan, access = self._query(coll, req.ns, req.query, sort=req.sort, hint=req.hint)
-        matching = query_plan.matching(plan, access)
-        if req.sort and not plan.sort_provided:
-            found = min(matching, key=lambda hit: sort_key(req.sort)(hit[1]), default=None)
-        else:
-            found = next(matching, None)
+        found = self._first_match(coll, req.ns, req.query, req.sort, req.hint)
         if found is not None:
             skey, doc = found
             if any(lo <= skey < hi for lo, hi in blocked):

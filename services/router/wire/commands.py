@@ -386,9 +386,9 @@ HELLO_FIELDS = {
 class TolerantFields(Fields):
     """A table whose rules apply to the fields it names; other fields are let through (hello)."""
 
-    def check(self, doc: Mapping[str, Any], *, skip_first: bool = True) -> None:
+    def check(self, doc: Mapping[str, Any], *, skip_first: bool = True, generic: bool = True) -> None:
         known = {k: v for i, (k, v) in enumerate(doc.items()) if (i or not skip_first) and k in self.rules}
-        super().check(known, skip_first=False)
+        super().check(known, skip_first=False, generic=generic)
 
 
 @SERVER_COMMANDS.register("hello", fields=TolerantFields("hello", HELLO_FIELDS))

@@ -91,9 +91,10 @@ class Fields:
     name: str
     rules: Mapping[str, Rule] = field(default_factory=dict)
 
-    def check(self, doc: Mapping[str, Any], *, skip_first: bool = True) -> None:
+    def check(self, doc: Mapping[str, Any], *, skip_first: bool = True, generic: bool = True) -> None:
         """IDLUnknownField for a field the command does not define, NotImplemented for one
-        shardlog refuses.  `skip_first`: the command's own name (its first field) is not checked."""
+        shardlog refuses.  `skip_first`: the command's own name (its first field) is not checked;
+        `generic`: the generic arguments are allowed beside the command's own fields."""
         keys = iter(doc)
         if skip_first:
             next(keys, None)
@@ -104,15 +105,12 @@ class Fields:
                     raise CommandError(
                         ErrorCode.NotImplemented, f"BSON field '{self.name}.{key}': {why} is not supported by shardlog"
                     )
-            elif key not in GENERIC_ARGUMENTS:
+            elif not generic or key not in GENERIC_ARGUMENTS:
                 raise CommandError(ErrorCode.IDLUnknownField, f"BSON field '{self.name}.{key}' is an unknown field.")
 
     def check_statement(self, doc: Mapping[str, Any]) -> None:
         """A statement of a batch (an update's or delete's entry): no generic arguments there."""
-        for key in doc:
-            if key not in self.rules:
-                raise CommandError(ErrorCode.IDLUnknownField, f"BSON field '{self.name}.{key}' is an unknown field.")
-        self.check(doc, skip_first=False)
+        self.check(doc, skip_first=False, generic=False)
 
 
 # MongoDB's generic arguments: any command may carry them (checked by check_generic); the one list
