@@ -14,7 +14,7 @@ import asyncio
 
 from domain.catalog import Catalog
 from domain.clock import VectorClock
-from libs import kafka
+from libs import aio, kafka
 from libs.projection import Projection
 from libs.service import ServiceSettings, supervised
 from libs.store import Store
@@ -60,7 +60,7 @@ class CatalogFollower:
                 except TimeoutError:
                     pass
 
-        await asyncio.wait_for(reached(), timeout)
+        await aio.wait_for(reached(), timeout)
 
     def pause(self) -> None:
         """Stop applying config.events until `resume()`: a router with a stale catalog, for tests

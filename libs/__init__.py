@@ -8,6 +8,7 @@
 - `requests`   send a request to a topic and await its reply on an inbox
 - `tracing`    W3C trace context in record headers, span export (Zipkin or OTLP) from OTEL_* variables
 - `faults`     named fault points for crash tests
+- `aio`        `wait_for` that never swallows a cancellation (Python 3.11)
 - `service`    hosting: settings, readiness, signal handling
 - `shardkey`   pure shard-key ordering, encoding and hashing
 """

@@ -41,7 +41,7 @@ from opentelemetry.trace import SpanKind
 
 from domain.clock import parse_timestamp, to_ejson
 from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
-from libs import kafka, tracing
+from libs import aio, kafka, tracing
 from libs.ids import new_object_id
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
@@ -279,7 +279,7 @@ class AsyncCluster:
         if self._requester and self._pool:
             pooled, self._pool = self._pool, []
             try:
-                await asyncio.wait_for(self.end_sessions(pooled), min(self.timeout, END_SESSIONS_ON_CLOSE_S))
+                await aio.wait_for(self.end_sessions(pooled), min(self.timeout, END_SESSIONS_ON_CLOSE_S))
             except (ShardlogError, TimeoutError):
                 pass  # the sessions expire on their own after logicalSessionTimeoutMinutes
         if self._requester:

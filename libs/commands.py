@@ -37,7 +37,7 @@ from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from libs import kafka, tracing
+from libs import aio, kafka, tracing
 from libs.errors import CommandError as CommandError  # re-exported: the processor's importers
 from libs.faults import fault_point
 from libs.headers import CORRELATION_ID as CORRELATION_ID  # re-exported
@@ -617,7 +617,7 @@ class CommandProcessor:
         if self._gone_inboxes and time.monotonic() < self._gone_inboxes.get(inbox, 0.0):
             return None
         try:
-            partitions: set[int] = await asyncio.wait_for(p.partitions_for(inbox), INBOX_WAIT_S)
+            partitions: set[int] = await aio.wait_for(p.partitions_for(inbox), INBOX_WAIT_S)
             return partitions
         except (TimeoutError, KafkaError):
             log.warning("%s: inbox %s not found within %gs: its replies are dropped", self.name, inbox, INBOX_WAIT_S)

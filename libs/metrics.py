@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 from aiokafka.errors import KafkaError
 
-from libs import kafka, tracing
+from libs import aio, kafka, tracing
 from libs.service import seconds_from_env
 from schemas import Codec
 from schemas import metrics as schema
@@ -249,7 +249,7 @@ class MetricsPublisher:
             self.dropped += 1  # Kafka has not taken the previous one yet: do not queue behind it
             return
         try:
-            delivery: asyncio.Future[Any] = await asyncio.wait_for(
+            delivery: asyncio.Future[Any] = await aio.wait_for(
                 producer.send(
                     self.topic,
                     Codec.encode(summary),

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from libs import kafka
+from libs import aio, kafka
 from libs.store import Checkpoint, Store
 from schemas import Codec, Record, RecordError, Tombstone
 
@@ -336,4 +336,4 @@ class Projection:
             async with self._advanced:
                 await self._advanced.wait_for(lambda: self.position >= offset)
 
-        await asyncio.wait_for(reached(), timeout)
+        await aio.wait_for(reached(), timeout)

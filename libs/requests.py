@@ -12,7 +12,7 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from libs import kafka, tracing
+from libs import aio, kafka, tracing
 from libs.commands import CORRELATION_ID, REPLY_TO, VECTOR_TIME, Gossip, header
 from libs.service import supervised
 from schemas import Codec, Record, RecordError
@@ -132,7 +132,7 @@ class Requester:
     ) -> Reply:
         fut = await self.send(topic, record, key=key, headers=headers)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await aio.wait_for(fut, timeout)
         except TimeoutError:
             self.forget(fut)
             raise RequestTimeout(f"no reply from {topic} within {timeout:g}s (is the service running?)") from None

@@ -27,6 +27,8 @@ os.environ["SHARDLOG_ROUTER_PORT"] = "0"
 os.environ["SHARDLOG_DASHBOARD_PORT"] = "0"  # and every dashboard (`make up` runs one) on a free HTTP port
 os.environ["ZIPKIN_PORT"] = "0"  # and the Zipkin `make up` starts, never on 9411
 
+STOP_BOUND_S = 60  # an in-process cluster's services have this long to stop once cancelled
+
 
 def pytest_collection_modifyitems(config, items):
     """The layout is the rule: tests/unit never needs a broker, tests/integration always does
@@ -497,12 +499,22 @@ class InProcessCluster:
             client.close()
 
         async def stop_all():
-            for t in self.tasks:
-                t.cancel()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+            # Cancel again until every task is done: a cancellation that lands as an awaited
+            # operation completes can be swallowed (asyncio.wait_for on 3.11, a library's own
+            # retry loop), and one cancel would leave that service running. At the bound, say
+            # which tasks still run and where.
+            deadline = time.monotonic() + STOP_BOUND_S
+            pending = set(self.tasks)
+            while pending and time.monotonic() < deadline:
+                for t in pending:
+                    t.cancel()
+                _, pending = await asyncio.wait(pending, timeout=1.0)
+            if pending:
+                where = "\n".join(f"{t.get_name()}: {t.get_stack(limit=8)}" for t in pending)
+                raise TimeoutError(f"{len(pending)} service task(s) still running {STOP_BOUND_S}s after stop:\n{where}")
 
         try:
-            self.call(stop_all(), timeout=60)
+            self.call(stop_all(), timeout=STOP_BOUND_S + 10)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

@@ -15,6 +15,7 @@ from typing import Any
 from domain.catalog import Catalog
 from domain.shard_statistics import follow_shard_statistics
 from domain.shardkey import from_ejson, to_ejson
+from libs import aio
 from libs.service import ServiceSettings
 from schemas import stats
 
@@ -88,7 +89,7 @@ class StatisticsReader:
         """Until a new report comes in, or `timeout` seconds."""
         self._changed.clear()
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await aio.wait_for(self._changed.wait(), timeout)
         except TimeoutError:
             pass
 

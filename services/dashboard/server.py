@@ -24,7 +24,7 @@ from aiohttp import web
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.shard_statistics import follow_shard_statistics
-from libs import kafka, tracing
+from libs import aio, kafka, tracing
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, seconds_from_env, supervised
 from libs.topics import SHORT_LIVED, TopicSpec
@@ -161,7 +161,7 @@ class Dashboard:
             # the outer bound also covers a send that waits for metadata (a topic not there yet);
             # untraced: a page left open must not fill the tracing UI with its polls
             with tracing.untraced():
-                reply = await asyncio.wait_for(self.requester.request(topic, request, timeout=bound), bound + 0.5)
+                reply = await aio.wait_for(self.requester.request(topic, request, timeout=bound), bound + 0.5)
         except TimeoutError:  # RequestTimeout is one
             why = f"unknown: no answer within {bound:g}s (asked again in {BACKOFF_S:g}s)"
             self._quiet_until[topic] = (time.monotonic() + BACKOFF_S, why)

@@ -40,7 +40,7 @@ from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.protocol import record_bytes as _size
 from domain.shardkey import key_length
-from libs import kafka, tracing
+from libs import aio, kafka, tracing
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import seconds_from_env
@@ -625,7 +625,7 @@ class DonorCoordinator:
         )
         fault_point("migration.commit_sent")
         try:
-            reply = await asyncio.wait_for(fut, STEP_DEADLINE_S)
+            reply = await aio.wait_for(fut, STEP_DEADLINE_S)
         except TimeoutError:
             return await self._abort(m.id, "the config server did not answer the commit")
         if not reply.ok:
@@ -710,7 +710,7 @@ class _ModReader:
         self._reader = kafka.partition_reader(
             self.c.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
         )
-        self._opening = asyncio.create_task(asyncio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S))
+        self._opening = asyncio.create_task(aio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S))
         return self
 
     async def __aexit__(self, *exc):
@@ -725,7 +725,7 @@ class _ModReader:
 
     async def _position(self) -> int:
         # aiokafka's position() waits for a valid position with no limit of its own.
-        return await asyncio.wait_for(self.consumer.position(self.tp), REQUEST_TIMEOUT_S)
+        return await aio.wait_for(self.consumer.position(self.tp), REQUEST_TIMEOUT_S)
 
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from aiokafka.errors import KafkaError
 
 from domain.catalog import Catalog
-from libs import kafka
+from libs import aio, kafka
 from libs.commands import Decision
 from libs.dispatch import Dispatch
 from libs.faults import fault_point
@@ -134,7 +134,7 @@ class IndexBuilder:
                 work = self.building()
                 if not work:
                     try:  # a BuildIndexes decided here wakes us; a standby that took over looks again
-                        await asyncio.wait_for(d.wake.wait(), RETRY_PAUSE_S * 5)
+                        await aio.wait_for(d.wake.wait(), RETRY_PAUSE_S * 5)
                     except TimeoutError:
                         pass
                     continue

@@ -99,7 +99,17 @@ def test_a_move_range_is_one_trace_across_config_donor_and_recipient_and_its_del
 
     # The donor's range-deletion task keeps the migration's trace: its batches are spans of it.
     with running_deleter(cl) as rd:
-        wait_until(lambda: rd.status.batches and not cl.shards["s0"].documents.range_tasks, 60, "the orphans deleted")
+        # The shard drops the task when it deletes the last batch, before the deleter hears the reply:
+        # wait for the deleter's task span to end too, else stopping it cancels the last batch's span.
+        wait_until(
+            lambda: (
+                rd.status.batches
+                and not cl.shards["s0"].documents.range_tasks
+                and spans.named("range-deleter task", tid)
+            ),
+            60,
+            "the orphans deleted and the deleter's task span ended",
+        )
     tasks = spans.named("range-deleter task", tid)
     assert tasks, f"no range-deletion task span in the migration's trace: {spans.names(tid)}"
     task = tasks[0]
