@@ -1,0 +1,190 @@
+"""The transport seam: the few things shardlog's services do with Kafka, as one interface.
+
+Two implementations keep the same contract (`tests/bus_contract.py`, run against both):
+
+- `libs.bus.kafka.KafkaBus`: aiokafka on a real broker (production, the integration suite);
+- `libs.bus.memory.MemoryBus`: in one process, for the simulator (`tests/sim/`): no broker,
+  no threads, every wait an asyncio wait, so a seeded event loop decides every interleaving.
+
+What the contract holds, and all that shardlog may rely on (docs/reference/bus.md says why each):
+
+1. **Per-partition order.** Records of one partition are read in the order they were written,
+   each at an offset one above the previous entry; a transaction's commit or abort marker takes
+   an offset of its own, as in Kafka, so offsets have gaps a reader never sees.
+2. **read_committed.** A reader sees a transaction's records only once it commits, never an
+   aborted one's, and stops at the first record of an open transaction (the last stable offset,
+   `log_end`), even when later records are committed.
+3. **Fencing.** Starting a transactional producer with an id fences every earlier producer with
+   that id: its open transaction is aborted, and its next send, offset commit or commit raises
+   `Fenced`. A fenced producer never commits again.
+4. **Offsets with the transaction.** Group offsets sent in a transaction are committed with it,
+   and discarded with it on abort. Kafka shows them to the group once the commit's markers are
+   written, moments after the commit returns, and certainly once a producer with the same id
+   has started (it waits for them): a new owner reads the group's offset only after that.
+5. **Group hand-over.** A consumer group spreads a topic's partitions over its live members; a
+   member that leaves (or misses its session timeout) has its partitions revoked (its listener is
+   told, when it is still polling) and handed to the others at their next poll.
+
+Errors are aiokafka's classes, so the code that catches them need not know which bus it runs on:
+`Fenced` is `ProducerFenced`, `BusError` is `KafkaError`, `UnknownTopic` is
+`UnknownTopicOrPartitionError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Protocol
+
+from aiokafka.errors import KafkaError as BusError
+from aiokafka.errors import ProducerFenced as Fenced
+from aiokafka.errors import UnknownTopicOrPartitionError as UnknownTopic
+
+from libs.topics import TopicSpec
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "Fenced",
+    "GroupMember",
+    "Listener",
+    "Message",
+    "Producer",
+    "Reader",
+    "TopicSpec",
+    "TransactionalProducer",
+    "UnknownTopic",
+]
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class Message(Protocol):
+    """A record as a reader gets it: the fields of aiokafka's ConsumerRecord that shardlog reads
+    (the Kafka bus hands those over as they are: no copy per record on the hot path)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+    @property
+    def timestamp(self) -> int:
+        """ms since the epoch, the producer's clock (the running loop's, in memory)."""
+        ...
+
+
+class Listener(Protocol):
+    """Told about a group member's partitions, from inside its `poll` (as aiokafka does)."""
+
+    async def on_revoked(self, partitions: Collection[int]) -> None: ...
+
+    async def on_assigned(self, partitions: Collection[int]) -> None: ...
+
+
+class Producer(Protocol):
+    """An idempotent producer (acks=all): each send's future resolves to its offset once written."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(
+        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
+    ) -> Awaitable[int]: ...
+
+
+class TransactionalProducer(Producer, Protocol):
+    """A producer with a transactional id; `start` fences every earlier producer with that id."""
+
+    async def begin(self) -> None: ...
+
+    async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None: ...
+
+    async def commit(self) -> None: ...
+
+    async def abort(self) -> None: ...
+
+
+class Reader(Protocol):
+    """One partition, read_committed, from a position the caller sets."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def seek(self, offset: int) -> None: ...
+
+    async def position(self) -> int: ...
+
+    async def log_end(self) -> int:
+        """The last stable offset: below it, every transaction is decided."""
+        ...
+
+    async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
+        """The next committed records from the position (waiting up to `timeout_s` for some)."""
+        ...
+
+
+class GroupMember(Protocol):
+    """A consumer-group member subscribed to one topic, read_committed."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Leave the group: its partitions are revoked (the listener told) and handed over."""
+        ...
+
+    def assignment(self) -> set[int]: ...
+
+    def seek(self, partition: int, offset: int) -> None: ...
+
+    def pause(self, partition: int) -> None: ...
+
+    def resume(self, partition: int) -> None: ...
+
+    async def poll(self, *, max_records: int = 500, timeout_s: float = 0.1) -> dict[int, list[Message]]:
+        """Heartbeat, take part in a rebalance (the listener is called here), and fetch from the
+        assigned, unpaused partitions, each from the group's committed offset or where sought."""
+        ...
+
+    async def committed(self, partition: int) -> int | None: ...
+
+    async def commit(self, offsets: dict[int, int]) -> None:
+        """Commit offsets outside any transaction (at-least-once consumers: the router)."""
+        ...
+
+
+class Bus(Protocol):
+    async def create_topics(self, specs: list[TopicSpec]) -> None:
+        """Create the topics that do not exist yet."""
+        ...
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        """A topic's partitions; UnknownTopic when it does not exist."""
+        ...
+
+    def producer(self, *, client_id: str) -> Producer: ...
+
+    def transactional_producer(self, transactional_id: str, *, client_id: str) -> TransactionalProducer: ...
+
+    def reader(self, topic: str, partition: int = 0, *, client_id: str) -> Reader: ...
+
+    def member(
+        self, group: str, topic: str, *, client_id: str, listener: Listener, session_timeout_ms: int = 10_000
+    ) -> GroupMember: ...
+
+
+OnBatch = Callable[[list[Message]], Awaitable[None]]

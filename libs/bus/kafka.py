@@ -1,0 +1,184 @@
+"""The bus on a real broker: aiokafka clients made by `libs.kafka` (acks=all, idempotence,
+read_committed, no auto-commit), behind the seam's interface."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Collection
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import RecordMetadata
+
+from libs import kafka
+from libs.bus import Headers, Listener, Message, TopicSpec, UnknownTopic
+
+
+def _offset_of(sent: asyncio.Future[RecordMetadata]) -> Awaitable[int]:
+    """The send's future, resolving to its offset (a future, not a coroutine: never awaited is fine)."""
+    out: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def done(f: asyncio.Future[RecordMetadata]) -> None:
+        if out.cancelled():
+            return
+        if f.cancelled():
+            out.cancel()
+        elif (e := f.exception()) is not None:
+            out.set_exception(e)
+        else:
+            out.set_result(f.result().offset)
+
+    sent.add_done_callback(done)
+    return out
+
+
+class KafkaBus:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
+
+    async def create_topics(self, specs: list[TopicSpec]) -> None:
+        await kafka.ensure_topics(self.bootstrap, specs)
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        if self._admin is None:
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="shardlog-metadata")
+            await self._admin.start()
+        [described] = await self._admin.describe_topics([topic])  # asks the broker: never a stale cache
+        if described["error_code"] or not described["partitions"]:
+            raise UnknownTopic(f"topic {topic} does not exist")
+        return {p["partition"] for p in described["partitions"]}
+
+    def producer(self, *, client_id: str) -> KafkaProducer:
+        return KafkaProducer(kafka.producer(self.bootstrap, client_id=client_id, linger_ms=0))
+
+    def transactional_producer(self, transactional_id: str, *, client_id: str) -> KafkaTransactionalProducer:
+        return KafkaTransactionalProducer(
+            kafka.producer(self.bootstrap, transactional_id=transactional_id, client_id=client_id, linger_ms=0)
+        )
+
+    def reader(self, topic: str, partition: int = 0, *, client_id: str) -> KafkaReader:
+        return KafkaReader(kafka.consumer(self.bootstrap, client_id=client_id), TopicPartition(topic, partition))
+
+    def member(
+        self, group: str, topic: str, *, client_id: str, listener: Listener, session_timeout_ms: int = 10_000
+    ) -> KafkaMember:
+        c = kafka.consumer(self.bootstrap, group_id=group, client_id=client_id, session_timeout_ms=session_timeout_ms)
+        return KafkaMember(c, topic, listener)
+
+
+class KafkaProducer:
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.p = producer
+
+    async def start(self) -> None:
+        await self.p.start()
+
+    async def stop(self) -> None:
+        await self.p.stop()
+
+    async def send(
+        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
+    ) -> Awaitable[int]:
+        return _offset_of(await self.p.send(topic, value, key=key, headers=list(headers), partition=partition))
+
+
+class KafkaTransactionalProducer(KafkaProducer):
+    async def begin(self) -> None:
+        await self.p.begin_transaction()
+
+    async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
+        await self.p.send_offsets_to_transaction({TopicPartition(topic, partition): offset}, group)
+
+    async def commit(self) -> None:
+        await self.p.commit_transaction()
+
+    async def abort(self) -> None:
+        await self.p.abort_transaction()
+
+
+class KafkaReader:
+    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+        self.c, self.tp = consumer, tp
+
+    async def start(self) -> None:
+        await self.c.start()
+        self.c.assign([self.tp])
+        self.c.seek(self.tp, 0)
+
+    async def stop(self) -> None:
+        await self.c.stop()
+
+    def seek(self, offset: int) -> None:
+        self.c.seek(self.tp, offset)
+
+    async def position(self) -> int:
+        position: int = await self.c.position(self.tp)
+        return position
+
+    async def log_end(self) -> int:
+        return await kafka.log_end(self.c, self.tp)
+
+    async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
+        batch = await self.c.getmany(self.tp, timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        records: list[Message] = batch.get(self.tp, [])
+        return records
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
+    def __init__(self, topic: str, listener: Listener) -> None:
+        self.topic, self.listener = topic, listener
+
+    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
+        if mine := {tp.partition for tp in revoked if tp.topic == self.topic}:
+            await self.listener.on_revoked(mine)
+
+    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        if mine := {tp.partition for tp in assigned if tp.topic == self.topic}:
+            await self.listener.on_assigned(mine)
+
+
+class KafkaMember:
+    def __init__(self, consumer: AIOKafkaConsumer, topic: str, listener: Listener) -> None:
+        self.c, self.topic, self.listener = consumer, topic, listener
+
+    def _tp(self, partition: int) -> TopicPartition:
+        return TopicPartition(self.topic, partition)
+
+    async def start(self) -> None:
+        await self.c.start()
+        self.c.subscribe([self.topic], listener=_Rebalance(self.topic, self.listener))
+
+    async def stop(self) -> None:
+        await self.c.stop()  # leaves the group: the revocation listener runs first
+
+    def assignment(self) -> set[int]:
+        return {tp.partition for tp in self.c.assignment() if tp.topic == self.topic}
+
+    def seek(self, partition: int, offset: int) -> None:
+        self.c.seek(self._tp(partition), offset)
+
+    def pause(self, partition: int) -> None:
+        self.c.pause(self._tp(partition))
+
+    def resume(self, partition: int) -> None:
+        self.c.resume(self._tp(partition))
+
+    async def poll(self, *, max_records: int = 500, timeout_s: float = 0.1) -> dict[int, list[Message]]:
+        batch: dict[TopicPartition, list[Any]] = await self.c.getmany(
+            timeout_ms=int(timeout_s * 1000), max_records=max_records
+        )
+        return {tp.partition: records for tp, records in batch.items() if records}
+
+    async def committed(self, partition: int) -> int | None:
+        offset: int | None = await self.c.committed(self._tp(partition))
+        return offset
+
+    async def commit(self, offsets: dict[int, int]) -> None:
+        await self.c.commit({self._tp(p): o for p, o in offsets.items()})

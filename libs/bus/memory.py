@@ -1,0 +1,405 @@
+"""The bus in one process: Kafka's guarantees that shardlog relies on, and no more.
+
+Made for the simulator: no threads, no sockets, and every wait is an asyncio wait on the
+running loop (its clock included: `loop.time()` times session timeouts), so a loop whose
+scheduling and clock are seeded makes every run repeat exactly.
+
+What it keeps (libs/bus/__init__.py lists the contract): per-partition order with a marker
+offset per transaction and partition; read_committed visibility up to the last stable offset;
+fencing by transactional id; group offsets committed with their transaction; a group handing a
+member's partitions over once it has revoked them (at its poll) or missed its session timeout.
+
+What it leaves out, because shardlog must not depend on it: retention and compaction (every
+record stays), transaction timeouts (an abandoned transaction stays open until its id is
+started again, which is how every shardlog owner ends one), quotas and record-size limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from libs import aio
+from libs.bus import BusError as BusError
+from libs.bus import Fenced, Headers, Listener, Message, TopicSpec, UnknownTopic
+
+
+@dataclass(frozen=True)
+class MemoryMessage:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+
+
+class TxnState(enum.Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False)
+class _Txn:
+    transactional_id: str
+    state: TxnState = TxnState.OPEN
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+    offsets: list[tuple[str, str, int, int]] = field(default_factory=list)  # (group, topic, partition, offset)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One offset of a partition: a record, or a transaction's marker (`record` None)."""
+
+    record: MemoryMessage | None
+    txn: _Txn | None = None
+
+    def visible(self) -> bool:
+        return self.record is not None and (self.txn is None or self.txn.state is TxnState.COMMITTED)
+
+
+@dataclass(eq=False)
+class _Log:
+    entries: list[_Entry] = field(default_factory=list)
+
+    def last_stable(self) -> int:
+        """The first offset of a record whose transaction is still open (read_committed's end)."""
+        for i, e in enumerate(self.entries):
+            if e.txn is not None and e.txn.state is TxnState.OPEN:
+                return i
+        return len(self.entries)
+
+    def visible_from(self, position: int, limit: int) -> tuple[list[Message], int]:
+        """Committed records from `position` up to the last stable offset, at most `limit`; and
+        the position after the last entry looked at (markers and aborted records are passed over)."""
+        end = self.last_stable()
+        out: list[Message] = []
+        while position < end and len(out) < limit:
+            entry = self.entries[position]
+            if entry.visible():
+                assert entry.record is not None
+                out.append(entry.record)
+            position += 1
+        return out, position
+
+
+class MemoryBus:
+    def __init__(self) -> None:
+        self._logs: dict[str, list[_Log]] = {}
+        self._epochs: dict[str, int] = {}  # transactional id -> the epoch of its current producer
+        self._open: dict[str, _Txn] = {}  # transactional id -> its open transaction
+        self._groups: dict[str, _Group] = {}
+        self._waiter: asyncio.Future[None] | None = None
+
+    # ------------------------------------------------------------ topics
+
+    async def create_topics(self, specs: list[TopicSpec]) -> None:
+        for spec in specs:
+            self._logs.setdefault(spec.name, [_Log() for _ in range(spec.partitions)])
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return set(range(len(self._log_list(topic))))
+
+    def _log_list(self, topic: str) -> list[_Log]:
+        logs = self._logs.get(topic)
+        if logs is None:
+            raise UnknownTopic(f"topic {topic} does not exist")
+        return logs
+
+    def log(self, topic: str, partition: int) -> _Log:
+        logs = self._log_list(topic)
+        if not 0 <= partition < len(logs):
+            raise UnknownTopic(f"topic {topic} has no partition {partition}")
+        return logs[partition]
+
+    # ------------------------------------------------------------ clients
+
+    def producer(self, *, client_id: str) -> MemoryProducer:
+        return MemoryProducer(self, client_id)
+
+    def transactional_producer(self, transactional_id: str, *, client_id: str) -> MemoryTransactionalProducer:
+        return MemoryTransactionalProducer(self, client_id, transactional_id)
+
+    def reader(self, topic: str, partition: int = 0, *, client_id: str) -> MemoryReader:
+        return MemoryReader(self, topic, partition)
+
+    def member(
+        self, group: str, topic: str, *, client_id: str, listener: Listener, session_timeout_ms: int = 10_000
+    ) -> MemoryMember:
+        return MemoryMember(self, self._groups.setdefault(group, _Group(group)), topic, listener, session_timeout_ms)
+
+    # ------------------------------------------------------------ writing, waiting
+
+    def append(self, topic: str, partition: int, entry: _Entry) -> int:
+        log = self.log(topic, partition)
+        log.entries.append(entry)
+        self.notify()
+        return len(log.entries) - 1
+
+    def decide(self, txn: _Txn, state: TxnState) -> None:
+        """Commit or abort: a marker on every partition the transaction wrote to, then the outcome
+        (and, on commit, its group offsets) visible at once."""
+        for topic, partition in sorted(txn.partitions):
+            self.log(topic, partition).entries.append(_Entry(None, txn))
+        txn.state = state
+        if state is TxnState.COMMITTED:
+            for group, topic, partition, offset in txn.offsets:
+                self._groups.setdefault(group, _Group(group)).offsets[(topic, partition)] = offset
+        if self._open.get(txn.transactional_id) is txn:
+            del self._open[txn.transactional_id]
+        self.notify()
+
+    def notify(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def changed(self, timeout_s: float) -> None:
+        """Wait until something is written or decided, or `timeout_s` passes."""
+        if self._waiter is None or self._waiter.done():
+            self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await aio.wait_for(asyncio.shield(self._waiter), timeout_s)
+        except TimeoutError:
+            pass
+
+    def message(
+        self, topic: str, partition: int, value: bytes | None, key: bytes | None, headers: Headers
+    ) -> MemoryMessage:
+        offset = len(self.log(topic, partition).entries)
+        now_ms = int(asyncio.get_running_loop().time() * 1000)
+        return MemoryMessage(topic, partition, offset, key, value, tuple(headers), now_ms)
+
+
+def _acked(offset: int) -> Awaitable[int]:
+    f: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    f.set_result(offset)
+    return f
+
+
+class MemoryProducer:
+    def __init__(self, bus: MemoryBus, client_id: str) -> None:
+        self.bus, self.client_id = bus, client_id
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send(
+        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
+    ) -> Awaitable[int]:
+        record = self.bus.message(topic, partition, value, key, headers)
+        return _acked(self.bus.append(topic, partition, _Entry(record)))
+
+
+class MemoryTransactionalProducer(MemoryProducer):
+    def __init__(self, bus: MemoryBus, client_id: str, transactional_id: str) -> None:
+        super().__init__(bus, client_id)
+        self.transactional_id = transactional_id
+        self.epoch = 0
+        self._txn: _Txn | None = None
+
+    async def start(self) -> None:
+        """init_transactions: take the next epoch, abort the previous producer's open transaction."""
+        tid = self.transactional_id
+        self.epoch = self.bus._epochs.get(tid, 0) + 1
+        self.bus._epochs[tid] = self.epoch
+        if (previous := self.bus._open.get(tid)) is not None:
+            self.bus.decide(previous, TxnState.ABORTED)
+
+    def _current(self) -> None:
+        if self.bus._epochs.get(self.transactional_id) != self.epoch:
+            raise Fenced(f"producer {self.transactional_id} (epoch {self.epoch}) is fenced")
+
+    def _in_transaction(self) -> _Txn:
+        self._current()
+        if self._txn is None or self._txn.state is not TxnState.OPEN:
+            raise BusError(f"producer {self.transactional_id}: no transaction in progress")
+        return self._txn
+
+    async def begin(self) -> None:
+        self._current()
+        if self._txn is not None and self._txn.state is TxnState.OPEN:
+            raise BusError(f"producer {self.transactional_id}: a transaction is already in progress")
+        self._txn = self.bus._open[self.transactional_id] = _Txn(self.transactional_id)
+
+    async def send(
+        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
+    ) -> Awaitable[int]:
+        txn = self._in_transaction()
+        record = self.bus.message(topic, partition, value, key, headers)
+        txn.partitions.add((topic, partition))
+        return _acked(self.bus.append(topic, partition, _Entry(record, txn)))
+
+    async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
+        self._in_transaction().offsets.append((group, topic, partition, offset))
+
+    async def commit(self) -> None:
+        self.bus.decide(self._in_transaction(), TxnState.COMMITTED)
+
+    async def abort(self) -> None:
+        self.bus.decide(self._in_transaction(), TxnState.ABORTED)
+
+
+class MemoryReader:
+    def __init__(self, bus: MemoryBus, topic: str, partition: int) -> None:
+        self.bus, self.topic, self.partition = bus, topic, partition
+        self._position = 0
+
+    async def start(self) -> None:
+        self.bus.log(self.topic, self.partition)  # an unknown topic fails here
+
+    async def stop(self) -> None:
+        pass
+
+    def seek(self, offset: int) -> None:
+        self._position = offset
+
+    async def position(self) -> int:
+        return self._position
+
+    async def log_end(self) -> int:
+        return self.bus.log(self.topic, self.partition).last_stable()
+
+    async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            out, self._position = self.bus.log(self.topic, self.partition).visible_from(self._position, max_records)
+            if out or (left := deadline - loop.time()) <= 0:
+                return out
+            await self.bus.changed(left)
+
+
+# ---------------------------------------------------------------- consumer groups
+
+_joins = itertools.count()
+
+
+@dataclass(eq=False)
+class _Group:
+    name: str
+    members: list[MemoryMember] = field(default_factory=list)  # live, in the order they joined
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    generation: int = 0
+
+    def change(self) -> None:
+        self.generation += 1
+
+    def holder(self, topic: str, partition: int) -> MemoryMember | None:
+        return next((m for m in self.members if m.topic == topic and partition in m._held), None)
+
+    def target(self, member: MemoryMember, partitions: int) -> set[int]:
+        """The range assignor: each live member of the topic gets a contiguous share, in join order."""
+        peers = [m for m in self.members if m.topic == member.topic]
+        i, n = peers.index(member), len(peers)
+        share, extra = divmod(partitions, n)
+        start = i * share + min(i, extra)
+        return set(range(start, start + share + (1 if i < extra else 0)))
+
+
+class MemoryMember:
+    def __init__(self, bus: MemoryBus, group: _Group, topic: str, listener: Listener, session_timeout_ms: int) -> None:
+        self.bus, self.group, self.topic, self.listener = bus, group, topic, listener
+        self.session_timeout_s = session_timeout_ms / 1000
+        self._held: set[int] = set()
+        self._generation = -1
+        self._positions: dict[int, int] = {}
+        self._paused: set[int] = set()
+        self._last_seen = 0.0
+        self.join_order = -1
+
+    async def start(self) -> None:
+        self.bus._log_list(self.topic)  # an unknown topic fails here
+        self._join()
+
+    def _join(self) -> None:
+        self.join_order = next(_joins)
+        self._last_seen = asyncio.get_running_loop().time()
+        self.group.members.append(self)
+        self.group.change()
+
+    async def stop(self) -> None:
+        if self in self.group.members:
+            await self._revoke()
+            self.group.members.remove(self)
+            self.group.change()
+            self.bus.notify()
+
+    def assignment(self) -> set[int]:
+        return set(self._held)
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._positions[partition] = offset
+
+    def pause(self, partition: int) -> None:
+        self._paused.add(partition)
+
+    def resume(self, partition: int) -> None:
+        self._paused.discard(partition)
+
+    async def committed(self, partition: int) -> int | None:
+        return self.group.offsets.get((self.topic, partition))
+
+    async def commit(self, offsets: dict[int, int]) -> None:
+        for partition, offset in offsets.items():
+            self.group.offsets[(self.topic, partition)] = offset
+
+    async def _revoke(self) -> None:
+        held, self._held = self._held, set()
+        for p in held:
+            self._positions.pop(p, None)
+        if held:
+            await self.listener.on_revoked(held)
+            self.bus.notify()  # a member waiting for these may take them now
+
+    async def _rebalance(self) -> None:
+        """Take part in a rebalance: evict members past their session timeout, revoke what this
+        member holds beyond its share, take the share others have released."""
+        now = asyncio.get_running_loop().time()
+        group = self.group
+        if self not in group.members:  # evicted while silent: its partitions are gone, it joins again
+            await self._revoke()
+            self._join()
+        self._last_seen = now
+        for m in [m for m in group.members if now - m._last_seen > m.session_timeout_s]:
+            group.members.remove(m)  # what it held is free now; it learns at its next poll
+            group.change()
+        if self._generation == group.generation:
+            return
+        target = group.target(self, len(self.bus._log_list(self.topic)))
+        if self._held - target:
+            await self._revoke()  # eager: give everything back, take the share below
+        free = {p for p in target - self._held if group.holder(self.topic, p) is None}
+        if free:
+            self._held |= free
+            await self.listener.on_assigned(set(self._held))
+        if self._held == target:
+            self._generation = group.generation
+
+    async def poll(self, *, max_records: int = 500, timeout_s: float = 0.1) -> dict[int, list[Message]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            await self._rebalance()
+            out: dict[int, list[Message]] = {}
+            left = max_records
+            for p in sorted(self._held - self._paused):
+                if left <= 0:
+                    break
+                start = self._positions.get(p)
+                if start is None:
+                    start = self.group.offsets.get((self.topic, p), 0)
+                records, self._positions[p] = self.bus.log(self.topic, p).visible_from(start, left)
+                if records:
+                    out[p], left = records, left - len(records)
+            if out or (wait := deadline - loop.time()) <= 0:
+                return out
+            await self.bus.changed(min(wait, self.session_timeout_s / 3))
