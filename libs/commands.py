@@ -942,12 +942,12 @@ class CommandProcessor:
             if (
                 batch.append(timestamp=None, key=key, value=value, headers=headers) is None
             ):  # full: send it, start the next
-                out.append((await p.send_batch(batch, topic, partition=self.projection.tp.partition), n - 1))
+                out.append((await p.send_batch(batch, topic, partition=self.projection.partition), n - 1))
                 batch, n = p.create_batch(), 0
                 if batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
                     raise ValueError(f"a record of {len(value)} bytes does not fit a producer batch")
             n += 1
-        out.append((await p.send_batch(batch, topic, partition=self.projection.tp.partition), n - 1))
+        out.append((await p.send_batch(batch, topic, partition=self.projection.partition), n - 1))
         return out
 
     @staticmethod

@@ -15,9 +15,8 @@ import logging
 import zlib
 from typing import Protocol
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from libs import aio, kafka
+from libs import aio
+from libs.bus import Bus, Message, Reader, catch_up, connect
 from libs.store import Checkpoint, Store
 from schemas import Codec, Record, RecordError, Tombstone
 
@@ -38,7 +37,7 @@ DECODE_GROUP = 16
 COMMAND_END = "cmd-end"
 
 
-def recorded_command_end(records: list[kafka.KafkaRecord]) -> int | None:
+def recorded_command_end(records: list[Message]) -> int | None:
     """The last command position the records carry (None: none does).  Positions grow along the
     log, so the last one found from the end is the largest."""
     for rec in reversed(records):
@@ -75,7 +74,7 @@ class CheckpointMismatch(RuntimeError):
 class Projection:
     def __init__(
         self,
-        bootstrap: str,
+        bus: str | Bus,
         topic: str,
         codec: Codec[Record],
         state: State,
@@ -84,8 +83,8 @@ class Projection:
         partition: int = 0,
         name: str = "projection",
     ) -> None:
-        self.bootstrap, self.topic, self.codec, self.state, self.store = bootstrap, topic, codec, state, store
-        self.tp = TopicPartition(topic, partition)
+        self.bus, self.topic, self.codec, self.state, self.store = connect(bus), topic, codec, state, store
+        self.partition = partition
         self.name = name
         self.position = 0  # next offset to apply: for config.events, the ConfigTime reached
         self.last_fingerprint: int | None = None
@@ -93,22 +92,21 @@ class Projection:
         # writer's commands resume, if its consumer group's offset is behind.
         self.command_end: int | None = None
         self.skipped = 0
-        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: Reader | None = None
         self._advanced = asyncio.Condition()
         self._running = asyncio.Event()  # cleared by pause(): follow() applies nothing
         self._running.set()
 
     async def start(self) -> None:
         self.state.load(self.store)
-        ckpt = self.store.checkpoint(self.topic, self.tp.partition)
-        self._consumer = c = kafka.consumer(
-            self.bootstrap, client_id=f"{self.name}-projection", fetch_max_wait_ms=PROJECTION_FETCH_WAIT_MS
+        ckpt = self.store.checkpoint(self.topic, self.partition)
+        self._reader = r = self.bus.reader(
+            self.topic, self.partition, client_id=f"{self.name}-projection", fetch_wait_ms=PROJECTION_FETCH_WAIT_MS
         )
-        await c.start()
-        c.assign([self.tp])
+        await r.start()
         # Seek before any await: otherwise the consumer starts fetching from the log's
         # start, and the fingerprint read waits behind a fetch it throws away.
-        c.seek(self.tp, max(ckpt.next_offset - 1, 0) if ckpt else 0)
+        r.seek(max(ckpt.next_offset - 1, 0) if ckpt else 0)
         if ckpt is None:
             log.info("%s: no checkpoint in %s: replaying %s from offset 0", self.name, self.store.path, self.topic)
             return
@@ -122,21 +120,20 @@ class Projection:
             ckpt.last_fingerprint,
             ckpt.command_end,
         )
-        c.seek(self.tp, ckpt.next_offset)
+        r.seek(ckpt.next_offset)
         log.info("%s: resuming %s from its checkpoint at offset %d", self.name, self.topic, ckpt.next_offset)
 
     @property
-    def consumer(self) -> AIOKafkaConsumer:
-        """The consumer reading the log, between `start()` and `stop()`."""
-        if self._consumer is None:
+    def reader(self) -> Reader:
+        """The reader of the log, between `start()` and `stop()`."""
+        if self._reader is None:
             raise RuntimeError(f"{self.name}: not started")
-        return self._consumer
+        return self._reader
 
     async def _verify(self, ckpt: Checkpoint) -> None:
-        c = self.consumer
-        starts: dict[TopicPartition, int] = await c.beginning_offsets([self.tp])
-        start = starts[self.tp]
-        end = await kafka.log_end(c, self.tp)
+        r = self.reader
+        start = await r.log_start()
+        end = await r.log_end()
         where = f"{self.name}: store {self.store.path} is at offset {ckpt.next_offset} of {self.topic}"
         # Never rebuild from a shorter log on our own: that would silently drop what the store
         # holds and the log lost.  Say what happened and the command for each way out.
@@ -157,9 +154,8 @@ class Projection:
         if ckpt.next_offset == 0 or ckpt.last_fingerprint is None:
             return
         # Fingerprint: the last record applied must still be where the store saw it.
-        c.seek(self.tp, ckpt.next_offset - 1)
-        batch = await c.getmany(self.tp, timeout_ms=2000, max_records=1)
-        records = batch.get(self.tp, [])
+        r.seek(ckpt.next_offset - 1)
+        records = await r.fetch(max_records=1, timeout_s=2.0)
         if (
             records
             and records[0].offset == ckpt.next_offset - 1
@@ -172,11 +168,11 @@ class Projection:
     def reset(self) -> None:
         """Forget in-memory state: reload it from the store and resume reading at its checkpoint."""
         self.state.load(self.store)
-        ckpt = self.store.checkpoint(self.topic, self.tp.partition)
+        ckpt = self.store.checkpoint(self.topic, self.partition)
         self.position = ckpt.next_offset if ckpt else 0
         self.last_fingerprint = ckpt.last_fingerprint if ckpt else None
         self.command_end = ckpt.command_end if ckpt else None
-        self.consumer.seek(self.tp, self.position)
+        self.reader.seek(self.position)
 
     def rewind(self) -> None:
         """Resume reading at the position the in-memory state stands at, without reloading it.
@@ -186,7 +182,7 @@ class Projection:
         `reset()`, so the state *is* the store at `position`: an O(1) seek replaces an O(state)
         reload (what made a take-over slow).
         Should the store's checkpoint disagree, this falls back to `reset()`."""
-        ckpt = self.store.checkpoint(self.topic, self.tp.partition)
+        ckpt = self.store.checkpoint(self.topic, self.partition)
         stored = ckpt.next_offset if ckpt else 0
         if stored != self.position:
             log.warning(
@@ -194,18 +190,18 @@ class Projection:
             )
             self.reset()
             return
-        self.consumer.seek(self.tp, self.position)
+        self.reader.seek(self.position)
 
     async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None
 
-    async def _apply_batch(self, records: list[kafka.KafkaRecord]) -> None:
+    async def _apply_batch(self, records: list[Message]) -> None:
         self._fold(records)
         self._commit()
 
-    def _fold(self, records: list[kafka.KafkaRecord]) -> None:
+    def _fold(self, records: list[Message]) -> None:
         """Apply the records to the state and move the position past them, in memory only: the
         store is written by `_commit`."""
         # Bound once per batch, not looked up on every record of a replay.
@@ -252,7 +248,7 @@ class Projection:
         ranges: list[tuple[bytes, bytes]] = drain_ranges() if drain_ranges is not None else []
         self.store.commit(
             self.state.drain_changes().items(),
-            Checkpoint(self.topic, self.tp.partition, self.position, self.last_fingerprint, self.command_end),
+            Checkpoint(self.topic, self.partition, self.position, self.last_fingerprint, self.command_end),
             ranges,
         )
         asyncio.get_running_loop().call_soon(self._notify)
@@ -273,12 +269,12 @@ class Projection:
         loses only work the next start redoes from the last checkpoint."""
         committed, uncommitted, folding = self.position, 0, False  # the store's position, bytes since
 
-        async def fold(records: list[kafka.KafkaRecord]) -> None:
+        async def fold(records: list[Message]) -> None:
             nonlocal committed, uncommitted, folding
             folding = True
             self._fold(records)
             folding = False
-            uncommitted += sum(r.serialized_value_size for r in records)
+            uncommitted += sum(len(r.value or b"") for r in records)
             if uncommitted >= CATCH_UP_COMMIT_BYTES:
                 self._commit()
                 committed, uncommitted = self.position, 0
@@ -287,7 +283,7 @@ class Projection:
             await asyncio.sleep(0)
 
         try:
-            await kafka.catch_up(self.consumer, self.tp, fold)
+            await catch_up(self.reader, fold)
         finally:
             # Also when cancelled between two fetches; not when a fold failed half-way (its
             # changes are partial: whoever handles the error reloads the state).
@@ -297,19 +293,18 @@ class Projection:
 
     async def poll(self, timeout_ms: int = 500) -> None:
         """Apply whatever the log has beyond the position, waiting up to `timeout_ms` for it."""
-        batch = await self.consumer.getmany(self.tp, timeout_ms=timeout_ms, max_records=5000)
-        if records := batch.get(self.tp):
+        if records := await self.reader.fetch(max_records=5000, timeout_s=timeout_ms / 1000):
             await self._apply_batch(records)
 
     async def follow(self) -> None:
         """Tail the log forever (until cancelled)."""
         while True:
             await self._running.wait()
-            batch = await self.consumer.getmany(self.tp, timeout_ms=500, max_records=5000)
+            records = await self.reader.fetch(max_records=5000, timeout_s=0.5)
             if not self._running.is_set():  # paused while fetching: as if never fetched
-                self.consumer.seek(self.tp, self.position)
+                self.reader.seek(self.position)
                 continue
-            if records := batch.get(self.tp):
+            if records:
                 await self._apply_batch(records)
 
     def pause(self) -> None:
@@ -322,11 +317,11 @@ class Projection:
 
     async def log_end(self) -> int:
         """The log's stable end as of now (read_committed)."""
-        return await kafka.log_end(self.consumer, self.tp)
+        return await self.reader.log_end()
 
     async def fetched_to(self) -> int:
         """How far the consumer has read: past the transaction markers `position` never counts."""
-        consumed: int = await self.consumer.position(self.tp)
+        consumed = await self.reader.position()
         return max(self.position, consumed)
 
     async def wait_for(self, offset: int, timeout: float) -> None:

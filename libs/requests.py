@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
-from libs import aio, kafka, tracing
+from libs import aio, tracing
+from libs.bus import Bus, Producer, Tail, connect
 from libs.commands import CORRELATION_ID, REPLY_TO, VECTOR_TIME, Gossip, header
 from libs.service import supervised
 from schemas import Codec, Record, RecordError
@@ -26,23 +25,23 @@ class RequestTimeout(TimeoutError):
 class Requester:
     def __init__(
         self,
-        bootstrap: str,
+        bus: str | Bus,
         inbox: str,
         *,
         client_id: str = "shardlog-client",
         stop_owner_on_failure: bool = False,
         clock: Gossip | None = None,
     ) -> None:
-        self.bootstrap, self.inbox, self.client_id = bootstrap, inbox, client_id
+        self.bus, self.inbox, self.client_id = connect(bus), inbox, client_id
         self.clock = clock  # gossips its times on every request, advanced by every reply's
         self.stop_owner_on_failure = stop_owner_on_failure  # a service stops; a client library only logs
         self._waiting: dict[bytes, asyncio.Future[Reply]] = {}
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: Producer | None = None
+        self._tail: Tail | None = None
         self._reader: asyncio.Task[None] | None = None
 
     @property
-    def producer(self) -> AIOKafkaProducer:
+    def producer(self) -> Producer:
         """Its producer, while started: a service may send its other records through it too, so
         that aiokafka puts them in the same produce requests (stopped by `stop`)."""
         if self._producer is None:
@@ -50,19 +49,14 @@ class Requester:
         return self._producer
 
     async def start(self) -> None:
-        self._producer = producer = kafka.producer(self.bootstrap, client_id=self.client_id, linger_ms=0)
-        self._consumer = consumer = kafka.consumer(self.bootstrap, client_id=self.client_id)
-        await asyncio.gather(producer.start(), consumer.start())
-        # Every partition of the inbox: a router's has a second one for the replies sent outside
-        # any transaction (libs.commands.UNTRANSACTED_REPLIES_PARTITION).
-        tps = [TopicPartition(self.inbox, p) for p in sorted(await producer.partitions_for(self.inbox))]
-        consumer.assign(tps)
-        # Replies to requests sent from now on come after these offsets.
-        ends = await consumer.end_offsets(tps)
-        for tp in tps:
-            consumer.seek(tp, ends[tp])
+        self._producer = producer = self.bus.producer(client_id=self.client_id)
+        # Every partition of the inbox (a router's has a second one for the replies sent outside
+        # any transaction: libs.commands.UNTRANSACTED_REPLIES_PARTITION), from its end: replies
+        # to requests sent from now on come after.
+        self._tail = tail = self.bus.tail(self.inbox, client_id=self.client_id)
+        await asyncio.gather(producer.start(), tail.start())
         self._reader = supervised(
-            asyncio.create_task(self._read(consumer)),
+            asyncio.create_task(self._read(tail)),
             f"{self.client_id} reply reader",
             stop_owner=self.stop_owner_on_failure,
         )
@@ -70,7 +64,7 @@ class Requester:
     async def stop(self) -> None:
         if self._reader:
             self._reader.cancel()
-        await asyncio.gather(*(c.stop() for c in (self._producer, self._consumer) if c), return_exceptions=True)
+        await asyncio.gather(*(c.stop() for c in (self._producer, self._tail) if c), return_exceptions=True)
 
     async def __aenter__(self) -> Requester:
         await self.start()
@@ -79,10 +73,9 @@ class Requester:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _read(self, consumer: AIOKafkaConsumer) -> None:
+    async def _read(self, tail: Tail) -> None:
         while True:
-            batch = await consumer.getmany(timeout_ms=500)
-            for rec in (rec for recs in batch.values() for rec in recs):
+            for rec in await tail.fetch(timeout_s=0.5):
                 if self.clock is not None:  # a late reply's times are news too
                     self.clock.gossip_in(header(rec.headers, VECTOR_TIME))
                 fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)
@@ -114,7 +107,7 @@ class Requester:
             headers = tracing.inject(
                 [(REPLY_TO, self.inbox.encode()), (CORRELATION_ID, corr), *gossip, *(headers or [])]
             )
-            await self._producer.send_and_wait(topic, value, key=key, headers=headers)
+            await (await self._producer.send(topic, value, key=key, headers=headers))
         return fut
 
     def forget(self, fut: asyncio.Future[Reply]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from libs.bus import Bus, BusError, Fenced, Message, TopicSpec, UnknownTopic
+from libs.bus import Bus, BusError, Fenced, Message, TopicSpec, UnknownTopic, catch_up
 
 WAIT_S = 30.0  # a real broker's group rebalance takes seconds; the memory bus answers at once
 
@@ -80,6 +80,19 @@ async def order_and_offsets(bus: Bus, prefix: str) -> None:
         (i, f"k{i}".encode(), f"v{i}".encode(), (("h", b"%d" % i),)) for i in range(3)
     ]
     assert await log_end(bus, topic) == 3
+    r = bus.reader(topic, client_id="contract")
+    await r.start()
+    try:
+        assert await r.log_start() == 0
+        r.seek(1)
+        seen: list[Message] = []
+
+        async def on_batch(records: list[Message]) -> None:
+            seen.extend(records)
+
+        assert await catch_up(r, on_batch) >= 3 and [m.offset for m in seen] == [1, 2]
+    finally:
+        await r.stop()
 
 
 async def commit_marker_takes_an_offset(bus: Bus, prefix: str) -> None:
@@ -242,6 +255,33 @@ async def a_group_hands_a_partition_over(bus: Bus, prefix: str) -> None:
         await b.stop()
 
 
+async def a_tail_reads_every_partition_from_its_start(bus: Bus, prefix: str) -> None:
+    """An inbox: what was there before the tail started is not read; what comes after is, from
+    every partition."""
+    topic = f"{prefix}.inbox"
+    await bus.create_topics([TopicSpec(topic, partitions=2)])
+    p = bus.producer(client_id="contract")
+    await p.start()
+    tail = bus.tail(topic, client_id="contract")
+    try:
+        assert await p.partitions_for(topic) == {0, 1}
+        await (await p.send(topic, b"before", partition=0))
+        await tail.start()
+        await (await p.send(topic, b"p0", partition=0))
+        await (await p.send(topic, b"p1", partition=1))
+        got: list[Message] = []
+
+        async def both() -> bool:
+            got.extend(await tail.fetch(timeout_s=0.2))
+            return len(got) >= 2
+
+        await until("the tail to read both partitions", both)
+        assert sorted((m.partition, m.value) for m in got) == [(0, b"p0"), (1, b"p1")]
+    finally:
+        await p.stop()
+        await tail.stop()
+
+
 async def topics_and_partitions(bus: Bus, prefix: str) -> None:
     topic = f"{prefix}.parts"
     await bus.create_topics([TopicSpec(topic, partitions=2)])
@@ -259,5 +299,6 @@ CASES = [
     a_new_producer_fences_the_old,
     offsets_commit_with_their_transaction,
     a_group_hands_a_partition_over,
+    a_tail_reads_every_partition_from_its_start,
     topics_and_partitions,
 ]

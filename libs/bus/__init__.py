@@ -50,6 +50,7 @@ __all__ = [
     "Message",
     "Producer",
     "Reader",
+    "Tail",
     "TopicSpec",
     "TransactionalProducer",
     "UnknownTopic",
@@ -102,8 +103,21 @@ class Producer(Protocol):
     async def stop(self) -> None: ...
 
     async def send(
-        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
-    ) -> Awaitable[int]: ...
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Headers = (),
+        partition: int | None = None,
+    ) -> Awaitable[int]:
+        """Queue a record (partition None: the bus picks one); the future resolves once it is written."""
+        ...
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        """A topic's partitions as this producer knows them (fetched once, then cached); waits
+        for them, so a caller that cannot wait bounds it (UnknownTopic in memory at once)."""
+        ...
 
 
 class TransactionalProducer(Producer, Protocol):
@@ -129,6 +143,10 @@ class Reader(Protocol):
 
     async def position(self) -> int: ...
 
+    async def log_start(self) -> int:
+        """The first offset the log still holds (retention moves it on; never, in memory)."""
+        ...
+
     async def log_end(self) -> int:
         """The last stable offset: below it, every transaction is decided."""
         ...
@@ -136,6 +154,17 @@ class Reader(Protocol):
     async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
         """The next committed records from the position (waiting up to `timeout_s` for some)."""
         ...
+
+
+class Tail(Protocol):
+    """Every partition of a topic, read_committed, from where each ended when it started: an
+    inbox (replies to requests sent from then on)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Message]: ...
 
 
 class GroupMember(Protocol):
@@ -180,7 +209,12 @@ class Bus(Protocol):
 
     def transactional_producer(self, transactional_id: str, *, client_id: str) -> TransactionalProducer: ...
 
-    def reader(self, topic: str, partition: int = 0, *, client_id: str) -> Reader: ...
+    def reader(self, topic: str, partition: int = 0, *, client_id: str, fetch_wait_ms: int | None = None) -> Reader:
+        """A reader of one partition, at offset 0 until sought; `fetch_wait_ms` bounds how long a
+        fetch waits at the broker (a seek waits for the fetch in flight)."""
+        ...
+
+    def tail(self, topic: str, *, client_id: str) -> Tail: ...
 
     def member(
         self, group: str, topic: str, *, client_id: str, listener: Listener, session_timeout_ms: int = 10_000
@@ -188,3 +222,39 @@ class Bus(Protocol):
 
 
 OnBatch = Callable[[list[Message]], Awaitable[None]]
+
+
+def connect(where: str | Bus) -> Bus:
+    """A bus: itself, or the Kafka bus of a bootstrap address (how callers that still pass one
+    get the seam)."""
+    if isinstance(where, str):
+        from libs.bus.kafka import KafkaBus
+
+        return KafkaBus(where)
+    return where
+
+
+async def catch_up(r: Reader, on_batch: OnBatch, *, max_records: int = 5000) -> int:
+    """Feed `on_batch(records)` until the reader has passed the log's stable end as of now;
+    returns the position reached.
+
+    With read_committed, a transaction's commit marker takes an offset no record occupies, so
+    Kafka's `position` can stop one short of the end (aiokafka #911): two empty fetches in a
+    row after reaching end-1 also mean "caught up"."""
+    target = await r.log_end()
+    empty = 0
+    while (pos := await r.position()) < target:
+        # Near the end, fetch briefly: a fetch holding only a commit marker returns no record,
+        # so it would sit out its whole wait before the position moves.
+        records = await r.fetch(max_records=max_records, timeout_s=0.02 if pos >= target - 1 else 0.2)
+        if records:
+            empty = 0
+            await on_batch(records)
+        else:
+            empty += 1
+            if empty >= 2 and await r.position() >= target - 1:
+                break
+            if empty >= 50:  # 10 s with nothing below a stable end: a hanging transaction, not "caught up"
+                target = await r.log_end()
+                empty = 0
+    return await r.position()

@@ -36,21 +36,17 @@ def _offset_of(sent: asyncio.Future[RecordMetadata]) -> Awaitable[int]:
 class KafkaBus:
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
-        self._admin: AIOKafkaAdminClient | None = None
-
-    async def close(self) -> None:
-        if self._admin is not None:
-            await self._admin.close()
-            self._admin = None
 
     async def create_topics(self, specs: list[TopicSpec]) -> None:
         await kafka.ensure_topics(self.bootstrap, specs)
 
     async def partitions_for(self, topic: str) -> set[int]:
-        if self._admin is None:
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="shardlog-metadata")
-            await self._admin.start()
-        [described] = await self._admin.describe_topics([topic])  # asks the broker: never a stale cache
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="shardlog-metadata")
+        await admin.start()
+        try:
+            [described] = await admin.describe_topics([topic])  # asks the broker: never a stale cache
+        finally:
+            await admin.close()
         if described["error_code"] or not described["partitions"]:
             raise UnknownTopic(f"topic {topic} does not exist")
         return {p["partition"] for p in described["partitions"]}
@@ -63,8 +59,17 @@ class KafkaBus:
             kafka.producer(self.bootstrap, transactional_id=transactional_id, client_id=client_id, linger_ms=0)
         )
 
-    def reader(self, topic: str, partition: int = 0, *, client_id: str) -> KafkaReader:
-        return KafkaReader(kafka.consumer(self.bootstrap, client_id=client_id), TopicPartition(topic, partition))
+    def reader(
+        self, topic: str, partition: int = 0, *, client_id: str, fetch_wait_ms: int | None = None
+    ) -> KafkaReader:
+        extra: dict[str, Any] = {} if fetch_wait_ms is None else {"fetch_max_wait_ms": fetch_wait_ms}
+        return KafkaReader(
+            kafka.consumer(self.bootstrap, client_id=client_id, **extra), TopicPartition(topic, partition)
+        )
+
+    def tail(self, topic: str, *, client_id: str) -> KafkaTail:
+        metadata = kafka.producer(self.bootstrap, client_id=client_id)  # partitions_for, then stopped
+        return KafkaTail(kafka.consumer(self.bootstrap, client_id=client_id), topic, metadata)
 
     def member(
         self, group: str, topic: str, *, client_id: str, listener: Listener, session_timeout_ms: int = 10_000
@@ -84,9 +89,19 @@ class KafkaProducer:
         await self.p.stop()
 
     async def send(
-        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Headers = (),
+        partition: int | None = None,
     ) -> Awaitable[int]:
         return _offset_of(await self.p.send(topic, value, key=key, headers=list(headers), partition=partition))
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        partitions: set[int] = await self.p.partitions_for(topic)
+        return partitions
 
 
 class KafkaTransactionalProducer(KafkaProducer):
@@ -122,6 +137,10 @@ class KafkaReader:
         position: int = await self.c.position(self.tp)
         return position
 
+    async def log_start(self) -> int:
+        starts: dict[TopicPartition, int] = await self.c.beginning_offsets([self.tp])
+        return starts[self.tp]
+
     async def log_end(self) -> int:
         return await kafka.log_end(self.c, self.tp)
 
@@ -129,6 +148,32 @@ class KafkaReader:
         batch = await self.c.getmany(self.tp, timeout_ms=int(timeout_s * 1000), max_records=max_records)
         records: list[Message] = batch.get(self.tp, [])
         return records
+
+
+class KafkaTail:
+    def __init__(self, consumer: AIOKafkaConsumer, topic: str, producer: AIOKafkaProducer) -> None:
+        self.c, self.topic, self._metadata = consumer, topic, producer
+
+    async def start(self) -> None:
+        await asyncio.gather(self.c.start(), self._metadata.start())
+        try:
+            partitions = await self._metadata.partitions_for(self.topic)
+        finally:
+            await self._metadata.stop()
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self.c.assign(tps)
+        ends: dict[TopicPartition, int] = await self.c.end_offsets(tps)
+        for tp in tps:
+            self.c.seek(tp, ends[tp])
+
+    async def stop(self) -> None:
+        await self.c.stop()
+
+    async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Message]:
+        batch: dict[TopicPartition, list[Message]] = await self.c.getmany(
+            timeout_ms=int(timeout_s * 1000), max_records=max_records
+        )
+        return [rec for records in batch.values() for rec in records]
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types

@@ -125,8 +125,13 @@ class MemoryBus:
     def transactional_producer(self, transactional_id: str, *, client_id: str) -> MemoryTransactionalProducer:
         return MemoryTransactionalProducer(self, client_id, transactional_id)
 
-    def reader(self, topic: str, partition: int = 0, *, client_id: str) -> MemoryReader:
+    def reader(
+        self, topic: str, partition: int = 0, *, client_id: str, fetch_wait_ms: int | None = None
+    ) -> MemoryReader:
         return MemoryReader(self, topic, partition)
+
+    def tail(self, topic: str, *, client_id: str) -> MemoryTail:
+        return MemoryTail(self, topic)
 
     def member(
         self, group: str, topic: str, *, client_id: str, listener: Listener, session_timeout_ms: int = 10_000
@@ -193,10 +198,20 @@ class MemoryProducer:
         pass
 
     async def send(
-        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Headers = (),
+        partition: int | None = None,
     ) -> Awaitable[int]:
+        partition = partition or 0
         record = self.bus.message(topic, partition, value, key, headers)
         return _acked(self.bus.append(topic, partition, _Entry(record)))
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return await self.bus.partitions_for(topic)
 
 
 class MemoryTransactionalProducer(MemoryProducer):
@@ -231,8 +246,15 @@ class MemoryTransactionalProducer(MemoryProducer):
         self._txn = self.bus._open[self.transactional_id] = _Txn(self.transactional_id)
 
     async def send(
-        self, topic: str, value: bytes | None, *, key: bytes | None = None, headers: Headers = (), partition: int = 0
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: Headers = (),
+        partition: int | None = None,
     ) -> Awaitable[int]:
+        partition = partition or 0
         txn = self._in_transaction()
         record = self.bus.message(topic, partition, value, key, headers)
         txn.partitions.add((topic, partition))
@@ -265,6 +287,9 @@ class MemoryReader:
     async def position(self) -> int:
         return self._position
 
+    async def log_start(self) -> int:
+        return 0  # no retention: every record stays
+
     async def log_end(self) -> int:
         return self.bus.log(self.topic, self.partition).last_stable()
 
@@ -273,6 +298,30 @@ class MemoryReader:
         deadline = loop.time() + timeout_s
         while True:
             out, self._position = self.bus.log(self.topic, self.partition).visible_from(self._position, max_records)
+            if out or (left := deadline - loop.time()) <= 0:
+                return out
+            await self.bus.changed(left)
+
+
+class MemoryTail:
+    def __init__(self, bus: MemoryBus, topic: str) -> None:
+        self.bus, self.topic = bus, topic
+        self._positions: list[int] = []
+
+    async def start(self) -> None:
+        self._positions = [log.last_stable() for log in self.bus._log_list(self.topic)]
+
+    async def stop(self) -> None:
+        pass
+
+    async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Message]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            out: list[Message] = []
+            for p, log in enumerate(self.bus._log_list(self.topic)):
+                records, self._positions[p] = log.visible_from(self._positions[p], max_records - len(out))
+                out += records
             if out or (left := deadline - loop.time()) <= 0:
                 return out
             await self.bus.changed(left)

@@ -15,11 +15,4 @@ pytestmark = pytest.mark.kafka
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
 def test_the_kafka_bus_keeps_the_contract(case, bootstrap, cluster):
-    async def run() -> None:
-        bus = KafkaBus(bootstrap)
-        try:
-            await case(bus, cluster)  # topics named <cluster>.…: the fixture deletes them
-        finally:
-            await bus.close()
-
-    asyncio.run(run())
+    asyncio.run(case(KafkaBus(bootstrap), cluster))  # topics named <cluster>.…: the fixture deletes them

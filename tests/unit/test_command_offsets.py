@@ -86,7 +86,7 @@ class State:
 
 
 class Seeks:
-    def seek(self, tp: Any, offset: int) -> None: ...
+    def seek(self, offset: int) -> None: ...
 
 
 def decide(command: Record) -> Decision:
@@ -99,7 +99,7 @@ def decide(command: Record) -> Decision:
 @pytest.fixture
 def processor(tmp_path):
     projection = Projection("unused:9092", "events", Codec("ev", Ev, (Ev,)), State(), Store(tmp_path / "db"))  # type: ignore[arg-type]
-    projection._consumer = Seeks()  # type: ignore[assignment]
+    projection._reader = Seeks()  # type: ignore[assignment]
     p = CommandProcessor(
         bootstrap="unused:9092",
         command_topic="commands",

@@ -5,7 +5,6 @@ where they resume (docs/reference/command-processor.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from libs.projection import COMMAND_END, Projection, recorded_command_end
 from libs.store import Store
@@ -50,7 +49,7 @@ class Counting:
 
 
 class Seeks:
-    def seek(self, tp: Any, offset: int) -> None:
+    def seek(self, offset: int) -> None:
         self.at = offset
 
 
@@ -65,7 +64,7 @@ def test_the_last_recorded_position_of_a_batch_counts():
 
 def projection(tmp_path) -> Projection:
     p = Projection("unused:9092", "t", Codec(), Counting(), Store(tmp_path / "db"), name="test")  # type: ignore[arg-type]
-    p._consumer = Seeks()  # type: ignore[assignment]
+    p._reader = Seeks()  # type: ignore[assignment]
     return p
 
 
