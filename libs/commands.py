@@ -31,13 +31,11 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError, ProducerFenced
-from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from libs import aio, kafka, tracing
+from libs import aio, tracing
+from libs.bus import Bus, BusError, Fenced, GroupMember, Message, Producer, TransactionalProducer, connect
 from libs.errors import CommandError as CommandError  # re-exported: the processor's importers
 from libs.faults import fault_point
 from libs.headers import CORRELATION_ID as CORRELATION_ID  # re-exported
@@ -173,7 +171,7 @@ class CommandProcessor:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bus: str | Bus,
         command_topic: str,
         command_codec: Codec[Record],
         projection: Projection,
@@ -185,14 +183,14 @@ class CommandProcessor:
         session_timeout_ms: int = 10_000,
         on_role: Callable[[str], None] | None = None,
         event_key: Callable[[Record], bytes | None] | None = None,
-        prepare: Callable[[list[kafka.KafkaRecord]], Awaitable[None]] | None = None,
+        prepare: Callable[[list[Message]], Awaitable[None]] | None = None,
         clock: Gossip | None = None,
         batch_bytes: int = 1024 * 1024,
         plain_read: Callable[[Record], bool] | None = None,
         one_phase: Callable[[Record], bool] | None = None,
         point_reads: PointReads | None = None,
     ) -> None:
-        self.bootstrap, self.command_topic, self.codec = bootstrap, command_topic, command_codec
+        self.bus, self.command_topic, self.codec = connect(bus), command_topic, command_codec
         self.projection, self.decide, self.dead_letters = projection, decide, dead_letters
         self.group_id, self.name, self.max_batch = group_id, name, max_batch
         self.session_timeout_ms = session_timeout_ms
@@ -214,18 +212,18 @@ class CommandProcessor:
         # is answered while a transaction is in flight when none of its events touches that
         # document (docs/reference/command-processor.md).  None: reads wait for the transaction.
         self.point_reads = point_reads
-        self.tp = TopicPartition(command_topic, 0)
-        self.transactional_id = f"{group_id}.{self.tp.partition}"
+        self.partition = 0  # the command topic's one partition
+        self.transactional_id = f"{group_id}.{self.partition}"
         self.active = asyncio.Event()
         self.fenced = False
         self.commands_done = 0
         self._lock = asyncio.Lock()  # held for a whole transaction; revocation waits for it
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None  # transactional, while active
-        self._read_producer: AIOKafkaProducer | None = None  # idempotent, plain reads' replies, while active
+        self._member: GroupMember | None = None
+        self._producer: TransactionalProducer | None = None  # while active
+        self._read_producer: Producer | None = None  # idempotent, plain reads' replies, while active
         # Plain reads' replies not yet known acked, each with whether it went to a partition that
         # transactional replies use too (an inbox with one partition).
-        self._read_sends: list[tuple[asyncio.Future[RecordMetadata], bool]] = []
+        self._read_sends: list[tuple[Awaitable[int], bool]] = []
         # The offset after the last command answered that the consumer group has not got: plain
         # reads answered outside any transaction (recorded nowhere yet until a transaction comes),
         # or commands whose transaction recorded them in the changelog only.
@@ -237,7 +235,7 @@ class CommandProcessor:
         self._uncommitted: set[bytes] | None = set()
         # Commands fetched while the last transaction was in flight and not answered then, and
         # the offset after the last command fetched then (answered or not); None: nothing fetched.
-        self._carried: list[kafka.KafkaRecord] = []
+        self._carried: list[Message] = []
         self._carried_end: int | None = None
         self._assigned = asyncio.Event()
         self._assigned_at = 0.0  # when the group gave us the partition (monotonic)
@@ -247,14 +245,14 @@ class CommandProcessor:
     # ------------------------------------------------------------ lifecycle
 
     @property
-    def consumer(self) -> AIOKafkaConsumer:
+    def member(self) -> GroupMember:
         """The consumer group member reading commands, while `run()` runs."""
-        if self._consumer is None:
+        if self._member is None:
             raise RuntimeError(f"{self.name}: not running")
-        return self._consumer
+        return self._member
 
     @property
-    def producer(self) -> AIOKafkaProducer:
+    def producer(self) -> TransactionalProducer:
         """The transactional producer, while active."""
         if self._producer is None:
             raise RuntimeError(f"{self.name}: not active")
@@ -263,37 +261,39 @@ class CommandProcessor:
     async def run(self) -> None:
         processor = self
 
-        # aiokafka ships no types, so its listener base is Any to the type checker.
-        class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-            async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
-                if processor.tp in revoked:
+        class Listener:
+            async def on_revoked(self, revoked: Collection[int]) -> None:
+                if processor.partition in revoked:
                     async with processor._lock:
                         processor._assigned.clear()
                         await processor._deactivate("partition revoked")
 
-            async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
-                if processor.tp in assigned:
+            async def on_assigned(self, assigned: Collection[int]) -> None:
+                if processor.partition in assigned:
                     processor._assigned_at = time.monotonic()
                     processor._assigned.set()
 
-        self._consumer = consumer = kafka.consumer(
-            self.bootstrap, group_id=self.group_id, client_id=self.name, session_timeout_ms=self.session_timeout_ms
+        self._member = member = self.bus.member(
+            self.group_id,
+            self.command_topic,
+            client_id=self.name,
+            listener=Listener(),
+            session_timeout_ms=self.session_timeout_ms,
         )
-        await consumer.start()
-        consumer.subscribe([self.command_topic], listener=Listener())
+        await member.start()
         try:
             while True:
                 if not self._assigned.is_set():
-                    # Standby: heartbeat through getmany until the partition is ours, and keep
+                    # Standby: heartbeat through polls until the partition is ours, and keep
                     # the projection warm so that taking over needs only a short catch-up.
-                    await consumer.getmany(timeout_ms=100)
+                    await member.poll(timeout_s=0.1)
                     if not self._assigned.is_set():  # (just assigned: activate without another wait)
                         await self.projection.poll(timeout_ms=100)
                     continue
                 if not self.active.is_set():
                     if time.monotonic() < self._hold_until:  # fenced: let the group speak first
-                        consumer.pause(self.tp)  # (activation seeks to where the commands resume)
-                        await consumer.getmany(timeout_ms=100)
+                        member.pause(self.partition)  # (activation seeks to where the commands resume)
+                        await member.poll(timeout_s=0.1)
                         continue
                     await self._activate()
                     continue
@@ -305,36 +305,34 @@ class CommandProcessor:
                     await self._guarded(self._commit_group_offset)
         finally:
             await self._deactivate("stopping")
-            await consumer.stop()
+            await member.stop()
 
     async def _activate(self) -> None:
         async with self._lock:
             if not self._assigned.is_set():
                 return
             t0 = time.monotonic()
-            consumer = self.consumer
-            consumer.pause(self.tp)  # nothing is fetched until the committed offset is known
+            member = self.member
+            member.pause(self.partition)  # nothing is fetched until the committed offset is known
             # linger 0: a phase's records are all queued before the sender runs (nothing awaits
             # in between), so lingering only delays each phase of every transaction.
             # retry_backoff_ms: a transaction begun while the broker still writes the previous one's
             # markers is refused (CONCURRENT_TRANSACTIONS, ~a third of a busy shard's transactions)
             # and retried after this backoff; the markers take a few ms.
-            self._producer = kafka.producer(
-                self.bootstrap,
-                transactional_id=self.transactional_id,
+            self._producer = self.bus.transactional_producer(
+                self.transactional_id,
                 client_id=self.name,
                 batch_bytes=self.batch_bytes,
-                linger_ms=0,
                 retry_backoff_ms=TRANSACTION_RETRY_BACKOFF_MS,
             )
             await self._producer.start()  # init_transactions: fences every earlier owner
             t_fenced = time.monotonic()
             if self.plain_read is not None:
-                self._read_producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-reads", linger_ms=0)
+                self._read_producer = self.bus.producer(client_id=f"{self.name}-reads")
                 await self._read_producer.start()
             # Only now is the committed offset final (the fenced owner cannot commit any more; its
             # last transactions are complete, their markers written: init_transactions waits).
-            committed = await consumer.committed(self.tp)
+            committed = await member.committed(self.partition)
             # A standby's state is its store at its position: rewind, don't reload (O(state)).
             self.projection.rewind()
             t_committed = time.monotonic()
@@ -343,10 +341,10 @@ class CommandProcessor:
             # wrote events recorded it there instead of in the group.  Resume after both.
             recorded = self.projection.command_end
             start = max(committed or 0, recorded or 0)
-            consumer.seek(self.tp, start)
+            member.seek(self.partition, start)
             if start != (committed or 0):  # the group learns it soon (lag monitoring)
                 self._group_behind, self._group_behind_since = start, time.monotonic()
-            consumer.resume(self.tp)
+            member.resume(self.partition)
             done = time.monotonic()
             # Where a take-over's time goes (bench/bench_takeover.py reads it from the readiness file).
             self.last_activation = {
@@ -419,15 +417,15 @@ class CommandProcessor:
             records, end = self._carried, self._carried_end
             self._carried, self._carried_end = [], None
         else:
-            batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch)
-            records, end = batch.get(self.tp) or [], None
+            batch = await self.member.poll(timeout_s=0.1, max_records=self.max_batch)
+            records, end = batch.get(self.partition) or [], None
         if not records:
             return
         if self.prepare is not None:
             await self.prepare(records)
         await self._guarded(lambda: self._serve(records, end if end is not None else records[-1].offset + 1))
 
-    async def _serve(self, records: list[kafka.KafkaRecord], end: int) -> None:
+    async def _serve(self, records: list[Message], end: int) -> None:
         """Serve `records`; `end` is the offset after them (or after the last command answered
         past them while the previous transaction was in flight)."""
         if self._read_producer is not None:
@@ -454,10 +452,10 @@ class CommandProcessor:
                 return  # revoked while fetching: the new owner decides these
             try:
                 await work()
-            except (ProducerFenced, KafkaError) as e:
+            except BusError as e:  # Fenced among them
                 # Someone else owns the log now (or the transaction failed): forget the
                 # in-memory state this batch built and rebuild it from the store.
-                self.fenced = isinstance(e, ProducerFenced)
+                self.fenced = isinstance(e, Fenced)
                 log.error(
                     "%s: transaction failed (%s: %s); reloading state and standing by", self.name, type(e).__name__, e
                 )
@@ -471,7 +469,7 @@ class CommandProcessor:
 
     # ------------------------------------------------- plain reads, outside
 
-    async def _answer_reads(self, records: list[kafka.KafkaRecord]) -> list[tuple[kafka.KafkaRecord, Head | None]]:
+    async def _answer_reads(self, records: list[Message]) -> list[tuple[Message, Head | None]]:
         """Answer the batch's plain reads outside any transaction, from the committed state, before
         any command of the batch is decided; returns the others, in order, for the transaction,
         with what is known of each (decoded; decided too for a read that wrote after all: from it
@@ -479,7 +477,7 @@ class CommandProcessor:
         is answered as if before it: that write is not acknowledged until the batch commits, so
         the two are concurrent (docs/reference/command-processor.md)."""
         assert self.plain_read is not None
-        rest: list[tuple[kafka.KafkaRecord, Head | None]] = []
+        rest: list[tuple[Message, Head | None]] = []
         for i, rec in enumerate(records):
             try:
                 command = self.codec.decode(rec.value)
@@ -500,7 +498,7 @@ class CommandProcessor:
             span.end()
         return rest
 
-    def _read_span(self, rec: kafka.KafkaRecord, command: Record) -> trace.Span:
+    def _read_span(self, rec: Message, command: Record) -> trace.Span:
         span = tracing.tracer.start_span(
             f"{self.name} {command.type}",
             context=tracing.extract(rec.headers),
@@ -511,7 +509,7 @@ class CommandProcessor:
             span.set_attributes(tracing.db_attributes(getattr(command, "ns", None), command.type))
         return span
 
-    async def _reply_read(self, rec: kafka.KafkaRecord, reply: Reply, span: trace.Span) -> None:
+    async def _reply_read(self, rec: Message, reply: Reply, span: trace.Span) -> None:
         """Send a plain read's reply outside any transaction (its inbox's second partition when
         it has one); its ConfigTime is the committed position."""
         p = self._read_producer
@@ -538,7 +536,7 @@ class CommandProcessor:
 
     # ------------------------------------------ point reads, during a transaction
 
-    async def _transact_answering(self, commands: list[tuple[kafka.KafkaRecord, Head | None]], end: int) -> None:
+    async def _transact_answering(self, commands: list[tuple[Message, Head | None]], end: int) -> None:
         """`_transact`, and meanwhile answer the point reads fetched after its commands whose
         document none of its events touches; the other commands fetched meanwhile are carried
         to the next batch."""
@@ -564,12 +562,11 @@ class CommandProcessor:
         Returns the offset after the last command fetched (None: none was)."""
         point_reads, plain_read = self.point_reads, self.plain_read
         assert point_reads is not None and plain_read is not None
-        consumer, end = self.consumer, None
+        member, end = self.member, None
         while not txn.done() and len(self._carried) < self.max_batch:
-            fetch = asyncio.ensure_future(
-                consumer.getmany(self.tp, timeout_ms=100, max_records=self.max_batch - len(self._carried))
-            )
-            await asyncio.wait({txn, fetch}, return_when=asyncio.FIRST_COMPLETED)
+            fetch = asyncio.ensure_future(member.poll(timeout_s=0.1, max_records=self.max_batch - len(self._carried)))
+            either: list[asyncio.Future[Any]] = [txn, fetch]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if not fetch.done():
                 fetch.cancel()  # nothing is taken from the fetcher's buffer but when it returns
             records = (await asyncio.gather(fetch, return_exceptions=True))[0]
@@ -577,7 +574,7 @@ class CommandProcessor:
                 if isinstance(records, asyncio.CancelledError):
                     continue
                 raise records
-            batch = records.get(self.tp) or []
+            batch = records.get(self.partition) or []
             if not batch:
                 continue
             end = batch[-1].offset + 1
@@ -589,7 +586,7 @@ class CommandProcessor:
         return end
 
     async def _answer_point_read(
-        self, rec: kafka.KafkaRecord, point_reads: PointReads, plain_read: Callable[[Record], bool]
+        self, rec: Message, point_reads: PointReads, plain_read: Callable[[Record], bool]
     ) -> bool:
         """Answer `rec` now if it is a point read of a document no uncommitted event changes."""
         uncommitted = self._uncommitted
@@ -611,7 +608,7 @@ class CommandProcessor:
         span.end()
         return True
 
-    async def _inbox_partitions(self, p: AIOKafkaProducer, inbox: str) -> set[int] | None:
+    async def _inbox_partitions(self, p: Producer, inbox: str) -> set[int] | None:
         """The partitions of a requester's inbox, or None when it is gone (its reply is dropped:
         nobody waits for it)."""
         if self._gone_inboxes and time.monotonic() < self._gone_inboxes.get(inbox, 0.0):
@@ -619,7 +616,7 @@ class CommandProcessor:
         try:
             partitions: set[int] = await aio.wait_for(p.partitions_for(inbox), INBOX_WAIT_S)
             return partitions
-        except (TimeoutError, KafkaError):
+        except (TimeoutError, BusError):
             log.warning("%s: inbox %s not found within %gs: its replies are dropped", self.name, inbox, INBOX_WAIT_S)
             self._gone_inboxes[inbox] = time.monotonic() + GONE_INBOX_S
             return None
@@ -644,15 +641,15 @@ class CommandProcessor:
             return
         await self._reads_acked()
         p = self.producer
-        await p.begin_transaction()
-        await p.send_offsets_to_transaction({self.tp: offset}, self.group_id)
-        await p.commit_transaction()
+        await p.begin()
+        await p.send_offsets(self.group_id, self.command_topic, self.partition, offset)
+        await p.commit()
         if self._group_behind == offset:
             self._group_behind = None
 
     # -------------------------------------------------------- transactions
 
-    def _decide(self, rec: kafka.KafkaRecord, command: Record | None) -> Decided:
+    def _decide(self, rec: Message, command: Record | None) -> Decided:
         """One command's decision, its events stamped and encoded, as a reply; a record that does
         not decode (`command` None) is decoded here and may become a dead letter."""
         clock = self.clock
@@ -696,7 +693,7 @@ class CommandProcessor:
             return Decided(reply, command)
         return Decided(reply, command, events, values, op_time, bulk=bulk, bulk_records=bulk_records)
 
-    async def _transact(self, commands: list[tuple[kafka.KafkaRecord, Head | None]], end: int) -> None:
+    async def _transact(self, commands: list[tuple[Message, Head | None]], end: int) -> None:
         """Decide `commands` (with what is known of each) in one transaction that commits the
         consumed offsets up to `end`."""
         # Per command, a process span (its consumption and decision) and below it a span of the
@@ -722,7 +719,7 @@ class CommandProcessor:
 
     async def _transact_traced(
         self,
-        commands: list[tuple[kafka.KafkaRecord, Head | None]],
+        commands: list[tuple[Message, Head | None]],
         end: int,
         began: int,
         spans: list[trace.Span],
@@ -730,7 +727,7 @@ class CommandProcessor:
     ) -> None:
         p = self.producer
         events_topic = self.projection.topic
-        await p.begin_transaction()
+        await p.begin()
         # The consumed offsets (up to `end`, past the plain reads answered before this batch's
         # transaction too) commit with it in one of two places.  A transaction that writes events
         # records them on its events (the COMMAND_END header: no AddOffsetsToTxn, TxnOffsetCommit
@@ -748,7 +745,7 @@ class CommandProcessor:
             self._group_behind is not None and time.monotonic() - self._group_behind_since >= READ_OFFSETS_COMMIT_S / 2
         )
         if to_group:
-            await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+            await p.send_offsets(self.group_id, self.command_topic, self.partition, end)
         wrote_events = False
 
         async def group_first() -> None:
@@ -756,7 +753,7 @@ class CommandProcessor:
             offsets (the transaction may write no event at all), before that write."""
             nonlocal to_group
             if not (to_group or wrote_events):
-                await p.send_offsets_to_transaction({self.tp: end}, self.group_id)
+                await p.send_offsets(self.group_id, self.command_topic, self.partition, end)
                 to_group = True
 
         recorded = [(COMMAND_END, str(end).encode())]  # on every event: any of them that compaction keeps tells
@@ -770,9 +767,7 @@ class CommandProcessor:
                 await self._inbox_partitions(p, to.decode())
         # Per command: the futures of its events (each with how many records past the one it names
         # it covers: a bulk batch's names its first), its reply and where to send it (or None), its headers.
-        pending: list[
-            tuple[list[tuple[asyncio.Future[RecordMetadata], int]], tuple[Reply, bytes] | None, tracing.Headers]
-        ] = []
+        pending: list[tuple[list[tuple[Awaitable[int], int]], tuple[Reply, bytes] | None, tracing.Headers]] = []
         last_value: bytes | None = None  # the batch's last event, for the checkpoint's fingerprint (None: a tombstone)
         for rec, known in commands:
             reply_to, corr = header(rec.headers, REPLY_TO), header(rec.headers, CORRELATION_ID)
@@ -790,7 +785,7 @@ class CommandProcessor:
                     span.set_attributes(tracing.db_attributes(getattr(cmd, "ns", None), cmd.type))
             spans.append(span)
             with trace.use_span(span, end_on_exit=False):
-                futures: list[tuple[asyncio.Future[RecordMetadata], int]] = []
+                futures: list[tuple[Awaitable[int], int]] = []
                 if known is not None and known.decided is not None:
                     decided = known.decided
                 else:
@@ -833,7 +828,9 @@ class CommandProcessor:
                                 "shardlog.events": len(bulk_values),
                             }
                             with tracing.producer_span(events_topic, **attributes):
-                                futures += await self._send_bulk(p, events_topic, keys, bulk_values, recorded)
+                                futures += await p.send_many(
+                                    events_topic, self.projection.partition, keys, bulk_values, recorded
+                                )
                             last_value = bulk_values[-1]
                     # One producer span for the command's events (a span and a traceparent per
                     # event cost more than the rest of a small write's sending).
@@ -883,7 +880,7 @@ class CommandProcessor:
         answers: list[tuple[str, Reply, tracing.Headers]] = []
         for futures, to_send, reply_headers in pending:
             for f, more in futures:
-                last_offset = (await f).offset + more
+                last_offset = await f + more
             if to_send is not None:
                 answer, reply_to = to_send
                 at = (
@@ -899,7 +896,7 @@ class CommandProcessor:
                 reply_headers = [*reply_headers, (VECTOR_TIME, self.clock.gossip_out())]
             await p.send(inbox, Codec.encode(answer), headers=reply_headers, partition=0)  # not the reads'
         fault_point(f"{self.name}.before_commit", tag=_tag(records))
-        await p.commit_transaction()
+        await p.commit()
         fault_point(f"{self.name}.after_commit", tag=_tag(records))
         self.commands_done += len(records)
         if to_group:
@@ -923,33 +920,6 @@ class CommandProcessor:
             else:
                 self._uncommitted.update(changed)
 
-    async def _send_bulk(
-        self,
-        p: AIOKafkaProducer,
-        topic: str,
-        keys: list[bytes],
-        values: list[bytes],
-        last_headers: list[tuple[str, bytes]],
-    ) -> list[tuple[asyncio.Future[RecordMetadata], int]]:
-        """Send bulk records as whole producer batches (no per-record future, span or trace
-        header: only the last record has `last_headers`); each future with how many records
-        past its first the batch holds."""
-        out: list[tuple[asyncio.Future[RecordMetadata], int]] = []
-        batch, n = p.create_batch(), 0
-        last = len(values) - 1
-        for i, (key, value) in enumerate(zip(keys, values)):
-            headers = last_headers if i == last else []
-            if (
-                batch.append(timestamp=None, key=key, value=value, headers=headers) is None
-            ):  # full: send it, start the next
-                out.append((await p.send_batch(batch, topic, partition=self.projection.partition), n - 1))
-                batch, n = p.create_batch(), 0
-                if batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
-                    raise ValueError(f"a record of {len(value)} bytes does not fit a producer batch")
-            n += 1
-        out.append((await p.send_batch(batch, topic, partition=self.projection.partition), n - 1))
-        return out
-
     @staticmethod
     def _stamp(clock: Gossip, event: Record) -> Record:
         return event.model_copy(update={"ts": clock.tick()}) if stamped(event) else event
@@ -964,16 +934,15 @@ def _value(event: Record) -> bytes | None:
     return Codec.encode(event)
 
 
-def _tag(records: list[kafka.KafkaRecord]) -> str:
+def _tag(records: list[Message]) -> str:
     """A fault-point tag: the text of the last command, so a test can aim at one command."""
     try:
-        value: bytes = records[-1].value
-        return value.decode()
+        return (records[-1].value or b"").decode()
     except Exception:
         return ""
 
 
-def _dead_letter_headers(rec: kafka.KafkaRecord, reason: str) -> list[tuple[str, bytes]]:
+def _dead_letter_headers(rec: Message, reason: str) -> list[tuple[str, bytes]]:
     return [
         ("dlq.reason", reason.encode()),
         ("dlq.topic", rec.topic.encode()),

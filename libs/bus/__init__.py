@@ -127,6 +127,14 @@ class TransactionalProducer(Producer, Protocol):
 
     async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None: ...
 
+    async def send_many(
+        self, topic: str, partition: int, keys: list[bytes], values: list[bytes], last_headers: Headers
+    ) -> list[tuple[Awaitable[int], int]]:
+        """Many records at once (a migration's clone batch): no future, span or header per
+        record, only the last record has `last_headers`. Each future is one producer batch's,
+        resolving to its first record's offset, with how many records past that one it holds."""
+        ...
+
     async def commit(self) -> None: ...
 
     async def abort(self) -> None: ...
@@ -207,7 +215,17 @@ class Bus(Protocol):
 
     def producer(self, *, client_id: str) -> Producer: ...
 
-    def transactional_producer(self, transactional_id: str, *, client_id: str) -> TransactionalProducer: ...
+    def transactional_producer(
+        self,
+        transactional_id: str,
+        *,
+        client_id: str,
+        batch_bytes: int | None = None,
+        retry_backoff_ms: int | None = None,
+    ) -> TransactionalProducer:
+        """`batch_bytes`: the largest producer batch; `retry_backoff_ms`: the pause before a
+        refused request is retried (Kafka's knobs; the memory bus has no use for them)."""
+        ...
 
     def reader(self, topic: str, partition: int = 0, *, client_id: str, fetch_wait_ms: int | None = None) -> Reader:
         """A reader of one partition, at offset 0 until sought; `fetch_wait_ms` bounds how long a

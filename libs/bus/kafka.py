@@ -54,9 +54,23 @@ class KafkaBus:
     def producer(self, *, client_id: str) -> KafkaProducer:
         return KafkaProducer(kafka.producer(self.bootstrap, client_id=client_id, linger_ms=0))
 
-    def transactional_producer(self, transactional_id: str, *, client_id: str) -> KafkaTransactionalProducer:
+    def transactional_producer(
+        self,
+        transactional_id: str,
+        *,
+        client_id: str,
+        batch_bytes: int | None = None,
+        retry_backoff_ms: int | None = None,
+    ) -> KafkaTransactionalProducer:
+        # linger 0: a phase's records are all queued before the sender runs (nothing awaits in
+        # between), so lingering only delays each phase of every transaction.
+        knobs: dict[str, Any] = {}
+        if batch_bytes is not None:
+            knobs["batch_bytes"] = batch_bytes
+        if retry_backoff_ms is not None:
+            knobs["retry_backoff_ms"] = retry_backoff_ms
         return KafkaTransactionalProducer(
-            kafka.producer(self.bootstrap, transactional_id=transactional_id, client_id=client_id, linger_ms=0)
+            kafka.producer(self.bootstrap, transactional_id=transactional_id, client_id=client_id, linger_ms=0, **knobs)
         )
 
     def reader(
@@ -110,6 +124,24 @@ class KafkaTransactionalProducer(KafkaProducer):
 
     async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
         await self.p.send_offsets_to_transaction({TopicPartition(topic, partition): offset}, group)
+
+    async def send_many(
+        self, topic: str, partition: int, keys: list[bytes], values: list[bytes], last_headers: Headers
+    ) -> list[tuple[Awaitable[int], int]]:
+        p = self.p
+        out: list[tuple[Awaitable[int], int]] = []
+        batch, n = p.create_batch(), 0
+        last = len(values) - 1
+        for i, (key, value) in enumerate(zip(keys, values)):
+            headers = list(last_headers) if i == last else []
+            if batch.append(timestamp=None, key=key, value=value, headers=headers) is None:  # full: send it
+                out.append((_offset_of(await p.send_batch(batch, topic, partition=partition)), n - 1))
+                batch, n = p.create_batch(), 0
+                if batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                    raise ValueError(f"a record of {len(value)} bytes does not fit a producer batch")
+            n += 1
+        out.append((_offset_of(await p.send_batch(batch, topic, partition=partition)), n - 1))
+        return out
 
     async def commit(self) -> None:
         await self.p.commit_transaction()

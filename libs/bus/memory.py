@@ -122,7 +122,14 @@ class MemoryBus:
     def producer(self, *, client_id: str) -> MemoryProducer:
         return MemoryProducer(self, client_id)
 
-    def transactional_producer(self, transactional_id: str, *, client_id: str) -> MemoryTransactionalProducer:
+    def transactional_producer(
+        self,
+        transactional_id: str,
+        *,
+        client_id: str,
+        batch_bytes: int | None = None,
+        retry_backoff_ms: int | None = None,
+    ) -> MemoryTransactionalProducer:
         return MemoryTransactionalProducer(self, client_id, transactional_id)
 
     def reader(
@@ -262,6 +269,16 @@ class MemoryTransactionalProducer(MemoryProducer):
 
     async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
         self._in_transaction().offsets.append((group, topic, partition, offset))
+
+    async def send_many(
+        self, topic: str, partition: int, keys: list[bytes], values: list[bytes], last_headers: Headers
+    ) -> list[tuple[Awaitable[int], int]]:
+        last = len(values) - 1
+        sent = [
+            await self.send(topic, value, key=key, headers=last_headers if i == last else (), partition=partition)
+            for i, (key, value) in enumerate(zip(keys, values))
+        ]
+        return [(sent[0], len(sent) - 1)] if sent else []
 
     async def commit(self) -> None:
         self.bus.decide(self._in_transaction(), TxnState.COMMITTED)

@@ -63,7 +63,7 @@ class Balancer:
             settings.bootstrap, t.balancer_events, b.events, self.state, self.store, name=self.name
         )
         self.processor = CommandProcessor(
-            bootstrap=settings.bootstrap,
+            bus=settings.bootstrap,
             command_topic=t.balancer_commands,
             command_codec=b.commands,
             projection=self.projection,

@@ -47,7 +47,7 @@ class ConfigServer:
             settings.bootstrap, t.config_events, schema.events, self.catalog, self.store, name=NAME
         )
         self.processor = CommandProcessor(
-            bootstrap=settings.bootstrap,
+            bus=settings.bootstrap,
             command_topic=t.config_commands,
             command_codec=schema.commands,
             projection=self.projection,

@@ -58,7 +58,7 @@ class ShardServer:
         self.decider = ShardDecider(shard_id, self.follower.catalog, self.documents, clock=self.clock)
         self.operations = OperationCounters()  # every request decided, for the per-second metric summaries
         self.processor = CommandProcessor(
-            bootstrap=settings.bootstrap,
+            bus=settings.bootstrap,
             command_topic=t.shard_requests(shard_id),
             command_codec=schema.requests,
             projection=self.projection,

@@ -4,7 +4,7 @@ commits; a point read of a document no uncommitted event touches is answered whi
 transaction is in flight, from the committed state, and a read of a touched one waits for it.
 
 Each test holds the shard's transaction open at its commit (an in-process cluster: the
-processor's producer's `commit_transaction` waits for the test), so what is visible before the
+processor's producer's `commit` waits for the test), so what is visible before the
 commit is observed, not raced."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ async def commit_held(processor: CommandProcessor) -> AsyncIterator[tuple[asynci
     """(reached, release): the processor's next commits wait for `release`; `reached` is set
     when one is waiting (its transaction's events and replies are sent)."""
     producer = processor.producer
-    commit = producer.commit_transaction
+    commit = producer.commit
     reached, release = asyncio.Event(), asyncio.Event()
 
     async def held() -> None:
@@ -40,12 +40,12 @@ async def commit_held(processor: CommandProcessor) -> AsyncIterator[tuple[asynci
         await release.wait()
         await commit()
 
-    producer.commit_transaction = held
+    producer.commit = held  # type: ignore[method-assign]
     try:
         yield reached, release
     finally:
         release.set()
-        producer.commit_transaction = commit
+        producer.commit = commit  # type: ignore[method-assign]
 
 
 async def _inbox(cl, name: str) -> str:

@@ -139,7 +139,7 @@ def test_a_plain_read_is_answered_outside_the_transaction_a_causal_one_inside(da
     client_run(cl, lambda client: client.call(s.Find(ns="rd.c", filter={"_id": 1})))
 
     def at_the_end() -> bool:
-        at, end = group_offset_and_log_end(cl.settings, "shard-s0", processor.tp.topic)
+        at, end = group_offset_and_log_end(cl.settings, "shard-s0", processor.command_topic)
         return at == end
 
     wait_until(at_the_end, 30, "the answered reads' offsets to commit")
@@ -161,14 +161,14 @@ def test_a_plain_read_fetched_after_a_write_of_its_batch_is_answered_first_from_
         await kafka.ensure_topics(cl.settings.bootstrap, [TopicSpec(inbox, config=SHORT_LIVED)])
         routing = s.Routing(configTime=shard.follower.config_time)
         async with Requester(cl.settings.bootstrap, inbox, client_id="test-read-hoist") as r:
-            processor.consumer.pause(processor.tp)  # both requests are in the log before it fetches again
+            processor.member.pause(processor.partition)  # both requests are in the log before it fetches again
             try:
                 write = await r.send(
                     topic, s.Update(ns="rh.c", filter={"_id": 1}, update={"$set": {"v": "new"}}, routing=routing)
                 )
                 read = await r.send(topic, s.Find(ns="rh.c", filter={"_id": 1}, routing=routing))
             finally:
-                processor.consumer.resume(processor.tp)
+                processor.member.resume(processor.partition)
             return await asyncio.wait_for(write, 30), await asyncio.wait_for(read, 30)
 
     spans.clear()

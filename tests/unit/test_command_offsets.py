@@ -1,7 +1,7 @@
 """Where a command processor's transaction puts the consumed offsets (docs/reference/
 command-processor.md, "Where the consumed offsets go"): on its events when it writes any, in the
 consumer group when it writes none (before its first write), and in the group too once that has
-lagged long enough.  Against a producer that records what it is asked to do."""
+lagged long enough.  Against a producer that records what it is asked of the bus, in order."""
 
 from __future__ import annotations
 
@@ -55,24 +55,24 @@ class Producer:
         self.calls: list[Any] = []
         self.offsets: dict[str, int] = {}
 
-    async def begin_transaction(self) -> None:
+    async def begin(self) -> None:
         self.calls.append("begin")
 
-    async def send_offsets_to_transaction(self, offsets: dict, group_id: str) -> None:
-        self.calls.append(("offsets", next(iter(offsets.values()))))
+    async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
+        self.calls.append(("offsets", offset))
 
     async def send(self, topic: str, value: bytes | None, *, key=None, headers=None, partition=None) -> asyncio.Future:
         self.calls.append(Sent(topic, list(headers or [])))
         at = self.offsets.get(topic, 0)
         self.offsets[topic] = at + 1
         done: asyncio.Future = asyncio.get_running_loop().create_future()
-        done.set_result(type("Meta", (), {"offset": at})())
+        done.set_result(at)
         return done
 
     async def partitions_for(self, topic: str) -> set[int]:
         return {0}
 
-    async def commit_transaction(self) -> None:
+    async def commit(self) -> None:
         self.calls.append("commit")
 
 
@@ -101,7 +101,7 @@ def processor(tmp_path):
     projection = Projection("unused:9092", "events", Codec("ev", Ev, (Ev,)), State(), Store(tmp_path / "db"))  # type: ignore[arg-type]
     projection._reader = Seeks()  # type: ignore[assignment]
     p = CommandProcessor(
-        bootstrap="unused:9092",
+        bus="unused:9092",
         command_topic="commands",
         command_codec=Codec("cmd", Cmd, (Cmd,)),  # type: ignore[arg-type]
         projection=projection,
