@@ -14,7 +14,8 @@ import asyncio
 
 from domain.catalog import Catalog
 from domain.clock import VectorClock
-from libs import aio, kafka
+from libs import aio
+from libs.bus import Bus, Message, read_to_end
 from libs.projection import Projection
 from libs.service import ServiceSettings, supervised
 from libs.store import Store
@@ -26,7 +27,7 @@ class CatalogFollower:
         self.catalog = Catalog(clock=clock)  # with a clock: the events' stamps advance it
         self.store = Store(settings.data_dir / store_name / "catalog")
         self.projection = Projection(
-            settings.bootstrap, settings.topics.config_events, schema.events, self.catalog, self.store, name=store_name
+            settings.bus, settings.topics.config_events, schema.events, self.catalog, self.store, name=store_name
         )
         self._tail: asyncio.Task[None] | None = None
 
@@ -78,15 +79,15 @@ class CatalogFollower:
         self.store.close()
 
 
-async def replay_catalog(bootstrap: str, topic: str, *, until: int | None = None) -> Catalog:
+async def replay_catalog(bus: str | Bus, topic: str, *, until: int | None = None) -> Catalog:
     catalog = Catalog(track_changes=False)
 
-    async def apply(records: list[kafka.KafkaRecord]) -> None:
+    async def apply(records: list[Message]) -> None:
         for rec in records:
             if until is not None and rec.offset >= until:
                 return
             catalog.apply(schema.events.decode(rec.value), rec.offset)
 
-    end = await kafka.read_to_end(bootstrap, topic, apply, client_id="shardlog-catalog-reader")
+    end = await read_to_end(bus, topic, apply, client_id="shardlog-catalog-reader")
     catalog.config_time = min(end, until) if until is not None else end
     return catalog

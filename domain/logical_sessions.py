@@ -31,7 +31,7 @@ from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.session import parse_lsid
 from domain.settings import ClusterSettings
-from libs import kafka
+from libs.bus import Bus, Message, partition_reader, read_to_end
 from libs.errors import CommandError
 from libs.service import supervised
 from schemas import RecordError
@@ -120,28 +120,25 @@ class SessionsView:
 class SessionsReader:
     """A `SessionsView` kept current: `start()` reads the store to its end, then tails it."""
 
-    def __init__(self, bootstrap: str, topic: str, *, client_id: str = "shardlog-sessions") -> None:
-        self.bootstrap, self.topic, self.client_id = bootstrap, topic, client_id
+    def __init__(self, bus: str | Bus, topic: str, *, client_id: str = "shardlog-sessions") -> None:
+        self.bus, self.topic, self.client_id = bus, topic, client_id
         self.view = SessionsView()
         self.position = 0
         self._tail: asyncio.Task[None] | None = None
 
-    async def _apply(self, records: list[kafka.KafkaRecord]) -> None:
+    async def _apply(self, records: list[Message]) -> None:
         for rec in records:
             self.view.apply(rec.key, rec.value)
             self.position = rec.offset + 1
 
     async def start(self) -> None:
-        self.position = await kafka.read_to_end(self.bootstrap, self.topic, self._apply, client_id=self.client_id)
+        self.position = await read_to_end(self.bus, self.topic, self._apply, client_id=self.client_id)
         self._tail = supervised(asyncio.create_task(self._follow()), f"{self.client_id} sessions reader")
 
     async def _follow(self) -> None:
-        async with kafka.partition_reader(
-            self.bootstrap, self.topic, start=self.position, client_id=self.client_id
-        ) as (c, tp):
+        async with partition_reader(self.bus, self.topic, start=self.position, client_id=self.client_id) as r:
             while True:
-                batch = await c.getmany(tp, timeout_ms=500)
-                await self._apply(batch.get(tp, []))
+                await self._apply(await r.fetch(timeout_s=0.5))
 
     async def stop(self) -> None:
         if self._tail:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from libs import kafka
+from libs.bus import partition_reader
 from libs.service import ServiceSettings
 from schemas import RecordError, stats
 
@@ -22,10 +22,9 @@ async def follow_shard_statistics(
 ) -> None:
     """Call `on_report` with every report on `shard.stats`, oldest first, then as they come (never returns)."""
     topic = settings.topics.shard_stats
-    async with kafka.partition_reader(settings.bootstrap, topic, client_id=f"{reader}-stats") as (c, tp):
+    async with partition_reader(settings.bus, topic, client_id=f"{reader}-stats") as r:
         while True:
-            batch = await c.getmany(tp, timeout_ms=500)
-            for rec in batch.get(tp, []):
+            for rec in await r.fetch(timeout_s=0.5):
                 try:
                     report = stats.statistics.decode(rec.value)
                 except RecordError as e:

@@ -41,7 +41,8 @@ from opentelemetry.trace import SpanKind
 
 from domain.clock import parse_timestamp, to_ejson
 from domain.protocol import MAX_DOCUMENT_BYTES, doc_bytes
-from libs import aio, kafka, tracing
+from libs import aio, tracing
+from libs.bus import Bus, UnknownTopic, connect
 from libs.ids import new_object_id
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
@@ -57,13 +58,15 @@ T = TypeVar("T")
 
 
 async def shard_unreachable(
-    requester: Requester, bootstrap: str, topics: Topics, shard: str, wait: float
+    requester: Requester, bus: str | Bus, topics: Topics, shard: str, wait: float
 ) -> str | None:
     """Why `shard`'s process cannot be reached (None: it answered a request on its requests
     topic within `wait` seconds).  addShard asks this first, as mongos connects to a new shard."""
     topic = topics.shard_requests(shard)
     hint = f"start its process first (`make up SHARDS=...`, or `python -m services.shard --shard-id {shard}`)"
-    if await kafka.missing_topics(bootstrap, [topic]):
+    try:
+        await connect(bus).partitions_for(topic)
+    except UnknownTopic:
         return f"couldn't connect to new shard {shard}: HostUnreachable: no shard process {shard} ever ran; {hint}"
     try:
         await requester.request(topic, s.ListMigrations(), timeout=wait)
@@ -183,14 +186,14 @@ END_SESSIONS_ON_CLOSE_S = 5.0  # close() does not wait longer for the routers to
 class AsyncCluster:
     def __init__(
         self,
-        bootstrap: str,
+        bus: str | Bus,
         cluster: str = "shardlog",
         *,
         timeout: float = 30.0,
         attempt_timeout: float = 10.0,
         retry_writes: bool = True,
     ) -> None:
-        self.bootstrap, self.topics = bootstrap, Topics(cluster)
+        self.bus, self.topics = connect(bus), Topics(cluster)
         self.timeout, self.attempt_timeout = timeout, attempt_timeout
         self.retry_writes = retry_writes
         self.inbox = self.topics.inbox(f"client-{uuid.uuid4().hex[:12]}")
@@ -268,8 +271,8 @@ class AsyncCluster:
             session.advance_operation_time(reply.operationTime)
 
     async def connect(self) -> AsyncCluster:
-        await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.inbox, config=SHORT_LIVED)])
-        self._requester = Requester(self.bootstrap, self.inbox, client_id="shardlog-client")
+        await self.bus.create_topics([TopicSpec(self.inbox, config=SHORT_LIVED)])
+        self._requester = Requester(self.bus, self.inbox, client_id="shardlog-client")
         await self._requester.start()
         return self
 
@@ -285,7 +288,7 @@ class AsyncCluster:
         if self._requester:
             await self._requester.stop()
             self._requester = None
-            await kafka.delete_topics(self.bootstrap, [self.inbox])
+            await self.bus.delete_topics([self.inbox])
 
     async def __aenter__(self) -> AsyncCluster:
         return await self.connect()

@@ -22,9 +22,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from aiokafka.errors import KafkaError
-
-from libs import aio, kafka, tracing
+from libs import aio, tracing
+from libs.bus import Bus, BusError, connect
 from libs.service import seconds_from_env
 from schemas import Codec
 from schemas import metrics as schema
@@ -177,7 +176,7 @@ class MetricsPublisher:
 
     def __init__(
         self,
-        bootstrap: str,
+        bus: str | Bus,
         topic: str,
         role: str,
         name: str,
@@ -189,7 +188,7 @@ class MetricsPublisher:
     ) -> None:
         """`active`: publish only while it is set (a shard's serving instance); None: always.
         `counters`: what the service counts into (new ones if not given)."""
-        self.bootstrap, self.topic, self.role, self.name = bootstrap, topic, role, name
+        self.bus, self.topic, self.role, self.name = connect(bus), topic, role, name
         self.active = active
         self.interval_s = interval_s if interval_s is not None else interval_from_env()
         self.enabled = enabled if enabled is not None else enabled_from_env()
@@ -223,13 +222,13 @@ class MetricsPublisher:
         )
 
     async def _run(self) -> None:
-        producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-metrics", linger_ms=5)
+        producer = self.bus.producer(client_id=f"{self.name}-metrics")
         try:
             while True:
                 try:
                     await producer.start()
                     break
-                except (KafkaError, OSError) as e:
+                except (BusError, OSError) as e:
                     log.warning("%s: metrics not published yet (%s)", self.name, e)
                     await asyncio.sleep(self.interval_s)
             self.counters.take()  # from now on
@@ -258,7 +257,7 @@ class MetricsPublisher:
                 ),
                 self.interval_s,
             )
-        except (KafkaError, TimeoutError, OSError) as e:
+        except (BusError, TimeoutError, OSError) as e:
             self.dropped += 1
             log.debug("%s: metric summary dropped (%s)", self.name, e)
             return

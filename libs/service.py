@@ -15,13 +15,16 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from libs import tracing
 from libs.projection import CheckpointMismatch
 from libs.topics import Topics
+
+if TYPE_CHECKING:
+    from libs.bus import Bus
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,19 @@ class ServiceSettings:
     cluster: str
     data_dir: Path
     session_timeout_ms: int = 10_000
+    # The transport: None is the Kafka broker at `bootstrap`; the simulator gives every service
+    # of its cluster one in-memory bus (libs.bus.memory).
+    transport: Bus | None = field(default=None, compare=False, repr=False)
 
     @property
     def topics(self) -> Topics:
         return Topics(self.cluster)
+
+    @property
+    def bus(self) -> Bus:
+        from libs.bus import connect
+
+        return self.transport if self.transport is not None else connect(self.bootstrap)
 
     @classmethod
     def from_env(

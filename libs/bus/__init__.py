@@ -32,7 +32,8 @@ Errors are aiokafka's classes, so the code that catches them need not know which
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
 from typing import Protocol
 
 from aiokafka.errors import KafkaError as BusError
@@ -83,7 +84,7 @@ class Message(Protocol):
 
     @property
     def timestamp(self) -> int:
-        """ms since the epoch, the producer's clock (the running loop's, in memory)."""
+        """ms since the epoch, the producer's wall clock."""
         ...
 
 
@@ -110,8 +111,10 @@ class Producer(Protocol):
         key: bytes | None = None,
         headers: Headers = (),
         partition: int | None = None,
+        timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
-        """Queue a record (partition None: the bus picks one); the future resolves once it is written."""
+        """Queue a record (partition None: the bus picks one; timestamp None: now); the future
+        resolves once it is written."""
         ...
 
     async def partitions_for(self, topic: str) -> set[int]:
@@ -157,6 +160,10 @@ class Reader(Protocol):
 
     async def log_end(self) -> int:
         """The last stable offset: below it, every transaction is decided."""
+        ...
+
+    async def offset_for_time(self, timestamp_ms: int) -> int | None:
+        """The first offset whose record's timestamp is at or after `timestamp_ms` (None: none is)."""
         ...
 
     async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
@@ -207,6 +214,10 @@ class GroupMember(Protocol):
 class Bus(Protocol):
     async def create_topics(self, specs: list[TopicSpec]) -> None:
         """Create the topics that do not exist yet."""
+        ...
+
+    async def delete_topics(self, names: list[str]) -> None:
+        """Delete these topics (a router's inbox and cursors when it stops)."""
         ...
 
     async def partitions_for(self, topic: str) -> set[int]:
@@ -276,3 +287,39 @@ async def catch_up(r: Reader, on_batch: OnBatch, *, max_records: int = 5000) -> 
                 target = await r.log_end()
                 empty = 0
     return await r.position()
+
+
+@asynccontextmanager
+async def partition_reader(
+    where: str | Bus, topic: str, *, partition: int = 0, start: int | str = 0, client_id: str = "shardlog-reader"
+) -> AsyncIterator[Reader]:
+    """A started reader of one partition, positioned at `start`: an offset, a negative number
+    for that many offsets before the end, or "end"; stopped on exit. The one way shardlog opens
+    a partition to read it (a command topic, read by a consumer group, is the processor's)."""
+    r = connect(where).reader(topic, partition, client_id=client_id)
+    await r.start()
+    try:
+        if start == "end":
+            r.seek(await r.log_end())
+        elif isinstance(start, int) and start < 0:
+            r.seek(max(0, await r.log_end() + start))
+        else:
+            r.seek(int(start))
+        yield r
+    finally:
+        await r.stop()
+
+
+async def read_to_end(
+    where: str | Bus,
+    topic: str,
+    on_batch: OnBatch,
+    *,
+    partition: int = 0,
+    start: int | str = 0,
+    client_id: str = "shardlog-reader",
+) -> int:
+    """Feed every record of a partition from `start` up to its end as of now to `on_batch`;
+    returns the position reached (the log's end)."""
+    async with partition_reader(where, topic, partition=partition, start=start, client_id=client_id) as r:
+        return await catch_up(r, on_batch)

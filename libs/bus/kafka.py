@@ -40,6 +40,9 @@ class KafkaBus:
     async def create_topics(self, specs: list[TopicSpec]) -> None:
         await kafka.ensure_topics(self.bootstrap, specs)
 
+    async def delete_topics(self, names: list[str]) -> None:
+        await kafka.delete_topics(self.bootstrap, names)
+
     async def partitions_for(self, topic: str) -> set[int]:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="shardlog-metadata")
         await admin.start()
@@ -110,8 +113,12 @@ class KafkaProducer:
         key: bytes | None = None,
         headers: Headers = (),
         partition: int | None = None,
+        timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
-        return _offset_of(await self.p.send(topic, value, key=key, headers=list(headers), partition=partition))
+        sent = await self.p.send(
+            topic, value, key=key, headers=list(headers), partition=partition, timestamp_ms=timestamp_ms
+        )
+        return _offset_of(sent)
 
     async def partitions_for(self, topic: str) -> set[int]:
         partitions: set[int] = await self.p.partitions_for(topic)
@@ -175,6 +182,10 @@ class KafkaReader:
 
     async def log_end(self) -> int:
         return await kafka.log_end(self.c, self.tp)
+
+    async def offset_for_time(self, timestamp_ms: int) -> int | None:
+        found = (await self.c.offsets_for_times({self.tp: timestamp_ms}))[self.tp]
+        return int(found.offset) if found else None
 
     async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
         batch = await self.c.getmany(self.tp, timeout_ms=int(timeout_s * 1000), max_records=max_records)

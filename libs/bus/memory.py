@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
@@ -102,6 +103,10 @@ class MemoryBus:
         for spec in specs:
             self._logs.setdefault(spec.name, [_Log() for _ in range(spec.partitions)])
 
+    async def delete_topics(self, names: list[str]) -> None:
+        for name in names:
+            self._logs.pop(name, None)
+
     async def partitions_for(self, topic: str) -> set[int]:
         return set(range(len(self._log_list(topic))))
 
@@ -181,11 +186,18 @@ class MemoryBus:
             pass
 
     def message(
-        self, topic: str, partition: int, value: bytes | None, key: bytes | None, headers: Headers
+        self,
+        topic: str,
+        partition: int,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Headers,
+        timestamp_ms: int | None = None,
     ) -> MemoryMessage:
         offset = len(self.log(topic, partition).entries)
-        now_ms = int(asyncio.get_running_loop().time() * 1000)
-        return MemoryMessage(topic, partition, offset, key, value, tuple(headers), now_ms)
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)  # wall clock, as a Kafka producer stamps
+        return MemoryMessage(topic, partition, offset, key, value, tuple(headers), timestamp_ms)
 
 
 def _acked(offset: int) -> Awaitable[int]:
@@ -212,9 +224,10 @@ class MemoryProducer:
         key: bytes | None = None,
         headers: Headers = (),
         partition: int | None = None,
+        timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
         partition = partition or 0
-        record = self.bus.message(topic, partition, value, key, headers)
+        record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
         return _acked(self.bus.append(topic, partition, _Entry(record)))
 
     async def partitions_for(self, topic: str) -> set[int]:
@@ -260,10 +273,11 @@ class MemoryTransactionalProducer(MemoryProducer):
         key: bytes | None = None,
         headers: Headers = (),
         partition: int | None = None,
+        timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
         partition = partition or 0
         txn = self._in_transaction()
-        record = self.bus.message(topic, partition, value, key, headers)
+        record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
         txn.partitions.add((topic, partition))
         return _acked(self.bus.append(topic, partition, _Entry(record, txn)))
 
@@ -309,6 +323,10 @@ class MemoryReader:
 
     async def log_end(self) -> int:
         return self.bus.log(self.topic, self.partition).last_stable()
+
+    async def offset_for_time(self, timestamp_ms: int) -> int | None:
+        entries = self.bus.log(self.topic, self.partition).entries
+        return next((i for i, e in enumerate(entries) if e.record and e.record.timestamp >= timestamp_ms), None)
 
     async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
         loop = asyncio.get_running_loop()

@@ -15,7 +15,7 @@ from typing import Any
 
 from domain.catalog import Collection
 from domain.shardkey import from_ejson
-from libs import kafka
+from libs.bus import catch_up, partition_reader
 from libs.service import ServiceSettings
 from schemas import RecordError
 from schemas import config as cfg
@@ -36,19 +36,18 @@ class MigrationHistory:
 
     async def run(self) -> None:
         s = self.settings
-        async with kafka.partition_reader(s.bootstrap, s.topics.config_events, client_id="balancer-history") as (c, tp):
+        async with partition_reader(s.bus, s.topics.config_events, client_id="balancer-history") as r:
             while True:
                 since = self.horizon()
-                found = (await c.offsets_for_times({tp: int((time.time() - since) * 1000)}))[tp]
-                self.position = found.offset if found else await kafka.log_end(c, tp)
-                c.seek(tp, self.position)
+                found = await r.offset_for_time(int((time.time() - since) * 1000))
+                self.position = found if found is not None else await r.log_end()
+                r.seek(self.position)
                 self.moved.clear()
                 self.caught_up.clear()
-                await kafka.catch_up(c, tp, self._take)
+                await catch_up(r, self._take)
                 self.caught_up.set()
                 while self.horizon() <= since:
-                    batch = await c.getmany(tp, timeout_ms=500)
-                    await self._take(batch.get(tp, []))
+                    await self._take(await r.fetch(timeout_s=0.5))
 
     async def _take(self, records: Iterable[Any]) -> None:
         for rec in records:

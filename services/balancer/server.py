@@ -24,7 +24,6 @@ from typing import Any
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.settings import in_window
-from libs import kafka
 from libs.commands import CommandError, CommandProcessor, Decision
 from libs.dispatch import Dispatch
 from libs.projection import Projection
@@ -59,11 +58,9 @@ class Balancer:
         self.follower = CatalogFollower(settings, self.name)
         self.state = BalancerState()
         self.store = Store(settings.data_dir / self.name / "state")
-        self.projection = Projection(
-            settings.bootstrap, t.balancer_events, b.events, self.state, self.store, name=self.name
-        )
+        self.projection = Projection(settings.bus, t.balancer_events, b.events, self.state, self.store, name=self.name)
         self.processor = CommandProcessor(
-            bus=settings.bootstrap,
+            bus=settings.bus,
             command_topic=t.balancer_commands,
             command_codec=b.commands,
             projection=self.projection,
@@ -75,9 +72,7 @@ class Balancer:
             event_key=event_key,
             on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
         )
-        self.requester = Requester(
-            settings.bootstrap, t.balancer_inbox, client_id=self.name, stop_owner_on_failure=True
-        )
+        self.requester = Requester(settings.bus, t.balancer_inbox, client_id=self.name, stop_owner_on_failure=True)
         self.statistics = StatisticsReader(settings)
         self.history = MigrationHistory(
             settings,
@@ -185,9 +180,7 @@ class Balancer:
 
     async def run(self) -> None:
         s, t = self.settings, self.settings.topics
-        await kafka.ensure_topics(
-            s.bootstrap, [*t.core(), *t.for_balancer(), TopicSpec(self.requester.inbox, config=SHORT_LIVED)]
-        )
+        await s.bus.create_topics([*t.core(), *t.for_balancer(), TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
         at = await self.follower.start()
         await self.projection.start()
         await self.projection.catch_up()

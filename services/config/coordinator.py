@@ -23,14 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka.errors import KafkaError
-
 from domain.bsonvalues import from_record
 from domain.catalog import Catalog
 from domain.ddl import Coordinator, Phase, before_point_of_no_return, next_phase
 from domain.index_ddl import build_states, index_build_poll
 from domain.protocol import CONFIG_TIME, ErrorCode
-from libs import kafka
+from libs.bus import Bus, BusError
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
@@ -71,7 +69,7 @@ class DDLDriver:
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bus: Bus,
         topics: Topics,
         catalog: Catalog,
         requester: Requester,
@@ -80,7 +78,7 @@ class DDLDriver:
         position: Callable[[], int] | None = None,
         fault: Callable[..., None] = fault_point,
     ):
-        self.bootstrap, self.topics, self.catalog = bootstrap, topics, catalog
+        self.bus, self.topics, self.catalog = bus, topics, catalog
         self.requester, self.active, self.fault = requester, active, fault
         # The command processor applies a decision's events to the catalog before its transaction
         # commits: `settled` says none is in flight (what the catalog shows is in the log), and
@@ -91,7 +89,7 @@ class DDLDriver:
         self.progress: dict[str, dict[str, object]] = {}  # live progress by coordinator id (ddl status)
 
     async def run(self) -> None:
-        await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
+        await self.bus.create_topics([TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
         await self.requester.start()
         try:
             while True:
@@ -278,7 +276,7 @@ class DDLDriver:
             except RequestTimeout:
                 log.info("DDL: %s to %s not answered yet; asking again", record.type, topic)
                 continue
-            except KafkaError as e:
+            except BusError as e:
                 log.info("DDL: %s to %s failed (%r); asking again", record.type, topic, e)
                 await asyncio.sleep(0.5)
                 continue

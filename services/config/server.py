@@ -10,7 +10,7 @@ import time
 from domain import clock as vclock
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
-from libs import kafka, tracing
+from libs import tracing
 from libs.commands import CommandProcessor
 from libs.projection import Projection
 from libs.requests import Requester
@@ -43,11 +43,9 @@ class ConfigServer:
         self.clock = vclock.VectorClock()
         self.catalog = Catalog(clock=self.clock)
         self.store = Store(settings.data_dir / f"config-{instance}" / "catalog")
-        self.projection = Projection(
-            settings.bootstrap, t.config_events, schema.events, self.catalog, self.store, name=NAME
-        )
+        self.projection = Projection(settings.bus, t.config_events, schema.events, self.catalog, self.store, name=NAME)
         self.processor = CommandProcessor(
-            bus=settings.bootstrap,
+            bus=settings.bus,
             command_topic=t.config_commands,
             command_codec=schema.commands,
             projection=self.projection,
@@ -62,10 +60,10 @@ class ConfigServer:
         )
         self.instance = instance
         self.ddl = DDLDriver(
-            bootstrap=settings.bootstrap,
+            bus=settings.bus,
             topics=t,
             catalog=self.catalog,
-            requester=Requester(settings.bootstrap, t.ddl_inbox, client_id=f"{NAME}-ddl", clock=self.clock),
+            requester=Requester(settings.bus, t.ddl_inbox, client_id=f"{NAME}-ddl", clock=self.clock),
             active=self.processor.active,
             settled=self.processor.settled,
             position=lambda: self.projection.position,
@@ -81,7 +79,7 @@ class ConfigServer:
         return NAME if self.instance == "0" else f"{NAME}-{self.instance}"
 
     async def run(self) -> None:
-        await kafka.ensure_topics(self.settings.bootstrap, self.settings.topics.core())
+        await self.settings.bus.create_topics(self.settings.topics.core())
         await self.projection.start()
         at = await self.projection.catch_up()
         # Ready = replayed and in the group; active or standing by.
@@ -107,7 +105,7 @@ class ConfigServer:
         finishes as aborted (its writes unblocked, the recipient's copies dropped)."""
         limit = move_primary_timeout()
         seen: dict[str, float] = {}
-        producer = kafka.producer(self.settings.bootstrap, client_id=f"{NAME}-moves", linger_ms=0)
+        producer = self.settings.bus.producer(client_id=f"{NAME}-moves")
         await producer.start()
         try:
             while True:
@@ -124,7 +122,7 @@ class ConfigServer:
                             f"{limit:g}s ({MOVE_PRIMARY_TIMEOUT_ENV}); {m.ns} stays on {m.donor}",
                             code=ErrorCode.ExceededTimeLimit,
                         )
-                        await producer.send_and_wait(self.settings.topics.config_commands, schema.commands.encode(cmd))
+                        await (await producer.send(self.settings.topics.config_commands, schema.commands.encode(cmd)))
                         log.warning("%s: %s", NAME, cmd.reason)
                         seen[mid] = now  # asked; ask again after another bound if still undecided
                 await asyncio.sleep(min(MOVES_CHECK_S, limit / 4))
@@ -134,7 +132,7 @@ class ConfigServer:
     async def _rotate_keys(self) -> None:
         """While active: make sure a signing key valid now and the next one exist, by sending
         ourselves RotateClusterTimeKeys when some are due (the decision makes them)."""
-        producer = kafka.producer(self.settings.bootstrap, client_id=f"{NAME}-keys", linger_ms=0)
+        producer = self.settings.bus.producer(client_id=f"{NAME}-keys")
         await producer.start()
         try:
             while True:
@@ -143,11 +141,12 @@ class ConfigServer:
                 if vclock.keys_to_create(self.catalog.keys, time.time(), interval):
                     with tracing.untraced():  # housekeeping, not work a user asked for: no trace
                         headers = tracing.inject()
-                    await producer.send_and_wait(
+                    sent = await producer.send(
                         self.settings.topics.config_commands,
                         schema.commands.encode(schema.RotateClusterTimeKeys()),
                         headers=headers,
                     )
+                    await sent
                     log.info("%s: cluster-time signing keys are due; asked for them", NAME)
                     await asyncio.sleep(1.0)  # let the command be decided before looking again
                     continue

@@ -19,10 +19,9 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from aiokafka.errors import KafkaError
-
 from domain.follower import CatalogFollower
-from libs import kafka, tracing
+from libs import tracing
+from libs.bus import BusError
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import ServiceSettings, clear_ready, report_ready
@@ -57,7 +56,7 @@ class RangeDeleter:
         self.settings, self.name = settings, name
         self.inbox = settings.topics.range_deleter_inbox
         self.follower = CatalogFollower(settings, name)
-        self.requester = Requester(settings.bootstrap, self.inbox, client_id=name, stop_owner_on_failure=True)
+        self.requester = Requester(settings.bus, self.inbox, client_id=name, stop_owner_on_failure=True)
         self.status = Status()
         self._held: dict[deleter.Key, tuple[float, str]] = {}  # task -> (monotonic time it may retry, why)
         self._skipped: dict[str, str] = {}  # shard -> why it was skipped, to log a change once
@@ -65,9 +64,7 @@ class RangeDeleter:
 
     async def run(self) -> None:
         settings = self.settings
-        await kafka.ensure_topics(
-            settings.bootstrap, [*settings.topics.core(), TopicSpec(self.inbox, config=SHORT_LIVED)]
-        )
+        await settings.bus.create_topics([*settings.topics.core(), TopicSpec(self.inbox, config=SHORT_LIVED)])
         at = await self.follower.start()
         await self.requester.start()
         report_ready(settings, self.name, configTime=at, inbox=self.inbox)
@@ -96,9 +93,7 @@ class RangeDeleter:
         shards = sorted(self.follower.catalog.shards)
         if new := [sid for sid in shards if sid not in self._topics]:
             # A shard added but never started has no request topic yet: a send would block on metadata.
-            await kafka.ensure_topics(
-                self.settings.bootstrap, [spec for sid in new for spec in self.settings.topics.for_shard(sid)]
-            )
+            await self.settings.bus.create_topics([spec for sid in new for spec in self.settings.topics.for_shard(sid)])
             self._topics.update(new)
         with tracing.untraced():  # a poll every round: not a trace each
             return [t for tasks in await asyncio.gather(*map(self._list, shards)) for t in tasks]
@@ -109,7 +104,7 @@ class RangeDeleter:
                 self.settings.topics.shard_requests(sid), s.ListMigrations(), timeout=LIST_TIMEOUT_S
             )
             why = None if reply.ok else f"{reply.code}: {reply.error}"
-        except (RequestTimeout, KafkaError) as e:
+        except (RequestTimeout, BusError) as e:
             why = str(e)
         if why is None:
             if self._skipped.pop(sid, None) is not None:
@@ -165,7 +160,7 @@ class RangeDeleter:
                         )
                         if reply.ok and batch.is_recording():
                             batch.set_attribute("shardlog.documents", (reply.result or {}).get("deleted", 0))
-                except (RequestTimeout, KafkaError) as e:
+                except (RequestTimeout, BusError) as e:
                     return self._hold(task, str(e), progressed)
                 if not reply.ok:
                     return self._hold(task, f"DeleteRangeBatch refused: {reply.code}: {reply.error}", progressed)

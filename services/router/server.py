@@ -16,13 +16,11 @@ import os
 import time
 import uuid
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
-
 from domain.clock import VectorClock
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
-from libs import kafka, tracing
+from libs import tracing
+from libs.bus import BusError, GroupMember, Message, Reader, partition_reader
 from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, header
 from libs.metrics import MetricsPublisher
 from libs.requests import Requester
@@ -52,23 +50,23 @@ def wire_address(port: int | None = None, bind: str | None = None) -> tuple[str,
     return host, None if raw == "off" else int(raw)
 
 
-class Progress(ConsumerRebalanceListener):
+class Progress:
     """Per partition of `router.requests`: operations still unanswered and the next offset
     fetched, so that commits never pass an operation nobody has answered yet.  A revoked
     partition is forgotten: its new owner starts from what was committed."""
 
     def __init__(self) -> None:
-        self.in_flight: dict[TopicPartition, set[int]] = {}
-        self.next_offset: dict[TopicPartition, int] = {}
-        self.committed: dict[TopicPartition, int] = {}
+        self.in_flight: dict[int, set[int]] = {}
+        self.next_offset: dict[int, int] = {}
+        self.committed: dict[int, int] = {}
 
-    def started(self, tp: TopicPartition, offset: int, task: asyncio.Task) -> None:
+    def started(self, tp: int, offset: int, task: asyncio.Task) -> None:
         running = self.in_flight.setdefault(tp, set())
         running.add(offset)
         self.next_offset[tp] = offset + 1
         task.add_done_callback(lambda _: running.discard(offset))
 
-    def committable(self, assignment) -> dict[TopicPartition, int]:
+    def committable(self, assignment: set[int]) -> dict[int, int]:
         safe = {
             tp: min(self.in_flight[tp]) if self.in_flight.get(tp) else nxt
             for tp, nxt in self.next_offset.items()
@@ -76,13 +74,30 @@ class Progress(ConsumerRebalanceListener):
         }
         return {tp: o for tp, o in safe.items() if self.committed.get(tp) != o}
 
-    async def on_partitions_revoked(self, revoked) -> None:
+    async def on_revoked(self, revoked) -> None:
         for tp in revoked:
             self.in_flight.pop(tp, None)
             self.next_offset.pop(tp, None)
             self.committed.pop(tp, None)
 
-    async def on_partitions_assigned(self, assigned) -> None:
+    async def on_assigned(self, assigned) -> None:
+        pass
+
+
+class _Cursors:
+    """This router's cursor topic, polled as the group's partitions are (no offsets to commit:
+    read from its end at start-up, its continuations are this process's alone)."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+
+    async def poll(self, *, max_records: int, timeout_s: float) -> dict[int, list[Message]]:
+        return {0: await self.reader.fetch(max_records=max_records, timeout_s=timeout_s)}
+
+    def assignment(self) -> set[int]:
+        return {0}
+
+    async def commit(self, offsets: dict[int, int]) -> None:
         pass
 
 
@@ -104,10 +119,10 @@ class RouterServer:
         self.clock = VectorClock()  # never ticked: advanced by the catalog, the shards and signed client times
         self.follower = CatalogFollower(settings, f"router-{self.instance}", clock=self.clock)
         self.requester = Requester(
-            settings.bootstrap, self.inbox, client_id=self.name, stop_owner_on_failure=True, clock=self.clock
+            settings.bus, self.inbox, client_id=self.name, stop_owner_on_failure=True, clock=self.clock
         )
         self.sessions = LogicalSessionCache(settings, self.follower, self.name)
-        self.metrics = MetricsPublisher(settings.bootstrap, t.metrics, "router", f"router-{self.instance}")
+        self.metrics = MetricsPublisher(settings.bus, t.metrics, "router", f"router-{self.instance}")
         self.routing = OperationRouter(
             t,
             self.follower,
@@ -148,8 +163,7 @@ class RouterServer:
 
     async def run(self) -> None:
         s, t = self.settings, self.settings.topics
-        await kafka.ensure_topics(
-            s.bootstrap,
+        await s.bus.create_topics(
             [
                 *t.core(),
                 # A second partition for the shards' replies sent outside their transactions (plain
@@ -164,24 +178,24 @@ class RouterServer:
         # Replies to clients go through the producer of the shard requests: one producer, so each
         # produce request carries both (two producers doubled the router's produce requests).
         self.producer = self.requester.producer
-        requests = kafka.consumer(
-            s.bootstrap, group_id=t.group("router"), client_id=self.name, session_timeout_ms=s.session_timeout_ms
+        progress = Progress()
+        requests = s.bus.member(
+            t.group("router"),
+            t.router_requests,
+            client_id=self.name,
+            listener=progress,
+            session_timeout_ms=s.session_timeout_ms,
         )
         await requests.start()
-        progress = Progress()
-        requests.subscribe([t.router_requests], listener=progress)
         try:
             # Cursor continuations come back to this router only: its own topic, read from now on.
-            async with kafka.partition_reader(s.bootstrap, self.cursor_topic, start="end", client_id=self.name) as (
-                cursors,
-                _,
-            ):
+            async with partition_reader(s.bus, self.cursor_topic, start="end", client_id=self.name) as cursors:
                 if self.wire is not None:  # after the catalog: the first client sees routing tables
                     await self.wire.start()
                 report_ready(s, self.name, configTime=at, inbox=self.inbox, uri=self.mongodb_uri)
                 await self.metrics.start()
                 cursor_task = supervised(
-                    asyncio.create_task(self._serve(cursors, progress=None)), f"{self.name} cursors"
+                    asyncio.create_task(self._serve(_Cursors(cursors), progress=None)), f"{self.name} cursors"
                 )
                 refresh = supervised(asyncio.create_task(self.sessions.run()), f"{self.name} session cache")
                 try:
@@ -201,9 +215,9 @@ class RouterServer:
                 return_exceptions=True,
             )
             await self.follower.stop()
-            await kafka.delete_topics(s.bootstrap, [self.inbox, self.cursor_topic])
+            await s.bus.delete_topics([self.inbox, self.cursor_topic])
 
-    async def _serve(self, consumer, *, progress: Progress | None) -> None:
+    async def _serve(self, source: GroupMember | _Cursors, *, progress: Progress | None) -> None:
         """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT); with `progress`,
         commit per partition up to the oldest operation still unanswered (at least once)."""
         tasks: set[asyncio.Task] = set()
@@ -211,7 +225,7 @@ class RouterServer:
             while True:
                 if len(tasks) >= MAX_IN_FLIGHT:  # back-pressure: wait for a slot
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                batch = await consumer.getmany(timeout_ms=50, max_records=MAX_IN_FLIGHT - len(tasks))
+                batch = await source.poll(timeout_s=0.05, max_records=MAX_IN_FLIGHT - len(tasks))
                 for tp, records in batch.items():
                     for rec in records:
                         task = asyncio.create_task(self._handle(rec))
@@ -220,12 +234,12 @@ class RouterServer:
                         if progress is not None:
                             progress.started(tp, rec.offset, task)
                 if progress is not None:
-                    changed = progress.committable(consumer.assignment())
+                    changed = progress.committable(source.assignment())
                     if changed:
                         try:
-                            await consumer.commit(changed)
+                            await source.commit(changed)
                             progress.committed.update(changed)
-                        except KafkaError as e:  # a rebalance is under way: the next owner re-runs the rest
+                        except BusError as e:  # a rebalance is under way: the next owner re-runs the rest
                             log.info("%s: commit skipped (%s)", self.name, e)
         finally:
             for t in tasks:
@@ -275,5 +289,5 @@ class RouterServer:
                         Codec.encode(reply),
                         headers=tracing.inject([(CORRELATION_ID, corr)] if corr else []),
                     )
-                except KafkaError as e:  # the client is gone (its inbox deleted): nobody to tell
+                except BusError as e:  # the client is gone (its inbox deleted): nobody to tell
                     log.info("%s: reply to %s not sent: %s", self.name, reply_to.decode(), e)

@@ -15,9 +15,6 @@ import asyncio
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
-
 from domain.follower import CatalogFollower
 from domain.logical_sessions import (
     SessionCache,
@@ -28,7 +25,7 @@ from domain.logical_sessions import (
     session_id,
     timeout_ms,
 )
-from libs import kafka
+from libs.bus import BusError, Producer
 from libs.service import ServiceSettings
 from schemas import Codec
 
@@ -37,16 +34,16 @@ log = logging.getLogger(__name__)
 
 class LogicalSessionCache:
     def __init__(self, settings: ServiceSettings, follower: CatalogFollower, name: str) -> None:
-        self.bootstrap, self.topic, self.name = settings.bootstrap, settings.topics.sessions, name
+        self.bus, self.topic, self.name = settings.bus, settings.topics.sessions, name
         self.follower = follower
         self.cache = SessionCache()
-        self.store = SessionsReader(settings.bootstrap, self.topic, client_id=f"{name}-sessions")
+        self.store = SessionsReader(self.bus, self.topic, client_id=f"{name}-sessions")
         self._lock = asyncio.Lock()
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Producer | None = None
         self.flushes = 0
 
     async def start(self) -> None:
-        self._producer = kafka.producer(self.bootstrap, client_id=f"{self.name}-sessions", linger_ms=5)
+        self._producer = self.bus.producer(client_id=f"{self.name}-sessions")
         await self._producer.start()
         await self.store.start()
 
@@ -74,7 +71,7 @@ class LogicalSessionCache:
             await refresh_period(self.follower)
             try:
                 await self.flush()
-            except KafkaError as e:  # the next refresh tries again with what is still due
+            except BusError as e:  # the next refresh tries again with what is still due
                 log.warning("%s: session refresh failed: %s", self.name, e)
 
     async def flush(self) -> None:

@@ -31,8 +31,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError
 from opentelemetry import trace
 
 from domain.catalog import Catalog, Migration
@@ -41,6 +40,7 @@ from domain.protocol import ErrorCode
 from domain.protocol import record_bytes as _size
 from domain.shardkey import key_length
 from libs import aio, kafka, tracing
+from libs.bus import Bus, BusError, partition_reader
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.service import seconds_from_env
@@ -124,7 +124,7 @@ class DonorDeps:
 
     shard_id: str
     topics: Topics  # the shards' requests (ourselves, the recipient), the config server's, our changelog
-    bootstrap: str  # to read our changelog back: the mods
+    bus: Bus  # to read our changelog back: the mods
     requester: Requester  # asks, with replies to the coordinator's own inbox
     follower: CatalogFollower  # the catalog view: ownership, requested migrations, outcomes, ConfigTime
     active: asyncio.Event  # set while this instance is the shard's active one (its processor's)
@@ -138,7 +138,7 @@ class DonorCoordinator:
     def __init__(self, deps: DonorDeps):
         self.shard_id, self.follower, self.topics = deps.shard_id, deps.follower, deps.topics
         self.requester, self.documents, self.active = deps.requester, deps.documents, deps.active
-        self.bootstrap, self.changelog_position, self.progress = deps.bootstrap, deps.changelog_position, deps.progress
+        self.bus, self.changelog_position, self.progress = deps.bus, deps.changelog_position, deps.progress
         self.client_busy = deps.client_busy
         self._current: Migration | None = None  # the donation under way, before its decision
 
@@ -149,7 +149,7 @@ class DonorCoordinator:
     # ---------------------------------------------------------------- loop
 
     async def run(self) -> None:
-        await kafka.ensure_topics(self.bootstrap, [TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
+        await self.bus.create_topics([TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
         await self.requester.start()
         try:
             while True:
@@ -199,7 +199,7 @@ class DonorCoordinator:
                 if time.monotonic() > deadline:
                     raise MigrationAborted(f"{topic} did not answer {req.type} within {STEP_DEADLINE_S:g}s") from None
                 continue
-            except KafkaError as e:  # e.g. a leader election on a busy broker: the request is idempotent
+            except BusError as e:  # e.g. a leader election on a busy broker: the request is idempotent
                 if not (e.retriable or isinstance(e, KafkaTimeoutError)) or time.monotonic() > deadline:
                     raise
                 log.info("shard %s: %s to %s failed (%r); retrying", self.shard_id, req.type, topic, e)
@@ -551,7 +551,7 @@ class DonorCoordinator:
                 try:
                     fut = await self.requester.send(topic, request, headers=headers)
                     break
-                except KafkaError as e:
+                except BusError as e:
                     if not (e.retriable or isinstance(e, KafkaTimeoutError)) or time.monotonic() > deadline:
                         span.end()
                         raise
@@ -700,15 +700,15 @@ class _ModReader:
 
     def __init__(self, coordinator: DonorCoordinator, m: Migration, rng: Range, start: int):
         self.c, self.m, self.rng = coordinator, m, rng
-        self.tp = TopicPartition(coordinator.topics.shard_changelog(coordinator.shard_id), 0)
+        self.topic = coordinator.topics.shard_changelog(coordinator.shard_id)
         self.start = start
         self.total = 0
         self.bytes = 0  # of the changelog records forwarded
 
     async def __aenter__(self):
         # Opened in the background (a consumer takes ~0.1 s to start): the first pass waits for it.
-        self._reader = kafka.partition_reader(
-            self.c.bootstrap, self.tp.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
+        self._reader = partition_reader(
+            self.c.bus, self.topic, start=self.start, client_id=f"shard-{self.c.shard_id}-mods"
         )
         self._opening = asyncio.create_task(aio.wait_for(self._reader.__aenter__(), STEP_DEADLINE_S))
         return self
@@ -721,16 +721,16 @@ class _ModReader:
         await self._reader.__aexit__(*exc)
 
     async def _opened(self) -> None:
-        self.consumer, _ = await self._opening
+        self.reader = await self._opening
 
     async def _position(self) -> int:
         # aiokafka's position() waits for a valid position with no limit of its own.
-        return await aio.wait_for(self.consumer.position(self.tp), REQUEST_TIMEOUT_S)
+        return await aio.wait_for(self.reader.position(), REQUEST_TIMEOUT_S)
 
     async def transfer_until(self, end: int | None) -> int:
         """Forward the range's writes up to `end` (None: the log's end now); how many."""
         await self._opened()
-        target = end if end is not None else await kafka.log_end(self.consumer, self.tp)
+        target = end if end is not None else await self.reader.log_end()
         deadline = time.monotonic() + STEP_DEADLINE_S
         written, removed, n, size = [], [], 0, 0
         sessions: list[s.SessionStatements] = []
@@ -797,8 +797,8 @@ class _ModReader:
                     f"{STEP_DEADLINE_S:g}s ({STEP_DEADLINE_ENV})",
                     code=ErrorCode.ExceededTimeLimit,
                 )
-            batch = await self.consumer.getmany(self.tp, timeout_ms=100, max_records=5000)
-            await on_batch(batch.get(self.tp, []))
+            batch = await self.reader.fetch(max_records=5000, timeout_s=0.1)
+            await on_batch(batch)
             if end is None and not batch:
                 # read_committed may stop one short of the end (a commit marker): good enough for a pass
                 if await self._position() >= target - 1:

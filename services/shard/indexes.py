@@ -20,10 +20,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiokafka.errors import KafkaError
-
 from domain.catalog import Catalog
-from libs import aio, kafka
+from libs import aio
+from libs.bus import Bus, BusError
 from libs.commands import Decision
 from libs.dispatch import Dispatch
 from libs.faults import fault_point
@@ -96,7 +95,7 @@ REQUESTS: tuple[type, ...] = tuple(on_request.table)
 class BuilderDeps:
     shard_id: str
     topics: Topics
-    bootstrap: str
+    bus: Bus
     active: asyncio.Event  # set while this instance is the shard's active one
     documents: ShardDocuments
     wake: asyncio.Event  # IndexDecider.wake
@@ -109,7 +108,7 @@ class IndexBuilder:
         self.deps = deps
         self.limit = limit if limit is not None else step_limit()
         self.requester = Requester(
-            deps.bootstrap,
+            deps.bus,
             deps.topics.inbox(f"shard-{deps.shard_id}-indexes"),
             client_id=f"shard-{deps.shard_id}-indexes",
         )
@@ -125,7 +124,7 @@ class IndexBuilder:
 
     async def run(self) -> None:
         d = self.deps
-        await kafka.ensure_topics(d.bootstrap, [TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
+        await d.bus.create_topics([TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
         await self.requester.start()
         try:
             while True:
@@ -151,7 +150,7 @@ class IndexBuilder:
         req = ix.IndexBuildStep(ns=record.ns, name=name, buildId=record.buildId, limit=self.limit)
         try:
             reply = await self.requester.request(d.topics.shard_requests(d.shard_id), req, timeout=STEP_TIMEOUT_S)
-        except (RequestTimeout, KafkaError) as e:
+        except (RequestTimeout, BusError) as e:
             log.warning("shard %s: index build step of %s.%s failed (%r); retrying", d.shard_id, record.ns, name, e)
             await asyncio.sleep(RETRY_PAUSE_S)
             return

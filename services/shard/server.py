@@ -10,7 +10,6 @@ import logging
 from domain.clock import VectorClock
 from domain.follower import CatalogFollower
 from domain.protocol import CONFIG_TIME
-from libs import kafka
 from libs.commands import CommandProcessor, header
 from libs.metrics import MetricsPublisher, OperationCounters, timed
 from libs.projection import Projection
@@ -48,7 +47,7 @@ class ShardServer:
         self.documents.clock = self.clock
         self.store = Store(settings.data_dir / self.ready_name / "documents")
         self.projection = Projection(
-            settings.bootstrap,
+            settings.bus,
             t.shard_changelog(shard_id),
             schema.changelog,
             self.documents,
@@ -58,7 +57,7 @@ class ShardServer:
         self.decider = ShardDecider(shard_id, self.follower.catalog, self.documents, clock=self.clock)
         self.operations = OperationCounters()  # every request decided, for the per-second metric summaries
         self.processor = CommandProcessor(
-            bus=settings.bootstrap,
+            bus=settings.bus,
             command_topic=t.shard_requests(shard_id),
             command_codec=schema.requests,
             projection=self.projection,
@@ -81,9 +80,9 @@ class ShardServer:
             DonorDeps(
                 shard_id=shard_id,
                 topics=t,
-                bootstrap=settings.bootstrap,
+                bus=settings.bus,
                 requester=Requester(
-                    settings.bootstrap, t.donor_inbox(shard_id), client_id=f"shard-{shard_id}-donor", clock=self.clock
+                    settings.bus, t.donor_inbox(shard_id), client_id=f"shard-{shard_id}-donor", clock=self.clock
                 ),
                 follower=self.follower,
                 active=self.processor.active,
@@ -97,7 +96,7 @@ class ShardServer:
             ReaperDeps(
                 shard_id=shard_id,
                 topics=t,
-                bootstrap=settings.bootstrap,
+                bus=settings.bus,
                 follower=self.follower,
                 active=self.processor.active,
                 transactions=self.documents.session_last_writes,
@@ -107,7 +106,7 @@ class ShardServer:
             BuilderDeps(
                 shard_id=shard_id,
                 topics=t,
-                bootstrap=settings.bootstrap,
+                bus=settings.bus,
                 active=self.processor.active,
                 documents=self.documents,
                 wake=self.decider.indexes.wake,
@@ -117,7 +116,7 @@ class ShardServer:
             settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active
         )
         self.metrics = MetricsPublisher(
-            settings.bootstrap, t.metrics, "shard", shard_id, active=self.processor.active, counters=self.operations
+            settings.bus, t.metrics, "shard", shard_id, active=self.processor.active, counters=self.operations
         )
 
     async def _catch_up_config(self, records) -> None:
@@ -136,7 +135,7 @@ class ShardServer:
 
     async def run(self) -> None:
         t = self.settings.topics
-        await kafka.ensure_topics(self.settings.bootstrap, [*t.core(), *t.for_shard(self.shard_id)])
+        await self.settings.bus.create_topics([*t.core(), *t.for_shard(self.shard_id)])
         at = await self.follower.start()
         await self.projection.start()
         await self.projection.catch_up()

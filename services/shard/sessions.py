@@ -21,11 +21,9 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from aiokafka.errors import KafkaError
-
 from domain.follower import CatalogFollower
 from domain.logical_sessions import SessionsReader, now_ms, refresh_period, timeout_ms
-from libs import kafka
+from libs.bus import Bus, BusError
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import shard as s
@@ -49,7 +47,7 @@ def forgettable(
 class ReaperDeps:
     shard_id: str
     topics: Topics
-    bootstrap: str
+    bus: Bus
     follower: CatalogFollower  # the settings: timeout and refresh period
     active: asyncio.Event  # set while this instance is the shard's active one
     transactions: Callable[[], Iterable[tuple[str, float]]]  # (lsid, last write) of every entry
@@ -59,15 +57,15 @@ class SessionReaper:
     def __init__(self, deps: ReaperDeps) -> None:
         self.deps = deps
         self.requester = Requester(
-            deps.bootstrap, deps.topics.session_reaper_inbox(deps.shard_id), client_id=f"shard-{deps.shard_id}-sessions"
+            deps.bus, deps.topics.session_reaper_inbox(deps.shard_id), client_id=f"shard-{deps.shard_id}-sessions"
         )
-        self.store = SessionsReader(deps.bootstrap, deps.topics.sessions, client_id=f"shard-{deps.shard_id}-sessions")
+        self.store = SessionsReader(deps.bus, deps.topics.sessions, client_id=f"shard-{deps.shard_id}-sessions")
         self.forgotten = 0  # sessions this reaper has had forgotten (tests, logs)
         self.passes = 0
 
     async def run(self) -> None:
         d = self.deps
-        await kafka.ensure_topics(d.bootstrap, [TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
+        await d.bus.create_topics([TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
         await self.requester.start()
         await self.store.start()
         try:
@@ -78,7 +76,7 @@ class SessionReaper:
                     continue
                 try:
                     await self.reap()
-                except (KafkaError, RequestTimeout) as e:  # the next pass picks them again
+                except (BusError, RequestTimeout) as e:  # the next pass picks them again
                     log.warning("shard %s: session reaping failed: %s", d.shard_id, e)
         finally:
             await asyncio.gather(self.store.stop(), self.requester.stop(), return_exceptions=True)

@@ -28,11 +28,9 @@ import logging
 import time
 from collections.abc import Iterator
 
-from aiokafka.errors import KafkaError
-
 from domain.catalog import Catalog, Chunk
 from domain.shardkey import encode_value, to_ejson
-from libs import kafka
+from libs.bus import BusError
 from libs.service import ServiceSettings, seconds_from_env
 from libs.store import Store
 from schemas import Codec, Record
@@ -147,7 +145,7 @@ class StatisticsPublisher:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._producer = kafka.producer(self.settings.bootstrap, client_id=f"shard-{self.shard_id}-stats")
+        self._producer = self.settings.bus.producer(client_id=f"shard-{self.shard_id}-stats")
         await self._producer.start()
         self._task = asyncio.create_task(self._run())
 
@@ -166,7 +164,7 @@ class StatisticsPublisher:
                 await self.active.wait()
             try:
                 await self.publish_once()
-            except (TimeoutError, KafkaError, OSError) as e:
+            except (TimeoutError, BusError, OSError) as e:
                 log.warning(
                     "shard %s: statistics not published (%s); retrying in %.1fs", self.shard_id, e, self.interval_s
                 )

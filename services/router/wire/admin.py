@@ -16,10 +16,9 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from aiokafka.errors import KafkaError
-
 from domain import sharding_commands as sc
 from domain.protocol import ErrorCode
+from libs.bus import BusError
 from libs.client import shard_unreachable
 from libs.errors import CommandError
 from libs.requests import RequestTimeout
@@ -75,7 +74,7 @@ async def balancer_state(edge: RouterEdge, request: b.GetBalancerState) -> dict[
         reply = await edge.requester.request(
             edge.settings.topics.balancer_commands, request, timeout=BALANCER_TIMEOUT_S
         )
-    except (RequestTimeout, KafkaError):  # not running, or never started (no topic yet)
+    except (RequestTimeout, BusError):  # not running, or never started (no topic yet)
         raise CommandError(
             ErrorCode.HostUnreachable, f"the balancer did not answer within {BALANCER_TIMEOUT_S:g} s: is it running?"
         ) from None
@@ -116,9 +115,7 @@ def _simple(name: str) -> None:
         record = parse(_doc(cmd))
         if isinstance(record, c.AddShard) and record.shard not in edge.follower.catalog.shards:
             wait = min(ADD_SHARD_WAIT_S, command_timeout(cmd))
-            why = await shard_unreachable(
-                edge.requester, edge.settings.bootstrap, edge.settings.topics, record.shard, wait
-            )
+            why = await shard_unreachable(edge.requester, edge.settings.bus, edge.settings.topics, record.shard, wait)
             if why is not None:
                 raise CommandError(ErrorCode.OperationFailed, why)
         result = await config_command(edge, record, command_timeout(cmd))

@@ -288,7 +288,7 @@ def mongos(edge: RouterEdge) -> list[dict[str, Any]]:
 async def changelog(edge: RouterEdge) -> list[dict[str, Any]]:
     """config.changelog from config.events: what, ns, time, details (read from the log, once
     per call: the projection keeps state, not history)."""
-    from libs import kafka
+    from libs.bus import read_to_end
     from schemas import config as schema
 
     out: list[dict[str, Any]] = []
@@ -315,9 +315,7 @@ async def changelog(edge: RouterEdge) -> list[dict[str, Any]]:
                 }
             )
 
-    await kafka.read_to_end(
-        edge.settings.bootstrap, edge.settings.topics.config_events, take, client_id="router-changelog"
-    )
+    await read_to_end(edge.settings.bus, edge.settings.topics.config_events, take, client_id="router-changelog")
     return out
 
 
