@@ -4,12 +4,16 @@ Actions: `kill` (SIGKILL this process, as `kill -9` would), `stop` (SIGSTOP:
 the process freezes and becomes a zombie once others take over), `raise`.
 A point with an `@text` suffix fires only when the caller's tag contains
 that text, e.g. `config.before_commit@zombie-shard=stop`.
+
+The simulator (tests/sim) sets a hook instead: called at every point, it may crash the
+simulated process there.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 
 class FaultInjected(RuntimeError):
@@ -26,9 +30,44 @@ def _plan() -> dict[str, str]:
 
 
 _PLAN = _plan()
+_hook: Callable[[str, str | None], None] | None = None
+
+
+def set_hook(hook: Callable[[str, str | None], None] | None) -> None:
+    """Call `hook(point, tag)` at every fault point from now on (None: stop)."""
+    global _hook
+    _hook = hook
+
+
+# Past bugs the simulator must find, put back behind a switch each (test-only: nothing sets one
+# outside tests/sim). Each name says what the buggy code did.
+KNOWN_BUGS = {
+    "migration-forgets-sessions": "a migration moves documents but not the retryable writes' records, "
+    "so a write retried after its range moved is applied again",
+    "migration-without-catch-up": "the donor commits after the clone without sending the writes made "
+    "during it (its catch-up), so the recipient never has them",
+    "range-deletion-deletes-owned": "a range migrates back to a shard that still has its orphans to "
+    "delete (the recipient does not wait), and the deletion then deletes what the shard owns again",
+}
+_reintroduced: set[str] = set()
+
+
+def reintroduce(bugs: set[str]) -> None:
+    """Switch these known bugs on (the empty set: all off). Tests only."""
+    unknown = bugs - KNOWN_BUGS.keys()
+    if unknown:
+        raise ValueError(f"unknown bugs {sorted(unknown)}: {sorted(KNOWN_BUGS)}")
+    _reintroduced.clear()
+    _reintroduced.update(bugs)
+
+
+def reintroduced(bug: str) -> bool:
+    return bug in _reintroduced
 
 
 def fault_point(point: str, tag: str | None = None) -> None:
+    if _hook is not None:
+        _hook(point, tag)
     if not _PLAN:
         return
     action = _PLAN.get(point)

@@ -12,11 +12,19 @@ member's partitions over once it has revoked them (at its poll) or missed its se
 What it leaves out, because shardlog must not depend on it: retention and compaction (every
 record stays), transaction timeouts (an abandoned transaction stays open until its id is
 started again, which is how every shardlog owner ends one), quotas and record-size limits.
+
+Processes: a client belongs to the simulated process (`PROCESS`, a context variable the
+simulator sets per service task) that made it. `crash(process)` is `kill -9` as the bus sees
+it: from then on every operation of that process's clients raises `ProcessDead`, so nothing it
+would still do (a `finally` that commits offsets, a last reply) reaches the log; its open
+transaction stays open until its transactional id starts again, and its group membership
+until its session times out, as on a broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import itertools
 import time
@@ -26,6 +34,24 @@ from dataclasses import dataclass, field
 from libs import aio
 from libs.bus import BusError as BusError
 from libs.bus import Fenced, Headers, Listener, Message, TopicSpec, UnknownTopic
+
+PROCESS: contextvars.ContextVar[str | None] = contextvars.ContextVar("shardlog_sim_process", default=None)
+
+
+class ProcessDead(BaseException):
+    """An operation of a crashed process: a BaseException, so that no `except Exception` of the
+    service's own carries on as if it were alive."""
+
+
+class _Client:
+    """Whatever a process opens on the bus: refuses to act once the process has crashed."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus, self.process = bus, PROCESS.get()
+
+    def _alive(self) -> None:
+        if self.process is not None and self.process in self.bus.dead:
+            raise ProcessDead(self.process)
 
 
 @dataclass(frozen=True)
@@ -96,6 +122,11 @@ class MemoryBus:
         self._open: dict[str, _Txn] = {}  # transactional id -> its open transaction
         self._groups: dict[str, _Group] = {}
         self._waiter: asyncio.Future[None] | None = None
+        self.dead: set[str] = set()  # crashed processes (a restarted service is a new process)
+
+    def crash(self, process: str) -> None:
+        self.dead.add(process)
+        self.notify()
 
     # ------------------------------------------------------------ topics
 
@@ -206,12 +237,13 @@ def _acked(offset: int) -> Awaitable[int]:
     return f
 
 
-class MemoryProducer:
+class MemoryProducer(_Client):
     def __init__(self, bus: MemoryBus, client_id: str) -> None:
-        self.bus, self.client_id = bus, client_id
+        super().__init__(bus)
+        self.client_id = client_id
 
     async def start(self) -> None:
-        pass
+        self._alive()
 
     async def stop(self) -> None:
         pass
@@ -226,6 +258,7 @@ class MemoryProducer:
         partition: int | None = None,
         timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
+        self._alive()
         partition = partition or 0
         record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
         return _acked(self.bus.append(topic, partition, _Entry(record)))
@@ -243,6 +276,7 @@ class MemoryTransactionalProducer(MemoryProducer):
 
     async def start(self) -> None:
         """init_transactions: take the next epoch, abort the previous producer's open transaction."""
+        self._alive()
         tid = self.transactional_id
         self.epoch = self.bus._epochs.get(tid, 0) + 1
         self.bus._epochs[tid] = self.epoch
@@ -250,6 +284,7 @@ class MemoryTransactionalProducer(MemoryProducer):
             self.bus.decide(previous, TxnState.ABORTED)
 
     def _current(self) -> None:
+        self._alive()
         if self.bus._epochs.get(self.transactional_id) != self.epoch:
             raise Fenced(f"producer {self.transactional_id} (epoch {self.epoch}) is fenced")
 
@@ -301,9 +336,10 @@ class MemoryTransactionalProducer(MemoryProducer):
         self.bus.decide(self._in_transaction(), TxnState.ABORTED)
 
 
-class MemoryReader:
+class MemoryReader(_Client):
     def __init__(self, bus: MemoryBus, topic: str, partition: int) -> None:
-        self.bus, self.topic, self.partition = bus, topic, partition
+        super().__init__(bus)
+        self.topic, self.partition = topic, partition
         self._position = 0
 
     async def start(self) -> None:
@@ -332,15 +368,17 @@ class MemoryReader:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
+            self._alive()
             out, self._position = self.bus.log(self.topic, self.partition).visible_from(self._position, max_records)
             if out or (left := deadline - loop.time()) <= 0:
                 return out
             await self.bus.changed(left)
 
 
-class MemoryTail:
+class MemoryTail(_Client):
     def __init__(self, bus: MemoryBus, topic: str) -> None:
-        self.bus, self.topic = bus, topic
+        super().__init__(bus)
+        self.topic = topic
         self._positions: list[int] = []
 
     async def start(self) -> None:
@@ -353,6 +391,7 @@ class MemoryTail:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
+            self._alive()
             out: list[Message] = []
             for p, log in enumerate(self.bus._log_list(self.topic)):
                 records, self._positions[p] = log.visible_from(self._positions[p], max_records - len(out))
@@ -389,9 +428,10 @@ class _Group:
         return set(range(start, start + share + (1 if i < extra else 0)))
 
 
-class MemoryMember:
+class MemoryMember(_Client):
     def __init__(self, bus: MemoryBus, group: _Group, topic: str, listener: Listener, session_timeout_ms: int) -> None:
-        self.bus, self.group, self.topic, self.listener = bus, group, topic, listener
+        super().__init__(bus)
+        self.group, self.topic, self.listener = group, topic, listener
         self.session_timeout_s = session_timeout_ms / 1000
         self._held: set[int] = set()
         self._generation = -1
@@ -411,6 +451,7 @@ class MemoryMember:
         self.group.change()
 
     async def stop(self) -> None:
+        self._alive()  # a crashed member does not leave: its session times out
         if self in self.group.members:
             await self._revoke()
             self.group.members.remove(self)
@@ -433,6 +474,7 @@ class MemoryMember:
         return self.group.offsets.get((self.topic, partition))
 
     async def commit(self, offsets: dict[int, int]) -> None:
+        self._alive()
         for partition, offset in offsets.items():
             self.group.offsets[(self.topic, partition)] = offset
 
@@ -472,6 +514,7 @@ class MemoryMember:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
+            self._alive()
             await self._rebalance()
             out: dict[int, list[Message]] = {}
             left = max_records

@@ -41,7 +41,7 @@ from domain.protocol import record_bytes as _size
 from domain.shardkey import key_length
 from libs import aio, kafka, tracing
 from libs.bus import Bus, BusError, partition_reader
-from libs.faults import fault_point
+from libs.faults import fault_point, reintroduced
 from libs.requests import Requester, RequestTimeout
 from libs.service import seconds_from_env
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
@@ -431,6 +431,8 @@ class DonorCoordinator:
                 # sends the ones written since `start` (a record sent twice merges to the same).
                 for sessions in self._session_batches(m.ns, rng):
                     self._check_active(m)
+                    if reintroduced("migration-forgets-sessions"):
+                        break
                     await self._ask_recipient(m, s.TransferBatch(id=m.id, phase="clone", sessions=sessions))
                 clone.set_attributes({"shardlog.documents": cloned, "shardlog.bytes": self.progress[m.id]["bytes"]})
             self._progress(m.id, phase="catching up")
@@ -438,6 +440,8 @@ class DonorCoordinator:
                 passes = 0
                 for passes in range(1, MAX_CATCH_UP_PASSES + 1):  # noqa: B007 (the count is the attribute)
                     self._check_active(m)
+                    if reintroduced("migration-without-catch-up"):
+                        break
                     n = await mods.transfer_until(None)
                     fault_point("migration.catching_up")
                     if n < CATCH_UP_MODS:
@@ -450,7 +454,8 @@ class DonorCoordinator:
                 reply = await self._ask_self_with_offset(s.EnterCriticalSection(id=m.id))
                 self._progress(m.id, phase="critical section", criticalSince=time.time())
                 fault_point("migration.critical_section")
-                await mods.transfer_until(reply)  # every write to the range before the critical section
+                if not reintroduced("migration-without-catch-up"):
+                    await mods.transfer_until(reply)  # every write to the range before the critical section
                 critical.set_attributes(
                     {"shardlog.documents": mods.total - before[0], "shardlog.bytes": mods.bytes - before[1]}
                 )
@@ -763,6 +768,8 @@ class _ModReader:
                 except RecordError:
                     continue
                 if isinstance(e, s.RetryableWriteRecorded):
+                    if reintroduced("migration-forgets-sessions"):
+                        continue
                     found = retryable.record_in_range(e, self.m.ns, self.rng.lo, self.rng.hi)
                     if found is not None:
                         sessions.append(found)

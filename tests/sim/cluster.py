@@ -1,28 +1,32 @@
 """The whole cluster in one process on the in-memory bus (issue 31 §3): the config server, shards,
-a router, the balancer and the range deleter as tasks of the running event loop, talking only
-through `libs.bus.memory.MemoryBus`. No broker, no threads: the loop is the only scheduler.
+a router and the range deleter (the balancer too, when asked) as tasks of the running event
+loop, talking only through `libs.bus.memory.MemoryBus`. No broker, no threads.
 
-`SimCluster` starts and stops services, kills one (its task cancelled, its store kept or lost)
-and restarts it, and gives a client (`libs.client.AsyncCluster` on the same bus)."""
+Each service runs as a simulated *process* (`libs.bus.memory.PROCESS`, one per start): `crash`
+is `kill -9` (the bus refuses the process everything from then on, its tasks are cancelled, its
+RocksDB stores closed, or deleted with `lose_store`), and `start` runs a new process of it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from libs.bus.memory import MemoryBus
+from libs import store as store_module
+from libs.bus.memory import PROCESS, MemoryBus
 from libs.client import AsyncCluster
 from libs.requests import Requester
 from libs.service import ServiceSettings
-from libs.topics import SHORT_LIVED, TopicSpec
+from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import Record
 from schemas import config as c
 from schemas.reply import Reply
 
-WAIT_S = 60.0  # bounded waits for a service to reach a state (the loop runs in real time for now)
+WAIT_S = 120.0  # bounded waits, in simulated seconds (free: the loop jumps to the next timer)
 
 
 async def until(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
@@ -31,17 +35,45 @@ async def until(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -
     while not check():
         if loop.time() > deadline:
             raise TimeoutError(f"not within {timeout:g}s: {what}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+
+
+@contextmanager
+def stores_by_process() -> Iterator[dict[str, list[store_module.Store]]]:
+    """Which process opened which RocksDB store (closed for it when it crashes: a dead process
+    holds no lock)."""
+    opened: dict[str, list[store_module.Store]] = {}
+    original = store_module.Store.__init__
+
+    def recording(self: store_module.Store, path: str | Path) -> None:
+        original(self, path)
+        opened.setdefault(PROCESS.get() or "", []).append(self)
+
+    store_module.Store.__init__ = recording  # type: ignore[method-assign]
+    try:
+        yield opened
+    finally:
+        store_module.Store.__init__ = original  # type: ignore[method-assign]
 
 
 class SimCluster:
-    def __init__(self, data_dir: Path, shards: tuple[str, ...] = ("s0", "s1"), *, cluster: str = "sim") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        shards: tuple[str, ...] = ("s0", "s1"),
+        *,
+        cluster: str = "sim",
+        stores: dict[str, list[store_module.Store]] | None = None,
+    ) -> None:
         self.bus = MemoryBus()
         self.data_dir = data_dir
         self.settings = ServiceSettings("memory", cluster, data_dir, session_timeout_ms=6000, transport=self.bus)
         self.shard_ids = shards
         self.services: dict[str, Any] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.process: dict[str, str] = {}  # service name -> its current process
+        self.starts: dict[str, int] = {}
+        self.stores = stores if stores is not None else {}
         self._requester: Requester | None = None
 
     # ------------------------------------------------------------ services
@@ -66,26 +98,51 @@ class SimCluster:
         raise ValueError(name)
 
     def start(self, name: str) -> Any:
-        service = self.services[name] = self._make(name)
-        self.tasks[name] = asyncio.create_task(service.run(), name=f"sim {name}")
+        """Run a new process of service `name`."""
+        n = self.starts[name] = self.starts.get(name, 0) + 1
+        pid = self.process[name] = f"{name}#{n}"
+        ctx = contextvars.copy_context()
+        ctx.run(PROCESS.set, pid)
+        service = self.services[name] = ctx.run(self._make, name)
+        self.tasks[name] = asyncio.get_running_loop().create_task(service.run(), name=pid, context=ctx)
         return service
 
-    async def kill(self, name: str, *, lose_store: bool = False) -> None:
-        """Stop a service at once (its task cancelled: nothing of an open transaction commits);
-        `lose_store`: its RocksDB goes too (a new machine), so it rebuilds from the log."""
-        task = self.tasks.pop(name)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        self.services.pop(name)
+    def alive(self, name: str) -> bool:
+        return name in self.tasks and not self.tasks[name].done()
+
+    async def crash(self, name: str, *, lose_store: bool = False) -> None:
+        """kill -9: nothing more of the process reaches the bus; its stores close (or are lost)."""
+        pid = self.process[name]
+        self.bus.crash(pid)
+        await self._end(name, pid)
         if lose_store:
-            for path in self.data_dir.glob(f"{name}*"):
+            for path in self._data_dirs(name):
                 shutil.rmtree(path, ignore_errors=True)
-            if name == "config":
-                shutil.rmtree(self.data_dir / "config-0", ignore_errors=True)
 
-    async def start_all(self, *, balancer: bool = False, range_deleter: bool = False) -> None:
-        from libs.topics import Topics
+    async def stop(self, name: str) -> None:
+        """A graceful stop (SIGTERM): the service's own shutdown runs."""
+        await self._end(name, self.process[name])
 
+    async def _end(self, name: str, pid: str) -> None:
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self.services.pop(name, None)
+        for store in self.stores.pop(pid, []):
+            try:
+                store.close()
+            except Exception:
+                pass  # closed by the service's own shutdown
+
+    def _data_dirs(self, name: str) -> list[Path]:
+        if name == "config":
+            return [self.data_dir / "config-0"]
+        if name == "router":
+            return [self.data_dir / "router-r0"]
+        return [self.data_dir / name]
+
+    async def start_all(self, *, balancer: bool = False, range_deleter: bool = True) -> None:
         await self.bus.create_topics(Topics(self.settings.cluster).core())
         config = self.start("config")
         await until("the config server active", config.processor.active.is_set)
@@ -104,10 +161,12 @@ class SimCluster:
 
     async def stop_all(self) -> None:
         if self._requester is not None:
-            await self._requester.stop()
-            self._requester = None
+            try:
+                await self._requester.stop()
+            finally:
+                self._requester = None
         for name in list(self.tasks):
-            await self.kill(name)
+            await self.stop(name)
 
     def shard(self, sid: str) -> Any:
         return self.services[f"shard-{sid}"]
@@ -122,16 +181,21 @@ class SimCluster:
 
     # ------------------------------------------------------------ asking
 
-    async def command(self, cmd: Record, timeout: float = WAIT_S) -> Reply:
-        """A config command; waits until every running shard and router has seen its effect."""
+    async def ask_config(self, cmd: Record, timeout: float = WAIT_S) -> Reply:
+        """A config command's reply (not checked)."""
         t = self.settings.topics
         if self._requester is None:
             await self.bus.create_topics([TopicSpec(t.cli_replies, config=SHORT_LIVED)])
             self._requester = Requester(self.bus, t.cli_replies, client_id="sim")
             await self._requester.start()
-        reply = await self._requester.request(t.config_commands, cmd, timeout=timeout)
+        return await self._requester.request(t.config_commands, cmd, timeout=timeout)
+
+    async def command(self, cmd: Record, timeout: float = WAIT_S) -> Reply:
+        """A config command that must succeed; waits until every running shard and router has
+        seen its effect."""
+        reply = await self.ask_config(cmd, timeout)
         assert reply.ok, reply
-        for name, service in self.services.items():
+        for name, service in list(self.services.items()):
             if name.startswith("shard-") or name == "router":
                 await service.follower.wait_for(reply.configTime, timeout)
         return reply

@@ -14,7 +14,7 @@ from tests.sim.cluster import SimCluster, until
 @pytest.fixture(autouse=True)
 def no_wire(monkeypatch):
     monkeypatch.setenv("SHARDLOG_ROUTER_PORT", "off")
-    monkeypatch.setenv("SHARDLOG_METRICS", "0")
+    monkeypatch.setenv("SHARDLOG_METRICS", "off")
 
 
 def scenario(tmp_path, seed: int):

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import StrEnum
 
+from libs.faults import reintroduced
 from schemas import Record
 from schemas import shard as s
 from services.shard.documents import shard_key_part
@@ -97,7 +98,7 @@ def delete_batch(shard: Shard, req: s.DeleteRangeBatch, open_queries: OpenQuerie
     events: list[Record] = []
     for k, doc in shard.documents.scan(task.ns, lo, hi):
         skey = shard_key_part(k, doc)
-        if owns(shard, coll, skey):
+        if owns(shard, coll, skey) and not reintroduced("range-deletion-deletes-owned"):
             continue  # never delete what this shard owns (the range came back)
         events.append(s.DocumentRemoved(ns=task.ns, skey=skey.hex(), id=doc["_id"]))
         if len(events) >= req.limit:

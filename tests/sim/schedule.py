@@ -1,0 +1,339 @@
+"""One simulated schedule: a seeded workload and seeded faults against the whole cluster, then
+the invariants every real-broker test checks (issue 31 §3).
+
+Workload: clients insert documents and increment counters with retryable writes (each write
+is retried until acknowledged or its client gives up; some are sent again later, as a driver
+does when a reply is lost, often after their range moved); a mover moves random ranges between
+shards, often the counters' range, and often a range straight back. Faults: crash a service
+(store kept, or lost) and restart it later; crash a process when it reaches one of the
+runtime's or the migration protocol's fault points.
+
+Invariants, once the faults stop and the cluster settles:
+1. every acknowledged insert is there exactly once, nothing is there that was never sent;
+2. every counter holds at least its acknowledged increments and at most those sent (a
+   retried increment applied once);
+3. the chunks cover the key space, each on a shard of the cluster;
+4. no migration is left undecided and no range deletion pending;
+5. no orphan is visible: each shard holds only documents of chunks it owns;
+6. every shard's store (and the config server's) equals a fresh replay of its log."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bson import MaxKey, MinKey
+
+from libs import faults
+from libs.bus.memory import PROCESS, ProcessDead
+from libs.client import OperationTimeout, ShardlogError
+from libs.projection import Projection
+from libs.store import Store
+from schemas import config as c
+from schemas import shard as shard_schema
+from tests.sim import loop as sim
+from tests.sim.cluster import SimCluster, stores_by_process, until
+
+NS, DB = "db.c", "db"
+KEYS = 1000  # shard key values are 0..KEYS-1
+# Fault points a schedule may crash a process at (the runtime's own, the donor's protocol steps,
+# the range deleter's); the shard's and config server's commit points take their service name.
+FAULT_POINTS = (
+    "migration.registered",
+    "migration.cloning",
+    "migration.clone_committed",
+    "migration.catching_up",
+    "migration.critical_section",
+    "migration.commit_sent",
+    "migration.commit_applied",
+    "migration.decision_recorded",
+    "migration.range_tasks_updated",
+    "range_deleter.mid_deletion",
+    "shard-s0.before_commit",
+    "shard-s0.after_commit",
+    "shard-s1.before_commit",
+    "shard-s1.after_commit",
+    "config.before_commit",
+    "config.after_commit",
+)
+
+
+@dataclass
+class Plan:
+    """What a seed chose, before the run: the schedule as a reader can follow it."""
+
+    seed: int
+    writers: int
+    writes_per_writer: int
+    moves: int
+    crashes: list[tuple[float, str, bool]]  # (simulated time, service, lose its store)
+    fault_points: list[str]  # a process crashes the first time it reaches each
+
+    @classmethod
+    def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
+        rng = random.Random(seed)
+        services = ["shard-s0", "shard-s1", "config", "router", "range-deleter"]
+        crashes = (
+            sorted(
+                (round(rng.uniform(0.5, 20.0), 3), rng.choice(services), rng.random() < 0.2)
+                for _ in range(rng.randint(0, 3))
+            )
+            if faults_on
+            else []
+        )
+        points = rng.sample(FAULT_POINTS, rng.randint(0, 2)) if faults_on else []
+        return cls(seed, rng.randint(1, 3), rng.randint(5, 25), rng.randint(0, 4), crashes, points)
+
+
+@dataclass
+class Ledger:
+    """What the clients know: acknowledged and attempted writes."""
+
+    inserted: set[int] = field(default_factory=set)
+    insert_sent: set[int] = field(default_factory=set)
+    increments: dict[int, tuple[int, int]] = field(default_factory=dict)  # counter -> (acked, sent)
+
+
+@dataclass
+class Outcome:
+    plan: Plan
+    events: list[str]
+    stats: dict[str, Any]
+
+
+class Violation(AssertionError):
+    pass
+
+
+def run(seed: int, data_dir: Path, *, faults_on: bool = True) -> Outcome:
+    """Run the schedule of `seed`; raise Violation (with the schedule) if an invariant fails."""
+    plan = Plan.of(seed, faults_on=faults_on)
+    events: list[str] = []
+
+    async def main(loop: sim.SimLoop) -> Outcome:
+        with stores_by_process() as stores:
+            cl = SimCluster(data_dir / f"seed-{seed}", stores=stores)
+            try:
+                await _schedule(loop, cl, plan, events)
+            except Violation as e:
+                raise Violation(f"{e}\n{describe(plan, events)}") from None
+            except Exception as e:
+                raise Violation(f"{type(e).__name__}: {e}\n{describe(plan, events)}") from e
+            finally:
+                faults.set_hook(None)
+                await cl.stop_all()
+            await _stores_equal_their_replay(cl, events)
+            return Outcome(plan, events, sim.stats(loop))
+
+    return sim.run(seed, main)
+
+
+def describe(plan: Plan, events: list[str]) -> str:
+    return "\n".join([f"schedule of seed {plan.seed}: {plan}", *(f"  {e}" for e in events)])
+
+
+async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[str]) -> None:
+    def note(what: str) -> None:
+        events.append(f"t={loop.time():8.3f} {what}")
+
+    await cl.start_all()
+    rng = random.Random(plan.seed ^ 0xC0FFEE)
+    await cl.command(c.CreateDatabase(db=DB, primary="s0"))
+    await cl.command(c.ShardCollection(ns=NS, key={"k": 1}))
+    splits = sorted(rng.sample(range(1, KEYS), 3))
+    await cl.command(c.SplitChunk(ns=NS, at=[{"k": k} for k in splits]))
+    # Orphans are deleted soon after a migration (MongoDB waits 900 s): deletions race the workload.
+    delay = rng.choice([0, 1, 5])
+    await cl.command(c.SetSetting(key="orphanCleanupDelaySecs", value=delay))
+    note(f"collection {NS} split at {splits}; orphans deleted {delay}s after a migration")
+
+    armed = set(plan.fault_points)
+    restarts: list[asyncio.Task[None]] = []
+
+    async def restart_later(name: str, lose: bool) -> None:
+        await cl.crash(name, lose_store=lose)
+        await asyncio.sleep(rng.uniform(0.1, 8.0))
+        cl.start(name)
+        note(f"restarted {name}")
+
+    def at_fault_point(point: str, tag: str | None) -> None:
+        pid = PROCESS.get()
+        if point not in armed or pid is None:
+            return
+        armed.discard(point)
+        name = pid.partition("#")[0]
+        note(f"crash {pid} at fault point {point}")
+        cl.bus.crash(pid)
+        restarts.append(asyncio.get_running_loop().create_task(restart_later(name, False)))
+        raise ProcessDead(pid)
+
+    faults.set_hook(at_fault_point)
+    ledger = Ledger()
+    async with cl.client(timeout=60, attempt_timeout=3) as client:
+        coll = client[DB]["c"]
+        work = [asyncio.create_task(_writer(coll, w, plan, ledger, rng)) for w in range(plan.writers)] + [
+            asyncio.create_task(_mover(cl, plan, rng, note))
+        ]
+        for at, name, lose in plan.crashes:
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            if cl.alive(name):
+                note(f"crash {cl.process[name]}{' losing its store' if lose else ''}")
+                restarts.append(asyncio.create_task(restart_later(name, lose)))
+        await asyncio.gather(*work)
+        faults.set_hook(None)
+        await asyncio.gather(*restarts)
+        note(f"workload done: {len(ledger.inserted)}/{len(ledger.insert_sent)} inserts acknowledged")
+        await _settled(cl)
+        note("settled")
+        await _check(cl, coll, ledger)
+
+
+async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Random) -> None:
+    counter = -(w + 1)  # counters have negative ids, documents non-negative ones
+    ledger.increments[counter] = (0, 0)
+    for i in range(plan.writes_per_writer):
+        doc_id = w * 10_000 + i
+        if rng.random() < 0.7:
+            ledger.insert_sent.add(doc_id)
+            try:
+                await coll.insert_one({"_id": doc_id, "k": rng.randrange(KEYS)})
+                ledger.inserted.add(doc_id)
+            except (ShardlogError, OperationTimeout):
+                pass
+        else:
+            acked, sent = ledger.increments[counter]
+            ledger.increments[counter] = (acked, sent + 1)
+            update = shard_schema.Update(ns=NS, filter={"_id": counter, "k": w}, update={"$inc": {"n": 1}}, upsert=True)
+            session = coll.cluster.start_session()
+            statement = update.model_copy(update={"lsid": dict(session.lsid), "txnNumber": session.next_txn_number()})
+            try:
+                await coll.cluster.call(statement, session=session)
+                if rng.random() < 0.5:  # its reply "lost": the driver sends it again, maybe after a move
+                    await asyncio.sleep(rng.uniform(0.0, 6.0))
+                    await coll.cluster.call(statement, session=session)
+                acked, sent = ledger.increments[counter]
+                ledger.increments[counter] = (acked + 1, sent)
+            except (ShardlogError, OperationTimeout):
+                pass
+        await asyncio.sleep(rng.uniform(0.0, 0.5))
+
+
+async def _mover(cl: SimCluster, plan: Plan, rng: random.Random, note: Any) -> None:
+    last: Any = None  # the bounds of the range moved last
+    for _ in range(plan.moves):
+        await asyncio.sleep(rng.uniform(0.5, 5.0))
+        if not cl.alive("config"):
+            continue
+        coll = cl.config.catalog.collections.get(NS)
+        if coll is None:
+            continue
+        pick = rng.random()
+        if last is not None and pick < 0.4:  # straight back, before its orphans are gone
+            chunk = next((ch for ch in coll.chunks if (ch.min, ch.max) == last), rng.choice(coll.chunks))
+        elif pick < 0.7:  # the counters' range (their shard keys are the writers' numbers)
+            chunk = coll.chunks[0]
+        else:
+            chunk = rng.choice(coll.chunks)
+        last = (chunk.min, chunk.max)
+        to = rng.choice([s for s in cl.shard_ids if s != chunk.shard])
+        try:
+            reply = await cl.ask_config(c.MoveRange(ns=NS, min=chunk.min, max=chunk.max, to=to), timeout=30)
+            note(f"moveRange {chunk.min}..{chunk.max} {chunk.shard} -> {to}: {'ok' if reply.ok else reply.code}")
+        except TimeoutError:
+            note(f"moveRange {chunk.min}..{chunk.max} -> {to}: no reply (config server down)")
+
+
+async def _settled(cl: SimCluster) -> None:
+    """Every service back and active, no migration undecided, no range deletion pending."""
+    for name in ["config", *(f"shard-{s}" for s in cl.shard_ids), "router", "range-deleter"]:
+        if not cl.alive(name):
+            cl.start(name)
+    await until("the config server active", lambda: cl.alive("config") and cl.config.processor.active.is_set(), 300)
+    await until(
+        "every shard active",
+        lambda: all(cl.alive(f"shard-{s}") and cl.shard(s).processor.active.is_set() for s in cl.shard_ids),
+        300,
+    )
+    await until("no migration undecided (invariant 4)", lambda: not cl.config.catalog.migrations, 600)
+    try:
+        await until(
+            "no range deletion pending (invariant 4)",
+            lambda: all(not cl.shard(s).documents.range_tasks for s in cl.shard_ids),
+            600,
+        )
+    except TimeoutError as e:
+        pending = {s: list(cl.shard(s).documents.range_tasks.values()) for s in cl.shard_ids}
+        deleter = cl.services["range-deleter"].status
+        raise TimeoutError(f"{e}: {pending}; the range deleter: {deleter}") from None
+    # The router has seen the last change: a read now routes by the settled catalog.
+    await cl.router.follower.wait_for(cl.config.projection.position, 60)
+
+
+async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
+    docs = [d async for d in coll.find({})]
+    ids = [d["_id"] for d in docs if d["_id"] >= 0]
+    if len(ids) != len(set(ids)):
+        raise Violation(f"invariant 1: a document is there twice: {sorted(i for i in ids if ids.count(i) > 1)}")
+    if lost := ledger.inserted - set(ids):
+        raise Violation(f"invariant 1: acknowledged inserts lost: {sorted(lost)}")
+    if never := set(ids) - ledger.insert_sent:
+        raise Violation(f"invariant 1: documents nobody inserted: {sorted(never)}")
+    counters = {d["_id"]: d.get("n", 0) for d in docs if d["_id"] < 0}
+    for counter, (acked, sent) in ledger.increments.items():
+        n = counters.get(counter, 0)
+        if not acked <= n <= sent:
+            raise Violation(f"invariant 2: counter {counter} is {n}, {acked} increments acknowledged, {sent} sent")
+    chunks = cl.config.catalog.collections[NS].chunks
+    for a, b in zip(chunks, chunks[1:]):
+        if a.max_key != b.min_key:
+            raise Violation(f"invariant 3: chunks {a} and {b} leave a gap or overlap")
+    if chunks[0].min != {"k": MinKey()} or chunks[-1].max != {"k": MaxKey()}:
+        raise Violation(f"invariant 3: the chunks run from {chunks[0].min} to {chunks[-1].max}, not MinKey to MaxKey")
+    if strays := [ch for ch in chunks if ch.shard not in cl.shard_ids]:
+        raise Violation(f"invariant 3: chunks on shards not in the cluster: {strays}")
+    for sid in cl.shard_ids:
+        documents = cl.shard(sid).documents
+        owned = sum(documents.count_range(NS, ch.min_key, ch.max_key) for ch in chunks if ch.shard == sid)
+        if (held := documents.count_documents(NS)) != owned:
+            raise Violation(f"invariant 5: shard {sid} holds {held - owned} documents of chunks it does not own")
+
+
+async def _stores_equal_their_replay(cl: SimCluster, events: list[str]) -> None:
+    """Invariant 6, after a graceful stop of every service."""
+    from schemas import config as config_schema
+    from schemas import shard as shard_schema
+    from services.shard.documents import ShardDocuments
+
+    t = cl.settings.topics
+    logs = [(cl.data_dir / "config-0" / "catalog", t.config_events, config_schema.events, _new_catalog)]
+    logs += [
+        (cl.data_dir / f"shard-{sid}" / "documents", t.shard_changelog(sid), shard_schema.changelog, ShardDocuments)
+        for sid in cl.shard_ids
+    ]
+    for path, topic, codec, state in logs:
+        kept = Store(path)
+        fresh = Store(cl.data_dir / "replays" / path.parent.name)
+        try:
+            replay = Projection(cl.bus, topic, codec, state(), fresh, name="replay")
+            await replay.start()
+            await replay.catch_up()
+            await replay.stop()
+            a, b = dict(kept.scan(b"")), dict(fresh.scan(b""))
+            if a != b:
+                differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+                raise Violation(
+                    f"invariant 6: {path} differs from a replay of {topic} at {len(differ)} keys, "
+                    f"first {differ[:3]}\n" + "\n".join(events)
+                )
+        finally:
+            kept.close()
+            fresh.close()
+
+
+def _new_catalog() -> Any:
+    from domain.catalog import Catalog
+
+    return Catalog()
