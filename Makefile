@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars zipkin chromium mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status
+.PHONY: venv jars zipkin chromium mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status sim sim-long
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -87,12 +87,25 @@ chromium:
 	else echo "make chromium: no apt (or no root); the browser tests will skip" >&2; fi
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
+# PYTHONHASHSEED=0: a simulated schedule that fails here repeats under `make sim SEED=n`.
 test: venv jars zipkin ycsb-java chromium
-	PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
+	PYTHONHASHSEED=0 PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
 # Pure logic, no broker: tests/unit (under a minute).
 unit: venv
 	$(PY) -m pytest -q tests/unit $(ARGS)
+
+# The whole cluster in one process on the in-memory bus, under seeded schedules of faults
+# (tests/sim, docs/reference/simulator.md). `make sim` runs SCHEDULES seeds from FIRST (100 from
+# 0), `make sim SEED=n` one (SHRINK=1: its smallest failing plan), BUGS="a b" puts known bugs back.
+SCHEDULES ?= 100
+FIRST ?= 0
+sim: venv
+	PYTHONHASHSEED=0 $(PY) -m tests.sim $(if $(SEED),--seed $(SEED) $(if $(SHRINK),--shrink),--schedules $(SCHEDULES) --first $(FIRST)) $(foreach b,$(BUGS),--bug $(b)) $(ARGS)
+
+# The nightly-style run: 100,000 schedules, every one even after a failure (hours; not in CI).
+sim-long: venv
+	PYTHONHASHSEED=0 $(PY) -m tests.sim --schedules 100000 --first $(FIRST) --keep-going $(ARGS)
 
 # Re-export JSON Schemas of every record (a test fails when they are stale).
 schemas: venv

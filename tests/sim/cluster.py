@@ -26,6 +26,14 @@ from schemas import Record
 from schemas import config as c
 from schemas.reply import Reply
 
+# Imported here, not when a schedule first starts a service: a module's import-time state must
+# not depend on which schedule ran first in the process (a seed repeats its schedule).
+from services.balancer.server import Balancer
+from services.config.server import ConfigServer
+from services.range_deleter.server import RangeDeleter
+from services.router.server import RouterServer
+from services.shard.server import ShardServer
+
 WAIT_S = 120.0  # bounded waits, in simulated seconds (free: the loop jumps to the next timer)
 
 
@@ -79,12 +87,6 @@ class SimCluster:
     # ------------------------------------------------------------ services
 
     def _make(self, name: str) -> Any:
-        from services.balancer.server import Balancer
-        from services.config.server import ConfigServer
-        from services.range_deleter.server import RangeDeleter
-        from services.router.server import RouterServer
-        from services.shard.server import ShardServer
-
         if name == "config":
             return ConfigServer(self.settings)
         if name.startswith("shard-"):

@@ -20,8 +20,10 @@ Invariants, once the faults stop and the cluster settles:
 from __future__ import annotations
 
 import asyncio
+import os
 import random
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +110,10 @@ class Violation(AssertionError):
     pass
 
 
-def run(seed: int, data_dir: Path, *, faults_on: bool = True) -> Outcome:
-    """Run the schedule of `seed`; raise Violation (with the schedule) if an invariant fails."""
-    plan = Plan.of(seed, faults_on=faults_on)
+def run(seed: int, data_dir: Path, *, faults_on: bool = True, plan: Plan | None = None) -> Outcome:
+    """Run the schedule of `seed` (or `plan`, a shrunk one); raise Violation, with the schedule
+    and how to rerun it, if an invariant fails."""
+    plan = plan if plan is not None else Plan.of(seed, faults_on=faults_on)
     events: list[str] = []
 
     async def main(loop: sim.SimLoop) -> Outcome:
@@ -119,9 +122,9 @@ def run(seed: int, data_dir: Path, *, faults_on: bool = True) -> Outcome:
             try:
                 await _schedule(loop, cl, plan, events)
             except Violation as e:
-                raise Violation(f"{e}\n{describe(plan, events)}") from None
+                raise Violation(f"{e}\n{describe(plan, events)}\n{rerun(plan)}") from None
             except Exception as e:
-                raise Violation(f"{type(e).__name__}: {e}\n{describe(plan, events)}") from e
+                raise Violation(f"{type(e).__name__}: {e}\n{describe(plan, events)}\n{rerun(plan)}") from e
             finally:
                 faults.set_hook(None)
                 await cl.stop_all()
@@ -133,6 +136,53 @@ def run(seed: int, data_dir: Path, *, faults_on: bool = True) -> Outcome:
 
 def describe(plan: Plan, events: list[str]) -> str:
     return "\n".join([f"schedule of seed {plan.seed}: {plan}", *(f"  {e}" for e in events)])
+
+
+def rerun(plan: Plan) -> str:
+    bugs = " ".join(sorted(faults.KNOWN_BUGS.keys() & {b for b in faults.KNOWN_BUGS if faults.reintroduced(b)}))
+    with_bugs = f' BUGS="{bugs}"' if bugs else ""
+    hashing = "" if os.environ.get("PYTHONHASHSEED") == "0" else " (this run's PYTHONHASHSEED was not 0: it may differ)"
+    return (
+        f"rerun it: make sim SEED={plan.seed}{with_bugs} (add SHRINK=1 for the smallest plan that still fails){hashing}"
+    )
+
+
+def smaller(plan: Plan) -> Iterator[Plan]:
+    """Plans one step smaller than `plan`: a crash, a fault point, a move, a writer or half the
+    writes fewer."""
+    for i in range(len(plan.crashes)):
+        yield replace(plan, crashes=plan.crashes[:i] + plan.crashes[i + 1 :])
+    for i in range(len(plan.fault_points)):
+        yield replace(plan, fault_points=plan.fault_points[:i] + plan.fault_points[i + 1 :])
+    if plan.moves:
+        yield replace(plan, moves=plan.moves - 1)
+    if plan.writers > 1:
+        yield replace(plan, writers=plan.writers - 1)
+    if plan.writes_per_writer > 1:
+        yield replace(plan, writes_per_writer=plan.writes_per_writer // 2)
+
+
+def shrink(seed: int, data_dir: Path, *, progress: Callable[[str], None] = lambda line: None) -> tuple[Plan, str]:
+    """The smallest plan derived from `seed`'s that still breaks an invariant (greedy: take the
+    first smaller plan that fails, until none does), with its failure."""
+    plan, failure = Plan.of(seed), None
+    try:
+        run(seed, data_dir / "shrink-0", plan=plan)
+        raise ValueError(f"seed {seed} keeps every invariant: nothing to shrink")
+    except Violation as e:
+        failure = str(e)
+    tried = 0
+    while True:
+        for candidate in smaller(plan):
+            tried += 1
+            try:
+                run(seed, data_dir / f"shrink-{tried}", plan=candidate)
+            except Violation as e:
+                plan, failure = candidate, str(e)
+                progress(f"still fails with {candidate}")
+                break
+        else:
+            return plan, failure
 
 
 async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[str]) -> None:

@@ -1,5 +1,6 @@
 """Seeded schedules of the whole cluster under faults, each checked against the invariants
-(tests/sim/schedule.py). `make sim SEED=n` reruns one; SIM_SCHEDULES sets how many run here."""
+(tests/sim/schedule.py); and the simulator finds the past bugs put back (libs.faults.KNOWN_BUGS).
+`make sim SEED=n` reruns one schedule; SIM_SCHEDULES sets how many run here (CI: 150)."""
 
 from __future__ import annotations
 
@@ -7,23 +8,43 @@ import os
 
 import pytest
 
+from libs import faults
 from tests.sim import schedule
 
-SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "40"))
-FIRST_SEED = int(os.environ.get("SIM_FIRST_SEED", "0"))
+SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "150"))
+# How many seeds each past bug may take to be found (each was found within 15 when this was written).
+BUG_BUDGET = 40
 
 
 @pytest.fixture(autouse=True)
 def quiet_services(monkeypatch):
     monkeypatch.setenv("SHARDLOG_ROUTER_PORT", "off")  # no MongoDB edge: clients use the bus
     monkeypatch.setenv("SHARDLOG_METRICS", "off")
+    yield
+    faults.reintroduce(set())
 
 
 def test_a_schedule_without_faults_keeps_every_invariant(tmp_path):
     out = schedule.run(0, tmp_path, faults_on=False)
-    assert out.stats["simulatedS"] > 0 and any("settled" in e for e in out.events), out
+    assert not out.plan.crashes and not out.plan.fault_points
+    assert any("settled" in e for e in out.events), out.events
 
 
-@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + SCHEDULES))
-def test_a_seeded_schedule_under_faults_keeps_every_invariant(tmp_path, seed):
-    schedule.run(seed, tmp_path)
+def test_seeded_schedules_under_faults_keep_every_invariant(tmp_path):
+    crashed = 0
+    for seed in range(SCHEDULES):
+        out = schedule.run(seed, tmp_path / str(seed))  # raises Violation with the schedule and how to rerun it
+        crashed += any("crash" in e for e in out.events)
+    assert crashed >= SCHEDULES // 2, f"only {crashed} of {SCHEDULES} schedules crashed anything"
+
+
+@pytest.mark.parametrize("bug", sorted(faults.KNOWN_BUGS))
+def test_the_simulator_finds_a_past_bug_put_back(tmp_path, bug):
+    faults.reintroduce({bug})
+    for seed in range(BUG_BUDGET):
+        try:
+            schedule.run(seed, tmp_path / str(seed))
+        except schedule.Violation as e:
+            assert "invariant" in str(e) and "make sim SEED=" in str(e)
+            return
+    pytest.fail(f"{bug} ({faults.KNOWN_BUGS[bug]}) not found in {BUG_BUDGET} schedules")

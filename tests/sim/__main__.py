@@ -1,0 +1,80 @@
+"""Run simulated schedules from the command line (`make sim`, `make sim-long`).
+
+    python -m tests.sim --seed 42              one schedule; its events; exit 1 if it breaks an invariant
+    python -m tests.sim --seed 42 --shrink     the smallest plan of seed 42 that still fails
+    python -m tests.sim --schedules 100000     seeds 0.. (or --first N..), a progress line every 30 s
+    python -m tests.sim --bug NAME ...         with a known bug put back (libs.faults.KNOWN_BUGS)
+
+`--json` prints one JSON line per failure and a summary line instead of text. A seed repeats
+its schedule exactly when PYTHONHASHSEED is fixed (the Makefile sets it to 0)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, help="run this one seed")
+    p.add_argument("--schedules", type=int, default=100, help="how many seeds to run (without --seed)")
+    p.add_argument("--first", type=int, default=0, help="the first seed (without --seed)")
+    p.add_argument("--shrink", action="store_true", help="with --seed: shrink its failing plan")
+    p.add_argument("--bug", action="append", default=[], help="a known bug to put back (repeatable)")
+    p.add_argument("--no-faults", action="store_true", help="the workload without crashes")
+    p.add_argument("--keep-going", action="store_true", help="run every seed even after a failure")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    args = p.parse_args(argv)
+
+    # The services' own logging would drown the schedule; their MongoDB edge and metrics are off.
+    logging.disable(logging.CRITICAL)
+    os.environ.setdefault("SHARDLOG_ROUTER_PORT", "off")
+    os.environ.setdefault("SHARDLOG_METRICS", "off")
+    from libs import faults
+    from tests.sim import schedule
+
+    faults.reintroduce(set(args.bug))
+    say = (lambda obj: print(json.dumps(obj), flush=True)) if args.json else (lambda obj: None)
+    text = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+
+    with tempfile.TemporaryDirectory(prefix="shardlog-sim-") as tmp:
+        data = Path(tmp)
+        if args.seed is not None and args.shrink:
+            plan, failure = schedule.shrink(args.seed, data, progress=text)
+            text(failure)
+            say({"seed": args.seed, "shrunk": str(plan), "failure": failure})
+            return 1
+        seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.schedules)
+        began = last_report = time.monotonic()
+        ran = failed = 0
+        for seed in seeds:
+            try:
+                out = schedule.run(seed, data / str(seed), faults_on=not args.no_faults)
+                if args.seed is not None:
+                    text("\n".join([schedule.describe(out.plan, out.events), f"kept every invariant: {out.stats}"]))
+            except schedule.Violation as e:
+                failed += 1
+                text(str(e))
+                say({"seed": seed, "failure": str(e)})
+                if not args.keep_going:
+                    ran += 1
+                    break
+            ran += 1
+            if time.monotonic() - last_report >= 30:
+                last_report = time.monotonic()
+                text(f"{ran} schedules, {failed} failed, {ran / (last_report - began):.1f}/s")
+        elapsed = time.monotonic() - began
+        summary = {"schedules": ran, "failed": failed, "seconds": round(elapsed, 1), "bugs": sorted(args.bug)}
+        text(f"{ran} schedules ({failed} failed) in {elapsed:.1f}s, {ran / elapsed:.2f}/s")
+        say(summary)
+        return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
