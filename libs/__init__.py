@@ -1,6 +1,7 @@
 """The shared runtime every shardlog service stands on.
 
 - `topics`     topic names of one cluster (the contract) and their creation
+- `bus`        the transport seam: what services do with Kafka, on a broker (`bus.kafka`) or in memory (`bus.memory`)
 - `kafka`      aiokafka clients with the settings exactly-once needs
 - `store`      RocksDB store whose write batches carry the consumed offset
 - `projection` fold a partition into a store; resume from the checkpoint
