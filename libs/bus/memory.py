@@ -31,7 +31,6 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from libs import aio
 from libs.bus import BusError as BusError
 from libs.bus import Fenced, Headers, Listener, Message, TopicSpec, UnknownTopic
 
@@ -93,13 +92,21 @@ class _Entry:
 @dataclass(eq=False)
 class _Log:
     entries: list[_Entry] = field(default_factory=list)
+    open_from: dict[_Txn, int] = field(default_factory=dict)  # open transaction -> its first offset here
+
+    def append(self, entry: _Entry) -> int:
+        offset = len(self.entries)
+        self.entries.append(entry)
+        if entry.txn is not None and entry.txn.state is TxnState.OPEN:
+            self.open_from.setdefault(entry.txn, offset)
+        return offset
+
+    def decided(self, txn: _Txn) -> None:
+        self.open_from.pop(txn, None)
 
     def last_stable(self) -> int:
         """The first offset of a record whose transaction is still open (read_committed's end)."""
-        for i, e in enumerate(self.entries):
-            if e.txn is not None and e.txn.state is TxnState.OPEN:
-                return i
-        return len(self.entries)
+        return min(self.open_from.values()) if self.open_from else len(self.entries)
 
     def visible_from(self, position: int, limit: int) -> tuple[list[Message], int]:
         """Committed records from `position` up to the last stable offset, at most `limit`; and
@@ -121,7 +128,7 @@ class MemoryBus:
         self._epochs: dict[str, int] = {}  # transactional id -> the epoch of its current producer
         self._open: dict[str, _Txn] = {}  # transactional id -> its open transaction
         self._groups: dict[str, _Group] = {}
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiters: dict[str, asyncio.Future[None]] = {}  # topic -> woken by its next change
         self.dead: set[str] = set()  # crashed processes (a restarted service is a new process)
 
     def crash(self, process: str) -> None:
@@ -184,37 +191,55 @@ class MemoryBus:
     # ------------------------------------------------------------ writing, waiting
 
     def append(self, topic: str, partition: int, entry: _Entry) -> int:
-        log = self.log(topic, partition)
-        log.entries.append(entry)
-        self.notify()
-        return len(log.entries) - 1
+        offset = self.log(topic, partition).append(entry)
+        self.notify(topic)
+        return offset
 
     def decide(self, txn: _Txn, state: TxnState) -> None:
         """Commit or abort: a marker on every partition the transaction wrote to, then the outcome
         (and, on commit, its group offsets) visible at once."""
         for topic, partition in sorted(txn.partitions):
-            self.log(topic, partition).entries.append(_Entry(None, txn))
+            log = self.log(topic, partition)
+            log.entries.append(_Entry(None, txn))
+            log.decided(txn)
         txn.state = state
         if state is TxnState.COMMITTED:
             for group, topic, partition, offset in txn.offsets:
                 self._groups.setdefault(group, _Group(group)).offsets[(topic, partition)] = offset
         if self._open.get(txn.transactional_id) is txn:
             del self._open[txn.transactional_id]
-        self.notify()
+        for topic in {topic for topic, _ in txn.partitions}:
+            self.notify(topic)
 
-    def notify(self) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    def notify(self, topic: str | None = None) -> None:
+        """Wake who waits on `topic` (None: everyone)."""
+        for t in list(self._waiters) if topic is None else [topic]:
+            waiter = self._waiters.pop(t, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
-    async def changed(self, timeout_s: float) -> None:
-        """Wait until something is written or decided, or `timeout_s` passes."""
-        if self._waiter is None or self._waiter.done():
-            self._waiter = asyncio.get_running_loop().create_future()
+    async def changed(self, topic: str, timeout_s: float) -> None:
+        """Wait until something of `topic` is written or decided (or its group changes), or
+        `timeout_s` passes."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiters.get(topic)
+        if waiter is None or waiter.done():
+            waiter = self._waiters[topic] = loop.create_future()
+        # One future per wait, woken by the change or the timer (cheaper than a shielded wait_for:
+        # every idle reader of the simulated cluster waits here).
+        mine: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not mine.done():
+                mine.set_result(None)
+
+        waiter.add_done_callback(wake)
+        timer = loop.call_later(timeout_s, wake)
         try:
-            await aio.wait_for(asyncio.shield(self._waiter), timeout_s)
-        except TimeoutError:
-            pass
+            await mine
+        finally:
+            timer.cancel()
+            waiter.remove_done_callback(wake)
 
     def message(
         self,
@@ -372,7 +397,7 @@ class MemoryReader(_Client):
             out, self._position = self.bus.log(self.topic, self.partition).visible_from(self._position, max_records)
             if out or (left := deadline - loop.time()) <= 0:
                 return out
-            await self.bus.changed(left)
+            await self.bus.changed(self.topic, left)
 
 
 class MemoryTail(_Client):
@@ -398,7 +423,7 @@ class MemoryTail(_Client):
                 out += records
             if out or (left := deadline - loop.time()) <= 0:
                 return out
-            await self.bus.changed(left)
+            await self.bus.changed(self.topic, left)
 
 
 # ---------------------------------------------------------------- consumer groups
@@ -456,7 +481,7 @@ class MemoryMember(_Client):
             await self._revoke()
             self.group.members.remove(self)
             self.group.change()
-            self.bus.notify()
+            self.bus.notify(self.topic)
 
     def assignment(self) -> set[int]:
         return set(self._held)
@@ -484,7 +509,7 @@ class MemoryMember(_Client):
             self._positions.pop(p, None)
         if held:
             await self.listener.on_revoked(held)
-            self.bus.notify()  # a member waiting for these may take them now
+            self.bus.notify(self.topic)  # a member waiting for these may take them now
 
     async def _rebalance(self) -> None:
         """Take part in a rebalance: evict members past their session timeout, revoke what this
@@ -529,4 +554,4 @@ class MemoryMember(_Client):
                     out[p], left = records, left - len(records)
             if out or (wait := deadline - loop.time()) <= 0:
                 return out
-            await self.bus.changed(min(wait, self.session_timeout_s / 3))
+            await self.bus.changed(self.topic, min(wait, self.session_timeout_s / 3))

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda obj: print(json.dumps(obj), flush=True)) if args.json else (lambda obj: None)
     text = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
 
-    with tempfile.TemporaryDirectory(prefix="shardlog-sim-") as tmp:
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # RocksDB stores in memory: faster to open
+    with tempfile.TemporaryDirectory(prefix="shardlog-sim-", dir=shm) as tmp:
         data = Path(tmp)
         if args.seed is not None and args.shrink:
             plan, failure = schedule.shrink(args.seed, data, progress=text)

@@ -12,12 +12,6 @@ from tests.sim import loop as sim
 from tests.sim import schedule
 
 
-@pytest.fixture(autouse=True)
-def quiet_services(monkeypatch):
-    monkeypatch.setenv("SHARDLOG_ROUTER_PORT", "off")
-    monkeypatch.setenv("SHARDLOG_METRICS", "off")
-
-
 def test_simulated_time_jumps_to_the_next_timer_and_the_clocks_follow_it():
     async def main(loop: sim.SimLoop):
         wall, mono = time.time(), time.monotonic()
@@ -52,8 +46,8 @@ def test_the_seed_orders_ready_tasks_and_repeats_its_order():
     assert len({tuple(sim.run(seed, main)) for seed in range(6)}) > 1, "different seeds, different orders"
 
 
-def test_a_schedule_with_faults_repeats_exactly_from_its_seed(tmp_path):
-    first = schedule.run(3, tmp_path / "a")
-    again = schedule.run(3, tmp_path / "b")
+def test_a_schedule_with_faults_repeats_exactly_from_its_seed(sim_dir):
+    first = schedule.run(3, sim_dir / "a")
+    again = schedule.run(3, sim_dir / "b")
     assert first.plan.crashes or first.plan.fault_points, "seed 3 injects faults"
     assert (first.events, first.stats) == (again.events, again.stats)

@@ -16,34 +16,26 @@ SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "150"))
 BUG_BUDGET = 40
 
 
-@pytest.fixture(autouse=True)
-def quiet_services(monkeypatch):
-    monkeypatch.setenv("SHARDLOG_ROUTER_PORT", "off")  # no MongoDB edge: clients use the bus
-    monkeypatch.setenv("SHARDLOG_METRICS", "off")
-    yield
-    faults.reintroduce(set())
-
-
-def test_a_schedule_without_faults_keeps_every_invariant(tmp_path):
-    out = schedule.run(0, tmp_path, faults_on=False)
+def test_a_schedule_without_faults_keeps_every_invariant(sim_dir):
+    out = schedule.run(0, sim_dir, faults_on=False)
     assert not out.plan.crashes and not out.plan.fault_points
     assert any("settled" in e for e in out.events), out.events
 
 
-def test_seeded_schedules_under_faults_keep_every_invariant(tmp_path):
+def test_seeded_schedules_under_faults_keep_every_invariant(sim_dir):
     crashed = 0
     for seed in range(SCHEDULES):
-        out = schedule.run(seed, tmp_path / str(seed))  # raises Violation with the schedule and how to rerun it
+        out = schedule.run(seed, sim_dir / str(seed))  # raises Violation with the schedule and how to rerun it
         crashed += any("crash" in e for e in out.events)
     assert crashed >= SCHEDULES // 2, f"only {crashed} of {SCHEDULES} schedules crashed anything"
 
 
 @pytest.mark.parametrize("bug", sorted(faults.KNOWN_BUGS))
-def test_the_simulator_finds_a_past_bug_put_back(tmp_path, bug):
+def test_the_simulator_finds_a_past_bug_put_back(sim_dir, bug):
     faults.reintroduce({bug})
     for seed in range(BUG_BUDGET):
         try:
-            schedule.run(seed, tmp_path / str(seed))
+            schedule.run(seed, sim_dir / str(seed))
         except schedule.Violation as e:
             assert "invariant" in str(e) and "make sim SEED=" in str(e)
             return
