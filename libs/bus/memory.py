@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from libs.bus import BusError as BusError
 from libs.bus import Fenced, Headers, Listener, Message, TopicSpec, UnknownTopic
 
+HEALED = "\x00healed"  # the wake-up key of processes waiting for a partition to heal
 PROCESS: contextvars.ContextVar[str | None] = contextvars.ContextVar("shardlog_sim_process", default=None)
 
 
@@ -51,6 +52,14 @@ class _Client:
     def _alive(self) -> None:
         if self.process is not None and self.process in self.bus.dead:
             raise ProcessDead(self.process)
+
+    async def _reach(self) -> None:
+        """Wait while the process is cut off from the bus (a network partition); then act."""
+        while True:
+            self._alive()
+            if self.process is None or self.process not in self.bus.cut_off:
+                return
+            await self.bus.changed(HEALED, 1.0)
 
 
 @dataclass(frozen=True)
@@ -130,10 +139,20 @@ class MemoryBus:
         self._groups: dict[str, _Group] = {}
         self._waiters: dict[str, asyncio.Future[None]] = {}  # topic -> woken by its next change
         self.dead: set[str] = set()  # crashed processes (a restarted service is a new process)
+        self.cut_off: set[str] = set()  # processes a network partition keeps from the bus
 
     def crash(self, process: str) -> None:
         self.dead.add(process)
         self.notify()
+
+    def partition(self, process: str) -> None:
+        """Cut `process` off: its operations wait until `heal`; it does not poll, so its group
+        membership lapses after its session timeout and a standby takes its partitions over."""
+        self.cut_off.add(process)
+
+    def heal(self, process: str) -> None:
+        self.cut_off.discard(process)
+        self.notify(HEALED)
 
     # ------------------------------------------------------------ topics
 
@@ -268,7 +287,7 @@ class MemoryProducer(_Client):
         self.client_id = client_id
 
     async def start(self) -> None:
-        self._alive()
+        await self._reach()
 
     async def stop(self) -> None:
         pass
@@ -283,7 +302,7 @@ class MemoryProducer(_Client):
         partition: int | None = None,
         timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
-        self._alive()
+        await self._reach()
         partition = partition or 0
         record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
         return _acked(self.bus.append(topic, partition, _Entry(record)))
@@ -301,7 +320,7 @@ class MemoryTransactionalProducer(MemoryProducer):
 
     async def start(self) -> None:
         """init_transactions: take the next epoch, abort the previous producer's open transaction."""
-        self._alive()
+        await self._reach()
         tid = self.transactional_id
         self.epoch = self.bus._epochs.get(tid, 0) + 1
         self.bus._epochs[tid] = self.epoch
@@ -320,6 +339,7 @@ class MemoryTransactionalProducer(MemoryProducer):
         return self._txn
 
     async def begin(self) -> None:
+        await self._reach()
         self._current()
         if self._txn is not None and self._txn.state is TxnState.OPEN:
             raise BusError(f"producer {self.transactional_id}: a transaction is already in progress")
@@ -335,6 +355,7 @@ class MemoryTransactionalProducer(MemoryProducer):
         partition: int | None = None,
         timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
+        await self._reach()
         partition = partition or 0
         txn = self._in_transaction()
         record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
@@ -342,6 +363,7 @@ class MemoryTransactionalProducer(MemoryProducer):
         return _acked(self.bus.append(topic, partition, _Entry(record, txn)))
 
     async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
+        await self._reach()
         self._in_transaction().offsets.append((group, topic, partition, offset))
 
     async def send_many(
@@ -355,9 +377,11 @@ class MemoryTransactionalProducer(MemoryProducer):
         return [(sent[0], len(sent) - 1)] if sent else []
 
     async def commit(self) -> None:
+        await self._reach()
         self.bus.decide(self._in_transaction(), TxnState.COMMITTED)
 
     async def abort(self) -> None:
+        await self._reach()
         self.bus.decide(self._in_transaction(), TxnState.ABORTED)
 
 
@@ -393,7 +417,7 @@ class MemoryReader(_Client):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            self._alive()
+            await self._reach()
             out, self._position = self.bus.log(self.topic, self.partition).visible_from(self._position, max_records)
             if out or (left := deadline - loop.time()) <= 0:
                 return out
@@ -416,7 +440,7 @@ class MemoryTail(_Client):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            self._alive()
+            await self._reach()
             out: list[Message] = []
             for p, log in enumerate(self.bus._log_list(self.topic)):
                 records, self._positions[p] = log.visible_from(self._positions[p], max_records - len(out))
@@ -499,7 +523,7 @@ class MemoryMember(_Client):
         return self.group.offsets.get((self.topic, partition))
 
     async def commit(self, offsets: dict[int, int]) -> None:
-        self._alive()
+        await self._reach()
         for partition, offset in offsets.items():
             self.group.offsets[(self.topic, partition)] = offset
 
@@ -539,7 +563,7 @@ class MemoryMember(_Client):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            self._alive()
+            await self._reach()
             await self._rebalance()
             out: dict[int, list[Message]] = {}
             left = max_records

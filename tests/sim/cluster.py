@@ -86,11 +86,18 @@ class SimCluster:
 
     # ------------------------------------------------------------ services
 
+    @staticmethod
+    def _instance(name: str) -> tuple[str, str]:
+        """("shard-s0", "1") for the standby "shard-s0-1"; ("config", "0") for "config"."""
+        base, _, instance = name.rpartition("-")
+        return (base, instance) if instance.isdigit() and base else (name, "0")
+
     def _make(self, name: str) -> Any:
-        if name == "config":
-            return ConfigServer(self.settings)
-        if name.startswith("shard-"):
-            return ShardServer(self.settings, name.removeprefix("shard-"))
+        base, instance = self._instance(name)
+        if base == "config":
+            return ConfigServer(self.settings, instance=instance)
+        if base.startswith("shard-"):
+            return ShardServer(self.settings, base.removeprefix("shard-"), instance=instance)
         if name == "router":
             return RouterServer(self.settings, "r0", port=None)
         if name == "balancer":
@@ -138,13 +145,16 @@ class SimCluster:
                 pass  # closed by the service's own shutdown
 
     def _data_dirs(self, name: str) -> list[Path]:
-        if name == "config":
-            return [self.data_dir / "config-0"]
+        base, instance = self._instance(name)
+        if base == "config":
+            return [self.data_dir / f"config-{instance}"]
         if name == "router":
             return [self.data_dir / "router-r0"]
         return [self.data_dir / name]
 
-    async def start_all(self, *, balancer: bool = False, range_deleter: bool = True) -> None:
+    async def start_all(self, *, balancer: bool = False, range_deleter: bool = True, standbys: bool = False) -> None:
+        """Every service; with `standbys`, a second instance of the config server and of each
+        shard, which takes over when the first one's group membership lapses."""
         await self.bus.create_topics(Topics(self.settings.cluster).core())
         config = self.start("config")
         await until("the config server active", config.processor.active.is_set)
@@ -156,6 +166,9 @@ class SimCluster:
         router = self.start("router")
         await until("every shard active", lambda: all(self.shard(s).processor.active.is_set() for s in self.shard_ids))
         await until("the router following the catalog", lambda: router.follower._tail is not None)
+        if standbys:
+            for name in ["config-1", *(f"shard-{s}-1" for s in self.shard_ids)]:
+                self.start(name)
         if balancer:
             self.start("balancer")
         if range_deleter:
@@ -170,12 +183,33 @@ class SimCluster:
         for name in list(self.tasks):
             await self.stop(name)
 
+    def _active(self, base: str) -> Any:
+        """The instance of `base` that serves (its processor active), else its first one."""
+        instances = [svc for name, svc in self.services.items() if self._instance(name)[0] == base]
+        serving = [svc for svc in instances if svc.processor.active.is_set()]
+        if serving:
+            return serving[0]
+        if base in self.services:
+            return self.services[base]
+        if instances:
+            return instances[0]
+        raise KeyError(base)
+
     def shard(self, sid: str) -> Any:
-        return self.services[f"shard-{sid}"]
+        """Shard `sid`'s serving instance."""
+        return self._active(f"shard-{sid}")
 
     @property
     def config(self) -> Any:
-        return self.services["config"]
+        """The serving config server."""
+        return self._active("config")
+
+    def cut_off(self, name: str) -> None:
+        """A network partition between service `name` and the bus."""
+        self.bus.partition(self.process[name])
+
+    def heal(self, name: str) -> None:
+        self.bus.heal(self.process[name])
 
     @property
     def router(self) -> Any:

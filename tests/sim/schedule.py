@@ -73,6 +73,8 @@ class Plan:
     moves: int
     crashes: list[tuple[float, str, bool]]  # (simulated time, service, lose its store)
     fault_points: list[str]  # a process crashes the first time it reaches each
+    standbys: bool = False  # a second instance of the config server and of each shard
+    cut_offs: list[tuple[float, str, float]] = field(default_factory=list)  # (time, service, for how long)
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -87,7 +89,17 @@ class Plan:
             else []
         )
         points = rng.sample(FAULT_POINTS, rng.randint(0, 2)) if faults_on else []
-        return cls(seed, rng.randint(1, 3), rng.randint(5, 25), rng.randint(0, 4), crashes, points)
+        plan = cls(seed, rng.randint(1, 3), rng.randint(5, 25), rng.randint(0, 4), crashes, points)
+        if faults_on and rng.random() < 0.5:
+            # Standbys, and network partitions long enough (past the 6 s session timeout) for the
+            # group to hand a partition to the standby while its old owner lives on, cut off.
+            plan.standbys = True
+            cuttable = ["shard-s0", "shard-s1", "config", "shard-s0-1", "shard-s1-1", "config-1"]
+            plan.cut_offs = sorted(
+                (round(rng.uniform(0.5, 15.0), 3), rng.choice(cuttable), round(rng.uniform(1.0, 15.0), 3))
+                for _ in range(rng.randint(1, 2))
+            )
+        return plan
 
 
 @dataclass
@@ -127,7 +139,10 @@ def run(seed: int, data_dir: Path, *, faults_on: bool = True, plan: Plan | None 
                 raise Violation(f"{type(e).__name__}: {e}\n{describe(plan, events)}\n{rerun(plan)}") from e
             finally:
                 faults.set_hook(None)
-                await cl.stop_all()
+                try:
+                    await _caught_up(cl)
+                finally:
+                    await cl.stop_all()
             await _stores_equal_their_replay(cl, events)
             return Outcome(plan, events, sim.stats(loop))
 
@@ -154,6 +169,10 @@ def smaller(plan: Plan) -> Iterator[Plan]:
         yield replace(plan, crashes=plan.crashes[:i] + plan.crashes[i + 1 :])
     for i in range(len(plan.fault_points)):
         yield replace(plan, fault_points=plan.fault_points[:i] + plan.fault_points[i + 1 :])
+    for i in range(len(plan.cut_offs)):
+        yield replace(plan, cut_offs=plan.cut_offs[:i] + plan.cut_offs[i + 1 :])
+    if plan.standbys and not plan.cut_offs:
+        yield replace(plan, standbys=False)
     if plan.moves:
         yield replace(plan, moves=plan.moves - 1)
     if plan.writers > 1:
@@ -189,7 +208,7 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
     def note(what: str) -> None:
         events.append(f"t={loop.time():8.3f} {what}")
 
-    await cl.start_all()
+    await cl.start_all(standbys=plan.standbys)
     rng = random.Random(plan.seed ^ 0xC0FFEE)
     await cl.command(c.CreateDatabase(db=DB, primary="s0"))
     await cl.command(c.ShardCollection(ns=NS, key={"k": 1}))
@@ -227,18 +246,36 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         work = [asyncio.create_task(_writer(coll, w, plan, ledger, rng)) for w in range(plan.writers)] + [
             asyncio.create_task(_mover(cl, plan, rng, note))
         ]
+        cut_offs = [asyncio.create_task(_cut_off(cl, at, name, lasting, note)) for at, name, lasting in plan.cut_offs]
         for at, name, lose in plan.crashes:
             await asyncio.sleep(max(0.0, at - loop.time()))
             if cl.alive(name):
                 note(f"crash {cl.process[name]}{' losing its store' if lose else ''}")
                 restarts.append(asyncio.create_task(restart_later(name, lose)))
-        await asyncio.gather(*work)
+        await asyncio.gather(*work, *cut_offs)
         faults.set_hook(None)
         await asyncio.gather(*restarts)
         note(f"workload done: {len(ledger.inserted)}/{len(ledger.insert_sent)} inserts acknowledged")
-        await _settled(cl)
-        note("settled")
+        await _settled(cl, plan.standbys)
+        serving = [
+            name
+            for name, svc in cl.services.items()
+            if getattr(svc, "processor", None) and svc.processor.active.is_set()
+        ]
+        note(f"settled; serving: {', '.join(sorted(serving))}")
         await _check(cl, coll, ledger)
+
+
+async def _cut_off(cl: SimCluster, at: float, name: str, lasting: float, note: Callable[[str], None]) -> None:
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    if not cl.alive(name):
+        return
+    pid = cl.process[name]
+    cl.bus.partition(pid)
+    note(f"cut {pid} off for {lasting:g}s")
+    await asyncio.sleep(lasting)
+    cl.bus.heal(pid)
+    note(f"healed {pid}")
 
 
 async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Random) -> None:
@@ -296,15 +333,18 @@ async def _mover(cl: SimCluster, plan: Plan, rng: random.Random, note: Any) -> N
             note(f"moveRange {chunk.min}..{chunk.max} -> {to}: no reply (config server down)")
 
 
-async def _settled(cl: SimCluster) -> None:
+async def _settled(cl: SimCluster, standbys: bool) -> None:
     """Every service back and active, no migration undecided, no range deletion pending."""
-    for name in ["config", *(f"shard-{s}" for s in cl.shard_ids), "router", "range-deleter"]:
+    names = ["config", *(f"shard-{s}" for s in cl.shard_ids), "router", "range-deleter"]
+    if standbys:
+        names += ["config-1", *(f"shard-{s}-1" for s in cl.shard_ids)]
+    for name in names:
         if not cl.alive(name):
             cl.start(name)
-    await until("the config server active", lambda: cl.alive("config") and cl.config.processor.active.is_set(), 300)
+    await until("the config server active", lambda: cl.config.processor.active.is_set(), 300)
     await until(
         "every shard active",
-        lambda: all(cl.alive(f"shard-{s}") and cl.shard(s).processor.active.is_set() for s in cl.shard_ids),
+        lambda: all(cl.shard(s).processor.active.is_set() for s in cl.shard_ids),
         300,
     )
     await until("no migration undecided (invariant 4)", lambda: not cl.config.catalog.migrations, 600)
@@ -351,21 +391,45 @@ async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
             raise Violation(f"invariant 5: shard {sid} holds {held - owned} documents of chunks it does not own")
 
 
+async def _caught_up(cl: SimCluster) -> None:
+    """Every running service has applied its logs to their end (standbys follow them), so that
+    each store can be compared with a replay of its whole log."""
+    projections = []
+    for service in cl.services.values():
+        for owner in (service, getattr(service, "follower", None)):
+            if owner is not None and getattr(owner, "projection", None) is not None:
+                projections.append(owner.projection)
+    for p in projections:
+        if p._reader is None:
+            continue
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        # (a transaction's commit marker follows its last record: an active processor's own
+        # position stops one short of the end, as its reader does not read its own writes)
+        while await p.fetched_to() < await p.log_end() - 1:
+            if loop.time() > deadline:
+                raise Violation(f"invariant 6: {p.name} stays behind {p.topic}'s end")
+            await asyncio.sleep(0.05)
+
+
 async def _stores_equal_their_replay(cl: SimCluster, events: list[str]) -> None:
-    """Invariant 6, after a graceful stop of every service."""
+    """Invariant 6, after a graceful stop of every service: each store that a projection wrote
+    (the config server's and shards' own, and every follower's copy of the catalog) equals a
+    fresh replay of its log."""
     from schemas import config as config_schema
     from schemas import shard as shard_schema
     from services.shard.documents import ShardDocuments
 
     t = cl.settings.topics
-    logs = [(cl.data_dir / "config-0" / "catalog", t.config_events, config_schema.events, _new_catalog)]
-    logs += [
-        (cl.data_dir / f"shard-{sid}" / "documents", t.shard_changelog(sid), shard_schema.changelog, ShardDocuments)
-        for sid in cl.shard_ids
-    ]
+    logs = []
+    for path in sorted(cl.data_dir.glob("*/catalog")):
+        logs.append((path, t.config_events, config_schema.events, _new_catalog))
+    for sid in cl.shard_ids:
+        for path in sorted(cl.data_dir.glob(f"shard-{sid}*/documents")):
+            logs.append((path, t.shard_changelog(sid), shard_schema.changelog, ShardDocuments))
     for path, topic, codec, state in logs:
         kept = Store(path)
-        fresh = Store(cl.data_dir / "replays" / path.parent.name)
+        fresh = Store(cl.data_dir / "replays" / path.parent.name / path.name)
         try:
             replay = Projection(cl.bus, topic, codec, state(), fresh, name="replay")
             await replay.start()
