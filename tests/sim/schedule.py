@@ -4,7 +4,8 @@ the invariants every real-broker test checks (issue 31 §3).
 Workload: clients insert documents and increment counters with retryable writes (each write
 is retried until acknowledged or its client gives up; some are sent again later, as a driver
 does when a reply is lost, often after their range moved); a mover moves random ranges between
-shards, often the counters' range, and often a range straight back. Faults: crash a service
+shards, often the counters' range, and often a range straight back; a fifth of the documents
+go to an unsharded collection, whose database's primary may move. Faults: crash a service
 (store kept, or lost) and restart it later; crash a process when it reaches one of the
 runtime's or the migration protocol's fault points.
 
@@ -13,8 +14,9 @@ Invariants, once the faults stop and the cluster settles:
 2. every counter holds at least its acknowledged increments and at most those sent (a
    retried increment applied once);
 3. the chunks cover the key space, each on a shard of the cluster;
-4. no migration is left undecided and no range deletion pending;
-5. no orphan is visible: each shard holds only documents of chunks it owns;
+4. no migration or movePrimary is left undecided and no range deletion pending;
+5. no orphan is visible: each shard holds only documents of chunks it owns, and only the
+   primary shard holds the unsharded collection's;
 6. every shard's store (and the config server's) equals a fresh replay of its log."""
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tests.sim import loop as sim
 from tests.sim.cluster import SimCluster, stores_by_process, until
 
 NS, DB = "db.c", "db"
+UNSHARDED = "db.u"  # lives on the database's primary shard; movePrimary moves it
 KEYS = 1000  # shard key values are 0..KEYS-1
 # Fault points a schedule may crash a process at (the runtime's own, the donor's protocol steps,
 # the range deleter's); the shard's and config server's commit points take their service name.
@@ -75,6 +78,7 @@ class Plan:
     fault_points: list[str]  # a process crashes the first time it reaches each
     standbys: bool = False  # a second instance of the config server and of each shard
     cut_offs: list[tuple[float, str, float]] = field(default_factory=list)  # (time, service, for how long)
+    primary_moves: list[float] = field(default_factory=list)  # when db's primary moves to the other shard
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -99,6 +103,7 @@ class Plan:
                 (round(rng.uniform(0.5, 15.0), 3), rng.choice(cuttable), round(rng.uniform(1.0, 15.0), 3))
                 for _ in range(rng.randint(1, 2))
             )
+        plan.primary_moves = sorted(round(rng.uniform(0.5, 15.0), 3) for _ in range(rng.choice([0, 0, 1, 2])))
         return plan
 
 
@@ -173,6 +178,8 @@ def smaller(plan: Plan) -> Iterator[Plan]:
         yield replace(plan, cut_offs=plan.cut_offs[:i] + plan.cut_offs[i + 1 :])
     if plan.standbys and not plan.cut_offs:
         yield replace(plan, standbys=False)
+    for i in range(len(plan.primary_moves)):
+        yield replace(plan, primary_moves=plan.primary_moves[:i] + plan.primary_moves[i + 1 :])
     if plan.moves:
         yield replace(plan, moves=plan.moves - 1)
     if plan.writers > 1:
@@ -247,6 +254,7 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
             asyncio.create_task(_mover(cl, plan, rng, note))
         ]
         cut_offs = [asyncio.create_task(_cut_off(cl, at, name, lasting, note)) for at, name, lasting in plan.cut_offs]
+        cut_offs += [asyncio.create_task(_move_primary(cl, at, note)) for at in plan.primary_moves]
         for at, name, lose in plan.crashes:
             await asyncio.sleep(max(0.0, at - loop.time()))
             if cl.alive(name):
@@ -278,6 +286,17 @@ async def _cut_off(cl: SimCluster, at: float, name: str, lasting: float, note: C
     note(f"healed {pid}")
 
 
+async def _move_primary(cl: SimCluster, at: float, note: Callable[[str], None]) -> None:
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    try:
+        db = cl.config.catalog.databases[DB]
+        to = next(s for s in cl.shard_ids if s != db.primary)
+        reply = await cl.ask_config(c.MovePrimary(db=DB, to=to), timeout=30)
+        note(f"movePrimary {DB} {db.primary} -> {to}: {'ok' if reply.ok else reply.code}")
+    except (TimeoutError, KeyError) as e:
+        note(f"movePrimary {DB}: not asked ({type(e).__name__})")
+
+
 async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Random) -> None:
     counter = -(w + 1)  # counters have negative ids, documents non-negative ones
     ledger.increments[counter] = (0, 0)
@@ -285,8 +304,10 @@ async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Ran
         doc_id = w * 10_000 + i
         if rng.random() < 0.7:
             ledger.insert_sent.add(doc_id)
+            # a fifth of the documents go to the unsharded collection (on the primary shard)
+            target = coll if doc_id % 5 else coll.cluster[DB]["u"]
             try:
-                await coll.insert_one({"_id": doc_id, "k": rng.randrange(KEYS)})
+                await target.insert_one({"_id": doc_id, "k": rng.randrange(KEYS)})
                 ledger.inserted.add(doc_id)
             except (ShardlogError, OperationTimeout):
                 pass
@@ -364,7 +385,8 @@ async def _settled(cl: SimCluster, standbys: bool) -> None:
 
 async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
     docs = [d async for d in coll.find({})]
-    ids = [d["_id"] for d in docs if d["_id"] >= 0]
+    unsharded = [d async for d in coll.cluster[DB]["u"].find({})]
+    ids = [d["_id"] for d in docs + unsharded if d["_id"] >= 0]
     if len(ids) != len(set(ids)):
         raise Violation(f"invariant 1: a document is there twice: {sorted(i for i in ids if ids.count(i) > 1)}")
     if lost := ledger.inserted - set(ids):
@@ -384,11 +406,16 @@ async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
         raise Violation(f"invariant 3: the chunks run from {chunks[0].min} to {chunks[-1].max}, not MinKey to MaxKey")
     if strays := [ch for ch in chunks if ch.shard not in cl.shard_ids]:
         raise Violation(f"invariant 3: chunks on shards not in the cluster: {strays}")
+    primary = cl.config.catalog.databases[DB].primary
     for sid in cl.shard_ids:
         documents = cl.shard(sid).documents
         owned = sum(documents.count_range(NS, ch.min_key, ch.max_key) for ch in chunks if ch.shard == sid)
         if (held := documents.count_documents(NS)) != owned:
             raise Violation(f"invariant 5: shard {sid} holds {held - owned} documents of chunks it does not own")
+        if sid != primary and (held := documents.count_documents(UNSHARDED)):
+            raise Violation(
+                f"invariant 5: shard {sid} holds {held} documents of {UNSHARDED}, whose primary is {primary}"
+            )
 
 
 async def _caught_up(cl: SimCluster) -> None:
