@@ -5,7 +5,8 @@ Workload: clients insert documents and increment counters with retryable writes 
 is retried until acknowledged or its client gives up; some are sent again later, as a driver
 does when a reply is lost, often after their range moved); a mover moves random ranges between
 shards, often the counters' range, and often a range straight back; a fifth of the documents
-go to an unsharded collection, whose database's primary may move. Faults: crash a service
+go to an unsharded collection, whose database's primary may move; DDL runs through its
+coordinators (an index built and dropped, a scratch collection renamed and dropped). Faults: crash a service
 (store kept, or lost) and restart it later; crash a process when it reaches one of the
 runtime's or the migration protocol's fault points.
 
@@ -14,7 +15,7 @@ Invariants, once the faults stop and the cluster settles:
 2. every counter holds at least its acknowledged increments and at most those sent (a
    retried increment applied once);
 3. the chunks cover the key space, each on a shard of the cluster;
-4. no migration or movePrimary is left undecided and no range deletion pending;
+4. no migration, movePrimary or DDL coordinator is left undecided and no range deletion pending;
 5. no orphan is visible: each shard holds only documents of chunks it owns, and only the
    primary shard holds the unsharded collection's;
 6. every shard's store (and the config server's) equals a fresh replay of its log."""
@@ -31,18 +32,24 @@ from typing import Any
 
 from bson import MaxKey, MinKey
 
+from domain.ddl_client import run_ddl
 from libs import faults
 from libs.bus.memory import PROCESS, ProcessDead
 from libs.client import OperationTimeout, ShardlogError
+from libs.errors import CommandError
 from libs.projection import Projection
 from libs.store import Store
 from schemas import config as c
+from schemas import ddl as ddl_schema
 from schemas import shard as shard_schema
 from tests.sim import loop as sim
 from tests.sim.cluster import SimCluster, stores_by_process, until
 
 NS, DB = "db.c", "db"
 UNSHARDED = "db.u"  # lives on the database's primary shard; movePrimary moves it
+# DDL a plan may run, in any order: an index on the sharded collection built and dropped, and a
+# scratch collection written, renamed and dropped.
+DDL_STEPS = ["createIndexes", "dropIndexes", "create scratch", "rename scratch", "drop renamed"]
 KEYS = 1000  # shard key values are 0..KEYS-1
 # Fault points a schedule may crash a process at (the runtime's own, the donor's protocol steps,
 # the range deleter's); the shard's and config server's commit points take their service name.
@@ -79,6 +86,7 @@ class Plan:
     standbys: bool = False  # a second instance of the config server and of each shard
     cut_offs: list[tuple[float, str, float]] = field(default_factory=list)  # (time, service, for how long)
     primary_moves: list[float] = field(default_factory=list)  # when db's primary moves to the other shard
+    ddl: list[tuple[float, str]] = field(default_factory=list)  # (when, which DDL step: DDL_STEPS)
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -104,6 +112,9 @@ class Plan:
                 for _ in range(rng.randint(1, 2))
             )
         plan.primary_moves = sorted(round(rng.uniform(0.5, 15.0), 3) for _ in range(rng.choice([0, 0, 1, 2])))
+        if rng.random() < 0.5:
+            steps = rng.sample(DDL_STEPS, rng.randint(1, len(DDL_STEPS)))
+            plan.ddl = sorted((round(rng.uniform(0.5, 15.0), 3), step) for step in steps)
         return plan
 
 
@@ -180,6 +191,8 @@ def smaller(plan: Plan) -> Iterator[Plan]:
         yield replace(plan, standbys=False)
     for i in range(len(plan.primary_moves)):
         yield replace(plan, primary_moves=plan.primary_moves[:i] + plan.primary_moves[i + 1 :])
+    for i in range(len(plan.ddl)):
+        yield replace(plan, ddl=plan.ddl[:i] + plan.ddl[i + 1 :])
     if plan.moves:
         yield replace(plan, moves=plan.moves - 1)
     if plan.writers > 1:
@@ -255,6 +268,7 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         ]
         cut_offs = [asyncio.create_task(_cut_off(cl, at, name, lasting, note)) for at, name, lasting in plan.cut_offs]
         cut_offs += [asyncio.create_task(_move_primary(cl, at, note)) for at in plan.primary_moves]
+        cut_offs += [asyncio.create_task(_ddl(cl, client, at, step, note)) for at, step in plan.ddl]
         for at, name, lose in plan.crashes:
             await asyncio.sleep(max(0.0, at - loop.time()))
             if cl.alive(name):
@@ -295,6 +309,37 @@ async def _move_primary(cl: SimCluster, at: float, note: Callable[[str], None]) 
         note(f"movePrimary {DB} {db.primary} -> {to}: {'ok' if reply.ok else reply.code}")
     except (TimeoutError, KeyError) as e:
         note(f"movePrimary {DB}: not asked ({type(e).__name__})")
+
+
+async def _ddl(cl: SimCluster, client: Any, at: float, step: str, note: Callable[[str], None]) -> None:
+    """One DDL operation (DDL_STEPS) through its coordinator, as the wire edge runs it; refusals
+    (a conflicting DDL, a missing collection) are answers too: only the invariants judge."""
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    record: Any
+    if step == "createIndexes":
+        record = ddl_schema.CreateCollectionIndexes(ns=NS, indexes=[{"key": {"k": 1, "_id": 1}, "name": "k_id"}])
+    elif step == "dropIndexes":
+        record = ddl_schema.DropCollectionIndexes(ns=NS, index="k_id")
+    elif step == "create scratch":
+        try:
+            await client[DB]["scratch"].insert_one({"_id": 1, "k": 1})  # creates it
+            note("scratch collection written")
+        except (ShardlogError, OperationTimeout) as e:
+            note(f"scratch collection not written: {e}")
+        return
+    elif step == "rename scratch":
+        record = ddl_schema.RenameCollection(ns=f"{DB}.scratch", to=f"{DB}.renamed", dropTarget=True)
+    else:
+        record = ddl_schema.DropCollection(ns=f"{DB}.renamed")
+
+    async def send(rec: Any, timeout: float) -> Any:
+        return await cl.ask_config(rec, timeout)
+
+    try:
+        run = await run_ddl(send, record, timeout=60)
+        note(f"{step}: ok ({run.id or 'no-op'})")
+    except (CommandError, TimeoutError) as e:
+        note(f"{step}: {type(e).__name__} {getattr(e, 'code', '')}")
 
 
 async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Random) -> None:
@@ -369,6 +414,7 @@ async def _settled(cl: SimCluster, standbys: bool) -> None:
         300,
     )
     await until("no migration undecided (invariant 4)", lambda: not cl.config.catalog.migrations, 600)
+    await until("no DDL coordinator unfinished (invariant 4)", lambda: not cl.config.catalog.ddl, 600)
     try:
         await until(
             "no range deletion pending (invariant 4)",
