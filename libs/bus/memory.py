@@ -28,7 +28,7 @@ import contextvars
 import enum
 import itertools
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from libs.bus import BusError as BusError
@@ -93,6 +93,7 @@ class _Entry:
 
     record: MemoryMessage | None
     txn: _Txn | None = None
+    at: float = 0.0  # when it reaches readers (loop time): after its delivery delay, in order
 
     def visible(self) -> bool:
         return self.record is not None and (self.txn is None or self.txn.state is TxnState.COMMITTED)
@@ -102,9 +103,13 @@ class _Entry:
 class _Log:
     entries: list[_Entry] = field(default_factory=list)
     open_from: dict[_Txn, int] = field(default_factory=dict)  # open transaction -> its first offset here
+    arrived: int = 0  # entries below this offset have reached readers
 
-    def append(self, entry: _Entry) -> int:
+    def append(self, entry: _Entry, now: float, delay: float) -> int:
+        """Append `entry`, reaching readers `delay` seconds from `now`, never before the entry
+        before it (a partition keeps its order)."""
         offset = len(self.entries)
+        entry.at = max(now + delay, self.entries[-1].at if self.entries else now)
         self.entries.append(entry)
         if entry.txn is not None and entry.txn.state is TxnState.OPEN:
             self.open_from.setdefault(entry.txn, offset)
@@ -114,8 +119,12 @@ class _Log:
         self.open_from.pop(txn, None)
 
     def last_stable(self) -> int:
-        """The first offset of a record whose transaction is still open (read_committed's end)."""
-        return min(self.open_from.values()) if self.open_from else len(self.entries)
+        """The first offset of a record whose transaction is still open, or that has not reached
+        readers yet (read_committed's end, as a reader sees it)."""
+        entries, now = self.entries, asyncio.get_running_loop().time()
+        while self.arrived < len(entries) and entries[self.arrived].at <= now:
+            self.arrived += 1
+        return min(self.arrived, *self.open_from.values()) if self.open_from else self.arrived
 
     def visible_from(self, position: int, limit: int) -> tuple[list[Message], int]:
         """Committed records from `position` up to the last stable offset, at most `limit`; and
@@ -132,7 +141,11 @@ class _Log:
 
 
 class MemoryBus:
-    def __init__(self) -> None:
+    def __init__(self, delivery_delay: Callable[[str, int], float] | None = None) -> None:
+        """`delivery_delay(topic, partition)`: how long a new record takes to reach readers
+        and its producer's ack (None: none). Records of one partition arrive in order; of
+        different partitions, in whatever order their delays give: the simulator's reordering."""
+        self.delivery_delay = delivery_delay
         self._logs: dict[str, list[_Log]] = {}
         self._epochs: dict[str, int] = {}  # transactional id -> the epoch of its current producer
         self._open: dict[str, _Txn] = {}  # transactional id -> its open transaction
@@ -210,17 +223,37 @@ class MemoryBus:
     # ------------------------------------------------------------ writing, waiting
 
     def append(self, topic: str, partition: int, entry: _Entry) -> int:
-        offset = self.log(topic, partition).append(entry)
-        self.notify(topic)
+        loop = asyncio.get_running_loop()
+        delay = self.delivery_delay(topic, partition) if self.delivery_delay is not None else 0.0
+        offset = self.log(topic, partition).append(entry, loop.time(), delay)
+        if entry.at > loop.time():
+            loop.call_at(entry.at, self.notify, topic)
+        else:
+            self.notify(topic)
         return offset
+
+    def acked(self, topic: str, partition: int, offset: int) -> Awaitable[int]:
+        """The producer's ack of a record: when it has reached readers."""
+        loop = asyncio.get_running_loop()
+        f: asyncio.Future[int] = loop.create_future()
+        at = self.log(topic, partition).entries[offset].at
+
+        def ack() -> None:
+            if not f.done():
+                f.set_result(offset)
+
+        if at > loop.time():
+            loop.call_at(at, ack)
+        else:
+            ack()
+        return f
 
     def decide(self, txn: _Txn, state: TxnState) -> None:
         """Commit or abort: a marker on every partition the transaction wrote to, then the outcome
         (and, on commit, its group offsets) visible at once."""
         for topic, partition in sorted(txn.partitions):
-            log = self.log(topic, partition)
-            log.entries.append(_Entry(None, txn))
-            log.decided(txn)
+            self.append(topic, partition, _Entry(None, txn))
+            self.log(topic, partition).decided(txn)
         txn.state = state
         if state is TxnState.COMMITTED:
             for group, topic, partition, offset in txn.offsets:
@@ -275,12 +308,6 @@ class MemoryBus:
         return MemoryMessage(topic, partition, offset, key, value, tuple(headers), timestamp_ms)
 
 
-def _acked(offset: int) -> Awaitable[int]:
-    f: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    f.set_result(offset)
-    return f
-
-
 class MemoryProducer(_Client):
     def __init__(self, bus: MemoryBus, client_id: str) -> None:
         super().__init__(bus)
@@ -305,7 +332,7 @@ class MemoryProducer(_Client):
         await self._reach()
         partition = partition or 0
         record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
-        return _acked(self.bus.append(topic, partition, _Entry(record)))
+        return self.bus.acked(topic, partition, self.bus.append(topic, partition, _Entry(record)))
 
     async def partitions_for(self, topic: str) -> set[int]:
         return await self.bus.partitions_for(topic)
@@ -360,7 +387,7 @@ class MemoryTransactionalProducer(MemoryProducer):
         txn = self._in_transaction()
         record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
         txn.partitions.add((topic, partition))
-        return _acked(self.bus.append(topic, partition, _Entry(record, txn)))
+        return self.bus.acked(topic, partition, self.bus.append(topic, partition, _Entry(record, txn)))
 
     async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
         await self._reach()

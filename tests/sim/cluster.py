@@ -72,8 +72,9 @@ class SimCluster:
         *,
         cluster: str = "sim",
         stores: dict[str, list[store_module.Store]] | None = None,
+        delivery_delay: Callable[[str, int], float] | None = None,
     ) -> None:
-        self.bus = MemoryBus()
+        self.bus = MemoryBus(delivery_delay)
         self.data_dir = data_dir
         self.settings = ServiceSettings("memory", cluster, data_dir, session_timeout_ms=6000, transport=self.bus)
         self.shard_ids = shards

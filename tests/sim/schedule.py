@@ -87,6 +87,7 @@ class Plan:
     cut_offs: list[tuple[float, str, float]] = field(default_factory=list)  # (time, service, for how long)
     primary_moves: list[float] = field(default_factory=list)  # when db's primary moves to the other shard
     ddl: list[tuple[float, str]] = field(default_factory=list)  # (when, which DDL step: DDL_STEPS)
+    delays_ms: float = 0.0  # mean delivery delay of a record (0: none); partitions drift apart
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -115,6 +116,8 @@ class Plan:
         if rng.random() < 0.5:
             steps = rng.sample(DDL_STEPS, rng.randint(1, len(DDL_STEPS)))
             plan.ddl = sorted((round(rng.uniform(0.5, 15.0), 3), step) for step in steps)
+        if faults_on and rng.random() < 0.5:
+            plan.delays_ms = rng.choice([1.0, 5.0, 50.0])
         return plan
 
 
@@ -146,7 +149,7 @@ def run(seed: int, data_dir: Path, *, faults_on: bool = True, plan: Plan | None 
 
     async def main(loop: sim.SimLoop) -> Outcome:
         with stores_by_process() as stores:
-            cl = SimCluster(data_dir / f"seed-{seed}", stores=stores)
+            cl = SimCluster(data_dir / f"seed-{seed}", stores=stores, delivery_delay=_delays(plan))
             try:
                 await _schedule(loop, cl, plan, events)
             except Violation as e:
@@ -163,6 +166,20 @@ def run(seed: int, data_dir: Path, *, faults_on: bool = True, plan: Plan | None 
             return Outcome(plan, events, sim.stats(loop))
 
     return sim.run(seed, main)
+
+
+def _delays(plan: Plan) -> Callable[[str, int], float] | None:
+    """Each record reaches its readers after an exponentially distributed delay (mean
+    `plan.delays_ms`), in order within its partition: records of different partitions (a
+    request and its reply, an event and a command) arrive in orders no single clock gives."""
+    if not plan.delays_ms:
+        return None
+    rng, mean = random.Random(plan.seed ^ 0xDE1A7), plan.delays_ms / 1000
+
+    def delay(topic: str, partition: int) -> float:
+        return rng.expovariate(1 / mean)
+
+    return delay
 
 
 def describe(plan: Plan, events: list[str]) -> str:
@@ -193,6 +210,8 @@ def smaller(plan: Plan) -> Iterator[Plan]:
         yield replace(plan, primary_moves=plan.primary_moves[:i] + plan.primary_moves[i + 1 :])
     for i in range(len(plan.ddl)):
         yield replace(plan, ddl=plan.ddl[:i] + plan.ddl[i + 1 :])
+    if plan.delays_ms:
+        yield replace(plan, delays_ms=0.0)
     if plan.moves:
         yield replace(plan, moves=plan.moves - 1)
     if plan.writers > 1:
@@ -235,7 +254,7 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
     splits = sorted(rng.sample(range(1, KEYS), 3))
     await cl.command(c.SplitChunk(ns=NS, at=[{"k": k} for k in splits]))
     # Orphans are deleted soon after a migration (MongoDB waits 900 s): deletions race the workload.
-    delay = rng.choice([0, 1, 5])
+    delay = rng.choice([0, 1, 5, 10])
     await cl.command(c.SetSetting(key="orphanCleanupDelaySecs", value=delay))
     note(f"collection {NS} split at {splits}; orphans deleted {delay}s after a migration")
 
@@ -377,16 +396,17 @@ async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Ran
 async def _mover(cl: SimCluster, plan: Plan, rng: random.Random, note: Any) -> None:
     last: Any = None  # the bounds of the range moved last
     for _ in range(plan.moves):
-        await asyncio.sleep(rng.uniform(0.5, 5.0))
+        bounce = last is not None and rng.random() < 0.4  # straight back, before its orphans are gone
+        await asyncio.sleep(rng.uniform(0.1, 2.0) if bounce else rng.uniform(0.5, 5.0))
         if not cl.alive("config"):
             continue
         coll = cl.config.catalog.collections.get(NS)
         if coll is None:
             continue
         pick = rng.random()
-        if last is not None and pick < 0.4:  # straight back, before its orphans are gone
+        if bounce:
             chunk = next((ch for ch in coll.chunks if (ch.min, ch.max) == last), rng.choice(coll.chunks))
-        elif pick < 0.7:  # the counters' range (their shard keys are the writers' numbers)
+        elif pick < 0.5:  # the counters' range (their shard keys are the writers' numbers)
             chunk = coll.chunks[0]
         else:
             chunk = rng.choice(coll.chunks)
