@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.shardkey import KeyPattern, encode_value
 from libs.errors import CommandError
@@ -21,10 +20,10 @@ from schemas import Record
 from schemas import config as c
 from schemas import ddl as d
 from schemas import shard as s
-from services.config.decide import decide as config_decide
 from services.shard.decide import ShardDecider
 from services.shard.documents import UNSHARDED_KEY, ShardDocuments, changelog_key, shard_key_part
 from services.shard.statistics import CountingDocuments
+from tests.shard_harness import ShardHarness
 
 DB, NS, UNSHARDED, OTHER_DB_NS = "d", "d.c", "d.u", "d2.x"  # d2: a database whose name starts like d's
 PATTERN = KeyPattern.parse({"k": 1})
@@ -45,81 +44,31 @@ def task(mid: str, ns: str = NS) -> s.RangeDeletionRecorded:
     return s.RangeDeletionRecorded(id=mid, ns=ns, epoch="", min={"k": 100}, max={"k": 150}, pending=False)
 
 
-class Shard:
+class Shard(ShardHarness):
     """Shard `shard_id` of a cluster of a and b: database d (primary a) with the unsharded d.u
     and d.c sharded on k, [MinKey, 100) on a and [100, MaxKey) on b; database d2 (primary a)
-    with the unsharded d2.x.  Every decided event is kept in `log`, as the changelog would."""
+    with the unsharded d2.x (the shared harness, tests/shard_harness.py)."""
 
     def __init__(self, tmp_path, shard_id: str = "a", documents: ShardDocuments | None = None):
-        self.tmp_path = tmp_path
-        self.catalog = Catalog(track_changes=False)
-        for cmd in (
-            c.AddShard(shard="a"),
-            c.AddShard(shard="b"),
+        top = {"k": {"$maxKey": 1}}
+        setup = [
             c.CreateDatabase(db=DB, primary="a"),
             c.CreateDatabase(db="d2", primary="a"),
             c.CreateCollection(ns=UNSHARDED),
             c.CreateCollection(ns=OTHER_DB_NS),
             c.ShardCollection(ns=NS, key={"k": 1}),
             c.SplitChunk(ns=NS, at=[{"k": 100}]),
-        ):
-            self.config(cmd)
-        top = {"k": {"$maxKey": 1}}
+        ]
+        self.tmp_path = tmp_path
+        self.faults: list[str] = []
+        super().__init__(tmp_path, shard_id, setup=setup, documents=documents)
         mid = self.config(c.MoveRange(ns=NS, min={"k": 100}, max=top, to="b"))["id"]
         self.config(c.CommitMigration(id=mid, min={"k": 100}, max=top))
-        self.store = Store(tmp_path / f"docs-{shard_id}")
-        self.documents = documents if documents is not None else ShardDocuments()
-        self.documents.load(self.store)
-        self.decider = ShardDecider(shard_id, self.catalog, self.documents)
-        self.faults: list[str] = []
         self.decider.ddl.fault = self.faults.append
-        self.log: list[Record] = []
-
-    def config(self, cmd) -> dict:
-        dec = config_decide(self.catalog, cmd)
-        self.catalog_apply(dec.events)
-        return dec.result
-
-    def catalog_apply(self, events) -> None:
-        for e in events:
-            self.catalog.apply(e, self.catalog.config_time)
-
-    def given(self, *events: Record) -> None:
-        """Events already in the changelog (committed)."""
-        for e in events:
-            self.documents.apply(e, -1)
-            self.log.append(e)
-        self.commit()
 
     def run(self, req: Record) -> tuple[list[Record], dict]:
-        """Decide and apply as the command processor does (not committed yet)."""
-        dec = self.decider.decide(req)
-        for e in dec.events:
-            self.documents.apply(e, -1)
-        self.log += dec.events
-        return dec.events, dec.result or {}
-
-    def commit(self) -> None:
-        self.store.commit(self.documents.drain_changes().items(), None, self.documents.drain_range_deletions())
-
-    def routing(self, ns: str) -> s.Routing:
-        coll = self.catalog.collections.get(ns)
-        if coll is None:
-            return s.Routing(configTime=self.catalog.config_time)
-        return s.Routing(
-            configTime=self.catalog.config_time,
-            epoch=coll.epoch,
-            version=coll.shard_version(self.decider.shard_id).pair,
-        )
-
-    def ids(self, ns: str) -> list:
-        return sorted(doc["_id"] for _, doc in self.documents.scan(ns))
-
-    def stored(self) -> dict[bytes, bytes]:
-        return {k: v for k, v in self.store.scan(b"") if not k.startswith(META)}
-
-    def close(self) -> None:
-        self.store.close()
+        events, result = super().run(req)
+        return events, result or {}
 
 
 @pytest.fixture

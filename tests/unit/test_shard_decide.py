@@ -5,50 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from domain.catalog import Catalog
 from domain.protocol import MAX_BATCH_BYTES, record_bytes
 from libs.errors import CommandError
-from libs.store import Store
 from schemas import config as c
 from schemas import shard as s
-from services.config.decide import decide as config_decide
 from services.router.route import _batch_length
-from services.shard.decide import ShardDecider
-from services.shard.documents import ShardDocuments
+from tests.shard_harness import ShardHarness
 
 
-class Shard:
-    def __init__(self, tmp_path, shard_id: str = "a"):
-        self.catalog = Catalog(track_changes=False)
-        for sid in ("a", "b"):
-            self.config(c.AddShard(shard=sid))
-        self.store = Store(tmp_path / "docs")
-        self.documents = ShardDocuments()
-        self.documents.load(self.store)
-        self.decider = ShardDecider(shard_id, self.catalog, self.documents)
-
-    def config(self, cmd) -> dict:
-        d = config_decide(self.catalog, cmd)
-        for e in d.events:
-            self.catalog.apply(e, self.catalog.config_time)
-        return d.result
-
-    def routing(self, ns: str) -> s.Routing:
-        coll = self.catalog.collections.get(ns)
-        if coll is None:
-            return s.Routing(configTime=self.catalog.config_time)
-        return s.Routing(
-            configTime=self.catalog.config_time,
-            epoch=coll.epoch,
-            version=coll.shard_version(self.decider.shard_id).pair,
-        )
-
-    def run(self, req):
-        """Decide and apply as the command processor does: (events, result)."""
-        d = self.decider.decide(req)
-        for e in d.events:
-            self.documents.apply(e, -1)
-        return d.events, d.result
+class Shard(ShardHarness):
+    """Shard a of a cluster of a and b (the shared harness, tests/shard_harness.py)."""
 
 
 @pytest.fixture

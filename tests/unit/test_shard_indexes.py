@@ -21,24 +21,12 @@ from schemas import shard as s
 from services.shard.decide import ShardDecider
 from services.shard.documents import ShardDocuments, changelog_key
 from services.shard.protocol import index_build
-from tests.unit import test_shard_decide
+from tests.shard_harness import ShardHarness
 
 
-class Shard(test_shard_decide.Shard):
-    """test_shard_decide's shard, keeping its changelog (for the replay tests)."""
-
-    def __init__(self, path, shard_id: str = "a"):
-        super().__init__(path, shard_id)
-        self.path = path
-        self.log: list = []  # the changelog, in order
-
-    def run(self, req):
-        events, result = super().run(req)
-        self.log += events
-        return events, result
-
-    def commit(self) -> None:
-        self.store.commit(self.documents.drain_changes().items(), None, self.documents.drain_range_deletions())
+class Shard(ShardHarness):
+    """The shared harness (tests/shard_harness.py: it keeps the changelog, for the replay
+    tests), with index builds run to their end."""
 
     def build(self, ns: str, *specs: dict, build_id: str = "b1", limit: int = 3, between=None) -> list[dict]:
         """BuildIndexes, then steps (calling `between` before each) until every one is done."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from domain.catalog import Catalog, Migration
+from domain.catalog import Migration
 from domain.protocol import ErrorCode
 from domain.shardkey import KeyPattern
 from libs.errors import CommandError
@@ -21,11 +21,12 @@ from schemas import config as c
 from schemas import shard as s
 from services.config.decide import decide as config_decide
 from services.shard.decide import ShardDecider
-from services.shard.documents import UNSHARDED_KEY, ShardDocuments
+from services.shard.documents import UNSHARDED_KEY
 from services.shard.migrations import MigrationDecider
 from services.shard.protocol.donor import CannotDonate, DonorState, donation_range
 from services.shard.protocol.range_deletion import TaskState, state_of
 from services.shard.protocol.recipient import RecipientState
+from tests.shard_harness import ShardHarness
 
 NOW = 1_700_000_000.0
 DB, NS, UNSHARDED = "d", "d.c", "d.u"
@@ -82,34 +83,31 @@ def _close_stores():
         OPEN.pop().close()
 
 
-class Shard:
+class Shard(ShardHarness):
     """One shard's MigrationDecider over a real store; the catalog shows shards a and b,
     database d (primary a, with the unsharded d.u), d.c sharded on k with chunks
-    [MinKey, 100) and [100, MaxKey) on a, and migration m1 of [0, 50) from a to b requested."""
+    [MinKey, 100) and [100, MaxKey) on a, and migration m1 of [0, 50) from a to b requested
+    (the shared harness, tests/shard_harness.py, with the clock and fault points injected)."""
 
     def __init__(self, tmp_path, shard_id: str):
-        self.catalog = Catalog(track_changes=False)
-        for cmd in (
-            c.AddShard(shard="a"),
-            c.AddShard(shard="b"),
+        self.faults: list[str] = []
+        self.open_queries = 0
+        setup = [
             c.CreateDatabase(db=DB, primary="a"),
             c.CreateCollection(ns=UNSHARDED),
             c.ShardCollection(ns=NS, key={"k": 1}),
             c.SplitChunk(ns=NS, at=[{"k": 100}]),
-        ):
-            self.catalog_apply(config_decide(self.catalog, cmd).events)
+        ]
+        super().__init__(tmp_path, shard_id, setup=setup)
+        OPEN.append(self.store)
         self.epoch = self.catalog.collections[NS].epoch
         self.catalog_apply(
             [c.MigrationRequested(id=MID, ns=NS, epoch=self.epoch, min=LO, max=HI, donor="a", recipient="b")]
         )
-        self.store = Store(tmp_path / f"docs-{shard_id}")
-        OPEN.append(self.store)
-        self.documents = ShardDocuments()
-        self.documents.load(self.store)
-        self.faults: list[str] = []
-        self.open_queries = 0
-        self.decider = MigrationDecider(
-            shard_id,
+
+    def make_decider(self) -> MigrationDecider:
+        return MigrationDecider(
+            self.shard_id,
             self.catalog,
             self.documents,
             open_queries=lambda ns, config_time: self.open_queries,
@@ -117,21 +115,11 @@ class Shard:
             fault=self.faults.append,
         )
 
-    def catalog_apply(self, events: list[Record]) -> None:
-        for e in events:
-            self.catalog.apply(e, self.catalog.config_time)
-
-    def given(self, records: list[Record]) -> None:
-        for r in records:
-            self.documents.apply(r, -1)
-
     def run(self, req: Record) -> tuple[list[Record], dict]:
         if getattr(req, "epoch", None) == CURRENT:
             req = req.model_copy(update={"epoch": self.epoch})
-        d = self.decider.decide(req)
-        for e in d.events:
-            self.documents.apply(e, -1)
-        return d.events, d.result or {}
+        events, result = super().run(req)
+        return events, result or {}
 
     def state(self, mid: str = MID) -> str:
         m = self.documents.migrations.get(mid)
@@ -167,7 +155,7 @@ class Case:
 
 def check(tmp_path, case: Case) -> Shard:
     sh = Shard(tmp_path, case.shard)
-    sh.given(case.given)
+    sh.given(*case.given)
     before_state, before_task = sh.state(), sh.task_state()
     if isinstance(case.expect, Refused):
         with pytest.raises(CommandError) as err:
@@ -775,7 +763,7 @@ def test_range_deletion(tmp_path, case: Case):
 )
 def test_a_ready_range_waits_for_the_queries_routed_before_its_commit(tmp_path, open_queries, waiting):
     sh = Shard(tmp_path, "b")
-    sh.given([task(pending=False, configTime=7), *ORPHANS])
+    sh.given(task(pending=False, configTime=7), *ORPHANS)
     sh.open_queries = open_queries
     events, reply = sh.run(s.DeleteRangeBatch(task=MID))
     assert reply.get("waiting") == waiting
@@ -802,7 +790,7 @@ WRITES, READS = False, True
 )
 def test_a_donation_blocks_its_range_in_its_critical_section(tmp_path, document, writes_blocked, reads_blocked):
     sh = Shard(tmp_path, "a")
-    sh.given([document])
+    sh.given(document)
     rng = (PATTERN.encode_bound(LO), PATTERN.encode_bound(HI))
     assert sh.decider.blocked_ranges(NS, WRITES) == ([rng] if writes_blocked else [])
     assert sh.decider.blocked_ranges(NS, READS) == ([rng] if reads_blocked else [])
@@ -815,7 +803,7 @@ def test_a_donation_blocks_its_range_in_its_critical_section(tmp_path, document,
 )
 def test_a_primary_move_blocks_the_databases_unsharded_collections(tmp_path, state, writes_blocked, reads_blocked):
     sh = Shard(tmp_path, "a")
-    sh.given([mig("primary-donor", state, decision="committed" if state == DECIDED else None)])
+    sh.given(mig("primary-donor", state, decision="committed" if state == DECIDED else None))
     assert sh.decider.primary_blocked(UNSHARDED, WRITES) is writes_blocked
     assert sh.decider.primary_blocked(UNSHARDED, READS) is reads_blocked
     assert sh.decider.primary_blocked("e.u", WRITES) is False
@@ -825,14 +813,14 @@ def test_a_write_into_a_critical_section_is_refused_retriably_by_the_shard(tmp_p
     sh = Shard(tmp_path, "a")
     shard = ShardDecider("a", sh.catalog, sh.documents)
     shard.migrations = sh.decider
-    sh.given([mig("donor", CRITICAL)])
+    sh.given(mig("donor", CRITICAL))
     coll = sh.catalog.collections[NS]
     routing = s.Routing(configTime=sh.catalog.config_time, epoch=coll.epoch, version=coll.shard_version("a").pair)
     with pytest.raises(CommandError) as err:
         shard.decide(s.Insert(ns=NS, docs=[{"_id": 1, "k": 1}], routing=routing))
     assert err.value.code == ErrorCode.StaleConfig
     assert err.value.info == {"shard": "a", "configTime": sh.catalog.config_time + 1, "critical": True}
-    sh.given(shard.decide(s.Insert(ns=NS, docs=[{"_id": 60, "k": 60}], routing=routing)).events)  # outside: served
+    sh.given(*shard.decide(s.Insert(ns=NS, docs=[{"_id": 60, "k": 60}], routing=routing)).events)  # outside: served
     assert shard.decide(s.Count(ns=NS, filter={}, routing=routing)).result == {"n": 1}  # reads are still served
 
 
@@ -843,7 +831,7 @@ def test_a_migration_walks_both_roles_from_start_to_forgotten(tmp_path):
     """The requests the donor's coordinator sends, in order, each leaving the state the
     next one expects; the documents arrive on the recipient and leave the donor."""
     donor_shard, recipient_shard = Shard(tmp_path, "a"), Shard(tmp_path, "b")
-    donor_shard.given([doc(1), doc(2), doc(60)])
+    donor_shard.given(doc(1), doc(2), doc(60))
     donor_shard.run(START_DONATION)
     recipient_shard.run(START_RECEIPT)
     batch = [{"skey": skey(k), "doc": {"_id": k, "k": k}} for k in (1, 2)]
@@ -921,7 +909,7 @@ DONATIONS = (
 def test_the_range_a_donation_takes(tmp_path, case: Donation):
     sh = Shard(tmp_path, case.shard)
     sh.catalog_apply(config_decide(sh.catalog, c.SetSetting(key="maxChunkSizeBytes", value=MB, ns=NS)).events)
-    sh.given(case.given)
+    sh.given(*case.given)
     epoch = sh.epoch if case.epoch == CURRENT else case.epoch
     m = Migration(MID, NS, epoch, LO, case.max, "a", "b", force_jumbo=case.force)
 
