@@ -203,32 +203,12 @@ async def log_end(c: AIOKafkaConsumer, tp: TopicPartition) -> int:
 
 
 async def catch_up(c: AIOKafkaConsumer, tp: TopicPartition, on_batch: OnBatch, *, max_records: int = 5000) -> int:
-    """Feed `on_batch(records)` until the consumer has passed the log's stable end as of now.
+    """Feed `on_batch(records)` until the consumer has passed the log's stable end as of now
+    (libs.bus.catch_up, on an assigned consumer of the caller's)."""
+    from libs.bus import catch_up as bus_catch_up
+    from libs.bus.kafka import KafkaReader
 
-    With read_committed, a transaction's commit marker takes an offset no record
-    occupies, so `position` can stop one short of the end (aiokafka #911): two
-    empty polls in a row after reaching end-1 also mean "caught up".
-    """
-    target = await log_end(c, tp)
-    empty = 0
-    while (pos := await c.position(tp)) < target:
-        # Near the end, poll briefly: a fetch holding only a commit marker returns no
-        # record, so getmany would sit out its whole timeout before position moves.
-        timeout = 20 if pos >= target - 1 else 200
-        batch = await c.getmany(tp, timeout_ms=timeout, max_records=max_records)
-        records = batch.get(tp, [])
-        if records:
-            empty = 0
-            await on_batch(records)
-        else:
-            empty += 1
-            if empty >= 2 and await c.position(tp) >= target - 1:
-                break
-            if empty >= 50:  # 10 s with nothing below a stable end: a hanging transaction, not "caught up"
-                target = await log_end(c, tp)
-                empty = 0
-    reached: int = await c.position(tp)
-    return reached
+    return await bus_catch_up(KafkaReader(c, tp), on_batch, max_records=max_records)
 
 
 KafkaRecord: TypeAlias = ConsumerRecord[bytes, bytes]  # key and value as bytes: no deserializers
@@ -269,10 +249,18 @@ async def read_to_end(
     start: int | str = 0,
     client_id: str = "shardlog-reader",
 ) -> int:
-    """Feed every record of a partition from `start` up to its end as of now to
-    `on_batch`; returns the position reached (the log's end)."""
-    async with partition_reader(bootstrap, topic, partition=partition, start=start, client_id=client_id) as (c, tp):
-        return await catch_up(c, tp, on_batch)
+    """Feed every record of a partition from `start` up to its end as of now to `on_batch`;
+    returns the position reached (libs.bus.read_to_end on the broker at `bootstrap`)."""
+    from libs.bus import read_to_end as bus_read_to_end
+
+    return await bus_read_to_end(
+        bootstrap,
+        topic,
+        on_batch,
+        partition=partition,
+        start=start,
+        client_id=client_id,
+    )
 
 
 # ------------------------------------------------------------ request counts (benches)
