@@ -1,14 +1,16 @@
 """One simulated schedule: a seeded workload and seeded faults against the whole cluster, then
-the invariants every real-broker test checks (issue 31 §3).
+the invariants every real-broker test checks (issue 31 §3; docs/reference/simulator.md).
 
 Workload: clients insert documents and increment counters with retryable writes (each write
 is retried until acknowledged or its client gives up; some are sent again later, as a driver
-does when a reply is lost, often after their range moved); a mover moves random ranges between
+does when a reply is lost, often after their range moved); a mover moves ranges between
 shards, often the counters' range, and often a range straight back; a fifth of the documents
 go to an unsharded collection, whose database's primary may move; DDL runs through its
-coordinators (an index built and dropped, a scratch collection renamed and dropped). Faults: crash a service
-(store kept, or lost) and restart it later; crash a process when it reaches one of the
-runtime's or the migration protocol's fault points.
+coordinators (an index built and dropped, a scratch collection renamed and dropped).
+
+Faults: crash a service (store kept, or lost) and restart it later; crash a process when it
+reaches one of the runtime's or the migration protocol's fault points; run standbys and cut a
+service off the bus past its session timeout; delay every record on its way to readers.
 
 Invariants, once the faults stop and the cluster settles:
 1. every acknowledged insert is there exactly once, nothing is there that was never sent;
@@ -18,7 +20,8 @@ Invariants, once the faults stop and the cluster settles:
 4. no migration, movePrimary or DDL coordinator is left undecided and no range deletion pending;
 5. no orphan is visible: each shard holds only documents of chunks it owns, and only the
    primary shard holds the unsharded collection's;
-6. every shard's store (and the config server's) equals a fresh replay of its log."""
+6. every store a projection wrote (standbys' and followers' catalogs included) equals a fresh
+   replay of its log."""
 
 from __future__ import annotations
 
