@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
-import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -479,8 +478,6 @@ class MemoryTail(_Client):
 
 # ---------------------------------------------------------------- consumer groups
 
-_joins = itertools.count()
-
 
 @dataclass(eq=False)
 class _Group:
@@ -514,14 +511,12 @@ class MemoryMember(_Client):
         self._positions: dict[int, int] = {}
         self._paused: set[int] = set()
         self._last_seen = 0.0
-        self.join_order = -1
 
     async def start(self) -> None:
         self.bus._log_list(self.topic)  # an unknown topic fails here
         self._join()
 
     def _join(self) -> None:
-        self.join_order = next(_joins)
         self._last_seen = asyncio.get_running_loop().time()
         self.group.members.append(self)
         self.group.change()
