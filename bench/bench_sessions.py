@@ -41,6 +41,7 @@ from bench_e2e import Proc, wait_group, wait_ready
 from rocksdict import AccessType, Options, Rdict
 
 from libs import kafka
+from libs.bus import read_to_end
 from libs.client import AsyncCluster
 from libs.kafka import delete_cluster_topics
 from libs.requests import Requester
@@ -272,7 +273,7 @@ async def changelog_figures(bootstrap: str, topic: str) -> dict:
             else:
                 counts["other"] += 1
 
-    await kafka.read_to_end(bootstrap, topic, take, client_id="bench-sessions")
+    await read_to_end(bootstrap, topic, take, client_id="bench-sessions")
     return {"diskBytes": await _logdirs.topic_bytes(bootstrap, topic), **counts}
 
 

@@ -9,7 +9,7 @@ from aiokafka.structs import ConsumerRecord
 from rich.table import Table
 
 from cli.context import CLIENT_ID, CliContext, JsonOpt
-from libs import kafka
+from libs.bus import read_to_end
 
 dead_letters_app = typer.Typer()
 
@@ -37,7 +37,7 @@ async def _last(cx: CliContext, limit: int) -> list[ConsumerRecord]:
         got.extend(records)
 
     # commit markers take offsets too: start twice as far back
-    await kafka.read_to_end(cx.bootstrap, cx.topics.dead_letters, take, start=-limit * 2, client_id=CLIENT_ID)
+    await read_to_end(cx.bootstrap, cx.topics.dead_letters, take, start=-limit * 2, client_id=CLIENT_ID)
     return got[-limit:]
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from cli.context import CLIENT_ID, CliContext, JsonOpt
 from domain.logical_sessions import SessionsView, expired, now_ms, timeout_ms
 from libs import kafka
+from libs.bus import read_to_end
 
 sessions_app = typer.Typer()
 
@@ -31,7 +32,7 @@ def sessions(
             for rec in records:
                 view.apply(rec.key, rec.value)
 
-        await kafka.read_to_end(cx.bootstrap, cx.topics.sessions, take, client_id=CLIENT_ID)
+        await read_to_end(cx.bootstrap, cx.topics.sessions, take, client_id=CLIENT_ID)
 
     cx.run(read())
     now = now_ms()

@@ -16,7 +16,7 @@ from domain import sharding_commands as sc
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from domain.settings import in_window
-from libs import kafka
+from libs.bus import read_to_end
 from libs.client import shard_unreachable
 from schemas import config as c
 from services.balancer.draining import removal_status
@@ -168,5 +168,5 @@ async def _drain_history(cx: CliContext, shard: str) -> tuple[Catalog, DrainHist
                 history.moved += 1
                 history.last = rec.timestamp / 1000
 
-    await kafka.read_to_end(cx.bootstrap, cx.topics.config_events, take, client_id=CLIENT_ID)
+    await read_to_end(cx.bootstrap, cx.topics.config_events, take, client_id=CLIENT_ID)
     return cat, history

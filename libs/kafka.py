@@ -240,29 +240,6 @@ async def partition_reader(
         await c.stop()
 
 
-async def read_to_end(
-    bootstrap: str,
-    topic: str,
-    on_batch: OnBatch,
-    *,
-    partition: int = 0,
-    start: int | str = 0,
-    client_id: str = "shardlog-reader",
-) -> int:
-    """Feed every record of a partition from `start` up to its end as of now to `on_batch`;
-    returns the position reached (libs.bus.read_to_end on the broker at `bootstrap`)."""
-    from libs.bus import read_to_end as bus_read_to_end
-
-    return await bus_read_to_end(
-        bootstrap,
-        topic,
-        on_batch,
-        partition=partition,
-        start=start,
-        client_id=client_id,
-    )
-
-
 # ------------------------------------------------------------ request counts (benches)
 
 REQUEST_COUNTS_ENV = "SHARDLOG_KAFKA_REQUEST_COUNTS"

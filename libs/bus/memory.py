@@ -329,9 +329,20 @@ class MemoryProducer(_Client):
         timestamp_ms: int | None = None,
     ) -> Awaitable[int]:
         await self._reach()
-        partition = partition or 0
+        return self._write(topic, partition or 0, value, key, headers, timestamp_ms, None)
+
+    def _write(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Headers,
+        timestamp_ms: int | None,
+        txn: _Txn | None,
+    ) -> Awaitable[int]:
         record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
-        return self.bus.acked(topic, partition, self.bus.append(topic, partition, _Entry(record)))
+        return self.bus.acked(topic, partition, self.bus.append(topic, partition, _Entry(record, txn)))
 
     async def partitions_for(self, topic: str) -> set[int]:
         return await self.bus.partitions_for(topic)
@@ -384,9 +395,8 @@ class MemoryTransactionalProducer(MemoryProducer):
         await self._reach()
         partition = partition or 0
         txn = self._in_transaction()
-        record = self.bus.message(topic, partition, value, key, headers, timestamp_ms)
         txn.partitions.add((topic, partition))
-        return self.bus.acked(topic, partition, self.bus.append(topic, partition, _Entry(record, txn)))
+        return self._write(topic, partition, value, key, headers, timestamp_ms, txn)
 
     async def send_offsets(self, group: str, topic: str, partition: int, offset: int) -> None:
         await self._reach()

@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from typer.testing import CliRunner
 
-from libs import kafka
+from libs.bus import read_to_end
 from schemas import config as c
 from tests.conftest import wait_until
 
@@ -145,7 +145,7 @@ def test_malformed_metric_records_are_dead_lettered_and_the_figures_keep_updatin
         async def take(records):
             got.extend(records)
 
-        asyncio.run(kafka.read_to_end(settings.bootstrap, settings.topics.dead_letters, take))
+        asyncio.run(read_to_end(settings.bootstrap, settings.topics.dead_letters, take))
         return [r for r in got if dict(r.headers).get("dlq.topic") == settings.topics.metrics.encode()]
 
     letters = wait_until(lambda: len(dead_letters()) >= len(BAD) and dead_letters(), 30, "four dead letters")
