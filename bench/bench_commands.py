@@ -184,14 +184,14 @@ async def start_shardlog(bootstrap: str, cluster: str, data_dir: Path) -> tuple[
     settings = ServiceSettings(bootstrap=bootstrap, cluster=cluster, data_dir=data_dir)
     server = ConfigServer(settings, max_batch=MAX_BATCH)
     stats = {"txns": 0, "records": 0}
-    transact = server.processor._transact
+    transact = server.processor.transact
 
-    async def counted(records):
-        await transact(records)
+    async def counted(commands, end):
+        await transact(commands, end)
         stats["txns"] += 1
-        stats["records"] += len(records)
+        stats["records"] += len(commands)
 
-    server.processor._transact = counted
+    server.processor.transact = counted  # type: ignore[method-assign]
     task = asyncio.create_task(server.run())
     await asyncio.wait_for(server.processor.active.wait(), 60)
     return task, settings.topics.config_commands, settings.topics.cli_replies, stats

@@ -51,7 +51,7 @@ class Requester:
     async def start(self) -> None:
         self._producer = producer = self.bus.producer(client_id=self.client_id)
         # Every partition of the inbox (a router's has a second one for the replies sent outside
-        # any transaction: libs.commands.UNTRANSACTED_REPLIES_PARTITION), from its end: replies
+        # any transaction: libs.commands.settings.UNTRANSACTED_REPLIES_PARTITION), from its end: replies
         # to requests sent from now on come after.
         self._tail = tail = self.bus.tail(self.inbox, client_id=self.client_id)
         await asyncio.gather(producer.start(), tail.start())

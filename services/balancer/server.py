@@ -24,7 +24,7 @@ from typing import Any
 from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.settings import in_window
-from libs.commands import CommandError, CommandProcessor, Decision
+from libs.commands import CommandError, CommandProcessor, Decision, Policy
 from libs.dispatch import Dispatch
 from libs.projection import Projection
 from libs.requests import Requester
@@ -49,6 +49,24 @@ log = logging.getLogger(__name__)
 on_hosted: Dispatch[Balancer, Decision] = Dispatch("balancer command")
 
 
+class BalancerPolicy(Policy):
+    """The balancer's commands: the hosting instance's own (on_hosted) or the durable state's;
+    events keyed for compaction."""
+
+    def __init__(self, balancer: Balancer) -> None:
+        self.balancer = balancer
+
+    def decide(self, command: Record) -> Decision:
+        return self.balancer.decide(command)
+
+    def on_role(self, role: str) -> None:
+        b = self.balancer
+        report_ready(b.settings, b.name, role=role, configTime=b.follower.config_time)
+
+    def event_key(self, event: Record) -> bytes | None:
+        return event_key(event)
+
+
 class Balancer:
     name = "balancer"
 
@@ -64,13 +82,11 @@ class Balancer:
             command_topic=t.balancer_commands,
             command_codec=b.commands,
             projection=self.projection,
-            decide=self.decide,
+            policy=BalancerPolicy(self),
             dead_letters=t.dead_letters,
             group_id=settings.topics.group(self.name),
             name=self.name,
             session_timeout_ms=settings.session_timeout_ms,
-            event_key=event_key,
-            on_role=lambda role: report_ready(settings, self.name, role=role, configTime=self.follower.config_time),
         )
         self.requester = Requester(settings.bus, t.balancer_inbox, client_id=self.name, stop_owner_on_failure=True)
         self.statistics = StatisticsReader(settings)

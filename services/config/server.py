@@ -11,11 +11,12 @@ from domain import clock as vclock
 from domain.catalog import Catalog
 from domain.protocol import ErrorCode
 from libs import tracing
-from libs.commands import CommandProcessor
+from libs.commands import CommandProcessor, Decision, Policy
 from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, seconds_from_env, supervised
 from libs.store import Store
+from schemas import Record
 from schemas import config as schema
 from services.config.coordinator import DDLDriver
 from services.config.decide import decide
@@ -35,6 +36,20 @@ KEYS_CHECK_S = 60.0  # how often the active config server checks that the signin
 log = logging.getLogger(__name__)
 
 
+class ConfigPolicy(Policy):
+    """The config server's commands decided against the catalog; every reply waits for its
+    events' acks (routers and the balancer wait for the ConfigTime it names)."""
+
+    def __init__(self, server: ConfigServer) -> None:
+        self.server = server
+
+    def decide(self, command: Record) -> Decision:
+        return decide(self.server.catalog, command)
+
+    def on_role(self, role: str) -> None:
+        self.server._report(role)
+
+
 class ConfigServer:
     def __init__(self, settings: ServiceSettings, *, instance: str = "0", max_batch: int = 500):
         self.settings = settings
@@ -49,13 +64,12 @@ class ConfigServer:
             command_topic=t.config_commands,
             command_codec=schema.commands,
             projection=self.projection,
-            decide=lambda cmd: decide(self.catalog, cmd),
+            policy=ConfigPolicy(self),
             dead_letters=t.dead_letters,
             group_id=settings.topics.group("config"),
             name=NAME,
             max_batch=max_batch,
             session_timeout_ms=settings.session_timeout_ms,
-            on_role=self._report,
             clock=self.clock,
         )
         self.instance = instance

@@ -10,12 +10,14 @@ import logging
 from domain.clock import VectorClock
 from domain.follower import CatalogFollower
 from domain.protocol import CONFIG_TIME
-from libs.commands import CommandProcessor, header
+from libs.bus import Message
+from libs.commands import CommandProcessor, Decision, Policy, header
 from libs.metrics import MetricsPublisher, OperationCounters, timed
 from libs.projection import Projection
 from libs.requests import Requester
 from libs.service import ServiceSettings, clear_ready, report_ready, supervised
 from libs.store import Store
+from schemas import Record
 from schemas import shard as schema
 from services.shard.decide import PointReads, ShardDecider, plain_read, reply_with_events
 from services.shard.documents import changelog_key
@@ -30,6 +32,39 @@ CONFIG_WAIT_S = 10.0
 # The changelog producer's batch: a whole clone batch's records (donor.CLONE_BATCH_BYTES of stored
 # documents, ~100 bytes of envelope and key each) are one append to the log, not three.
 CHANGELOG_BATCH_BYTES = 4 * 1024 * 1024
+
+
+class ShardPolicy(Policy):
+    """A shard's requests decided against its documents (and counted); Find and Count without
+    afterClusterTime answered outside the transaction, point reads during one; every reply but
+    EnterCriticalSection's leaves with its events; a batch waits for the catalog to reach the
+    ConfigTime its requests name (docs/reference/command-processor.md)."""
+
+    plain_reads = True
+    one_phase_replies = True
+    point_reads = PointReads()
+
+    def __init__(self, shard: ShardServer) -> None:
+        self.shard = shard
+        self._decide = timed(shard.operations, shard.decider.decide)
+
+    def decide(self, command: Record) -> Decision:
+        return self._decide(command)
+
+    def on_role(self, role: str) -> None:
+        self.shard._report(role)
+
+    def event_key(self, event: Record) -> bytes | None:
+        return changelog_key(event)
+
+    async def prepare(self, records: list[Message]) -> None:
+        await self.shard._catch_up_config(records)
+
+    def is_plain_read(self, command: Record) -> bool:
+        return plain_read(command)
+
+    def replies_with_events(self, command: Record) -> bool:
+        return reply_with_events(command)
 
 
 class ShardServer:
@@ -61,20 +96,14 @@ class ShardServer:
             command_topic=t.shard_requests(shard_id),
             command_codec=schema.requests,
             projection=self.projection,
-            decide=timed(self.operations, self.decider.decide),
+            policy=ShardPolicy(self),
             dead_letters=t.dead_letters,
             group_id=settings.topics.group(self.name),
             name=self.name,
             max_batch=max_batch,
             session_timeout_ms=settings.session_timeout_ms,
-            event_key=changelog_key,
-            prepare=self._catch_up_config,
-            on_role=self._report,
             clock=self.clock,
             batch_bytes=CHANGELOG_BATCH_BYTES,
-            plain_read=plain_read,
-            one_phase=reply_with_events,
-            point_reads=PointReads(),
         )
         self.donor = DonorCoordinator(
             DonorDeps(

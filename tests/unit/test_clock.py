@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from domain import clock as vc
 from domain.catalog import Catalog
 from libs.client import AsyncCluster, ClientSession
-from libs.commands import CommandError, CommandProcessor, stamped
+from libs.commands import CommandError, stamp, stamped
 from libs.store import Store
 from schemas import config as c
 from schemas import shard as s
@@ -293,10 +293,10 @@ def test_a_shard_persists_its_largest_stamp_with_the_fold_and_resumes_from_it(tm
 
 def test_the_processor_stamps_only_events_with_a_ts_field():
     clock = vc.VectorClock(wall=lambda: 100)
-    written = CommandProcessor._stamp(clock, s.DocumentWritten(ns="d.x", skey="00", doc={"_id": 1}))
+    written = stamp(clock, s.DocumentWritten(ns="d.x", skey="00", doc={"_id": 1}))
     assert written.ts == vc.LogicalTime(100, 1).packed
     recorded = s.MigrationForgotten(id="m")
-    assert not stamped(recorded) and CommandProcessor._stamp(clock, recorded) is recorded
+    assert not stamped(recorded) and stamp(clock, recorded) is recorded
     assert all("ts" in e.model_fields for e in c.EVENTS)  # every config event is stamped
 
 

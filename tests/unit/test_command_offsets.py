@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import pytest
 
-from libs import commands
-from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, CommandProcessor, Decision
+from libs.commands import CORRELATION_ID, REPLY_TO, CommandError, CommandProcessor, Decision, Policy, settings
+from libs.commands.batch import Pending
 from libs.projection import COMMAND_END, Projection
 from libs.store import Store
 from schemas import Codec, Record
@@ -89,11 +89,19 @@ class Seeks:
     def seek(self, offset: int) -> None: ...
 
 
-def decide(command: Record) -> Decision:
-    assert isinstance(command, Cmd)
-    if not command.write:
-        raise CommandError("Refused", "no")
-    return Decision(events=[Ev(), Ev()])
+class OnePhase(Policy):
+    """A write gives two events; every reply leaves with its events."""
+
+    one_phase_replies = True
+
+    def decide(self, command: Record) -> Decision:
+        assert isinstance(command, Cmd)
+        if not command.write:
+            raise CommandError("Refused", "no")
+        return Decision(events=[Ev(), Ev()])
+
+    def replies_with_events(self, command: Record) -> bool:
+        return True
 
 
 @pytest.fixture
@@ -105,11 +113,10 @@ def processor(tmp_path):
         command_topic="commands",
         command_codec=Codec("cmd", Cmd, (Cmd,)),  # type: ignore[arg-type]
         projection=projection,
-        decide=decide,
+        policy=OnePhase(),
         dead_letters="dead",
         group_id="group",
         name="test",
-        one_phase=lambda command: True,
     )
     p._producer = Producer()  # type: ignore[assignment]
     yield p
@@ -117,11 +124,11 @@ def processor(tmp_path):
 
 
 def batch(*writes: bool) -> list:
-    return [(Command(i, Cmd(write=w).model_dump_json().encode()), None) for i, w in enumerate(writes)]
+    return [Pending(Command(i, Cmd(write=w).model_dump_json().encode()), None) for i, w in enumerate(writes)]
 
 
 async def test_a_transaction_that_writes_events_records_the_offsets_on_them_not_in_the_group(processor):
-    await processor._transact(batch(True, True), 2)
+    await processor.transact(batch(True, True), 2)
     producer = processor._producer
     assert not [c for c in producer.calls if isinstance(c, tuple)], "no send_offsets_to_transaction"
     events = [c for c in producer.calls if isinstance(c, Sent) and c.topic == "events"]
@@ -129,31 +136,31 @@ async def test_a_transaction_that_writes_events_records_the_offsets_on_them_not_
     assert processor.projection.command_end == 2 and processor.projection.position == 4
     ckpt = processor.projection.store.checkpoint("events")
     assert ckpt is not None and ckpt.command_end == 2
-    assert processor._group_behind == 2, "the group has not got them yet"
+    assert processor.group.behind == 2, "the group has not got them yet"
 
 
 async def test_a_transaction_that_writes_no_event_commits_the_offsets_to_the_group_first(processor):
-    processor._group_lags(1)  # a read answered before, say
-    await processor._transact(batch(False), 3)
+    processor.group.lags(1)  # a read answered before, say
+    await processor.transact(batch(False), 3)
     calls = processor._producer.calls
     assert calls[:2] == ["begin", ("offsets", 3)], "before its first write (the reply)"
-    assert processor._group_behind is None and processor.projection.command_end is None
+    assert processor.group.behind is None and processor.projection.command_end is None
 
 
 async def test_a_refusal_before_a_write_puts_the_offsets_in_the_group_before_its_reply(processor):
-    await processor._transact(batch(False, True), 2)
+    await processor.transact(batch(False, True), 2)
     calls = processor._producer.calls
     assert calls[1] == ("offsets", 2) and isinstance(calls[2], Sent) and calls[2].topic == "inbox"
     # the events still carry it (harmless: the larger of the two counts)
     assert all((COMMAND_END, b"2") in c.headers for c in calls if isinstance(c, Sent) and c.topic == "events")
-    assert processor._group_behind is None
+    assert processor.group.behind is None
 
 
 async def test_the_group_gets_the_offsets_once_it_has_lagged_half_the_commit_interval(processor):
-    await processor._transact(batch(True), 1)
-    assert processor._group_behind == 1
-    processor._group_behind_since = time.monotonic() - commands.READ_OFFSETS_COMMIT_S / 2
-    await processor._transact(batch(True), 2)
+    await processor.transact(batch(True), 1)
+    assert processor.group.behind == 1
+    processor.group.since = time.monotonic() - settings.READ_OFFSETS_COMMIT_S / 2
+    await processor.transact(batch(True), 2)
     calls = processor._producer.calls
     assert calls[calls.index("commit") + 1 :][:2] == ["begin", ("offsets", 2)]
-    assert processor._group_behind is None and processor.projection.command_end == 2
+    assert processor.group.behind is None and processor.projection.command_end == 2
