@@ -109,12 +109,17 @@ class VectorTime(NamedTuple):
         return cls(cluster, config, topology)
 
 
+def _wall() -> float:
+    return time.time()
+
+
 class VectorClock:
     """A node's vector clock.  `tick` only on shards and the config server (once per event
     written); `advance` everywhere, with gossip.  Times only ever move forward."""
 
-    def __init__(self, wall: Callable[[], float] = time.time) -> None:
-        self.wall = wall
+    def __init__(self, wall: Callable[[], float] | None = None) -> None:
+        # time.time looked up at each call, not bound at import: the simulator replaces it.
+        self.wall = wall if wall is not None else _wall
         self._lock = threading.Lock()  # the in-process test cluster reads clocks from other threads
         self._cluster = self._config = self._topology = 0
 

@@ -521,6 +521,7 @@ class MemoryMember(_Client):
         self._positions: dict[int, int] = {}
         self._paused: set[int] = set()
         self._last_seen = 0.0
+        self._rebalancing: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         self.bus._log_list(self.topic)  # an unknown topic fails here
@@ -568,8 +569,18 @@ class MemoryMember(_Client):
             self.bus.notify(self.topic)  # a member waiting for these may take them now
 
     async def _rebalance(self) -> None:
-        """Take part in a rebalance: evict members past their session timeout, revoke what this
-        member holds beyond its share, take the share others have released."""
+        """Take part in a rebalance, shielded from the poll's cancellation: as aiokafka runs the
+        listener in its coordinator's task, a fetch given up mid-rebalance must not stop the
+        listener half-way (a member that has let its partitions go while its owner still
+        thinks itself assigned).  A later poll waits for the same rebalance."""
+        if self._rebalancing is None or self._rebalancing.done():
+            self._rebalancing = asyncio.ensure_future(self._rebalance_now())
+            self._rebalancing.add_done_callback(_retrieved)
+        await asyncio.shield(self._rebalancing)
+
+    async def _rebalance_now(self) -> None:
+        """Evict members past their session timeout, revoke what this member holds beyond its
+        share, take the share others have released."""
         now = asyncio.get_running_loop().time()
         group = self.group
         if self not in group.members:  # evicted while silent: its partitions are gone, it joins again
@@ -611,3 +622,10 @@ class MemoryMember(_Client):
             if out or (wait := deadline - loop.time()) <= 0:
                 return out
             await self.bus.changed(self.topic, min(wait, self.session_timeout_s / 3))
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """A rebalance whose poll was given up ends on its own; its failure (a crashed process) is
+    the next poll's to see, not the event loop's to report."""
+    if not done.cancelled():
+        done.exception()

@@ -13,6 +13,8 @@ find a document by _id.
     c/<ddl id>                -> a DDL coordinator's critical section on this shard
     r/<ddl id>\\0<ns or db>    -> a DropLocalData done for that DDL (a retry drops nothing again)
     \x00meta/clock            -> the largest ClusterTime stamped on a write (the clock resumes there)
+    h/..., w/..., \x00meta/history/...  -> what each write replaced, for reads at a past cluster
+                                 time (services/shard/history.py, docs/decisions/0019)
 
 Migration documents, range-deletion tasks, DDL critical sections and drops, and the
 transactions table (one entry per live session, its latest txnNumber's records) are also
@@ -62,6 +64,7 @@ from schemas import Record, Tombstone
 from schemas import ddl as dd
 from schemas import indexes as ix
 from schemas import shard as ev
+from services.shard import history
 
 DOCS, IDS, SESSIONS, MIGRATIONS, TASKS = b"d/", b"i/", b"x/", b"m/", b"t/"
 SECTIONS, DROPS = b"c/", b"r/"
@@ -269,7 +272,7 @@ class ClonedDocuments:
 
     def __init__(self, documents: ShardDocuments, ns: str, docs: list[StoredDocument]):
         self.documents, self.ns, self.docs = documents, ns, docs
-        self._ts: int | None = None
+        self._ticks: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -277,13 +280,13 @@ class ClonedDocuments:
     def encode(self, ticks: list[int] | None) -> tuple[list[bytes], list[bytes]]:
         ns_json, key_base = namespace_json(self.ns), document_changelog_key(self.ns, b"")
         stamps: list[int] | list[None] = ticks if ticks is not None else [None] * len(self.docs)
-        self._ts = ticks[-1] if ticks else None
+        self._ticks = ticks or None
         keys = [key_base + id_enc for _, id_enc, _ in self.docs]
         values = [written_record(ns_json, skey, raw, ts) for (skey, _, raw), ts in zip(self.docs, stamps)]
         return keys, values
 
     def apply(self) -> None:
-        self.documents.apply_bulk(self.ns, self.docs, self._ts)
+        self.documents.apply_bulk(self.ns, self.docs, self._ticks)
 
 
 # The fold of the changelog: one handler per event type.
@@ -371,40 +374,65 @@ class ShardDocuments:
     def _document_written(self, event: ev.DocumentWritten) -> None:
         id_enc = encode_value(event.doc["_id"])
         skey = bytes.fromhex(event.skey)
-        old = self.get(id_key(event.ns, id_enc))
-        if maintained := self._maintained(event.ns):
-            raw = self.get(doc_key(event.ns, old, id_enc)) if old is not None else None
+        ik = id_key(event.ns, id_enc)
+        old = self.get(ik)
+        maintained = self._maintained(event.ns)
+        old_key = doc_key(event.ns, old, id_enc) if old is not None else None
+        raw = self.get(old_key) if old_key is not None and (maintained or event.ts is not None) else None
+        if maintained:
             self._reindex(event.ns, maintained, decode_doc(raw) if raw is not None else None, event.doc)
-        if old is not None and old != skey:
-            self._changes[doc_key(event.ns, old, id_enc)] = None
-        self._changes[doc_key(event.ns, skey, id_enc)] = encode_doc(event.doc)
-        self._changes[id_key(event.ns, id_enc)] = skey
+        new_key = doc_key(event.ns, skey, id_enc)
+        if event.ts is not None:  # what the write replaces, for reads at an earlier time
+            if old_key is not None and old_key != new_key:
+                history.record(self._changes, old_key, raw, event.ts)
+            history.record(self._changes, new_key, raw if old_key == new_key else None, event.ts)
+            if old != skey:
+                history.record(self._changes, ik, old, event.ts)
+        if old_key is not None and old_key != new_key:
+            self._changes[old_key] = None
+        self._changes[new_key] = encode_doc(event.doc)
+        self._changes[ik] = skey
         if event.ts is not None:
             self._stamped(event.ts)
 
-    def apply_bulk(self, ns: str, docs: list[StoredDocument], ts: int | None) -> None:
+    def apply_bulk(self, ns: str, docs: list[StoredDocument], ticks: list[int] | None) -> None:
         """Fold the DocumentWritten records of `docs` (a migration's clone batch, `written_record`),
-        stamped up to `ts`, without decoding them: what `_document_written` does for each, with
-        one multi-get of their _id entries.  A namespace with secondary indexes being kept
+        the i-th stamped ticks[i], without decoding them: what `_document_written` does for each,
+        with one multi-get of their _id entries.  A namespace with secondary indexes being kept
         takes the per-document fold (its entries need the documents' values)."""
         if self._maintained(ns):
-            for skey, _, raw in docs:
-                self._document_written(ev.DocumentWritten(ns=ns, skey=skey.hex(), doc=decode_doc(raw)))
-            if ts is not None:
-                self._stamped(ts)
+            for i, (skey, _, raw) in enumerate(docs):
+                ts = ticks[i] if ticks else None
+                self._document_written(ev.DocumentWritten(ns=ns, skey=skey.hex(), doc=decode_doc(raw), ts=ts))
             return
         prefix = ns_prefix(ns)
         id_keys = [IDS + prefix + id_enc for _, id_enc, _ in docs]
         olds = self._get_many(id_keys)
         changes = self._changes
         base = DOCS + prefix
+        if ticks:  # what each replaces, as `_document_written` records it (decisions/0019)
+            self._record_bulk(base, docs, olds, ticks)
         for (skey, id_enc, raw), ik, old in zip(docs, id_keys, olds):
             if old is not None and old != skey:
                 changes[base + old + id_enc] = None
             changes[base + skey + id_enc] = raw
             changes[ik] = skey
-        if ts is not None:
-            self._stamped(ts)
+        if ticks:
+            self._stamped(ticks[-1])
+
+    def _record_bulk(self, base: bytes, docs: list[StoredDocument], olds: list[bytes | None], ticks: list[int]) -> None:
+        """The history of a clone batch's writes: what each replaces (mostly nothing: an orphan
+        left by an earlier migration is the exception), one multi-get for the replaced."""
+        replaced = [base + old + id_enc for (_, id_enc, _), old in zip(docs, olds) if old is not None]
+        priors = dict(zip(replaced, self._get_many(replaced))) if replaced else {}
+        for (skey, id_enc, _), old, ts in zip(docs, olds, ticks):
+            new_key = base + skey + id_enc
+            old_key = base + old + id_enc if old is not None else None
+            if old_key is not None and old_key != new_key:
+                history.record(self._changes, old_key, priors[old_key], ts)
+            history.record(self._changes, new_key, priors[old_key] if old_key == new_key else None, ts)
+            if old != skey:
+                history.record(self._changes, IDS + base[len(DOCS) :] + id_enc, old, ts)
 
     def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
         """`get` of each key, the store's in one multi-get."""
@@ -423,12 +451,16 @@ class ShardDocuments:
     @on_event.register(ev.DocumentRemoved)
     def _document_removed(self, event: ev.DocumentRemoved) -> None:
         id_enc = encode_value(event.id)
-        key = doc_key(event.ns, bytes.fromhex(event.skey), id_enc)
-        if maintained := self._maintained(event.ns):
-            raw = self.get(key)
+        key, ik = doc_key(event.ns, bytes.fromhex(event.skey), id_enc), id_key(event.ns, id_enc)
+        maintained = self._maintained(event.ns)
+        raw = self.get(key) if maintained or event.ts is not None else None
+        if maintained:
             self._reindex(event.ns, maintained, decode_doc(raw) if raw is not None else None, None)
+        if event.ts is not None:
+            history.record(self._changes, key, raw, event.ts)
+            history.record(self._changes, ik, self.get(ik), event.ts)
         self._changes[key] = None
-        self._changes[id_key(event.ns, id_enc)] = None
+        self._changes[ik] = None
         if event.ts is not None:
             self._stamped(event.ts)
 
@@ -589,6 +621,7 @@ class ShardDocuments:
         self.ddl_drops[event.id] = self.ddl_drops.get(event.id, frozenset()) | {target}
         self._changes[_drop_key(event.id, target)] = b""
         if event.ts is not None:
+            history.dropped(self._changes, target, event.ts)
             self._stamped(event.ts)
 
     # ------------------------------------------------------------------- reads

@@ -15,10 +15,11 @@ from libs.commands import CommandProcessor, Decision, Policy, header
 from libs.metrics import MetricsPublisher, OperationCounters, timed
 from libs.projection import Projection
 from libs.requests import Requester
-from libs.service import ServiceSettings, clear_ready, report_ready, supervised
+from libs.service import ServiceSettings, clear_ready, report_ready, seconds_from_env, supervised
 from libs.store import Store
 from schemas import Record
 from schemas import shard as schema
+from services.shard import history
 from services.shard.decide import PointReads, ShardDecider, plain_read, reply_with_events
 from services.shard.documents import changelog_key
 from services.shard.donor import DonorCoordinator, DonorDeps
@@ -32,6 +33,8 @@ CONFIG_WAIT_S = 10.0
 # The changelog producer's batch: a whole clone batch's records (donor.CLONE_BATCH_BYTES of stored
 # documents, ~100 bytes of envelope and key each) are one append to the log, not three.
 CHANGELOG_BATCH_BYTES = 4 * 1024 * 1024
+# How often each instance deletes the history older than minSnapshotHistoryWindowInSeconds.
+HISTORY_RECLAIM_ENV = "SHARDLOG_HISTORY_RECLAIM_S"
 
 
 class ShardPolicy(Policy):
@@ -141,6 +144,11 @@ class ShardServer:
                 wake=self.decider.indexes.wake,
             )
         )
+        self.history = history.Reclaimer(
+            self.store,
+            lambda: self.follower.catalog.settings.minSnapshotHistoryWindowInSeconds,
+            seconds_from_env(HISTORY_RECLAIM_ENV, 10.0),
+        )
         self.statistics = StatisticsPublisher(
             settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active
         )
@@ -168,6 +176,7 @@ class ShardServer:
         at = await self.follower.start()
         await self.projection.start()
         await self.projection.catch_up()
+        history.begin(self.store, self.documents.max_ts)  # reads at earlier times: refused
         report_ready(self.settings, self.ready_name, role="standby", configTime=at)
         try:
             await self.statistics.start()  # reports while this instance is the active one
@@ -175,13 +184,14 @@ class ShardServer:
             donor = supervised(asyncio.create_task(self.donor.run()), f"{self.name} migration coordinator")
             reaper = supervised(asyncio.create_task(self.reaper.run()), f"{self.name} session reaper")
             builder = supervised(asyncio.create_task(self.index_builder.run()), f"{self.name} index builder")
+            # Every instance reclaims its own store's history (a standby's grows as the active's).
+            reclaim = supervised(asyncio.create_task(self.history.run()), f"{self.name} history reclaimer")
             try:
                 await self.processor.run()
             finally:
-                donor.cancel()
-                reaper.cancel()
-                builder.cancel()
-                await asyncio.gather(donor, reaper, builder, return_exceptions=True)
+                for task in (donor, reaper, builder, reclaim):
+                    task.cancel()
+                await asyncio.gather(donor, reaper, builder, reclaim, return_exceptions=True)
         finally:
             await self.metrics.stop()
             await self.statistics.stop()  # before the store it scans is closed
