@@ -287,6 +287,11 @@ def bounds_pattern(bound: dict[str, Any]) -> KeyPattern:
 
 @dataclass
 class Collection:
+    """A sharded collection: its key, chunks and zones, and its placement history (seed 001,
+    "The historical routing table"): the migrations committed within
+    minSnapshotHistoryWindowInSeconds, from which the routing table at any time since
+    `history_from` is the current one with those after that time undone."""
+
     ns: str
     pattern: KeyPattern
     unique: bool
@@ -295,6 +300,8 @@ class Collection:
     chunks: list[Chunk] = field(default_factory=list)  # sorted by min_key, contiguous, covering the key space
     zones: list[ZoneRange] = field(default_factory=list)  # sorted by min_key, non-overlapping
     settings: CollectionSettings = field(default_factory=CollectionSettings)
+    placements: list[Placement] = field(default_factory=list)  # committed migrations, oldest first
+    history_from: int = 0  # the oldest cluster time whose routing the placements can tell
 
     mins: list[bytes] = field(default_factory=list)  # chunks[i].min_key, kept beside for bisect
     # The shard key's field when it has one (None: compound): the fold's fast paths take only those.
@@ -338,6 +345,88 @@ class Collection:
         for c in self.chunks:
             out[c.shard] = out.get(c.shard, 0) + 1
         return out
+
+    def placed(self, p: Placement, window_s: int) -> None:
+        """A migration committed at `p.ts`: remember it, and forget those older than the window
+        before it (the routing before them is no longer known)."""
+        self.placements.append(p)
+        cutoff = p.ts - (window_s << 32)
+        while self.placements and self.placements[0].ts < cutoff:
+            self.history_from = max(self.history_from, self.placements.pop(0).ts)
+
+    def routing_at(self, at: int) -> list[tuple[bytes, bytes, str]]:
+        """The (min_key, max_key, shard) ranges of the routing table at cluster time `at`
+        (which must not be older than `history_from`): the current chunks with every migration
+        committed after `at` undone, newest first."""
+        ranges = [(c.min_key, c.max_key, c.shard) for c in self.chunks]
+        for p in reversed(self.placements):
+            if p.ts <= at:
+                break
+            ranges = _assign(ranges, p.min_key, p.max_key, p.donor)
+        return ranges
+
+    def owner_at(self, key: bytes, at: int) -> str:
+        """The shard that owned the encoded shard key `key` at cluster time `at`."""
+        owner = self.chunks[self.chunk_index(key)].shard
+        for p in reversed(self.placements):
+            if p.ts <= at:
+                break
+            if p.min_key <= key < p.max_key:
+                owner = p.donor
+        return owner
+
+    def chunk_history(self, ch: Chunk) -> list[tuple[int, str]]:
+        """(validAfter, shard) of the chunk's range, newest first, as `config.chunks` shows it:
+        each migration of a range holding it, back to the oldest remembered, whose donor held it
+        since `history_from`."""
+        out: list[tuple[int, str]] = []
+        shard = ch.shard
+        for p in reversed(self.placements):
+            if p.min_key <= ch.min_key and ch.max_key <= p.max_key and p.recipient == shard:
+                out.append((p.ts, shard))
+                shard = p.donor
+        out.append((self.history_from, shard))
+        return out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A migration as the routing history keeps it: [min_key, max_key) went from donor to
+    recipient at cluster time `ts`."""
+
+    ts: int
+    min_key: bytes
+    max_key: bytes
+    donor: str
+    recipient: str
+
+    def record(self) -> list[Any]:
+        return [self.ts, self.min_key.hex(), self.max_key.hex(), self.donor, self.recipient]
+
+    @classmethod
+    def of(cls, r: list[Any]) -> Placement:
+        return cls(r[0], bytes.fromhex(r[1]), bytes.fromhex(r[2]), r[3], r[4])
+
+
+def _assign(ranges: list[tuple[bytes, bytes, str]], lo: bytes, hi: bytes, shard: str) -> list[tuple[bytes, bytes, str]]:
+    """`ranges` (contiguous, sorted) with [lo, hi) given to `shard`, pieces cut where needed."""
+    out: list[tuple[bytes, bytes, str]] = []
+    for a, b, s in ranges:
+        if b <= lo or hi <= a:  # no overlap (encoded bounds compare as bytes, MaxKey's too)
+            out.append((a, b, s))
+            continue
+        if a < lo:
+            out.append((a, lo, s))
+        out.append((max(a, lo), min(b, hi), shard))
+        if hi < b:
+            out.append((hi, b, s))
+    merged: list[tuple[bytes, bytes, str]] = []
+    for a, b, s in out:
+        if merged and merged[-1][2] == s and merged[-1][1] == a:
+            merged[-1] = (merged[-1][0], b, s)
+        else:
+            merged.append((a, b, s))
+    return merged
 
 
 @dataclass
@@ -549,6 +638,8 @@ class Catalog:
                 "epoch": c.epoch,
                 "uuid": c.uuid,
                 "settings": c.settings.model_dump(),
+                "historyFrom": c.history_from,
+                "placements": [p.record() for p in c.placements],
             },
         )
 
@@ -590,6 +681,8 @@ class Catalog:
                 d["epoch"],
                 d["uuid"],
                 settings=CollectionSettings(**d["settings"]),
+                placements=[Placement.of(r) for r in d.get("placements", ())],
+                history_from=d.get("historyFrom", 0),
             )
         for k, v in store.scan(b"chunk/"):
             ns = k[6 : k.index(b"\x00", 6)].decode()
@@ -760,7 +853,7 @@ class Catalog:
             db.collections.discard(e.ns)  # tracked as sharded from now on
             db.uuids.pop(e.ns, None)
             self._put_database(db)
-        coll = Collection(e.ns, KeyPattern.parse(e.key), e.unique, e.epoch, e.uuid)
+        coll = Collection(e.ns, KeyPattern.parse(e.key), e.unique, e.epoch, e.uuid, history_from=e.ts or 0)
         coll.replace_chunks(0, 0, [self._chunk(coll, d) for d in e.chunks])
         self.collections[e.ns] = coll
         self._put_collection(coll)
@@ -1003,6 +1096,10 @@ class Catalog:
             i = coll.chunk_index(ch.min_key)
             coll.replace_chunks(i, i + 1, [ch])
             self._put_chunk(e.ns, ch, doc)
+            if doc.shard == e.recipient and e.ts is not None:
+                window = self.settings.minSnapshotHistoryWindowInSeconds
+                coll.placed(Placement(e.ts, ch.min_key, ch.max_key, e.donor, e.recipient), window)
+                self._put_collection(coll)
         self._finish_migration(e.id, MigrationOutcome(True))
 
     @on_event.register(ev.MigrationAborted)
@@ -1125,7 +1222,9 @@ class Catalog:
         self._forget_collection(e.to)  # dropTarget (the decision checked it was asked for)
         if (coll := self.collections.get(e.ns)) is not None:
             epoch = e.epoch or coll.epoch
-            new = Collection(e.to, coll.pattern, coll.unique, epoch, coll.uuid, settings=coll.settings)
+            new = Collection(
+                e.to, coll.pattern, coll.unique, epoch, coll.uuid, settings=coll.settings, history_from=e.ts or 0
+            )
             chunks = [
                 Chunk(
                     c.min,
@@ -1158,7 +1257,7 @@ class Catalog:
         coll = self.collections[e.ns]
         pattern = KeyPattern.parse(e.key)
         added = pattern.fields[len(coll.pattern.fields) :]
-        new = Collection(e.ns, pattern, coll.unique, e.epoch, coll.uuid, settings=coll.settings)
+        new = Collection(e.ns, pattern, coll.unique, e.epoch, coll.uuid, settings=coll.settings, history_from=e.ts or 0)
         chunks = []
         for c in coll.chunks:
             lo, hi = extend_bound(c.min, added), extend_bound(c.max, added)

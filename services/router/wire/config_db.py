@@ -175,8 +175,14 @@ def chunks(cat: Catalog) -> list[dict[str, Any]]:
     for ns in sorted(cat.collections):
         coll = cat.collections[ns]
         uuid = uuid_value(coll.uuid)
-        ts = _coll_timestamp(coll)
+        created = _coll_timestamp(coll)
         for ch in coll.chunks:
+            # Newest first; the oldest entry's time is when the remembered history begins
+            # (the collection's incarnation, or the oldest migration forgotten past the window).
+            history = [
+                {"validAfter": Timestamp(t >> 32, t & 0xFFFFFFFF) if t else created, "shard": shard}
+                for t, shard in coll.chunk_history(ch)
+            ]
             out.append(
                 {
                     "_id": chunk_id(ns, ch.min),
@@ -185,8 +191,8 @@ def chunks(cat: Catalog) -> list[dict[str, Any]]:
                     "max": to_wire(ch.max),
                     "shard": ch.shard,
                     "lastmod": version_timestamp(*ch.version.pair),
-                    "onCurrentShardSince": ts,
-                    "history": [{"validAfter": ts, "shard": ch.shard}],
+                    "onCurrentShardSince": history[0]["validAfter"],
+                    "history": history,
                     **({"jumbo": True} if ch.jumbo else {}),
                 }
             )
