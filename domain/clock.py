@@ -287,23 +287,45 @@ def validate_cluster_time(
 
 def parse_after_cluster_time(read_concern: Any) -> int | None:
     """`readConcern.afterClusterTime` (packed), None without one.  Only the fields a causally
-    consistent session sends are understood (`level` "local"/"majority" is accepted, as our
-    single writers make both mean the same)."""
+    consistent session sends, and a snapshot read's, are understood (`level` "local"/"majority"
+    is accepted, as our single writers make both mean the same)."""
     if read_concern is None:
         return None
     if not isinstance(read_concern, dict):
         raise CommandError(ErrorCode.TypeMismatch, f"readConcern must be an object, not {_show(read_concern)}")
-    unknown = set(read_concern) - {"afterClusterTime", "level"}
+    unknown = set(read_concern) - {"afterClusterTime", "atClusterTime", "level"}
     if unknown:
         raise CommandError(ErrorCode.InvalidOptions, f"unrecognized readConcern field(s): {', '.join(sorted(unknown))}")
     level = read_concern.get("level", "local")
-    if level not in ("local", "majority"):
+    if level not in ("local", "majority", "snapshot"):
         raise CommandError(ErrorCode.InvalidOptions, f"readConcern level {_show(level)} is not supported here")
+    if "atClusterTime" in read_concern:
+        if level != "snapshot":
+            raise CommandError(ErrorCode.InvalidOptions, "atClusterTime is only supported for snapshot read concern")
+        if "afterClusterTime" in read_concern:
+            raise CommandError(
+                ErrorCode.InvalidOptions,
+                "Specifying a timestamp for readConcern snapshot in a causally consistent session is not allowed",
+            )
     if "afterClusterTime" not in read_concern:
         return None
     t = parse_timestamp(read_concern["afterClusterTime"], "readConcern.afterClusterTime")
     if t == 0:
         raise CommandError(ErrorCode.InvalidOptions, "afterClusterTime cannot be a null timestamp")
+    return t
+
+
+def parse_at_cluster_time(read_concern: Any) -> int | None:
+    """A snapshot read's `readConcern.atClusterTime` (packed); None for any other read.  The
+    rest of the read concern is checked as `parse_after_cluster_time` does."""
+    parse_after_cluster_time(read_concern)
+    if read_concern is None or read_concern.get("level") != "snapshot":
+        return None
+    if "atClusterTime" not in read_concern:  # a router picks the time of a snapshot read
+        raise CommandError(ErrorCode.InvalidOptions, "a snapshot read reaching a shard must name its atClusterTime")
+    t = parse_timestamp(read_concern["atClusterTime"], "readConcern.atClusterTime")
+    if t == 0:
+        raise CommandError(ErrorCode.InvalidOptions, "atClusterTime cannot be a null timestamp")
     return t
 
 

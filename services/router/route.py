@@ -222,6 +222,10 @@ class OperationRouter:
         the session wrote to, say), so the catalog first catches up to the end of config.events
         — bounded: MaxTimeMSExpired rather than an answer from a stale catalog."""
         after = vclock.parse_after_cluster_time(read_concern)
+        if isinstance(read_concern, dict) and read_concern.get("level") == "snapshot":
+            # The shards can read at a cluster time (docs/decisions/0019); routing at one is
+            # not built yet (issue 32): refused rather than answered with the latest state.
+            raise CommandError(ErrorCode.InvalidOptions, "readConcern level 'snapshot' is not supported here")
         if after is None:
             return
         vclock.check_after_cluster_time(after, self.clock.cluster_time)

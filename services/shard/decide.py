@@ -132,8 +132,8 @@ class PointReads:
 
     @staticmethod
     def key(req: Record) -> bytes | None:
-        if not isinstance(req, s.Find) or req.hint is not None:
-            return None
+        if not isinstance(req, s.Find) or req.hint is not None or req.readConcern is not None:
+            return None  # (a snapshot read must not miss the in-flight batch's writes stamped before it)
         flt = req.filter
         if "_id" not in flt or isinstance(flt["_id"], dict):
             return None
@@ -495,6 +495,11 @@ class ShardDecider:
         operationTime cover it.  The catalog must be as new as the router's, though: the
         processor waited for it, and a read that still finds it behind is refused, not served."""
         after = vclock.parse_after_cluster_time(req.readConcern)
+        if isinstance(req.readConcern, dict) and req.readConcern.get("level") == "snapshot":
+            raise CommandError(
+                ErrorCode.InvalidOptions,
+                f'Command {req.type.lower()} does not support {{ readConcern: {{ level: "snapshot" }} }}',
+            )
         if after is None:
             return
         if self.clock is not None:
@@ -508,6 +513,8 @@ class ShardDecider:
 
     @on_request.register(s.Find)
     def find(self, req: s.Find) -> Decision:
+        if (at := vclock.parse_at_cluster_time(req.readConcern)) is not None:
+            return self._find_at(req, at)
         self._read_after(req)
         coll = self._placement(req.ns, req.routing)
         try:
@@ -521,6 +528,52 @@ class ShardDecider:
             first = next(docs, None)  # starts the scan now: ownership and blocking as of this request
             docs = itertools.chain([first] if first is not None else [], docs)
             return Decision([], self._batch(docs, req.batchSize, req.ns))
+        except QueryError as e:
+            raise CommandError(e.code, str(e)) from None
+
+    def _find_at(self, req: s.Find, at: int) -> Decision:
+        """A snapshot read at cluster time `at` (docs/decisions/0019): the committed documents
+        as they were then, of the ranges this shard owned then.  Answered as a plain read, at
+        the head of a batch: every write decided before is committed, and the clock advanced to
+        `at` stamps every later one after it."""
+        coll = self.catalog.collections.get(req.ns)
+        if coll is not None and at < coll.history_from:
+            raise CommandError(
+                ErrorCode.StaleChunkHistory,
+                f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the first available history "
+                f"for {req.ns}'s chunks: {vclock.LogicalTime.unpack(coll.history_from)}",
+            )
+        if at < (oldest := self.documents.readable_from(req.ns)):
+            raise CommandError(
+                ErrorCode.SnapshotTooOld,
+                f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the oldest available timestamp "
+                f"{vclock.LogicalTime.unpack(oldest)}",
+            )
+        if self.clock is not None:
+            self.clock.advance(at)
+        try:
+            matcher = compile_filter(req.filter)
+            if req.projection is not None:
+                apply_projection({}, req.projection)
+        except QueryError as e:
+            raise CommandError(e.code, str(e)) from None
+        if coll is not None:
+            ranges = [(lo, hi) for lo, hi, shard in coll.routing_at(at) if shard == self.shard_id]
+        else:
+            ranges = [(b"", None)]
+        ns = req.ns
+
+        def collscan() -> Iterator[tuple[bytes, dict]]:
+            for lo, hi in ranges:
+                for k, doc in self.documents.scan_at(ns, at, lo, hi):
+                    yield shard_key_part(k, doc), doc
+
+        # A collection scan of the past: the secondary indexes hold only the latest entries.
+        shard_key = coll.pattern.spec if coll is not None else None
+        plan = self._choose(matcher, req.sort, req.projection, [], shard_key, None)
+        try:
+            docs = query_plan.run(plan, query_plan.Access(self.documents, ns, collscan), skip=req.skip, limit=req.limit)
+            return Decision([], self._batch(docs, req.batchSize, ns))
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
 

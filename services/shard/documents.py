@@ -696,6 +696,21 @@ class ShardDocuments:
             if pv is not None:
                 yield k, pv
 
+    # ------------------------------------------------------------ reads at a past cluster time
+
+    def readable_from(self, ns: str) -> int:
+        """The oldest cluster time at which `ns` may be read here (docs/decisions/0019)."""
+        return history.readable_from_ns(self.store.get, ns)
+
+    def scan_at(self, ns: str, at: int, lo: bytes = b"", hi: bytes | None = None) -> Iterator[tuple[bytes, dict]]:
+        """`scan` of the committed documents as they were at cluster time `at`."""
+        base = DOCS + ns_prefix(ns)
+        start, stop = base + lo, (base + hi) if hi is not None else _after_prefix(base)
+        past = self._stored(*history.history_range(start, stop), committed=True)
+        latest = self._stored(start, stop, committed=True)
+        for k, v in history.as_of(latest, past, at):
+            yield k[len(base) :], decode_doc(v)
+
     # ------------------------------------------------------------ index reads (the planner's API)
 
     def get_by_id(self, ns: str, _id: Any) -> dict | None:

@@ -208,11 +208,18 @@ def test_validating_a_clients_cluster_time():
         ({"afterClusterTime": 5}, "TypeMismatch"),
         ({"afterClusterTime": vc.to_ejson(0)}, "InvalidOptions"),
         ({"afterClusterTime": vc.to_ejson(5), "atClusterTime": vc.to_ejson(5)}, "InvalidOptions"),
-        ({"level": "snapshot"}, "InvalidOptions"),
+        ({"level": "linearizable"}, "InvalidOptions"),
+        ({"level": "local", "atClusterTime": vc.to_ejson(5)}, "InvalidOptions"),
     ],
 )
 def test_a_malformed_read_concern_gets_mongodbs_error(rc, code):
     assert code_of(vc.parse_after_cluster_time, rc) == code
+
+
+def test_a_snapshot_read_concern_names_its_time_at_a_shard():
+    assert vc.parse_at_cluster_time({"level": "snapshot", "atClusterTime": vc.to_ejson(5)}) == 5
+    assert vc.parse_at_cluster_time({"level": "majority"}) is None and vc.parse_at_cluster_time(None) is None
+    assert code_of(vc.parse_at_cluster_time, {"level": "snapshot"}) == "InvalidOptions"  # the router picks it
 
 
 def test_after_cluster_time_in_the_future_is_refused():
@@ -350,6 +357,19 @@ async def test_a_router_refuses_a_read_after_a_time_it_has_not_seen():
     r.catalog.config_ts = 100
     await r._read_after({"afterClusterTime": vc.to_ejson(100)})  # the catalog is as new: no refresh
     assert r.causal_refreshes == 0
+
+
+@pytest.mark.parametrize(
+    "rc", [{"level": "snapshot"}, {"level": "snapshot", "atClusterTime": vc.to_ejson(5)}, {"level": "linearizable"}]
+)
+async def test_a_router_refuses_a_snapshot_read_it_cannot_route_at_its_time_yet(rc):
+    """The shards read at a past time (issue 32); until routers route at one, a snapshot read
+    is refused, never answered with the latest state."""
+    r = router()
+    r.clock.advance(100)
+    with pytest.raises(CommandError) as e:
+        await r._read_after(rc)
+    assert e.value.code == "InvalidOptions"
 
 
 async def test_a_router_whose_catalog_cannot_catch_up_answers_max_time_ms_expired_not_stale_data():
