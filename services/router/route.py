@@ -160,7 +160,9 @@ class OperationRouter:
         split_ns(req.ns)  # InvalidNamespace before anything is sent
         if isinstance(req, WRITES):
             client_session(req)  # a malformed lsid or txnNumber, or stmtIds, refused before anything is sent
-        if isinstance(req, (s.Find, s.Count)):
+        if isinstance(req, s.Find) and _snapshot(req.readConcern):
+            req = req.model_copy(update={"readConcern": await self._snapshot_at(req.readConcern)})
+        elif isinstance(req, (s.Find, s.Count)):
             await self._read_after(req.readConcern)
         stale: Stale | None = None
         for attempt in range(MAX_STALE_RETRIES):
@@ -222,12 +224,40 @@ class OperationRouter:
         the session wrote to, say), so the catalog first catches up to the end of config.events
         — bounded: MaxTimeMSExpired rather than an answer from a stale catalog."""
         after = vclock.parse_after_cluster_time(read_concern)
-        if isinstance(read_concern, dict) and read_concern.get("level") == "snapshot":
-            # The shards can read at a cluster time (docs/decisions/0019); routing at one is
-            # not built yet (issue 32): refused rather than answered with the latest state.
-            raise CommandError(ErrorCode.InvalidOptions, "readConcern level 'snapshot' is not supported here")
+        if _snapshot(read_concern):  # (a snapshot find does not come here)
+            raise CommandError(
+                ErrorCode.InvalidOptions, 'Command count does not support { readConcern: { level: "snapshot" } }'
+            )
         if after is None:
             return
+        await self._catalog_at(after)
+
+    async def _snapshot_at(self, read_concern: dict) -> dict:
+        """A snapshot read's time (issue 32): the one it names, or this router's ClusterTime (every
+        write acknowledged through it is stamped at or before); a time nobody has handed out is
+        refused.  The catalog first catches up to it: the routing at that time needs every
+        migration committed before it."""
+        after = vclock.parse_after_cluster_time(read_concern)  # (and the read concern's shape)
+        if after is not None:  # a causal snapshot session: at a time at least that
+            vclock.check_after_cluster_time(after, self.clock.cluster_time)
+        if "atClusterTime" in read_concern:
+            at = vclock.parse_at_cluster_time(read_concern)
+            assert at is not None
+            if at > self.clock.cluster_time:
+                raise CommandError(
+                    ErrorCode.InvalidOptions,
+                    f"readConcern atClusterTime value {vclock.LogicalTime.unpack(at)} must not be greater than "
+                    f"the current clusterTime {vclock.LogicalTime.unpack(self.clock.cluster_time)}",
+                )
+        else:
+            at = self.clock.cluster_time
+        await self._catalog_at(at)
+        return {"level": "snapshot", "atClusterTime": vclock.to_ejson(at)}
+
+    async def _catalog_at(self, after: int) -> None:
+        """A read after (or at) `after`: a time nobody handed out is refused; a time after our
+        catalog's ConfigTime stamp may follow config events we have not applied, so the catalog
+        first catches up to the end of config.events (bounded: MaxTimeMSExpired)."""
         vclock.check_after_cluster_time(after, self.clock.cluster_time)
         if after <= self.catalog.config_ts:
             return
@@ -504,7 +534,8 @@ class OperationRouter:
 
     @on_operation.register(s.Find)
     async def find(self, req: s.Find) -> dict:
-        t = targeting.for_query(self.catalog, req.ns, req.filter)
+        at = vclock.parse_at_cluster_time(req.readConcern)
+        t = targeting.for_query(self.catalog, req.ns, req.filter) if at is None else self._targets_at(req.ns, at)
         docs: list[dict] = []
         if not t.shards:
             _refuse_malformed(req)
@@ -534,7 +565,23 @@ class OperationRouter:
             docs = list(itertools.islice(merged, req.skip, want or None))
             if req.sort and req.projection is not None:
                 docs = [apply_projection(d, req.projection) for d in docs]
-        return self._first_batch(docs, req.batchSize, t, session_id(req.lsid) if req.lsid is not None else None)
+        out = self._first_batch(docs, req.batchSize, t, session_id(req.lsid) if req.lsid is not None else None)
+        return out if at is None else {**out, "atClusterTime": at}
+
+    def _targets_at(self, ns: str, at: int) -> targeting.Targets:
+        """Every shard that owned a range of `ns` at cluster time `at` (the historical routing
+        table); an unsharded collection's primary shard, as now (movePrimary keeps no history)."""
+        coll = self.catalog.collections.get(ns)
+        if coll is None:
+            return targeting.for_query(self.catalog, ns, {})
+        if at < coll.history_from:
+            raise CommandError(
+                ErrorCode.StaleChunkHistory,
+                f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the first available history "
+                f"for {ns}'s chunks: {vclock.LogicalTime.unpack(coll.history_from)}",
+            )
+        shards = tuple(sorted({shard for _, _, shard in coll.routing_at(at)}))
+        return targeting.Targets(shards, f"the owners at {vclock.LogicalTime.unpack(at)}", True)
 
     async def _drain(self, shard: str, first: dict) -> list[dict]:
         docs, cursor = list(first["docs"]), first["cursorId"]
@@ -692,3 +739,7 @@ def _write_error(i: int, e: Exception) -> dict:
         return {"index": i, "code": e.code, "errmsg": e.message}
     code = ErrorCode.ShardKeyTooLarge if isinstance(e, ShardKeyTooLarge) else ErrorCode.ShardKeyNotFound
     return {"index": i, "code": code, "errmsg": str(e)}
+
+
+def _snapshot(read_concern: Any) -> bool:
+    return isinstance(read_concern, dict) and read_concern.get("level") == "snapshot"

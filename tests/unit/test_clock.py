@@ -359,17 +359,26 @@ async def test_a_router_refuses_a_read_after_a_time_it_has_not_seen():
     assert r.causal_refreshes == 0
 
 
-@pytest.mark.parametrize(
-    "rc", [{"level": "snapshot"}, {"level": "snapshot", "atClusterTime": vc.to_ejson(5)}, {"level": "linearizable"}]
-)
-async def test_a_router_refuses_a_snapshot_read_it_cannot_route_at_its_time_yet(rc):
-    """The shards read at a past time (issue 32); until routers route at one, a snapshot read
-    is refused, never answered with the latest state."""
+@pytest.mark.parametrize("rc", [{"level": "snapshot"}, {"level": "linearizable"}])
+async def test_a_router_refuses_a_count_at_a_snapshot_or_an_unknown_level(rc):
     r = router()
-    r.clock.advance(100)
     with pytest.raises(CommandError) as e:
         await r._read_after(rc)
     assert e.value.code == "InvalidOptions"
+
+
+async def test_a_router_picks_a_snapshot_reads_time_and_refuses_one_nobody_handed_out():
+    r = router()
+    r.clock.advance(vc.LogicalTime(100, 3).packed)
+    r.catalog.config_ts = vc.LogicalTime(100, 3).packed
+    picked = await r._snapshot_at({"level": "snapshot"})
+    assert picked == {"level": "snapshot", "atClusterTime": vc.to_ejson(vc.LogicalTime(100, 3).packed)}
+    named = {"level": "snapshot", "atClusterTime": vc.to_ejson(vc.LogicalTime(90, 1).packed)}
+    assert await r._snapshot_at(named) == named
+    with pytest.raises(CommandError) as e:
+        await r._snapshot_at({"level": "snapshot", "atClusterTime": vc.to_ejson(vc.LogicalTime(100, 4).packed)})
+    assert e.value.code == "InvalidOptions" and "must not be greater than the current clusterTime" in e.value.message
+    assert r.causal_refreshes == 0
 
 
 async def test_a_router_whose_catalog_cannot_catch_up_answers_max_time_ms_expired_not_stale_data():

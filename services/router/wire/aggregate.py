@@ -16,7 +16,7 @@ from services.router.wire.admin import command_timeout
 from services.router.wire.commands import SERVER_COMMANDS, Connection, WireCommandError
 from services.router.wire.ddl import running_coordinators
 from services.router.wire.edge import RouterEdge
-from services.router.wire.gossip import wire_read_concern
+from services.router.wire.gossip import pinned_read_concern, snapshot_time
 from services.router.wire.options import COLLATION, HONOURED, LET, Fields, only_if_false, refused
 
 DEFAULT_BATCH_SIZE = 101  # MongoDB's first batch when cursor.batchSize is not given
@@ -87,7 +87,8 @@ async def _shard_docs(
     edge: RouterEdge, ns: str, part: ShardPart, cmd: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The shards' answer to the pushed-down part: one find through the router, drained, with
-    the command's readConcern and hint."""
+    the command's readConcern (a snapshot read's time pinned by the caller) and hint."""
+    read_concern = cmd.get("readConcern")
     hint = cmd.get("hint")
     if hint is not None and not isinstance(hint, (str, dict)):
         raise WireCommandError.of(
@@ -103,7 +104,7 @@ async def _shard_docs(
             limit=part.limit,
             projection=part.projection,
             batchSize=DRAIN_BATCH_SIZE,
-            readConcern=wire_read_concern(cmd.get("readConcern")),
+            readConcern=read_concern,
             hint=hint or None,
         )
     )
@@ -153,6 +154,8 @@ async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
             "shards": {shard: {} for shard in targets},
         }
     shards: list[str] = []
+    read_concern = pinned_read_concern(cmd.get("readConcern"), edge.routing.clock.cluster_time)
+    cmd = {**cmd, "readConcern": read_concern}
     try:
         if db == "config":  # the router's own catalog projection: the whole pipeline runs here
             docs = run(stages, await config_db.documents(edge, coll))
@@ -163,7 +166,10 @@ async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         raise WireCommandError((e.code, e.code_name), e.message) from None
     first = edge.routing.open_cursor(docs, batch_size, tuple(shards))
     edge.routing.tag_cursor(first["cursorId"], ns)
-    return {"cursor": {"firstBatch": first["docs"], "id": Int64(first["cursorId"]), "ns": ns}}
+    cursor = {"firstBatch": first["docs"], "id": Int64(first["cursorId"]), "ns": ns}
+    if (at := snapshot_time(read_concern)) is not None:
+        cursor["atClusterTime"] = at
+    return {"cursor": cursor}
 
 
 def _current_op_first(cmd: dict[str, Any]) -> bool:

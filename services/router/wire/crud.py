@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bson import Int64
+from bson import Int64, Timestamp
 
 from domain import query
 from domain.bsonvalues import type_name
@@ -33,7 +33,7 @@ from services.router.wire.commands import (
     command_error_code,
 )
 from services.router.wire.frames import MAX_WRITE_BATCH_SIZE
-from services.router.wire.gossip import wire_lsid, wire_read_concern
+from services.router.wire.gossip import pinned_read_concern, snapshot_time, wire_lsid, wire_read_concern
 from services.router.wire.options import (
     COLLATION,
     HONOURED,
@@ -514,7 +514,10 @@ def insert_reply(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def cursor_reply(result: dict[str, Any], ns: str, batch: str) -> dict[str, Any]:
-    return {"cursor": {batch: result["docs"], "id": Int64(result.get("cursorId") or 0), "ns": ns}}
+    cursor = {batch: result["docs"], "id": Int64(result.get("cursorId") or 0), "ns": ns}
+    if (at := result.get("atClusterTime")) is not None:  # a snapshot read: the time it read at
+        cursor["atClusterTime"] = Timestamp(at >> 32, at & 0xFFFFFFFF)
+    return {"cursor": cursor}
 
 
 # Errors of one statement that are the whole command's (mongos answers them at the top level,
@@ -719,9 +722,12 @@ async def _count(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
 async def _distinct(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     """Router-side: the shards return the matching documents, the router takes their values."""
     record, key = distinct_record(cmd)
-    if key:
-        record = record.model_copy(update={"projection": {key: 1}})
-    return {"values": distinct_values(await _find_docs(conn, record), key)}
+    read_concern = pinned_read_concern(cmd.get("readConcern"), conn.cluster().routing.clock.cluster_time)
+    record = record.model_copy(update={"readConcern": read_concern, **({"projection": {key: 1}} if key else {})})
+    out: dict[str, Any] = {"values": distinct_values(await _find_docs(conn, record), key)}
+    if (at := snapshot_time(read_concern)) is not None:
+        out["atClusterTime"] = at
+    return out
 
 
 @SERVER_COMMANDS.register("explain", fields=EXPLAIN_FIELDS)

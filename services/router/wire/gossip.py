@@ -74,6 +74,29 @@ def reply_cluster_time(signed: dict[str, Any]) -> dict[str, Any]:
 
 
 def wire_read_concern(raw: Any) -> Any:
-    if isinstance(raw, dict) and "afterClusterTime" in raw:
-        return {**raw, "afterClusterTime": wire_timestamp(raw["afterClusterTime"])}
+    if isinstance(raw, dict):
+        for name in ("afterClusterTime", "atClusterTime"):
+            if name in raw:
+                raw = {**raw, name: wire_timestamp(raw[name])}
     return raw
+
+
+def pinned_read_concern(raw: Any, cluster_time: int) -> Any:
+    """A command's read concern with a snapshot read's time chosen once (the router's
+    `cluster_time` unless it names one), so that every find the command makes reads at the same
+    time and its reply can name it (`atClusterTime`); anything else as `wire_read_concern`."""
+    rc = wire_read_concern(raw)
+    if isinstance(rc, dict) and rc.get("level") == "snapshot" and "atClusterTime" not in rc:
+        if "afterClusterTime" in rc:  # a causal snapshot session: at a time after it (checked by the router)
+            return rc
+        rc = {**rc, "atClusterTime": {"$timestamp": {"t": cluster_time >> 32, "i": cluster_time & 0xFFFFFFFF}}}
+    return rc
+
+
+def snapshot_time(rc: Any) -> Timestamp | None:
+    """The time a pinned snapshot read concern reads at, as a reply names it."""
+    if isinstance(rc, dict) and rc.get("level") == "snapshot" and isinstance(rc.get("atClusterTime"), dict):
+        t = rc["atClusterTime"].get("$timestamp", {})
+        if isinstance(t, dict) and isinstance(t.get("t"), int) and isinstance(t.get("i"), int):
+            return Timestamp(t["t"], t["i"])
+    return None

@@ -1,0 +1,93 @@
+"""Snapshot reads through the wire against a real broker (issue 32): pymongo's snapshot session
+reads every shard at the time of its first read, so writes made after it are not seen, even on
+a range that moved meanwhile; `atClusterTime` reads the past; bad read concerns get MongoDB's
+errors."""
+
+from __future__ import annotations
+
+import pytest
+from bson import MinKey, Timestamp
+from pymongo.errors import OperationFailure
+
+from schemas import config as c
+
+pytestmark = pytest.mark.kafka
+
+
+def test_a_snapshot_session_ignores_later_writes_on_every_shard_even_after_a_migration(data_cluster):
+    data_cluster.command(c.ShardCollection(ns="app.acct", key={"k": 1}))
+    client = data_cluster.mongo_client()
+    admin, coll = client.admin, client.app.acct
+    admin.command("split", "app.acct", middle={"k": 100})
+    admin.command("moveRange", "app.acct", min={"k": 100}, toShard="s1")
+    coll.insert_many([{"_id": k, "k": k, "v": 0} for k in (1, 2, 150, 151)])
+
+    with client.start_session(snapshot=True) as session:
+        first = list(coll.find({}, session=session).sort("k", 1))
+        assert [d["k"] for d in first] == [1, 2, 150, 151]
+        coll.update_many({}, {"$set": {"v": 1}})
+        coll.insert_one({"_id": 3, "k": 3, "v": 1})
+        coll.delete_one({"k": 151})
+        # The range holding k=1, 2 moves to s2: its documents at the snapshot are read on s0, the
+        # owner at that time, after its orphans are gone from the latest state there.
+        admin.command("moveRange", "app.acct", min={"k": MinKey()}, max={"k": 100}, toShard="s2")
+        again = list(coll.find({}, session=session).sort("k", 1))
+        assert again == first, "a snapshot session reads every shard at the time of its first read"
+        assert coll.distinct("v", session=session) == [0]
+        summed = list(
+            coll.aggregate([{"$group": {"_id": None, "n": {"$sum": 1}, "v": {"$sum": "$v"}}}], session=session)
+        )
+        assert [(g["n"], g["v"]) for g in summed] == [(4, 0)]
+    with client.start_session(snapshot=True) as session:  # its first read an aggregate: the time comes back
+        pipeline = [{"$match": {"k": {"$gte": 100}}}, {"$project": {"_id": 0, "k": 1, "v": 1}}]
+        seen = list(coll.aggregate(pipeline, session=session))
+        coll.update_many({}, {"$set": {"v": 2}})
+        assert list(coll.aggregate(pipeline, session=session)) == seen == [{"k": 150, "v": 1}]
+        assert coll.distinct("v", session=session) == [1]
+    now = list(coll.find({}).sort("k", 1))
+    assert [(d["k"], d["v"]) for d in now] == [(1, 2), (2, 2), (3, 2), (150, 2)]
+
+
+def test_a_read_at_a_cluster_time_sees_the_past_and_names_its_time(data_cluster):
+    client = data_cluster.mongo_client()
+    db = client.app
+    db.plain.insert_one({"_id": 1, "v": "old"})
+    before = client.admin.command("ping")["$clusterTime"]["clusterTime"]
+    db.plain.update_one({"_id": 1}, {"$set": {"v": "new"}})
+    reply = db.command("find", "plain", filter={}, readConcern={"level": "snapshot", "atClusterTime": before})
+    assert reply["cursor"]["firstBatch"] == [{"_id": 1, "v": "old"}]
+    assert reply["cursor"]["atClusterTime"] == before
+    latest = db.command("find", "plain", filter={}, readConcern={"level": "snapshot"})
+    assert latest["cursor"]["firstBatch"] == [{"_id": 1, "v": "new"}]
+    assert latest["cursor"]["atClusterTime"] >= before
+
+
+@pytest.mark.parametrize(
+    "read_concern, code",
+    [
+        ({"level": "snapshot", "atClusterTime": Timestamp(4_000_000_000, 1)}, 72),  # in the future
+        ({"level": "snapshot", "atClusterTime": "yesterday"}, 14),
+        ({"level": "local", "atClusterTime": Timestamp(1, 1)}, 72),
+        ({"level": "snapshot", "atClusterTime": Timestamp(1, 1), "afterClusterTime": Timestamp(1, 1)}, 72),
+    ],
+)
+def test_a_bad_snapshot_read_gets_mongodbs_error_and_changes_nothing(data_cluster, read_concern, code):
+    client = data_cluster.mongo_client()
+    db = client.app
+    db.plain.insert_one({"_id": 1})
+    with pytest.raises(OperationFailure) as e:
+        db.command("find", "plain", filter={}, readConcern=read_concern)
+    assert e.value.code == code, e.value.details
+    with pytest.raises(OperationFailure) as e:
+        db.command("count", "plain", readConcern={"level": "snapshot"})
+    assert e.value.code == 72
+    assert list(db.plain.find({})) == [{"_id": 1}]
+
+
+def test_a_read_before_a_collections_routing_history_is_stale_chunk_history(data_cluster):
+    data_cluster.command(c.ShardCollection(ns="app.sharded", key={"k": 1}))
+    db = data_cluster.mongo_client().app
+    db.sharded.insert_one({"_id": 1, "k": 1})
+    with pytest.raises(OperationFailure) as e:
+        db.command("find", "sharded", filter={}, readConcern={"level": "snapshot", "atClusterTime": Timestamp(1, 1)})
+    assert e.value.code == 250 and "older than the first available history" in str(e.value)
