@@ -106,24 +106,52 @@ def find(
     skip: int = typer.Option(0, min=0),
     limit: int = typer.Option(0, min=0, help="0: no limit"),
     projection: str | None = typer.Option(None),
+    at_cluster_time: str | None = typer.Option(
+        None, "--at-cluster-time", help="read as of this ClusterTime, SECONDS[,INCREMENT] (a snapshot read)"
+    ),
+    snapshot: bool = typer.Option(False, "--snapshot", help="a snapshot read at the cluster's time; says which"),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Query documents through a router (merge-sorted across shards with --sort)."""
+    """Query documents through a router (merge-sorted across shards with --sort); with
+    --snapshot or --at-cluster-time, every shard as of one cluster time."""
     cx = CliContext.of(ctx)
     flt = _filter(cx, filter)
     srt = cx.parse_ejson(sort, "--sort") if sort is not None else None
     proj = cx.parse_ejson(projection, "--projection") if projection is not None else None
+    at = _cluster_time(cx, at_cluster_time) if at_cluster_time is not None else None
+    read_at: list[int] = []
 
     async def go(c: AsyncCluster) -> list[dict[str, Any]]:
-        return await _collection(c, ns).find(flt, sort=srt, skip=skip, limit=limit, projection=proj).to_list()
+        session = c.start_session(snapshot=True) if snapshot or at is not None else None
+        if session is not None:
+            session.snapshot_time = at
+        found = _collection(c, ns).find(flt, sort=srt, skip=skip, limit=limit, projection=proj, session=session)
+        docs = await found.to_list()
+        if session is not None and session.snapshot_time is not None:
+            read_at.append(session.snapshot_time)
+        return docs
 
     docs = cx.with_client(go)
+    when = {"t": read_at[0] >> 32, "i": read_at[0] & 0xFFFFFFFF} if read_at else None
     if cx.json:
-        cx.print_json({"docs": docs})
+        cx.print_json({"docs": docs, **({"atClusterTime": when} if when else {})})
     else:
         for d in docs:
             cx.out.print_json(json.dumps(to_record(d)))
-        cx.out.print(f"[dim]{len(docs)} document(s)[/dim]")
+        at_text = f" at ClusterTime {when['t']},{when['i']}" if when else ""
+        cx.out.print(f"[dim]{len(docs)} document(s){at_text}[/dim]")
+
+
+def _cluster_time(cx: CliContext, text: str) -> int:
+    """A ClusterTime from the command line: SECONDS or SECONDS,INCREMENT (packed)."""
+    secs, _, inc = text.partition(",")
+    try:
+        t, i = int(secs), int(inc or 0)
+        if not (0 < t < 2**32 and 0 <= i < 2**32):
+            raise ValueError
+    except ValueError:
+        cx.fail(f"--at-cluster-time must be SECONDS[,INCREMENT], not {text!r}", code="BadValue")
+    return t << 32 | i
 
 
 @documents_app.command("count")

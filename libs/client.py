@@ -81,6 +81,7 @@ class FindOneOptions(TypedDict, total=False):
     projection: Document | None
     batch_size: int
     session: ClientSession | None
+    at_cluster_time: int | None  # a snapshot read at this packed ClusterTime (issue 32)
 
 
 class FindOptions(FindOneOptions, total=False):
@@ -160,10 +161,16 @@ class ClientSession:
     explicit one.  A session is used by one operation at a time.
     """
 
-    def __init__(self, *, causal_consistency: bool = True, implicit: bool = False) -> None:
+    def __init__(self, *, causal_consistency: bool = True, implicit: bool = False, snapshot: bool = False) -> None:
+        if snapshot and causal_consistency:
+            raise ValueError("a session is either causally consistent or a snapshot session, not both (as pymongo)")
         self.lsid: Document = {"id": str(uuid.uuid4())}
         self.txn_number = 0
         self.causal_consistency = causal_consistency
+        # A snapshot session (MongoDB 5.0's): every find reads at the time of its first
+        # (`snapshot_time`, packed; None until the first answers).
+        self.snapshot = snapshot
+        self.snapshot_time: int | None = None
         self.implicit = implicit
         self.operation_time: int | None = None  # packed LogicalTime of this session's last operation
         self.last_use = time.monotonic()
@@ -203,11 +210,13 @@ class AsyncCluster:
         self.cluster_time: Document | None = None
         self._cluster_time_value = 0
 
-    def start_session(self, *, causal_consistency: bool = True) -> ClientSession:
+    def start_session(self, *, causal_consistency: bool | None = None, snapshot: bool = False) -> ClientSession:
         """An explicit session: pass it as `session=` to run operations on it, one at a time;
-        with causal consistency, its reads see its earlier operations whichever router serves
-        them (docs/decisions/0014)."""
-        return ClientSession(causal_consistency=causal_consistency)
+        with causal consistency (the default but for a snapshot session), its reads see its
+        earlier operations whichever router serves them (docs/decisions/0014); a snapshot
+        session reads every find at the cluster time of its first (issue 32)."""
+        causal = not snapshot if causal_consistency is None else causal_consistency
+        return ClientSession(causal_consistency=causal, snapshot=snapshot)
 
     def _checkout(self) -> ClientSession:
         """An implicit session for one operation: the most recently used idle one, or a new one."""
@@ -245,7 +254,12 @@ class AsyncCluster:
         update: dict[str, Any] = {}
         if self.cluster_time is not None and "clusterTime" in type(req).model_fields:
             update["clusterTime"] = self.cluster_time
-        if (
+        if session is not None and session.snapshot and isinstance(req, s.Find) and req.readConcern is None:
+            rc: Document = {"level": "snapshot"}
+            if session.snapshot_time is not None:
+                rc["atClusterTime"] = to_ejson(session.snapshot_time)
+            update["readConcern"] = rc
+        elif (
             session is not None
             and session.causal_consistency
             and session.operation_time is not None
@@ -269,6 +283,10 @@ class AsyncCluster:
                 self.cluster_time, self._cluster_time_value = reply.clusterTime, t
         if session is not None:
             session.advance_operation_time(reply.operationTime)
+            if session.snapshot and session.snapshot_time is None and isinstance(reply.result, dict):
+                at = reply.result.get("atClusterTime")
+                if isinstance(at, int):  # the time the session's first read was at
+                    session.snapshot_time = at
 
     async def connect(self) -> AsyncCluster:
         await self.bus.create_topics([TopicSpec(self.inbox, config=SHORT_LIVED)])
@@ -414,7 +432,12 @@ class AsyncCollection:
         projection: Document | None = None,
         batch_size: int = 101,
         session: ClientSession | None = None,
+        at_cluster_time: int | None = None,
     ) -> AsyncCursor:
+        """`at_cluster_time`: a snapshot read at that packed ClusterTime (issue 32)."""
+        read_concern = (
+            None if at_cluster_time is None else {"level": "snapshot", "atClusterTime": to_ejson(at_cluster_time)}
+        )
         return AsyncCursor(
             self.cluster,
             s.Find(
@@ -425,6 +448,7 @@ class AsyncCollection:
                 limit=limit,
                 projection=projection,
                 batchSize=batch_size,
+                readConcern=read_concern,
             ),
             session,
         )
@@ -618,8 +642,8 @@ class Cluster:
     def __getitem__(self, db: str) -> Database:
         return Database(self, db)
 
-    def start_session(self, *, causal_consistency: bool = True) -> ClientSession:
-        return self._async.start_session(causal_consistency=causal_consistency)
+    def start_session(self, *, causal_consistency: bool | None = None, snapshot: bool = False) -> ClientSession:
+        return self._async.start_session(causal_consistency=causal_consistency, snapshot=snapshot)
 
 
 class Database:

@@ -5,11 +5,15 @@ errors."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from bson import MinKey, Timestamp
 from pymongo.errors import OperationFailure
 
 from schemas import config as c
+from tests.conftest import cli
+from tests.integration.test_data_path import client_run
 
 pytestmark = pytest.mark.kafka
 
@@ -91,3 +95,30 @@ def test_a_read_before_a_collections_routing_history_is_stale_chunk_history(data
     with pytest.raises(OperationFailure) as e:
         db.command("find", "sharded", filter={}, readConcern={"level": "snapshot", "atClusterTime": Timestamp(1, 1)})
     assert e.value.code == 250 and "older than the first available history" in str(e.value)
+
+
+def test_the_client_library_and_the_cli_read_at_a_cluster_time(data_cluster):
+    async def go(cl):
+        coll = cl["app"]["lib"]
+        await coll.insert_many([{"_id": i, "v": 0} for i in range(3)])
+        session = cl.start_session(snapshot=True)
+        assert [d["v"] async for d in coll.find({}, sort={"_id": 1}, session=session)] == [0, 0, 0]
+        at = session.snapshot_time
+        assert at is not None
+        await coll.update_many({}, {"$set": {"v": 1}})
+        assert [d["v"] async for d in coll.find({}, session=session)] == [0, 0, 0]
+        assert [d["v"] async for d in coll.find({}, at_cluster_time=at)] == [0, 0, 0]
+        assert [d["v"] async for d in coll.find({})] == [1, 1, 1]
+        return at
+
+    at = client_run(data_cluster, go)
+    when = f"{at >> 32},{at & 0xFFFFFFFF}"
+    out = cli(data_cluster.settings, "find", "app.lib", "{}", "--at-cluster-time", when, "--json")
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    assert [d["v"] for d in reply["docs"]] == [0, 0, 0]
+    assert reply["atClusterTime"] == {"t": at >> 32, "i": at & 0xFFFFFFFF}
+    now = json.loads(cli(data_cluster.settings, "find", "app.lib", "{}", "--snapshot", "--json").stdout)
+    assert [d["v"] for d in now["docs"]] == [1, 1, 1] and now["atClusterTime"]["t"] >= at >> 32
+    bad = cli(data_cluster.settings, "find", "app.lib", "{}", "--at-cluster-time", "soon")
+    assert bad.returncode != 0 and "BadValue" in bad.stderr
