@@ -64,9 +64,19 @@ def _collection_document(coll: Collection, verbose: bool) -> dict[str, Any]:
         "chunksPerShard": coll.chunks_per_shard(),
         "zones": [{"zone": z.zone, "min": to_ejson(z.min), "max": to_ejson(z.max)} for z in coll.zones],
     }
-    if verbose:
-        doc["chunks"] = [ch.doc().model_dump(exclude={"type", "v"}) for ch in coll.chunks]
+    if verbose:  # each chunk with its placement history, newest first (who held it since when)
+        doc["chunks"] = [
+            {
+                **ch.doc().model_dump(exclude={"type", "v"}),
+                "history": [{"validAfter": _time(t), "shard": shard} for t, shard in coll.chunk_history(ch)],
+            }
+            for ch in coll.chunks
+        ]
     return doc
+
+
+def _time(packed: int) -> dict[str, int]:
+    return {"t": packed >> 32, "i": packed & 0xFFFFFFFF}
 
 
 MAX_CHUNKS_LISTED = 20  # sh.status() lists a collection's chunks up to this many without verbose

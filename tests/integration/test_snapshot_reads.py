@@ -50,6 +50,14 @@ def test_a_snapshot_session_ignores_later_writes_on_every_shard_even_after_a_mig
         assert coll.distinct("v", session=session) == [1]
     now = list(coll.find({}).sort("k", 1))
     assert [(d["k"], d["v"]) for d in now] == [(1, 2), (2, 2), (3, 2), (150, 2)]
+    # The chunk's placement history, newest first, as config.chunks and `shardlog status` show it.
+    low = client.config.chunks.find_one({"min": {"k": MinKey()}})
+    assert [h["shard"] for h in low["history"]] == ["s2", "s0"], low
+    assert low["onCurrentShardSince"] == low["history"][0]["validAfter"] > low["history"][1]["validAfter"]
+    status = json.loads(cli(data_cluster.settings, "status", "--verbose", "--json").stdout)
+    acct = next(x for x in status["collections"] if x["ns"] == "app.acct")
+    high = next(ch for ch in acct["chunks"] if ch["min"] == {"k": 100})
+    assert [h["shard"] for h in high["history"]] == ["s1", "s0"]
 
 
 def test_a_read_at_a_cluster_time_sees_the_past_and_names_its_time(data_cluster):
