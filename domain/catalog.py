@@ -382,9 +382,16 @@ class Collection:
         out: list[tuple[int, str]] = []
         shard = ch.shard
         for p in reversed(self.placements):
+            if p.max_key <= ch.min_key or ch.max_key <= p.min_key:
+                continue  # another range's
             if p.min_key <= ch.min_key and ch.max_key <= p.max_key and p.recipient == shard:
                 out.append((p.ts, shard))
                 shard = p.donor
+                continue
+            # Part of it moved then (it is a merge of ranges that came apart): whole on `shard`
+            # only since, as MongoDB's merge starts a chunk's history afresh.
+            out.append((p.ts, shard))
+            return out
         out.append((self.history_from, shard))
         return out
 

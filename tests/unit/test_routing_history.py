@@ -115,3 +115,33 @@ def test_chunk_history_names_each_migration_newest_first_and_forgets_past_the_wi
     ch = coll.chunks[0]
     assert coll.chunk_history(ch) == [((BASE + 115) << 32, "b"), ((BASE + 20) << 32, "a"), ((BASE + 10) << 32, "b")]
     assert coll.history_from == (BASE + 10) << 32
+
+
+def test_a_merged_chunk_is_whole_on_its_shard_only_since_its_last_part_arrived():
+    cat = Catalog(track_changes=False)
+    for sid in ("a", "b"):
+        cat.apply(ev.ShardAdded(shard=sid), 0)
+    whole = ev.ChunkDoc(min={"x": {"$minKey": 1}}, max={"x": {"$maxKey": 1}}, shard="a", version=(1, 0))
+    cat.apply(
+        ev.CollectionSharded(
+            ns="d.c", key={"x": 1}, unique=False, epoch="e" * 24, uuid="u", chunks=[whole], ts=BASE << 32
+        ),
+        1,
+    )
+    lo = whole.model_copy(update={"max": {"x": 10}, "version": (1, 1)})
+    hi = whole.model_copy(update={"min": {"x": 10}, "version": (1, 2)})
+    cat.apply(ev.ChunkSplit(ns="d.c", epoch="e" * 24, min=whole.min, max=whole.max, chunks=[lo, hi]), 2)
+    for i, (doc, secs) in enumerate(((lo, 5), (hi, 9))):
+        moved = doc.model_copy(update={"shard": "b", "version": (2 + i, 0)})
+        cat.apply(
+            ev.MigrationCommitted(
+                id=f"m{i}", ns="d.c", epoch="e" * 24, donor="a", recipient="b", chunks=[moved], ts=(BASE + secs) << 32
+            ),
+            3,
+        )
+    merged = whole.model_copy(update={"shard": "b", "version": (3, 1)})
+    cat.apply(ev.ChunksMerged(ns="d.c", epoch="e" * 24, chunk=merged, ts=(BASE + 12) << 32), 4)
+    coll = cat.collections["d.c"]
+    assert coll.chunk_history(coll.chunks[0]) == [((BASE + 9) << 32, "b")]
+    assert coll.owner_at(coll.chunks[0].min_key, (BASE + 7) << 32) == "b"
+    assert coll.owner_at(coll.pattern.encode_bound({"x": 10}), (BASE + 7) << 32) == "a"
