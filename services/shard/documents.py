@@ -49,7 +49,7 @@ of the compacted changelog rebuilds the same entries as the live fold wrote.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -305,6 +305,9 @@ class ShardDocuments:
         self._range_deletions: list[tuple[bytes, bytes]] = []  # pending, for the open batch
         self.indexes: dict[str, dict[str, Index]] = {}  # secondary indexes: ns -> name -> index
         self.clock: VectorClock | None = None  # advanced by every stamp folded (docs/decisions/0014)
+        # Whether writes keep what they replace for reads at a past time (decisions/0019): the
+        # shard server asks its catalog (minSnapshotHistoryWindowInSeconds > 0).
+        self.keeps_history: Callable[[], bool] = lambda: True
         self.max_ts = 0  # the largest stamp folded, persisted with the fold
 
     # ------------------------------------------------------------ State protocol
@@ -378,11 +381,12 @@ class ShardDocuments:
         old = self.get(ik)
         maintained = self._maintained(event.ns)
         old_key = doc_key(event.ns, old, id_enc) if old is not None else None
-        raw = self.get(old_key) if old_key is not None and (maintained or event.ts is not None) else None
+        keep = event.ts is not None and self._keep_history(event.ts)
+        raw = self.get(old_key) if old_key is not None and (maintained or keep) else None
         if maintained:
             self._reindex(event.ns, maintained, decode_doc(raw) if raw is not None else None, event.doc)
         new_key = doc_key(event.ns, skey, id_enc)
-        if event.ts is not None:  # what the write replaces, for reads at an earlier time
+        if keep and event.ts is not None:  # what the write replaces, for reads at an earlier time
             if old_key is not None and old_key != new_key:
                 history.record(self._changes, old_key, raw, event.ts)
             history.record(self._changes, new_key, raw if old_key == new_key else None, event.ts)
@@ -410,7 +414,7 @@ class ShardDocuments:
         olds = self._get_many(id_keys)
         changes = self._changes
         base = DOCS + prefix
-        if ticks:  # what each replaces, as `_document_written` records it (decisions/0019)
+        if ticks and self._keep_history(ticks[-1]):  # what each replaces, as `_document_written` records it
             self._record_bulk(base, docs, olds, ticks)
         for (skey, id_enc, raw), ik, old in zip(docs, id_keys, olds):
             if old is not None and old != skey:
@@ -453,10 +457,11 @@ class ShardDocuments:
         id_enc = encode_value(event.id)
         key, ik = doc_key(event.ns, bytes.fromhex(event.skey), id_enc), id_key(event.ns, id_enc)
         maintained = self._maintained(event.ns)
-        raw = self.get(key) if maintained or event.ts is not None else None
+        keep = event.ts is not None and self._keep_history(event.ts)
+        raw = self.get(key) if maintained or keep else None
         if maintained:
             self._reindex(event.ns, maintained, decode_doc(raw) if raw is not None else None, None)
-        if event.ts is not None:
+        if keep and event.ts is not None:
             history.record(self._changes, key, raw, event.ts)
             history.record(self._changes, ik, self.get(ik), event.ts)
         self._changes[key] = None
@@ -524,6 +529,16 @@ class ShardDocuments:
             self.indexes.pop(event.ns, None)
         self._delete_entries(event.ns, event.name)
         self._changes[index_state_key(event.ns, event.name)] = None
+
+    def _keep_history(self, ts: int) -> bool:
+        """Does the write stamped `ts` keep history?  One that does not moves the oldest readable
+        time past it, in the same batch: a read at an earlier time would miss it."""
+        if self.keeps_history():
+            return True
+        current = self.get(history.HISTORY_FROM)  # (reclaim may have moved it further: never back)
+        if current is None or int.from_bytes(current, "big") < ts:
+            history.skipped(self._changes, ts)
+        return False
 
     def _stamped(self, ts: int) -> None:
         if ts > self.max_ts:

@@ -45,6 +45,12 @@ def record(changes: MutableMapping[bytes, bytes | None], key: bytes, prior: byte
         changes[BY_TIME + _ts(ts) + key] = b""
 
 
+def skipped(changes: MutableMapping[bytes, bytes | None], ts: int) -> None:
+    """Into a batch's `changes`: the write stamped `ts` kept no history (a window of 0), so reads
+    may start only at it."""
+    changes[HISTORY_FROM] = _ts(ts)
+
+
 def _entries(history: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, int, bytes | None]]:
     """(key, ts, prior) of each `h/` entry, in key then time order."""
     for hk, hv in history:

@@ -144,6 +144,7 @@ class ShardServer:
                 wake=self.decider.indexes.wake,
             )
         )
+        self.documents.keeps_history = lambda: self.follower.catalog.settings.minSnapshotHistoryWindowInSeconds > 0
         self.history = history.Reclaimer(
             self.store,
             lambda: self.follower.catalog.settings.minSnapshotHistoryWindowInSeconds,

@@ -158,3 +158,15 @@ def test_a_shard_refuses_a_snapshot_count_as_mongodb_does(shard):
     with pytest.raises(CommandError) as e:
         shard.decider.decide(s.Count(ns=NS, readConcern=rc, routing=shard.routing(NS)))
     assert e.value.code == "InvalidOptions" and "does not support" in e.value.message
+
+
+def test_a_window_of_zero_keeps_no_history_and_refuses_reads_before_its_last_write(shard):
+    r = shard.routing(NS)
+    t1 = shard.write(s.Insert(ns=NS, docs=[{"_id": 1, "v": 1}], routing=r))
+    shard.documents.keeps_history = lambda: False
+    t2 = shard.write(s.Update(ns=NS, filter={"_id": 1}, update={"$set": {"v": 2}}, routing=r))
+    assert not any(k.startswith(history.HISTORY) and k[-8:] == t2.to_bytes(8, "big") for k, _ in shard.store.scan(b"h/"))
+    with pytest.raises(CommandError) as e:
+        shard.find_at(t1)  # would have missed the unrecorded update
+    assert e.value.code == "SnapshotTooOld"
+    assert shard.find_at(t2) == [{"_id": 1, "v": 2}]
