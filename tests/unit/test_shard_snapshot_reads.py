@@ -165,7 +165,9 @@ def test_a_window_of_zero_keeps_no_history_and_refuses_reads_before_its_last_wri
     t1 = shard.write(s.Insert(ns=NS, docs=[{"_id": 1, "v": 1}], routing=r))
     shard.documents.keeps_history = lambda: False
     t2 = shard.write(s.Update(ns=NS, filter={"_id": 1}, update={"$set": {"v": 2}}, routing=r))
-    assert not any(k.startswith(history.HISTORY) and k[-8:] == t2.to_bytes(8, "big") for k, _ in shard.store.scan(b"h/"))
+    assert not any(
+        k.startswith(history.HISTORY) and k[-8:] == t2.to_bytes(8, "big") for k, _ in shard.store.scan(b"h/")
+    )
     with pytest.raises(CommandError) as e:
         shard.find_at(t1)  # would have missed the unrecorded update
     assert e.value.code == "SnapshotTooOld"
