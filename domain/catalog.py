@@ -506,6 +506,10 @@ class Catalog:
         # Zone ranges of namespaces not sharded (yet), by ns: sorted by min_key, ordered by
         # `bounds_pattern`; they become the collection's zones when it is sharded.
         self.unsharded_zones: dict[str, list[ZoneRange]] = {}
+        # When each namespace or database last changed in a way no routing history covers (a
+        # drop, a rename, a primary moved): a snapshot read at an earlier time is refused
+        # (SnapshotUnavailable), never answered from the wrong shards (issue 32).
+        self.changed_at: dict[str, int] = {}
         self.settings = ClusterSettings()
         self.migrations: dict[str, Migration] = {}  # active, by id
         self.outcomes: dict[str, str] = {}  # finished migrations: "committed" or "aborted: <reason>"
@@ -733,6 +737,8 @@ class Catalog:
             self.ddl_outcomes[k[7:].decode()] = json.loads(v)
         for k, v in store.scan(b"idx/"):
             self.indexes[k[4:].decode()] = [IndexSpec.parse(from_record(r)) for r in json.loads(v)]
+        for k, v in store.scan(b"nschg/"):
+            self.changed_at[k[6:].decode()] = json.loads(v)
         if (raw := store.get(b"settings")) is not None:
             self.settings = ClusterSettings.model_validate_json(raw)
         for _k, v in store.scan(b"ckey/"):
@@ -1059,8 +1065,18 @@ class Catalog:
         self.migrations[e.id] = m
         self._put(b"mig/" + e.id.encode(), m.record())
 
+    def _changed(self, name: str, ts: int | None) -> None:
+        if ts is not None and ts > self.changed_at.get(name, 0):
+            self.changed_at[name] = ts
+            self._put(b"nschg/" + name.encode(), ts)
+
+    def snapshot_floor(self, ns: str) -> int:
+        """The oldest cluster time at which `ns` may be read at a snapshot (0: any)."""
+        return max(self.changed_at.get(ns, 0), self.changed_at.get(ns.partition(".")[0], 0))
+
     @on_event.register(ev.PrimaryMoved)
     def _on_PrimaryMoved(self, e: ev.PrimaryMoved) -> None:
+        self._changed(e.db, e.ts)
         db = self.databases[e.db]
         db.primary, db.version = e.primary, DatabaseVersion(db.version.uuid, e.lastMod)
         self._put_database(db)
@@ -1194,10 +1210,12 @@ class Catalog:
 
     @on_event.register(dd.CollectionDropped)
     def _on_CollectionDropped(self, e: dd.CollectionDropped) -> None:
+        self._changed(e.ns, e.ts)
         self._forget_collection(e.ns)
 
     @on_event.register(dd.DatabaseDropped)
     def _on_DatabaseDropped(self, e: dd.DatabaseDropped) -> None:
+        self._changed(e.db, e.ts)
         for ns in [n for n in [*self.collections, *self.unsharded_zones, *self.indexes] if n.partition(".")[0] == e.db]:
             self._forget_collection(ns)
         if self.databases.pop(e.db, None) is not None:
@@ -1226,6 +1244,8 @@ class Catalog:
 
     @on_event.register(dd.CollectionRenamed)
     def _on_CollectionRenamed(self, e: dd.CollectionRenamed) -> None:
+        self._changed(e.ns, e.ts)
+        self._changed(e.to, e.ts)
         self._forget_collection(e.to)  # dropTarget (the decision checked it was asked for)
         if (coll := self.collections.get(e.ns)) is not None:
             epoch = e.epoch or coll.epoch

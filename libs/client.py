@@ -254,7 +254,8 @@ class AsyncCluster:
         update: dict[str, Any] = {}
         if self.cluster_time is not None and "clusterTime" in type(req).model_fields:
             update["clusterTime"] = self.cluster_time
-        if session is not None and session.snapshot and isinstance(req, s.Find) and req.readConcern is None:
+        # (a Count too: the cluster refuses a snapshot count, as MongoDB, rather than count the latest)
+        if session is not None and session.snapshot and isinstance(req, (s.Find, s.Count)) and req.readConcern is None:
             rc: Document = {"level": "snapshot"}
             if session.snapshot_time is not None:
                 rc["atClusterTime"] = to_ejson(session.snapshot_time)

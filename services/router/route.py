@@ -570,7 +570,15 @@ class OperationRouter:
 
     def _targets_at(self, ns: str, at: int) -> targeting.Targets:
         """Every shard that owned a range of `ns` at cluster time `at` (the historical routing
-        table); an unsharded collection's primary shard, as now (movePrimary keeps no history)."""
+        table); an unsharded collection's primary shard, as now: a time before the primary moved,
+        or the namespace was dropped or renamed, is refused (SnapshotUnavailable)."""
+        if at < (floor := self.catalog.snapshot_floor(ns)):
+            raise CommandError(
+                ErrorCode.SnapshotUnavailable,
+                f"Unable to read from a snapshot due to pending collection catalog changes; please retry the "
+                f"operation. Snapshot timestamp is {vclock.LogicalTime.unpack(at)}. Collection minimum is "
+                f"{vclock.LogicalTime.unpack(floor)}",
+            )
         coll = self.catalog.collections.get(ns)
         if coll is None:
             return targeting.for_query(self.catalog, ns, {})

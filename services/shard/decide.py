@@ -224,7 +224,8 @@ class ShardDecider:
             self._begun = retryable.begin(self.documents.sessions.get(write.lsid), write)
         try:
             # A DDL request reads the documents as they are (RekeyLocalBatch rewrites any layout).
-            rekey = [] if self.ddl.handles(req) else self._rekey_events(getattr(req, "ns", None))
+            # A snapshot read reads the committed past, documents not rekeyed yet included (_find_at).
+            rekey = [] if self.ddl.handles(req) or _snapshot(req) else self._rekey_events(getattr(req, "ns", None))
             if rekey:
                 decision = self._after(rekey, req)
             else:
@@ -280,16 +281,16 @@ class ShardDecider:
         return events
 
     def _after(self, events: list[Record], req: Record) -> Decision:
-        """Decide `req` on the state after `events`, which become part of its decision.
-        (Applying twice is harmless: the processor applies them again, to the same effect.)"""
+        """Decide `req` on the state after `events`, which become part of its decision.  The
+        state is put back after deciding: the processor applies the decision's events, stamped,
+        and only that fold records their history (decisions/0019)."""
         saved = self.documents.tentative()
         for e in events:
             self.documents.apply(e, -1)
         try:
             decision = on_request(self, req)
-        except BaseException:
+        finally:
             self.documents.restore(saved)
-            raise
         decision.events[:0] = events
         return decision
 
@@ -549,6 +550,16 @@ class ShardDecider:
                 f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the oldest available timestamp "
                 f"{vclock.LogicalTime.unpack(oldest)}",
             )
+        if req.routing is None:
+            raise CommandError(ErrorCode.BadValue, "a shard serves only routed requests (send this to a router)")
+        if req.routing.configTime > self.catalog.config_time:  # its routing history may lack a migration
+            raise CommandError(
+                ErrorCode.MaxTimeMSExpired,
+                f"{self.shard_id}: catalog at ConfigTime {self.catalog.config_time} did not reach the router's "
+                f"{req.routing.configTime} in time for a read at {vclock.LogicalTime.unpack(at)}",
+            )
+        if (held := self.ddl.critical_section_wait(req.ns)) is not None:
+            raise held
         if self.clock is not None:
             self.clock.advance(at)
         try:
@@ -557,16 +568,34 @@ class ShardDecider:
                 apply_projection({}, req.projection)
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
-        if coll is not None:
-            ranges = [(lo, hi) for lo, hi, shard in coll.routing_at(at) if shard == self.shard_id]
-        else:
-            ranges = [(b"", None)]
         ns = req.ns
+        owned: list[tuple[bytes, bytes | None]] = (
+            [(lo, hi) for lo, hi, shard in coll.routing_at(at) if shard == self.shard_id]
+            if coll is not None
+            else [(b"", None)]
+        )
+
+        def still_readable() -> None:
+            """A cursor's later range is read after reclaim may have moved on (decisions/0019)."""
+            if at < self.documents.readable_from(ns):
+                raise CommandError(
+                    ErrorCode.SnapshotTooOld,
+                    f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the oldest available timestamp",
+                )
 
         def collscan() -> Iterator[tuple[bytes, dict]]:
-            for lo, hi in ranges:
+            for lo, hi in owned:
+                still_readable()
                 for k, doc in self.documents.scan_at(ns, at, lo, hi):
                     yield shard_key_part(k, doc), doc
+            if coll is not None and owned:
+                # Documents written before the collection was sharded and not rekeyed yet (on its
+                # primary): each where its shard key puts it, if this shard owned that then.
+                still_readable()
+                for _, doc in self.documents.scan_at(ns, at, UNSHARDED_KEY, UNSHARDED_END):
+                    key = coll.pattern.encode_doc(doc)
+                    if any(lo <= key and (hi is None or key < hi) for lo, hi in owned):
+                        yield key, doc
 
         # A collection scan of the past: the secondary indexes hold only the latest entries.
         shard_key = coll.pattern.spec if coll is not None else None
@@ -1040,3 +1069,8 @@ def _key_info(e: CommandError) -> dict[str, Any]:
 
 def _enc(v: Any) -> bytes:
     return b"" if v is MISSING else encode_value(v)
+
+
+def _snapshot(req: Record) -> bool:
+    rc = getattr(req, "readConcern", None)
+    return isinstance(req, s.Find) and isinstance(rc, dict) and rc.get("level") == "snapshot"

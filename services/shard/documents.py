@@ -715,14 +715,16 @@ class ShardDocuments:
 
     def readable_from(self, ns: str) -> int:
         """The oldest cluster time at which `ns` may be read here (docs/decisions/0019)."""
-        return history.readable_from_ns(self.store.get, ns)
+        return history.readable_from_ns(self.get, ns)
 
     def scan_at(self, ns: str, at: int, lo: bytes = b"", hi: bytes | None = None) -> Iterator[tuple[bytes, dict]]:
-        """`scan` of the committed documents as they were at cluster time `at`."""
+        """`scan` of the documents as they were at cluster time `at`, the batch's pending writes
+        included (a snapshot read decided inside a transaction answers in it: its reply is
+        visible only with them)."""
         base = DOCS + ns_prefix(ns)
         start, stop = base + lo, (base + hi) if hi is not None else _after_prefix(base)
-        past = self._stored(*history.history_range(start, stop), committed=True)
-        latest = self._stored(start, stop, committed=True)
+        past = self._merged(*history.history_range(start, stop))
+        latest = self._merged(start, stop)
         for k, v in history.as_of(latest, past, at):
             yield k[len(base) :], decode_doc(v)
 

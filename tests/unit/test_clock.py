@@ -435,3 +435,11 @@ def test_a_shard_reads_after_a_time_by_advancing_to_it_but_never_with_an_older_c
     with pytest.raises(CommandError) as e:
         shard.decide(s.Find(ns="d.x", routing=behind, readConcern={"afterClusterTime": "soon"}))
     assert e.value.code == "TypeMismatch"
+
+
+def test_a_router_refuses_a_snapshot_read_from_before_a_namespace_changed():
+    r = router()
+    r.catalog.changed_at["d.c"] = vc.LogicalTime(100, 0).packed
+    with pytest.raises(CommandError) as e:
+        r._targets_at("d.c", vc.LogicalTime(99, 5).packed)
+    assert e.value.code == "SnapshotUnavailable" and "pending collection catalog changes" in e.value.message

@@ -145,3 +145,19 @@ def test_a_merged_chunk_is_whole_on_its_shard_only_since_its_last_part_arrived()
     assert coll.chunk_history(coll.chunks[0]) == [((BASE + 9) << 32, "b")]
     assert coll.owner_at(coll.chunks[0].min_key, (BASE + 7) << 32) == "b"
     assert coll.owner_at(coll.pattern.encode_bound({"x": 10}), (BASE + 7) << 32) == "a"
+
+
+def test_a_drop_rename_or_primary_move_sets_the_oldest_time_a_snapshot_read_may_ask_for():
+    from schemas import ddl as dd
+
+    cat = Catalog(track_changes=False)
+    cat.apply(ev.ShardAdded(shard="a"), 0)
+    cat.apply(ev.ShardAdded(shard="b"), 1)
+    cat.apply(ev.DatabaseCreated(db="d", primary="a", uuid="00000000-0000-4000-8000-000000000000", lastMod=1), 2)
+    assert cat.snapshot_floor("d.c") == 0
+    cat.apply(dd.CollectionRenamed(ns="d.c", to="d.r", ts=(BASE + 5) << 32), 3)
+    assert cat.snapshot_floor("d.c") == cat.snapshot_floor("d.r") == (BASE + 5) << 32
+    cat.apply(ev.PrimaryMoved(id="p", db="d", primary="b", lastMod=2, ts=(BASE + 9) << 32), 4)
+    assert cat.snapshot_floor("d.other") == (BASE + 9) << 32 and cat.snapshot_floor("e.x") == 0
+    cat.apply(dd.CollectionDropped(ns="d.r", ts=(BASE + 12) << 32), 5)
+    assert cat.snapshot_floor("d.r") == (BASE + 12) << 32 and cat.snapshot_floor("d.c") == (BASE + 9) << 32

@@ -31,6 +31,7 @@ class StampingShard(ShardHarness):
     def __init__(self, path: Any) -> None:
         self.wall = float(WALL)
         self.clock = VectorClock(wall=lambda: self.wall)  # one clock for the catalog and the shard
+        self.log_stamped: list[Record] = []  # the changelog as the processor writes it
         super().__init__(path)
 
     def make_decider(self) -> Any:
@@ -50,6 +51,7 @@ class StampingShard(ShardHarness):
         events = [stamp(self.clock, e) for e in dec.events]
         for e in events:
             self.documents.apply(e, -1)
+        self.log_stamped += events
         self.commit()
         return max(getattr(e, "ts", 0) or 0 for e in events)
 
@@ -172,3 +174,66 @@ def test_a_window_of_zero_keeps_no_history_and_refuses_reads_before_its_last_wri
         shard.find_at(t1)  # would have missed the unrecorded update
     assert e.value.code == "SnapshotTooOld"
     assert shard.find_at(t2) == [{"_id": 1, "v": 2}]
+
+
+def test_documents_not_rekeyed_yet_are_read_at_a_time_and_the_rekey_keeps_their_history(shard):
+    r = shard.routing(NS)
+    shard.write(s.Insert(ns=NS, docs=[{"_id": i, "k": i} for i in range(3)], routing=r))
+    shard.wall += 5
+    shard.config(c.ShardCollection(ns=NS, key={"k": 1}))
+    shard.wall += 5
+    before = shard.clock.tick()
+    rc = {"level": "snapshot", "atClusterTime": LogicalTime.unpack(before).to_ejson()}
+    dec = shard.decider.decide(s.Find(ns=NS, readConcern=rc, routing=shard.routing(NS)))
+    assert dec.events == [], "a snapshot read does not rekey"
+    assert dec.result["docs"] == [{"_id": i, "k": i} for i in range(3)]
+    rekeyed = shard.write(s.Find(ns=NS, routing=shard.routing(NS)))  # the rekey, stamped, as the processor folds it
+    assert rekeyed > before
+    assert shard.find_at(before) == shard.find_at(rekeyed) == [{"_id": i, "k": i} for i in range(3)]
+    # the fold alone wrote the history: a fresh replay of the stamped log writes the same entries
+    replay = StampingShard(shard.path / "replay")
+    for e in shard.log_stamped:
+        replay.documents.apply(e, -1)
+    replay.commit()
+    assert dict(replay.store.scan(b"h/")) == dict(shard.store.scan(b"h/"))
+    replay.close()
+
+
+def test_a_snapshot_read_inside_a_transaction_sees_the_batchs_writes_stamped_before_it(shard):
+    r = shard.routing(NS)
+    shard.write(s.Insert(ns=NS, docs=[{"_id": 1, "v": 0}], routing=r))
+    shard.wall += 1
+    pending = [
+        stamp(shard.clock, e)
+        for e in shard.decider.decide(s.Update(ns=NS, filter={"_id": 1}, update={"$set": {"v": 1}}, routing=r)).events
+    ]
+    for e in pending:
+        shard.documents.apply(e, -1)  # decided in this batch, not committed: the read's reply commits with it
+    assert shard.find_at(shard.clock.cluster_time) == [{"_id": 1, "v": 1}]
+
+
+def test_a_cursor_whose_history_is_reclaimed_meanwhile_fails_rather_than_read_later_writes(shard):
+    shard.config(c.ShardCollection(ns=NS, key={"k": 1}))
+    shard.config(c.SplitChunk(ns=NS, at=[{"k": 10}, {"k": 20}]))
+    shard.write(s.Insert(ns=NS, docs=[{"_id": k, "k": k, "v": 0} for k in (1, 2, 25)], routing=shard.routing(NS)))
+    coll = shard.catalog.collections[NS]
+    moved = next(ch for ch in coll.chunks if ch.min == {"k": 10})
+    doc = moved.doc().model_copy(update={"shard": "b", "version": (moved.pair[0] + 1, 0)})
+    shard.wall += 1
+    shard.catalog_apply(
+        [
+            c.MigrationCommitted(
+                id="m", ns=NS, epoch=coll.epoch, donor="a", recipient="b", chunks=[doc], ts=shard.clock.tick()
+            )
+        ]
+    )
+    at = shard.clock.tick()
+    shard.wall += 1
+    updated = shard.write(s.Update(ns=NS, filter={"_id": 25}, update={"$set": {"v": 1}}, routing=shard.routing(NS)))
+    rc = {"level": "snapshot", "atClusterTime": LogicalTime.unpack(at).to_ejson()}
+    first = shard.decider.decide(s.Find(ns=NS, readConcern=rc, routing=shard.routing(NS), batchSize=1)).result
+    assert [d["v"] for d in first["docs"]] == [0]
+    history.reclaim(shard.store, updated + 1)  # the window passes while the cursor is open
+    with pytest.raises(CommandError) as e:
+        shard.decider.decide(s.GetMore(cursorId=first["cursorId"], batchSize=100))
+    assert e.value.code == "SnapshotTooOld"
