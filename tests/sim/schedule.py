@@ -29,6 +29,7 @@ import asyncio
 import os
 import random
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from schemas import ddl as ddl_schema
 from schemas import shard as shard_schema
 from tests.sim import loop as sim
 from tests.sim.cluster import SimCluster, stores_by_process, until
+from tests.sim.disk import SimDisk, simulated_disk
 
 NS, DB = "db.c", "db"
 UNSHARDED = "db.u"  # lives on the database's primary shard; movePrimary moves it
@@ -144,15 +146,19 @@ class Violation(AssertionError):
     pass
 
 
-def run(seed: int, data_dir: Path, *, faults_on: bool = True, plan: Plan | None = None) -> Outcome:
+def run(
+    seed: int, data_dir: Path, *, faults_on: bool = True, plan: Plan | None = None, rocksdb: bool = False
+) -> Outcome:
     """Run the schedule of `seed` (or `plan`, a shrunk one); raise Violation, with the schedule
-    and how to rerun it, if an invariant fails."""
+    and how to rerun it, if an invariant fails. The stores live in memory (tests/sim/disk.py),
+    or with `rocksdb` in RocksDB under `data_dir`."""
     plan = plan if plan is not None else Plan.of(seed, faults_on=faults_on)
     events: list[str] = []
 
     async def main(loop: sim.SimLoop) -> Outcome:
-        with stores_by_process() as stores:
-            cl = SimCluster(data_dir / f"seed-{seed}", stores=stores, delivery_delay=_delays(plan))
+        disk = None if rocksdb else SimDisk()
+        with simulated_disk(disk) if disk is not None else nullcontext(), stores_by_process() as stores:
+            cl = SimCluster(data_dir / f"seed-{seed}", stores=stores, delivery_delay=_delays(plan), disk=disk)
             try:
                 await _schedule(loop, cl, plan, events)
             except Violation as e:
@@ -518,10 +524,10 @@ async def _stores_equal_their_replay(cl: SimCluster, events: list[str]) -> None:
 
     t = cl.settings.topics
     logs = []
-    for path in sorted(cl.data_dir.glob("*/catalog")):
+    for path in cl.store_paths("*/catalog"):
         logs.append((path, t.config_events, config_schema.events, _new_catalog))
     for sid in cl.shard_ids:
-        for path in sorted(cl.data_dir.glob(f"shard-{sid}*/documents")):
+        for path in cl.store_paths(f"shard-{sid}*/documents"):
             logs.append((path, t.shard_changelog(sid), shard_schema.changelog, ShardDocuments))
     for path, topic, codec, state in logs:
         kept = Store(path)
