@@ -521,6 +521,7 @@ class MemoryMember(_Client):
         self._positions: dict[int, int] = {}
         self._paused: set[int] = set()
         self._last_seen = 0.0
+        self._rebalancing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.bus._log_list(self.topic)  # an unknown topic fails here
@@ -569,7 +570,30 @@ class MemoryMember(_Client):
 
     async def _rebalance(self) -> None:
         """Take part in a rebalance: evict members past their session timeout, revoke what this
-        member holds beyond its share, take the share others have released."""
+        member holds beyond its share, take the share others have released.
+
+        Whatever tells the listener runs in a task of its own, which a poll cancelled meanwhile
+        does not interrupt (aiokafka's coordinator runs the listener, not the task in `getmany`):
+        a cancelled poll must not leave a revocation half done, the partitions gone from the
+        member while its owner, stopped in `on_revoked`, still believes them its own. Polls
+        meanwhile wait for the same rebalance."""
+        running = self._rebalancing
+        if running is not None and not running.done():
+            await asyncio.shield(running)
+            return
+        loop = asyncio.get_running_loop()
+        now, group = loop.time(), self.group
+        if self in group.members:  # (the common case, a member in a stable group: no task)
+            self._last_seen = now
+            for m in [m for m in group.members if now - m._last_seen > m.session_timeout_s]:
+                group.members.remove(m)  # what it held is free now; it learns at its next poll
+                group.change()
+            if self._generation == group.generation:
+                return
+        self._rebalancing = loop.create_task(self._rebalance_told())
+        await asyncio.shield(self._rebalancing)
+
+    async def _rebalance_told(self) -> None:
         now = asyncio.get_running_loop().time()
         group = self.group
         if self not in group.members:  # evicted while silent: its partitions are gone, it joins again
