@@ -16,7 +16,7 @@ SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "2000"))
 JOBS = int(os.environ.get("SIM_JOBS", str(min(2, os.cpu_count() or 1))))
 # How many seeds each past bug may take to be found (see docs/reference/simulator.md for the
 # seeds that find each one as the plans stand).
-BUG_BUDGET = 40
+BUG_BUDGET = 100
 
 
 def test_a_schedule_without_faults_keeps_every_invariant(sim_dir):
