@@ -51,3 +51,19 @@ def test_a_schedule_with_faults_repeats_exactly_from_its_seed(sim_dir):
     again = schedule.run(3, sim_dir / "b")
     assert first.plan.crashes or first.plan.fault_points, "seed 3 injects faults"
     assert (first.events, first.stats) == (again.events, again.stats)
+
+
+def test_the_services_clocks_are_the_loops():
+    """A clock a service binds as a default argument at import (`wall=time.time`) kept the real
+    one under the simulator: sessions recorded 48 days old were reaped at once, and real-time
+    deadlines outlived the schedule. Each must read the simulated clock."""
+    from domain.clock import VectorClock
+    from services.shard.decide import ClientActivity, Cursor
+
+    async def main(loop: sim.SimLoop):
+        await asyncio.sleep(42)
+        return VectorClock().wall(), ClientActivity().clock(), Cursor(iter([])).created
+
+    wall, activity, created = sim.run(1, main)
+    assert wall == sim.EPOCH + 42
+    assert activity == created == 42
