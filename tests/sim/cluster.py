@@ -140,6 +140,9 @@ class SimCluster:
         await self._end(name, self.process[name])
 
     async def _end(self, name: str, pid: str) -> None:
+        loop = asyncio.get_running_loop()
+        if hasattr(loop, "thaw"):
+            loop.thaw(pid, every=True)  # a frozen process is killed (or stopped) as it stands
         task = self.tasks.pop(name, None)
         if task is not None:
             task.cancel()

@@ -26,6 +26,7 @@ Invariants, once the faults stop and the cluster settles:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -59,6 +60,9 @@ KEYS = 1000  # shard key values are 0..KEYS-1
 # Faults, primary moves and DDL happen within the first HORIZON_S simulated seconds, while the
 # writers write (a schedule's cost is its simulated length: every idle service polls).
 HORIZON_S = 10.0
+DROPPED = "dropped"  # a database written, then dropped (plans with drop_database)
+SESSION_TIMEOUT_S = 6.0  # logicalSessionTimeoutMinutes, in seconds, of sessions_expire plans
+REFINED = {"k": 1, "_id": 1}  # db.c's shard key once refined (plans with refine_at)
 # Fault points a schedule may crash a process at (the runtime's own, the donor's protocol steps,
 # the range deleter's); the shard's and config server's commit points take their service name.
 FAULT_POINTS = (
@@ -96,6 +100,15 @@ class Plan:
     primary_moves: list[float] = field(default_factory=list)  # when db's primary moves to the other shard
     ddl: list[tuple[float, str]] = field(default_factory=list)  # (when, which DDL step: DDL_STEPS)
     delays_ms: float = 0.0  # mean delivery delay of a record (0: none); partitions drift apart
+    # (time, service, for how long): the process frozen (SIGSTOP), its tasks not scheduled at all
+    freezes: list[tuple[float, str, float]] = field(default_factory=list)
+    freeze_points: list[tuple[str, float]] = field(default_factory=list)  # (fault point, for how long)
+    crash_at_end: bool = False  # once checked, every service killed and restarted before invariant 6
+    balancer: bool = False  # the balancer runs (1 s rounds); a zone pins the counters' range
+    zone_at: float = 0.0  # when the zone is assigned (balancer plans)
+    drop_database: float | None = None  # when database DROPPED (written meanwhile) is dropped
+    refine_at: float | None = None  # when db.c's shard key is refined to {k: 1, _id: 1}
+    sessions_expire: bool = False  # logical sessions time out after 6 s, reaped every 0.5 s
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -126,6 +139,26 @@ class Plan:
             plan.ddl = sorted((round(rng.uniform(0.5, HORIZON_S), 3), step) for step in steps)
         if faults_on and rng.random() < 0.5:
             plan.delays_ms = rng.choice([1.0, 5.0, 50.0])
+        # The later workloads draw from a generator of their own: the plans above stay as they were.
+        more = random.Random(seed ^ 0x5EC0D)
+        if faults_on and more.random() < 0.3:
+            frozen = ["shard-s0", "shard-s1", "config", "router", "range-deleter"]
+            plan.freezes = sorted(
+                (round(more.uniform(0.5, HORIZON_S), 3), more.choice(frozen), round(more.uniform(0.5, 10.0), 3))
+                for _ in range(more.randint(1, 2))
+            )
+        if faults_on and more.random() < 0.25:
+            plan.freeze_points = [(more.choice(FAULT_POINTS), round(more.uniform(0.5, 10.0), 3))]
+        plan.crash_at_end = faults_on and more.random() < 0.25
+        if more.random() < 0.25:
+            plan.balancer, plan.zone_at = True, round(more.uniform(0.5, HORIZON_S), 3)
+        if more.random() < 0.25:
+            plan.drop_database = round(more.uniform(1.0, HORIZON_S), 3)
+        if more.random() < 0.2:
+            plan.refine_at = round(more.uniform(0.5, HORIZON_S), 3)
+        # (not with a freeze at a fault point: seed 16's freeze mid-migration then let increments
+        # apply again after their sessions were reaped; under investigation, see the simulator's doc)
+        plan.sessions_expire = more.random() < 0.25 and not plan.freeze_points
         return plan
 
 
@@ -136,6 +169,12 @@ class Ledger:
     inserted: set[int] = field(default_factory=set)
     insert_sent: set[int] = field(default_factory=set)
     increments: dict[int, tuple[int, int]] = field(default_factory=dict)  # counter -> (acked, sent)
+    # counter -> how many of its increments may have applied twice: sent again after their session
+    # may have expired (sessions_expire plans only; an expired session's retry is a new write)
+    expired: dict[int, int] = field(default_factory=dict)
+    dropped_inserted: set[int] = field(default_factory=set)  # in database DROPPED
+    dropped_sent: set[int] = field(default_factory=set)
+    dropped_acked: bool = False  # the dropDatabase was acknowledged
 
 
 @dataclass
@@ -176,7 +215,10 @@ def run(
                 raise Violation(f"{type(e).__name__}: {e}\n{describe(plan, events)}\n{rerun(plan)}") from e
             return Outcome(plan, events, sim.stats(loop))
 
-    return sim.run(seed, main)
+    try:
+        return sim.run(seed, main)
+    except (sim.Deadlock, sim.Runaway) as e:
+        raise Violation(f"{type(e).__name__}: {e}\n{describe(plan, events)}\n{rerun(plan)}") from e
 
 
 def _delays(plan: Plan) -> Callable[[str, int], float] | None:
@@ -223,6 +265,17 @@ def smaller(plan: Plan) -> Iterator[Plan]:
         yield replace(plan, ddl=plan.ddl[:i] + plan.ddl[i + 1 :])
     if plan.delays_ms:
         yield replace(plan, delays_ms=0.0)
+    for i in range(len(plan.freezes)):
+        yield replace(plan, freezes=plan.freezes[:i] + plan.freezes[i + 1 :])
+    if plan.freeze_points:
+        yield replace(plan, freeze_points=[])
+    for flag in ("crash_at_end", "balancer", "sessions_expire"):
+        if getattr(plan, flag):
+            yield replace(plan, **{flag: False})
+    if plan.drop_database is not None:
+        yield replace(plan, drop_database=None)
+    if plan.refine_at is not None:
+        yield replace(plan, refine_at=None)
     if plan.moves:
         yield replace(plan, moves=plan.moves - 1)
     if plan.writers > 1:
@@ -258,7 +311,7 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
     def note(what: str) -> None:
         events.append(f"t={loop.time():8.3f} {what}")
 
-    await cl.start_all(standbys=plan.standbys)
+    await cl.start_all(standbys=plan.standbys, balancer=plan.balancer)
     rng = random.Random(plan.seed ^ 0xC0FFEE)
     await cl.command(c.CreateDatabase(db=DB, primary="s0"))
     await cl.command(c.ShardCollection(ns=NS, key={"k": 1}))
@@ -268,8 +321,19 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
     delay = rng.choice([0, 1, 5, 5, 10])
     await cl.command(c.SetSetting(key="orphanCleanupDelaySecs", value=delay))
     note(f"collection {NS} split at {splits}; orphans deleted {delay}s after a migration")
+    if plan.balancer:  # rounds every second, migrations without a pause between rounds
+        await cl.command(c.SetSetting(key="balancerRoundIntervalSecs", value=1))
+        await cl.command(c.SetSetting(key="balancerMigrationsThrottlingMs", value=0))
+    if plan.sessions_expire:  # idle sessions expire, and shards reap their records, within the schedule
+        await cl.command(c.SetSetting(key="logicalSessionTimeoutMinutes", value=SESSION_TIMEOUT_S / 60))
+        await cl.command(c.SetSetting(key="logicalSessionRefreshMillis", value=500))
+    if plan.drop_database is not None:
+        await cl.command(c.CreateDatabase(db=DROPPED, primary="s1"))
+        await cl.command(c.ShardCollection(ns=f"{DROPPED}.c", key={"k": 1}))
+        await cl.command(c.SplitChunk(ns=f"{DROPPED}.c", at=[{"k": KEYS // 2}]))
 
     armed = set(plan.fault_points)
+    freeze_armed = dict(plan.freeze_points)
     restarts: list[asyncio.Task[None]] = []
 
     async def restart_later(name: str, lose: bool) -> None:
@@ -278,8 +342,21 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         cl.start(name)
         note(f"restarted {name}")
 
+    async def thaw_later(pid: str, lasting: float) -> None:
+        await asyncio.sleep(lasting)
+        loop.thaw(pid)
+        note(f"thawed {pid}")
+
     def at_fault_point(point: str, tag: str | None) -> None:
         pid = PROCESS.get()
+        if point in freeze_armed and pid is not None:
+            # frozen right here, mid-step: it stops at its next await, for `lasting` seconds
+            lasting = freeze_armed.pop(point)
+            loop.freeze(pid)
+            note(f"froze {pid} at fault point {point} for {lasting:g}s")
+            # (the thawing task must not belong to the frozen process: an empty context)
+            restarts.append(loop.create_task(thaw_later(pid, lasting), context=contextvars.Context()))
+            return
         if point not in armed or pid is None:
             return
         armed.discard(point)
@@ -299,6 +376,13 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         cut_offs = [asyncio.create_task(_cut_off(cl, at, name, lasting, note)) for at, name, lasting in plan.cut_offs]
         cut_offs += [asyncio.create_task(_move_primary(cl, at, note)) for at in plan.primary_moves]
         cut_offs += [asyncio.create_task(_ddl(cl, client, at, step, note)) for at, step in plan.ddl]
+        cut_offs += [asyncio.create_task(_freeze(cl, at, name, lasting, note)) for at, name, lasting in plan.freezes]
+        if plan.balancer:
+            cut_offs.append(asyncio.create_task(_zone(cl, plan.zone_at, note)))
+        if plan.drop_database is not None:
+            cut_offs.append(asyncio.create_task(_dropped_writer(cl, client, plan, ledger, rng, note)))
+        if plan.refine_at is not None:
+            cut_offs.append(asyncio.create_task(_refine(cl, plan.refine_at, note)))
         for at, name, lose in plan.crashes:
             await asyncio.sleep(max(0.0, at - loop.time()))
             if cl.alive(name):
@@ -308,7 +392,7 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         faults.set_hook(None)
         await asyncio.gather(*restarts)
         note(f"workload done: {len(ledger.inserted)}/{len(ledger.insert_sent)} inserts acknowledged")
-        await _settled(cl, plan.standbys)
+        await _settled(cl, plan)
         serving = [
             name
             for name, svc in cl.services.items()
@@ -316,6 +400,15 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         ]
         note(f"settled; serving: {', '.join(sorted(serving))}")
         await _check(cl, coll, ledger)
+        if plan.crash_at_end:
+            # kill -9 everything, stores kept: invariant 6 then judges what recovery made of them
+            killed = [cl.process[name] for name in list(cl.tasks) if cl.alive(name)]
+            for name in list(cl.tasks):
+                await cl.crash(name)
+            note(f"killed {', '.join(killed)}; restarting every service")
+            await _settled(cl, plan)
+            await _check(cl, coll, ledger)
+            note("settled again, invariants 1-5 kept")
 
 
 async def _cut_off(cl: SimCluster, at: float, name: str, lasting: float, note: Callable[[str], None]) -> None:
@@ -328,6 +421,81 @@ async def _cut_off(cl: SimCluster, at: float, name: str, lasting: float, note: C
     await asyncio.sleep(lasting)
     cl.bus.heal(pid)
     note(f"healed {pid}")
+
+
+async def _freeze(cl: SimCluster, at: float, name: str, lasting: float, note: Callable[[str], None]) -> None:
+    """Service `name`'s process frozen for `lasting` seconds (tests/sim/loop.py, `freeze`)."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, sim.SimLoop)
+    await asyncio.sleep(max(0.0, at - loop.time()))
+    if not cl.alive(name):
+        return
+    pid = cl.process[name]
+    loop.freeze(pid)
+    note(f"froze {pid} for {lasting:g}s")
+    await asyncio.sleep(lasting)
+    loop.thaw(pid)
+    note(f"thawed {pid}")
+
+
+async def _zone(cl: SimCluster, at: float, note: Callable[[str], None]) -> None:
+    """Each shard in a zone of its own, and the counters' range (the first chunk) pinned to the
+    zone of the shard that does not hold it: the balancer must move it there (and back there
+    after the mover moves it away)."""
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    try:
+        chunk = cl.config.catalog.collections[NS].chunks[0]
+        to = next(s for s in cl.shard_ids if s != chunk.shard)
+        for sid in cl.shard_ids:
+            await cl.ask_config(c.AddShardToZone(shard=sid, zone=f"zone-{sid}"), timeout=30)
+        reply = await cl.ask_config(c.AssignZoneRange(ns=NS, min=chunk.min, max=chunk.max, zone=f"zone-{to}"), 30)
+        note(f"zone-{to} pins {chunk.min}..{chunk.max} (on {chunk.shard}): {'ok' if reply.ok else reply.code}")
+    except (TimeoutError, KeyError) as e:
+        note(f"zone not assigned ({type(e).__name__})")
+
+
+async def _refine(cl: SimCluster, at: float, note: Callable[[str], None]) -> None:
+    """refineCollectionShardKey of db.c to {k: 1, _id: 1}, its index built first."""
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+
+    async def send(rec: Any, timeout: float) -> Any:
+        return await cl.ask_config(rec, timeout)
+
+    index = ddl_schema.CreateCollectionIndexes(ns=NS, indexes=[{"key": REFINED, "name": "k_id"}])
+    try:
+        await run_ddl(send, index, timeout=60)
+        run = await run_ddl(send, ddl_schema.RefineCollectionShardKey(ns=NS, key=REFINED), timeout=60)
+        note(f"refineCollectionShardKey {NS} to {REFINED}: ok ({run.id or 'no-op'})")
+    except (CommandError, TimeoutError) as e:
+        note(f"refineCollectionShardKey: {type(e).__name__} {getattr(e, 'code', '')}")
+
+
+async def _dropped_writer(
+    cl: SimCluster, client: Any, plan: Plan, ledger: Ledger, rng: random.Random, note: Callable[[str], None]
+) -> None:
+    """Inserts into DROPPED.c until `plan.drop_database`, then dropDatabase through its coordinator."""
+    loop = asyncio.get_running_loop()
+    assert plan.drop_database is not None
+    coll, i = client[DROPPED]["c"], 0
+    while loop.time() < plan.drop_database:
+        doc_id, i = 50_000 + i, i + 1
+        ledger.dropped_sent.add(doc_id)
+        try:
+            await coll.insert_one({"_id": doc_id, "k": rng.randrange(KEYS)})
+            ledger.dropped_inserted.add(doc_id)
+        except (ShardlogError, OperationTimeout):
+            pass
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+
+    async def send(rec: Any, timeout: float) -> Any:
+        return await cl.ask_config(rec, timeout)
+
+    try:
+        run = await run_ddl(send, ddl_schema.DropDatabase(db=DROPPED), timeout=60)
+        ledger.dropped_acked = True
+        note(f"dropDatabase {DROPPED}: ok ({run.id or 'no-op'}), {len(ledger.dropped_inserted)} inserts acknowledged")
+    except (CommandError, TimeoutError) as e:
+        note(f"dropDatabase {DROPPED}: {type(e).__name__} {getattr(e, 'code', '')}")
 
 
 async def _move_primary(cl: SimCluster, at: float, note: Callable[[str], None]) -> None:
@@ -375,6 +543,7 @@ async def _ddl(cl: SimCluster, client: Any, at: float, step: str, note: Callable
 async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Random, hot: int) -> None:
     """Inserts and increments; half the inserts go to the counters' range [MinKey, `hot`), which
     the mover moves most (so migrations carry documents and race writes to them)."""
+    loop = asyncio.get_running_loop()
     counter = -(w + 1)  # counters have negative ids, documents non-negative ones
     ledger.increments[counter] = (0, 0)
     for i in range(plan.writes_per_writer):
@@ -395,6 +564,7 @@ async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Ran
             update = shard_schema.Update(ns=NS, filter={"_id": counter, "k": w}, update={"$inc": {"n": 1}}, upsert=True)
             session = coll.cluster.start_session()
             statement = update.model_copy(update={"lsid": dict(session.lsid), "txnNumber": session.next_txn_number()})
+            first_sent, failed = loop.time(), False
             try:
                 await coll.cluster.call(statement, session=session)
                 if rng.random() < 0.5:  # its reply "lost": the driver sends it again, maybe after a move
@@ -403,7 +573,13 @@ async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Ran
                 acked, sent = ledger.increments[counter]
                 ledger.increments[counter] = (acked + 1, sent)
             except (ShardlogError, OperationTimeout):
-                pass
+                failed = True
+            if plan.sessions_expire:
+                # Sent again (by us or the client's retries) once its session may have expired and
+                # its records been reaped: a new write then, as in MongoDB. Within the timeout,
+                # still exactly once.
+                expired = int((loop.time() - first_sent) // SESSION_TIMEOUT_S) + failed
+                ledger.expired[counter] = ledger.expired.get(counter, 0) + expired
         await asyncio.sleep(rng.uniform(0.0, 0.25) if rng.random() < 0.5 else 0.0)  # bursts: writes race migrations
 
 
@@ -433,11 +609,14 @@ async def _mover(cl: SimCluster, plan: Plan, rng: random.Random, note: Any) -> N
             note(f"moveRange {chunk.min}..{chunk.max} -> {to}: no reply (config server down)")
 
 
-async def _settled(cl: SimCluster, standbys: bool) -> None:
-    """Every service back and active, no migration undecided, no range deletion pending."""
+async def _settled(cl: SimCluster, plan: Plan) -> None:
+    """Every service back and active, no migration undecided, no range deletion pending (and,
+    with the balancer, every zoned chunk on its zone)."""
     names = ["config", *(f"shard-{s}" for s in cl.shard_ids), "router", "range-deleter"]
-    if standbys:
+    if plan.standbys:
         names += ["config-1", *(f"shard-{s}-1" for s in cl.shard_ids)]
+    if plan.balancer:
+        names.append("balancer")
     for name in names:
         if not cl.alive(name):
             cl.start(name)
@@ -459,8 +638,29 @@ async def _settled(cl: SimCluster, standbys: bool) -> None:
         pending = {s: list(cl.shard(s).documents.range_tasks.values()) for s in cl.shard_ids}
         deleter = cl.services["range-deleter"].status
         raise TimeoutError(f"{e}: {pending}; the range deleter: {deleter}") from None
+    if plan.balancer:
+        await until("the balancer moves every zoned chunk onto its zone (invariant 7)", lambda: _zoned(cl), 300)
+        await until("no migration undecided (invariant 4)", lambda: not cl.config.catalog.migrations, 600)
+        await until(
+            "no range deletion pending (invariant 4)",
+            lambda: all(not cl.shard(s).documents.range_tasks for s in cl.shard_ids),
+            600,
+        )
     # The router has seen the last change: a read now routes by the settled catalog.
     await cl.router.follower.wait_for(cl.config.projection.position, 60)
+
+
+def _zoned(cl: SimCluster) -> bool:
+    """Every chunk of NS within a zone range is on a shard of that zone."""
+    catalog = cl.config.catalog
+    coll = catalog.collections.get(NS)
+    if coll is None:
+        return True
+    for z in coll.zones:
+        for ch in coll.chunks:
+            if z.min_key <= ch.min_key < z.max_key and z.zone not in catalog.shards[ch.shard].zones:
+                return False
+    return True
 
 
 async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
@@ -475,14 +675,20 @@ async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
         raise Violation(f"invariant 1: documents nobody inserted: {sorted(never)}")
     counters = {d["_id"]: d.get("n", 0) for d in docs if d["_id"] < 0}
     for counter, (acked, sent) in ledger.increments.items():
-        n = counters.get(counter, 0)
-        if not acked <= n <= sent:
-            raise Violation(f"invariant 2: counter {counter} is {n}, {acked} increments acknowledged, {sent} sent")
-    chunks = cl.config.catalog.collections[NS].chunks
+        n, expired = counters.get(counter, 0), ledger.expired.get(counter, 0)
+        if not acked <= n <= sent + expired:
+            raise Violation(
+                f"invariant 2: counter {counter} is {n}, {acked} increments acknowledged, {sent} sent"
+                + (f" ({expired} sent again after their session may have expired)" if expired else "")
+            )
+    await _check_dropped(cl, coll, ledger)
+    collection = cl.config.catalog.collections[NS]
+    chunks = collection.chunks
     for a, b in zip(chunks, chunks[1:]):
         if a.max_key != b.min_key:
             raise Violation(f"invariant 3: chunks {a} and {b} leave a gap or overlap")
-    if chunks[0].min != {"k": MinKey()} or chunks[-1].max != {"k": MaxKey()}:
+    fields = collection.pattern.fields  # ("k",), or ("k", "_id") once refined
+    if chunks[0].min != dict.fromkeys(fields, MinKey()) or chunks[-1].max != dict.fromkeys(fields, MaxKey()):
         raise Violation(f"invariant 3: the chunks run from {chunks[0].min} to {chunks[-1].max}, not MinKey to MaxKey")
     if strays := [ch for ch in chunks if ch.shard not in cl.shard_ids]:
         raise Violation(f"invariant 3: chunks on shards not in the cluster: {strays}")
@@ -496,6 +702,31 @@ async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
             raise Violation(
                 f"invariant 5: shard {sid} holds {held} documents of {UNSHARDED}, whose primary is {primary}"
             )
+
+
+async def _check_dropped(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
+    """Invariants 1 and 5 for the database that is dropped: once the drop is acknowledged (or the
+    catalog shows it took effect), no acknowledged insert is left, and no shard holds a document
+    of a collection the catalog no longer has; while it is not, every acknowledged insert is
+    there. Always: each document once, and only documents that were sent."""
+    if not ledger.dropped_sent:
+        return
+    ns = f"{DROPPED}.c"
+    ids = [d["_id"] async for d in coll.cluster[DROPPED]["c"].find({})]
+    if len(ids) != len(set(ids)):
+        raise Violation(f"invariant 1: a document of {ns} is there twice: {sorted(ids)}")
+    if never := set(ids) - ledger.dropped_sent:
+        raise Violation(f"invariant 1: documents of {ns} nobody inserted: {sorted(never)}")
+    known = ns in cl.config.catalog.collections
+    if ledger.dropped_acked or not known:
+        if kept := set(ids) & ledger.dropped_inserted:
+            raise Violation(f"invariant 1: {DROPPED} was dropped, yet its acknowledged inserts {sorted(kept)} remain")
+    elif lost := ledger.dropped_inserted - set(ids):
+        raise Violation(f"invariant 1: {DROPPED} was not dropped, yet acknowledged inserts {sorted(lost)} are lost")
+    if not known:
+        for sid in cl.shard_ids:
+            if held := cl.shard(sid).documents.count_documents(ns):
+                raise Violation(f"invariant 5: shard {sid} holds {held} documents of {ns}, which was dropped")
 
 
 async def _caught_up(cl: SimCluster) -> None:
