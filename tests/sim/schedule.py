@@ -123,14 +123,14 @@ class Plan:
             else []
         )
         points = rng.sample(FAULT_POINTS, rng.randint(0, 2)) if faults_on else []
-        plan = cls(seed, rng.randint(1, 3), rng.randint(5, 25), rng.randint(1, 6), crashes, points)
+        plan = cls(seed, rng.randint(1, 3), rng.randint(5, 20), rng.randint(1, 6), crashes, points)
         if faults_on and rng.random() < 0.5:
             # Standbys, and network partitions long enough (past the 6 s session timeout) for the
             # group to hand a partition to the standby while its old owner lives on, cut off.
             plan.standbys = True
             cuttable = ["shard-s0", "shard-s1", "config", "shard-s0-1", "shard-s1-1", "config-1"]
             plan.cut_offs = sorted(
-                (round(rng.uniform(0.5, HORIZON_S), 3), rng.choice(cuttable), round(rng.uniform(1.0, 12.0), 3))
+                (round(rng.uniform(0.5, HORIZON_S), 3), rng.choice(cuttable), round(rng.uniform(1.0, 10.0), 3))
                 for _ in range(rng.randint(1, 2))
             )
         plan.primary_moves = sorted(round(rng.uniform(0.5, HORIZON_S), 3) for _ in range(rng.choice([0, 0, 1, 2])))
@@ -144,12 +144,12 @@ class Plan:
         if faults_on and more.random() < 0.3:
             frozen = ["shard-s0", "shard-s1", "config", "router", "range-deleter"]
             plan.freezes = sorted(
-                (round(more.uniform(0.5, HORIZON_S), 3), more.choice(frozen), round(more.uniform(0.5, 10.0), 3))
+                (round(more.uniform(0.5, HORIZON_S), 3), more.choice(frozen), round(more.uniform(0.5, 8.0), 3))
                 for _ in range(more.randint(1, 2))
             )
         if faults_on and more.random() < 0.25:
-            plan.freeze_points = [(more.choice(FAULT_POINTS), round(more.uniform(0.5, 10.0), 3))]
-        plan.crash_at_end = faults_on and more.random() < 0.25
+            plan.freeze_points = [(more.choice(FAULT_POINTS), round(more.uniform(0.5, 8.0), 3))]
+        plan.crash_at_end = faults_on and more.random() < 0.15
         if more.random() < 0.25:
             plan.balancer, plan.zone_at = True, round(more.uniform(0.5, HORIZON_S), 3)
         if more.random() < 0.25:
@@ -338,7 +338,7 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
 
     async def restart_later(name: str, lose: bool) -> None:
         await cl.crash(name, lose_store=lose)
-        await asyncio.sleep(rng.uniform(0.1, 5.0))
+        await asyncio.sleep(rng.uniform(0.1, 3.0))
         cl.start(name)
         note(f"restarted {name}")
 
