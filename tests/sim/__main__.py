@@ -4,6 +4,8 @@
     python -m tests.sim --seed 42 --shrink     the smallest plan of seed 42 that still fails
     python -m tests.sim --schedules 100000     seeds 0.. (or --first N..), a progress line every 30 s
     python -m tests.sim --bug NAME ...         with a known bug put back (libs.faults.KNOWN_BUGS)
+    python -m tests.sim --schedules 2000 --jobs 2   the seeds shared out among 2 worker processes
+    python -m tests.sim --rocksdb ...          the stores in RocksDB rather than the simulated disk
 
 `--json` prints one JSON line per failure and a summary line instead of text. A seed repeats
 its schedule exactly when PYTHONHASHSEED is fixed (the Makefile sets it to 0)."""

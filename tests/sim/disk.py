@@ -172,7 +172,11 @@ class SimDisk:
         depth, found = len(Path(pattern).parts), []
         for name in self.files:
             path = Path(name)
-            if path.is_relative_to(under) and len((rel := path.relative_to(under)).parts) == depth and rel.match(pattern):
+            if (
+                path.is_relative_to(under)
+                and len((rel := path.relative_to(under)).parts) == depth
+                and rel.match(pattern)
+            ):
                 found.append(path)
         return sorted(found)
 

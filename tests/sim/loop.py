@@ -152,9 +152,7 @@ class SimLoop(asyncio.SelectorEventLoop):
             self._hold_frozen(ready)
         if not ready and not self._stopping:  # type: ignore[attr-defined]
             if not timers:
-                raise Deadlock(
-                    "no task can run and no timer is set: every task waits for something that cannot happen"
-                )
+                raise Deadlock("no task can run and no timer is set: every task waits for something that cannot happen")
             self.now = max(self.now, timers[0][0])  # nothing to do until the next timer: jump there
             if self.now > self.limit_s:
                 raise Runaway(f"still running after {self.limit_s:g} simulated seconds")

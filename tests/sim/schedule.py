@@ -753,7 +753,9 @@ async def _caught_up(cl: SimCluster) -> None:
 async def _stores_equal_their_replay(cl: SimCluster, events: list[str]) -> None:
     """Invariant 6, after a graceful stop of every service: each store that a projection wrote
     (the config server's and shards' own, and every follower's copy of the catalog) equals a
-    fresh replay of its log."""
+    fresh replay of its log up to the store's own checkpoint (what a store claims to be: a
+    standby stopped while its active shard still wrote is behind the log's end, not wrong),
+    the checkpoint's fingerprint of the last record and command position included."""
     from schemas import config as config_schema
     from schemas import shard as shard_schema
     from services.shard.documents import ShardDocuments
@@ -771,8 +773,13 @@ async def _stores_equal_their_replay(cl: SimCluster, events: list[str]) -> None:
         try:
             replay = Projection(cl.bus, topic, codec, state(), fresh, name="replay")
             await replay.start()
-            await replay.catch_up()
             await replay.stop()
+            ckpt = kept.checkpoint(topic, 0)
+            if ckpt is not None:
+                records = [e.record for e in cl.bus.log(topic, 0).entries[: ckpt.next_offset] if e.visible()]
+                if records:
+                    replay._fold(records)  # type: ignore[arg-type]
+                replay.advance(ckpt.next_offset, replay.last_fingerprint)  # past the markers after them
             a, b = dict(kept.scan(b"")), dict(fresh.scan(b""))
             if a != b:
                 differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))

@@ -67,3 +67,10 @@ def test_the_services_clocks_are_the_loops():
     wall, activity, created = sim.run(1, main)
     assert wall == sim.EPOCH + 42
     assert activity == created == 42
+
+
+def test_the_simulated_disk_runs_the_schedule_rocksdb_runs(sim_dir):
+    """tests/sim/disk.py stands in for RocksDB: the same seed gives the same schedule on both."""
+    on_disk = schedule.run(8, sim_dir / "memory")
+    on_rocksdb = schedule.run(8, sim_dir / "rocksdb", rocksdb=True)
+    assert (on_disk.events, on_disk.stats) == (on_rocksdb.events, on_rocksdb.stats)
