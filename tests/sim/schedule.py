@@ -626,6 +626,9 @@ async def _settled(cl: SimCluster, plan: Plan) -> None:
         lambda: all(cl.shard(s).processor.active.is_set() for s in cl.shard_ids),
         300,
     )
+    # A process frozen or cut off past its session is replaced; once back, it must learn it (its
+    # next poll finds it evicted, its next transaction fenced) and stand by: one active each.
+    await until("one active instance of the config server and of each shard", lambda: _one_active_each(cl), 300)
     await until("no migration undecided (invariant 4)", lambda: not cl.config.catalog.migrations, 600)
     await until("no DDL coordinator unfinished (invariant 4)", lambda: not cl.config.catalog.ddl, 600)
     try:
@@ -648,6 +651,15 @@ async def _settled(cl: SimCluster, plan: Plan) -> None:
         )
     # The router has seen the last change: a read now routes by the settled catalog.
     await cl.router.follower.wait_for(cl.config.projection.position, 60)
+
+
+def _one_active_each(cl: SimCluster) -> bool:
+    active: dict[str, int] = {}
+    for name, svc in cl.services.items():
+        base = cl._instance(name)[0]
+        if (base == "config" or base.startswith("shard-")) and svc.processor.active.is_set():
+            active[base] = active.get(base, 0) + 1
+    return sorted(active.items()) == sorted((b, 1) for b in ["config", *(f"shard-{s}" for s in cl.shard_ids)])
 
 
 def _zoned(cl: SimCluster) -> bool:
