@@ -336,11 +336,17 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
     freeze_armed = dict(plan.freeze_points)
     restarts: list[asyncio.Task[None]] = []
 
+    restarting: set[str] = set()  # one crash at a time per service (two at one instant: seed 836)
+
     async def restart_later(name: str, lose: bool) -> None:
-        await cl.crash(name, lose_store=lose)
-        await asyncio.sleep(rng.uniform(0.1, 3.0))
-        cl.start(name)
-        note(f"restarted {name}")
+        restarting.add(name)
+        try:
+            await cl.crash(name, lose_store=lose)
+            await asyncio.sleep(rng.uniform(0.1, 3.0))
+            cl.start(name)
+            note(f"restarted {name}")
+        finally:
+            restarting.discard(name)
 
     async def thaw_later(pid: str, lasting: float) -> None:
         await asyncio.sleep(lasting)
@@ -357,10 +363,11 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
             # (the thawing task must not belong to the frozen process: an empty context)
             restarts.append(loop.create_task(thaw_later(pid, lasting), context=contextvars.Context()))
             return
-        if point not in armed or pid is None:
+        if point not in armed or pid is None or pid.partition("#")[0] in restarting:
             return
         armed.discard(point)
         name = pid.partition("#")[0]
+        restarting.add(name)  # (before the task runs: a crash due at this instant waits its turn)
         note(f"crash {pid} at fault point {point}")
         cl.bus.crash(pid)
         restarts.append(asyncio.get_running_loop().create_task(restart_later(name, False)))
@@ -385,8 +392,9 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
             cut_offs.append(asyncio.create_task(_refine(cl, plan.refine_at, note)))
         for at, name, lose in plan.crashes:
             await asyncio.sleep(max(0.0, at - loop.time()))
-            if cl.alive(name):
+            if cl.alive(name) and name not in restarting:
                 note(f"crash {cl.process[name]}{' losing its store' if lose else ''}")
+                restarting.add(name)
                 restarts.append(asyncio.create_task(restart_later(name, lose)))
         await asyncio.gather(*work, *cut_offs)
         faults.set_hook(None)
