@@ -97,15 +97,17 @@ unit: venv
 
 # The whole cluster in one process on the in-memory bus, under seeded schedules of faults
 # (tests/sim, docs/reference/simulator.md). `make sim` runs SCHEDULES seeds from FIRST (100 from
-# 0), `make sim SEED=n` one (SHRINK=1: its smallest failing plan), BUGS="a b" puts known bugs back.
+# 0) in JOBS worker processes (1), `make sim SEED=n` one (SHRINK=1: its smallest failing plan),
+# BUGS="a b" puts known bugs back, ROCKSDB=1 keeps the stores in RocksDB (not the simulated disk).
 SCHEDULES ?= 100
 FIRST ?= 0
+JOBS ?= 1
 sim: venv
-	PYTHONHASHSEED=0 $(PY) -m tests.sim $(if $(SEED),--seed $(SEED) $(if $(SHRINK),--shrink),--schedules $(SCHEDULES) --first $(FIRST)) $(foreach b,$(BUGS),--bug $(b)) $(ARGS)
+	PYTHONHASHSEED=0 $(PY) -m tests.sim $(if $(SEED),--seed $(SEED) $(if $(SHRINK),--shrink),--schedules $(SCHEDULES) --first $(FIRST) --jobs $(JOBS)) $(foreach b,$(BUGS),--bug $(b)) $(if $(ROCKSDB),--rocksdb) $(ARGS)
 
 # The nightly-style run: 100,000 schedules, every one even after a failure (hours; not in CI).
 sim-long: venv
-	PYTHONHASHSEED=0 $(PY) -m tests.sim --schedules 100000 --first $(FIRST) --keep-going $(ARGS)
+	PYTHONHASHSEED=0 $(PY) -m tests.sim --schedules 100000 --first $(FIRST) --jobs $(JOBS) --keep-going $(if $(ROCKSDB),--rocksdb) $(ARGS)
 
 # Re-export JSON Schemas of every record (a test fails when they are stale).
 schemas: venv

@@ -521,7 +521,7 @@ class MemoryMember(_Client):
         self._positions: dict[int, int] = {}
         self._paused: set[int] = set()
         self._last_seen = 0.0
-        self._rebalancing: asyncio.Future[None] | None = None
+        self._rebalancing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.bus._log_list(self.topic)  # an unknown topic fails here
@@ -569,18 +569,31 @@ class MemoryMember(_Client):
             self.bus.notify(self.topic)  # a member waiting for these may take them now
 
     async def _rebalance(self) -> None:
-        """Take part in a rebalance, shielded from the poll's cancellation: as aiokafka runs the
-        listener in its coordinator's task, a fetch given up mid-rebalance must not stop the
-        listener half-way (a member that has let its partitions go while its owner still
-        thinks itself assigned).  A later poll waits for the same rebalance."""
-        if self._rebalancing is None or self._rebalancing.done():
-            self._rebalancing = asyncio.ensure_future(self._rebalance_now())
-            self._rebalancing.add_done_callback(_retrieved)
+        """Take part in a rebalance: evict members past their session timeout, revoke what this
+        member holds beyond its share, take the share others have released.
+
+        Whatever tells the listener runs in a task of its own, which a poll cancelled meanwhile
+        does not interrupt (aiokafka's coordinator runs the listener, not the task in `getmany`):
+        a cancelled poll must not leave a revocation half done, the partitions gone from the
+        member while its owner, stopped in `on_revoked`, still believes them its own. Polls
+        meanwhile wait for the same rebalance."""
+        running = self._rebalancing
+        if running is not None and not running.done():
+            await asyncio.shield(running)
+            return
+        loop = asyncio.get_running_loop()
+        now, group = loop.time(), self.group
+        if self in group.members:  # (the common case, a member in a stable group: no task)
+            self._last_seen = now
+            for m in [m for m in group.members if now - m._last_seen > m.session_timeout_s]:
+                group.members.remove(m)  # what it held is free now; it learns at its next poll
+                group.change()
+            if self._generation == group.generation:
+                return
+        self._rebalancing = loop.create_task(self._rebalance_told())
         await asyncio.shield(self._rebalancing)
 
-    async def _rebalance_now(self) -> None:
-        """Evict members past their session timeout, revoke what this member holds beyond its
-        share, take the share others have released."""
+    async def _rebalance_told(self) -> None:
         now = asyncio.get_running_loop().time()
         group = self.group
         if self not in group.members:  # evicted while silent: its partitions are gone, it joins again
@@ -622,10 +635,3 @@ class MemoryMember(_Client):
             if out or (wait := deadline - loop.time()) <= 0:
                 return out
             await self.bus.changed(self.topic, min(wait, self.session_timeout_s / 3))
-
-
-def _retrieved(done: asyncio.Future[None]) -> None:
-    """A rebalance whose poll was given up ends on its own; its failure (a crashed process) is
-    the next poll's to see, not the event loop's to report."""
-    if not done.cancelled():
-        done.exception()

@@ -91,7 +91,7 @@ class ClientActivity:
     migration's, a DDL's, an index build's or the session reaper's).  A migration's throttle
     (migrationThrottleUnderLoad) holds back while it was lately."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = lambda: time.monotonic()):  # (read at each call: see wall)
         self.clock = clock
         self.last = -math.inf
 
@@ -158,7 +158,7 @@ class Cursor:
     docs: Iterator[dict]
     ns: str = ""
     config_time: int = 0  # the ConfigTime the query started at: range deletion waits for older ones
-    created: float = field(default_factory=time.monotonic)
+    created: float = field(default_factory=lambda: time.monotonic())
 
 
 class ShardDecider:
@@ -169,7 +169,9 @@ class ShardDecider:
         documents: ShardDocuments,
         clock: vclock.VectorClock | None = None,
         *,
-        wall: Callable[[], float] = time.time,
+        # time.time looked up at each call, not bound at import: the simulator's clock is
+        # time.time while a schedule runs (a bound default kept the real one there)
+        wall: Callable[[], float] = lambda: time.time(),
     ):
         self.shard_id, self.catalog, self.documents = shard_id, catalog, documents
         self.clock = clock  # the vector clock (docs/decisions/0014)

@@ -44,7 +44,7 @@ class MigrationDecider:
         documents: ShardDocuments,
         open_queries: OpenQueries,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = lambda: time.time(),  # (looked up at each call: the simulator's)
         fault: Callable[[str], None] = fault_point,
         client_busy: Callable[[], bool] = lambda: False,
     ):

@@ -33,6 +33,7 @@ from services.config.server import ConfigServer
 from services.range_deleter.server import RangeDeleter
 from services.router.server import RouterServer
 from services.shard.server import ShardServer
+from tests.sim.disk import SimDisk
 
 WAIT_S = 120.0  # bounded waits, in simulated seconds (free: the loop jumps to the next timer)
 
@@ -73,6 +74,7 @@ class SimCluster:
         cluster: str = "sim",
         stores: dict[str, list[store_module.Store]] | None = None,
         delivery_delay: Callable[[str, int], float] | None = None,
+        disk: SimDisk | None = None,
     ) -> None:
         self.bus = MemoryBus(delivery_delay)
         self.data_dir = data_dir
@@ -83,6 +85,7 @@ class SimCluster:
         self.process: dict[str, str] = {}  # service name -> its current process
         self.starts: dict[str, int] = {}
         self.stores = stores if stores is not None else {}
+        self.disk = disk  # the stores in memory (tests/sim/disk.py); None: RocksDB under data_dir
         self._requester: Requester | None = None
 
     # ------------------------------------------------------------ services
@@ -127,13 +130,19 @@ class SimCluster:
         await self._end(name, pid)
         if lose_store:
             for path in self._data_dirs(name):
-                shutil.rmtree(path, ignore_errors=True)
+                if self.disk is not None:
+                    self.disk.lose(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
 
     async def stop(self, name: str) -> None:
         """A graceful stop (SIGTERM): the service's own shutdown runs."""
         await self._end(name, self.process[name])
 
     async def _end(self, name: str, pid: str) -> None:
+        loop = asyncio.get_running_loop()
+        if hasattr(loop, "thaw"):
+            loop.thaw(pid, every=True)  # a frozen process is killed (or stopped) as it stands
         task = self.tasks.pop(name, None)
         if task is not None:
             task.cancel()
@@ -144,6 +153,12 @@ class SimCluster:
                 store.close()
             except Exception:
                 pass  # closed by the service's own shutdown
+
+    def store_paths(self, pattern: str) -> list[Path]:
+        """The stores under the data directory whose path (relative to it) matches `pattern`."""
+        if self.disk is not None:
+            return self.disk.paths(pattern, self.data_dir)
+        return sorted(self.data_dir.glob(pattern))
 
     def _data_dirs(self, name: str) -> list[Path]:
         base, instance = self._instance(name)

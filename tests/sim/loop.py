@@ -16,6 +16,8 @@ Same seed, same process start (PYTHONHASHSEED fixed: `make sim` sets it): the sa
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 import random
 import selectors
 import time
@@ -23,6 +25,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from libs.bus.memory import PROCESS
 
 T = TypeVar("T")
 
@@ -33,45 +37,147 @@ class Deadlock(RuntimeError):
     """Every task waits, no callback is ready and no timer is set."""
 
 
-class _NoIO(selectors.DefaultSelector):
-    """The loop's selector: registrations kept (the loop's self-pipe), but `select` never blocks;
-    it moves simulated time on by the loop's timeout instead."""
+class Runaway(RuntimeError):
+    """A schedule ran past `SimLoop.limit_s` of simulated time or `limit_passes` passes:
+    something waits in a loop for what never comes, or spins (a schedule takes well under two
+    simulated minutes and ~10,000 passes)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.loop: SimLoop | None = None
+
+class _NoIO(selectors.DefaultSelector):
+    """The loop's selector, never asked: nothing waits on real I/O (`SimLoop._run_once`)."""
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        loop = self.loop
-        assert loop is not None
-        if timeout is None:
-            raise Deadlock("no task can run and no timer is set: every task waits for something that cannot happen")
-        loop.now += max(timeout, 0.0)
-        return super().select(0)
+        raise AssertionError("the simulated loop polls no file descriptor")
 
 
 class SimLoop(asyncio.SelectorEventLoop):
+    """asyncio's selector loop with its own `_run_once`: no I/O poll, simulated time, the ready
+    callbacks shuffled, and timers in a heap of `(when, sequence, handle)` tuples (compared in C,
+    where asyncio's heap of handles calls a Python `__lt__` a million times a minute). Timers due
+    at the same instant run in the order they were set, then join the shuffle."""
+
     def __init__(self, seed: int) -> None:
-        selector = _NoIO()
-        super().__init__(selector)
-        selector.loop = self
+        super().__init__(_NoIO())
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
         self.passes = 0
+        self.limit_s = 3600.0
+        self.limit_passes = 1_000_000  # a schedule takes ~10,000
+        self._timers: list[tuple[float, int, asyncio.TimerHandle]] = []
+        self._timer_seq = 0
+        self._cancelled_timers = 0
+        self.frozen: dict[str, int] = {}  # simulated processes whose callbacks wait: how many freezes
+        self._held: list[tuple[str, asyncio.Handle]] = []  # their callbacks, in the order they came
+
+    def freeze(self, process: str) -> None:
+        """SIGSTOP for one simulated process (`libs.bus.memory.PROCESS`): none of its callbacks
+        runs (its tasks, its timers) until `thaw`, wherever each stands: mid-step, with its
+        transaction open, its group session lapsing. Unlike a crash, it then carries on.
+        Freezes overlap: the process runs again when the last one ends."""
+        self.frozen[process] = self.frozen.get(process, 0) + 1
+
+    def thaw(self, process: str, *, every: bool = False) -> None:
+        """End one freeze of `process` (`every`: all of them, as when it is killed)."""
+        left = 0 if every else self.frozen.get(process, 0) - 1
+        if left > 0:
+            self.frozen[process] = left
+            return
+        self.frozen.pop(process, None)
+        kept = []
+        for owner, handle in self._held:
+            if owner == process:
+                self._ready.append(handle)  # type: ignore[attr-defined]
+            else:
+                kept.append((owner, handle))
+        self._held = kept
+
+    def _hold_frozen(self, ready: Any) -> None:
+        """Set the frozen processes' ready callbacks aside."""
+        runnable = []
+        for handle in ready:
+            owner = handle._context.get(PROCESS)
+            if owner in self.frozen:
+                self._held.append((owner, handle))
+            else:
+                runnable.append(handle)
+        if len(runnable) != len(ready):
+            ready.clear()
+            ready.extend(runnable)
 
     def time(self) -> float:
         return self.now
 
+    def call_at(
+        self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (when, self._timer_seq, timer))
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
+    def call_later(
+        self, delay: float, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        when = self.now + delay
+        if delay > 0 and when <= self.now:
+            # A wait shorter than the clock's resolution still lets some time pass, as a real
+            # clock does: `while left > 0: sleep(left)` over float seconds must not spin forever.
+            when = math.nextafter(self.now, math.inf)
+        return self.call_at(when, callback, *args, context=context)
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        if handle._scheduled:  # type: ignore[attr-defined]
+            self._cancelled_timers += 1
+
     def _run_once(self) -> None:
-        ready = self._ready  # type: ignore[attr-defined]
+        timers, ready = self._timers, self._ready  # type: ignore[attr-defined]
+        if len(timers) > 100 and self._cancelled_timers * 2 > len(timers):
+            kept = []
+            for entry in timers:
+                if entry[2]._cancelled:  # type: ignore[attr-defined]
+                    entry[2]._scheduled = False  # type: ignore[attr-defined]
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            self._timers = timers = kept
+            self._cancelled_timers = 0
+        else:
+            while timers and timers[0][2]._cancelled:  # type: ignore[attr-defined]
+                self._cancelled_timers -= 1
+                heapq.heappop(timers)[2]._scheduled = False  # type: ignore[attr-defined]
+        if self.frozen:
+            self._hold_frozen(ready)
+        if not ready and not self._stopping:  # type: ignore[attr-defined]
+            if not timers:
+                raise Deadlock("no task can run and no timer is set: every task waits for something that cannot happen")
+            self.now = max(self.now, timers[0][0])  # nothing to do until the next timer: jump there
+            if self.now > self.limit_s:
+                raise Runaway(f"still running after {self.limit_s:g} simulated seconds")
+        while timers and timers[0][0] <= self.now:
+            handle = heapq.heappop(timers)[2]
+            handle._scheduled = False  # type: ignore[attr-defined]
+            ready.append(handle)
+        if self.frozen:
+            self._hold_frozen(ready)
         if len(ready) > 1:
             shuffled = list(ready)
             self.rng.shuffle(shuffled)
             ready.clear()
             ready.extend(shuffled)
         self.passes += 1
-        super()._run_once()  # type: ignore[misc]
+        if self.passes > self.limit_passes:
+            raise Runaway(f"still running after {self.limit_passes} passes (at {self.now:.3f} simulated seconds)")
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    def close(self) -> None:
+        self._timers.clear()
+        super().close()
 
 
 @contextmanager

@@ -51,3 +51,26 @@ def test_a_schedule_with_faults_repeats_exactly_from_its_seed(sim_dir):
     again = schedule.run(3, sim_dir / "b")
     assert first.plan.crashes or first.plan.fault_points, "seed 3 injects faults"
     assert (first.events, first.stats) == (again.events, again.stats)
+
+
+def test_the_services_clocks_are_the_loops():
+    """A clock a service binds as a default argument at import (`wall=time.time`) kept the real
+    one under the simulator: sessions recorded 48 days old were reaped at once, and real-time
+    deadlines outlived the schedule. Each must read the simulated clock."""
+    from domain.clock import VectorClock
+    from services.shard.decide import ClientActivity, Cursor
+
+    async def main(loop: sim.SimLoop):
+        await asyncio.sleep(42)
+        return VectorClock().wall(), ClientActivity().clock(), Cursor(iter([])).created
+
+    wall, activity, created = sim.run(1, main)
+    assert wall == sim.EPOCH + 42
+    assert activity == created == 42
+
+
+def test_the_simulated_disk_runs_the_schedule_rocksdb_runs(sim_dir):
+    """tests/sim/disk.py stands in for RocksDB: the same seed gives the same schedule on both."""
+    on_disk = schedule.run(8, sim_dir / "memory")
+    on_rocksdb = schedule.run(8, sim_dir / "rocksdb", rocksdb=True)
+    assert (on_disk.events, on_disk.stats) == (on_rocksdb.events, on_rocksdb.stats)
