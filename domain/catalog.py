@@ -427,8 +427,13 @@ def _assign(ranges: list[tuple[bytes, bytes, str]], lo: bytes, hi: bytes, shard:
         out.append((max(a, lo), min(b, hi), shard))
         if hi < b:
             out.append((hi, b, s))
+    return merge_adjacent(out)
+
+
+def merge_adjacent(ranges: list[tuple[bytes, bytes, str]]) -> list[tuple[bytes, bytes, str]]:
+    """Contiguous (min, max, shard) ranges with neighbours on the same shard made one."""
     merged: list[tuple[bytes, bytes, str]] = []
-    for a, b, s in out:
+    for a, b, s in ranges:
         if merged and merged[-1][2] == s and merged[-1][1] == a:
             merged[-1] = (merged[-1][0], b, s)
         else:

@@ -357,3 +357,23 @@ def keys_to_create(keys: Mapping[int, ClusterTimeKey], now: float, interval_secs
     if len(valid) < 2:
         out.append((next_id, LogicalTime((valid[0] >> 32) + interval_secs, 0).packed))
     return out
+
+
+def check_chunk_history(ns: str, at: int, since: int) -> None:
+    """A snapshot read at `at` of a collection whose routing history starts at `since`."""
+    if at < since:
+        raise CommandError(
+            ErrorCode.StaleChunkHistory,
+            f"Read timestamp {LogicalTime.unpack(at)} is older than the first available history "
+            f"for {ns}'s chunks: {LogicalTime.unpack(since)}",
+        )
+
+
+def check_history_kept(at: int, oldest: int) -> None:
+    """A snapshot read at `at` of a shard whose kept history starts at `oldest` (decisions/0019)."""
+    if at < oldest:
+        raise CommandError(
+            ErrorCode.SnapshotTooOld,
+            f"Read timestamp {LogicalTime.unpack(at)} is older than the oldest available timestamp "
+            f"{LogicalTime.unpack(oldest)}",
+        )

@@ -582,12 +582,7 @@ class OperationRouter:
         coll = self.catalog.collections.get(ns)
         if coll is None:
             return targeting.for_query(self.catalog, ns, {})
-        if at < coll.history_from:
-            raise CommandError(
-                ErrorCode.StaleChunkHistory,
-                f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the first available history "
-                f"for {ns}'s chunks: {vclock.LogicalTime.unpack(coll.history_from)}",
-            )
+        vclock.check_chunk_history(ns, at, coll.history_from)
         shards = tuple(sorted({shard for _, _, shard in coll.routing_at(at)}))
         return targeting.Targets(shards, f"the owners at {vclock.LogicalTime.unpack(at)}", True)
 

@@ -540,18 +540,9 @@ class ShardDecider:
         the head of a batch: every write decided before is committed, and the clock advanced to
         `at` stamps every later one after it."""
         coll = self.catalog.collections.get(req.ns)
-        if coll is not None and at < coll.history_from:
-            raise CommandError(
-                ErrorCode.StaleChunkHistory,
-                f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the first available history "
-                f"for {req.ns}'s chunks: {vclock.LogicalTime.unpack(coll.history_from)}",
-            )
-        if at < (oldest := self.documents.readable_from(req.ns)):
-            raise CommandError(
-                ErrorCode.SnapshotTooOld,
-                f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the oldest available timestamp "
-                f"{vclock.LogicalTime.unpack(oldest)}",
-            )
+        if coll is not None:
+            vclock.check_chunk_history(req.ns, at, coll.history_from)
+        vclock.check_history_kept(at, self.documents.readable_from(req.ns))
         if req.routing is None:
             raise CommandError(ErrorCode.BadValue, "a shard serves only routed requests (send this to a router)")
         if req.routing.configTime > self.catalog.config_time:  # its routing history may lack a migration
@@ -579,11 +570,7 @@ class ShardDecider:
 
         def still_readable() -> None:
             """A cursor's later range is read after reclaim may have moved on (decisions/0019)."""
-            if at < self.documents.readable_from(ns):
-                raise CommandError(
-                    ErrorCode.SnapshotTooOld,
-                    f"Read timestamp {vclock.LogicalTime.unpack(at)} is older than the oldest available timestamp",
-                )
+            vclock.check_history_kept(at, self.documents.readable_from(ns))
 
         def collscan() -> Iterator[tuple[bytes, dict]]:
             for lo, hi in owned:

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.catalog import Catalog, Collection
+from domain.catalog import Catalog, Collection, merge_adjacent
 from schemas import config as ev
 from tests.unit.test_catalog_replay import random_log
 
@@ -22,14 +22,7 @@ def ranges(coll: Collection) -> list[tuple[bytes, bytes, str]]:
     return merged([(c.min_key, c.max_key, c.shard) for c in coll.chunks])
 
 
-def merged(rs: list[tuple[bytes, bytes, str]]) -> list[tuple[bytes, bytes, str]]:
-    out: list[tuple[bytes, bytes, str]] = []
-    for a, b, s in rs:
-        if out and out[-1][2] == s and out[-1][1] == a:
-            out[-1] = (out[-1][0], b, s)
-        else:
-            out.append((a, b, s))
-    return out
+merged = merge_adjacent
 
 
 def stamped_log(seed: int, steps: int) -> list[Any]:
