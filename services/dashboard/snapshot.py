@@ -149,6 +149,8 @@ def _collection(coll: Collection, reports: Mapping[str, stats.ShardStatistics], 
                 "zone": zone,
                 "documents": size[1] if size else None,
                 "dataSizeBytes": size[2] if size else None,
+                # newest first, as config.chunks shows it: the page colours the strip at a past time
+                "history": [{"validAfter": _cluster_time(t), "shard": s} for t, s in coll.chunk_history(ch)],
             }
         )
     zones = []
@@ -169,10 +171,16 @@ def _collection(coll: Collection, reports: Mapping[str, stats.ShardStatistics], 
         "chunks": chunks,
         "zones": zones,
         "chunksPerShard": coll.chunks_per_shard(),
+        "historyFrom": _cluster_time(coll.history_from),  # the placement before it is not known
         "balancerEnabled": coll.settings.balancerEnabled,
         "allowMigrations": coll.settings.allowMigrations,
         "traces": links.tag("db.namespace", coll.ns),
     }
+
+
+def _cluster_time(ts: int) -> list[int]:
+    """A ClusterTime as [seconds, increment]: JSON numbers lose the low bits of the packed form."""
+    return [ts >> 32, ts & 0xFFFFFFFF]
 
 
 # ------------------------------------------------------------------ migrations

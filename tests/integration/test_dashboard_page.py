@@ -178,6 +178,36 @@ def test_the_page_shows_shards_chunks_a_migration_in_progress_and_the_balancer(
         assert links[0] == "http://127.0.0.1:9411/zipkin/?serviceName=shardlog-shard-s0", links
         screenshot("after-the-move")
 
+        # The placement a second before the move committed: the slider recolours the strip from
+        # each chunk's history (config.chunks' validAfter), the moved range back on its donor.
+        coll = cl.router.follower.catalog.collections[NS]
+        moved_at = coll.chunk_history(coll.chunks[0])[0][0] >> 32
+        before = moved_at - 1
+        assert before >= coll.history_from >> 32, "the collection was created less than a second before the move"
+        past = [next((s for t, s in coll.chunk_history(ch) if t >> 32 <= before), "") for ch in coll.chunks]
+        assert past[0] == "s0", past
+        browser.execute_script(
+            "const s = document.getElementById('placement-at'); s.value = arguments[0];"
+            " s.dispatchEvent(new Event('input'))",
+            str(before),
+        )
+        wait_until(
+            lambda: [a[0] for a in attrs(browser, strip, "data-shard-at")] == past
+            and attrs(browser, "#placement", "data-past") == [("true",)],
+            30,
+            f"the strip as it was at second {before}: {past}",
+            detail=lambda: str(attrs(browser, strip, "data-shard-at")),
+        )
+        assert [c for _, c in colours(browser, strip)][0] == legend["s0"]
+        screenshot("placement-before-the-move")
+        browser.execute_script("document.getElementById('placement-now').click()")
+        wait_until(
+            lambda: [a[0] for a in attrs(browser, strip, "data-shard-at")] == expected,
+            30,
+            "the strip back to the placement now",
+            detail=lambda: str(attrs(browser, strip, "data-shard-at")),
+        )
+
         # The last minute's figures (the faust app's windows of the services' metric summaries):
         # the workload's inserts make the collection and s0 (which owns k >= MOVED) busy.
         assert written, "the workload wrote nothing while the page was watched"

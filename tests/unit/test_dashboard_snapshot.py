@@ -219,3 +219,19 @@ def test_the_figures_block_is_passed_through():
     figures = {**snapshot.empty_figures(), "shards": {"s0": {"opsPerSec": 12.5, "p50Ms": 1.0, "p99Ms": 9.0}}}
     assert build(figures=figures)["figures"]["shards"]["s0"]["opsPerSec"] == 12.5
     assert build()["figures"]["shards"] == {}
+
+
+def test_each_chunk_carries_its_placement_history_for_the_page_to_show_a_past_time():
+    cat = make_catalog()
+    moved = c.ChunkDoc(min={"k": MIN}, max={"k": 10}, shard="s2", version=(2, 0))
+    commit = c.MigrationCommitted(
+        id="m1", ns="app.users", epoch=EPOCH, donor="s0", recipient="s2", chunks=[moved], ts=(2000 << 32) | 3
+    )
+    cat.apply(commit, cat.config_time)
+    (coll,) = build(catalog=cat)["collections"]
+    assert coll["historyFrom"] == [0, 0]
+    assert [ch["history"] for ch in coll["chunks"]] == [
+        [{"validAfter": [2000, 3], "shard": "s2"}, {"validAfter": [0, 0], "shard": "s0"}],
+        [{"validAfter": [0, 0], "shard": "s1"}],
+        [{"validAfter": [0, 0], "shard": "s1"}],
+    ]

@@ -113,6 +113,43 @@ function renderLegend(snap, colour) {
   );
 }
 
+// The placement at a past second (null: now): the slider under the legend sets it.
+let placementAt = null;
+let lastSnap = null;
+
+function clock(seconds) {
+  return new Date(seconds * 1000).toLocaleTimeString();
+}
+
+// A chunk's owner at the end of second `at`: its history is newest first, as config.chunks keeps it.
+function ownerAt(ch, at) {
+  if (at === null) return ch.shard;
+  const h = (ch.history || []).find((e) => e.validAfter[0] <= at);
+  return h ? h.shard : null;
+}
+
+function renderPlacement(snap) {
+  const slider = document.getElementById("placement-at");
+  const oldest = snap.collections.map((c) => c.historyFrom[0]).filter((t) => t > 0);
+  const now = Math.floor(snap.at);
+  slider.min = String(oldest.length ? Math.min(...oldest) : now);
+  slider.max = String(now);
+  if (placementAt === null) slider.value = String(now);
+  const box = document.getElementById("placement");
+  box.dataset.past = String(placementAt !== null);
+  document.getElementById("placement-label").textContent = placementAt === null ? "now" : clock(placementAt);
+}
+
+document.getElementById("placement-at").addEventListener("input", (e) => {
+  const at = Number(e.target.value);
+  placementAt = at >= Number(e.target.max) ? null : at;
+  if (lastSnap) render(lastSnap);
+});
+document.getElementById("placement-now").addEventListener("click", () => {
+  placementAt = null;
+  if (lastSnap) render(lastSnap);
+});
+
 function renderCollections(snap, colour) {
   const box = document.getElementById("collections");
   if (!snap.collections.length) {
@@ -126,12 +163,17 @@ function renderCollections(snap, colour) {
       class: "zone-mark", "data-zone": z.zone, title: `zone ${z.zone}: ${z.min} -->> ${z.max}`,
       style: `left:${(100 * z.chunks[0]) / n}%;width:${(100 * (z.chunks[1] - z.chunks[0] + 1)) / n}%`,
     }, z.zone)));
-    const strip = el("div", { class: "strip", "data-chunks": n }, ...c.chunks.map((ch, i) => el("div", {
-      class: ch.jumbo ? "chunk jumbo" : "chunk", "data-index": i, "data-shard": ch.shard, "data-jumbo": ch.jumbo,
-      "data-zone": ch.zone ?? "", style: `background-color:${colour[ch.shard] || "#999"}`,
-      title: `${ch.min} -->> ${ch.max} on ${ch.shard}${ch.jumbo ? " (jumbo)" : ""}${ch.zone ? ` zone ${ch.zone}` : ""}` +
-        (ch.documents === null ? "" : `: ${num(ch.documents)} documents, ${bytes(ch.dataSizeBytes)}`),
-    })));
+    const strip = el("div", { class: "strip", "data-chunks": n }, ...c.chunks.map((ch, i) => {
+      const owner = ownerAt(ch, placementAt); // the shard now, or at the slider's second
+      return el("div", {
+        class: ch.jumbo ? "chunk jumbo" : "chunk", "data-index": i, "data-shard": ch.shard, "data-jumbo": ch.jumbo,
+        "data-zone": ch.zone ?? "", "data-shard-at": owner ?? "", style: `background-color:${colour[owner] || "#999"}`,
+        title: `${ch.min} -->> ${ch.max} on ${ch.shard}${ch.jumbo ? " (jumbo)" : ""}${ch.zone ? ` zone ${ch.zone}` : ""}` +
+          (ch.documents === null ? "" : `: ${num(ch.documents)} documents, ${bytes(ch.dataSizeBytes)}`) +
+          (placementAt === null ? "" : `\nat ${clock(placementAt)}: ${owner ?? "before the retained history"}`) +
+          (ch.history || []).map((h) => `\n${h.shard} since ${clock(h.validAfter[0])}`).join(""),
+      });
+    }));
     const per = Object.entries(c.chunksPerShard).map(([s, k]) => `${s}: ${k}`).join(", ");
     return el("div", { class: "collection", "data-ns": c.ns },
       el("h3", {}, c.ns, " ", el("span", { class: "dim" }, `key ${c.keyShell || JSON.stringify(c.key)} · ${n} chunks (${per})`),
@@ -245,7 +287,9 @@ function render(snap) {
   const colour = colours(snap.shards);
   if (snap.tracing) document.getElementById("tracing-link").setAttribute("href", snap.tracing);
   renderShards(snap, colour);
+  lastSnap = snap;
   renderLegend(snap, colour);
+  renderPlacement(snap);
   renderCollections(snap, colour);
   renderMigrations(snap);
   renderBalancer(snap);
