@@ -192,8 +192,10 @@ def test_the_page_shows_shards_chunks_a_migration_in_progress_and_the_balancer(
             str(before),
         )
         wait_until(
-            lambda: [a[0] for a in attrs(browser, strip, "data-shard-at")] == past
-            and attrs(browser, "#placement", "data-past") == [("true",)],
+            lambda: (
+                [a[0] for a in attrs(browser, strip, "data-shard-at")] == past
+                and attrs(browser, "#placement", "data-past") == [("true",)]
+            ),
             30,
             f"the strip as it was at second {before}: {past}",
             detail=lambda: str(attrs(browser, strip, "data-shard-at")),

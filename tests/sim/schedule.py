@@ -29,6 +29,7 @@ import asyncio
 import contextvars
 import os
 import random
+import re
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -114,6 +115,7 @@ class Plan:
     drop_database: float | None = None  # when database DROPPED (written meanwhile) is dropped
     refine_at: float | None = None  # when db.c's shard key is refined to {k: 1, _id: 1}
     sessions_expire: bool = False  # logical sessions time out after 6 s, reaped every 0.5 s
+    shards: int = 2  # s0, s1, ... (3 or 4 in some plans: faults then fall on any of them)
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -162,7 +164,26 @@ class Plan:
         if more.random() < 0.2:
             plan.refine_at = round(more.uniform(0.5, HORIZON_S), 3)
         plan.sessions_expire = more.random() < 0.25 and "sessions-expire" in QUARANTINED_ON
-        return plan
+        return plan._widened(random.Random(seed ^ 0x5A4D5))
+
+    def _widened(self, rng: random.Random) -> Plan:
+        """Three shards in 1 plan in 5, four in 1 in 10 (a generator of their own: two-shard plans
+        stay as they were); the faults drawn for s0 and s1 then land on any shard."""
+        draw = rng.random()
+        self.shards = 4 if draw < 0.1 else 3 if draw < 0.3 else 2
+        if self.shards == 2:
+            return self
+        ids = [f"s{i}" for i in range(self.shards)]
+
+        def anywhere(name: str) -> str:
+            return re.sub(r"^shard-s[01]\b", lambda _: f"shard-{rng.choice(ids)}", name)
+
+        self.crashes = [(at, anywhere(name), lose) for at, name, lose in self.crashes]
+        self.fault_points = [anywhere(p) for p in self.fault_points]
+        self.cut_offs = [(at, anywhere(name), lasting) for at, name, lasting in self.cut_offs]
+        self.freezes = [(at, anywhere(name), lasting) for at, name, lasting in self.freezes]
+        self.freeze_points = [(anywhere(p), lasting) for p, lasting in self.freeze_points]
+        return self
 
 
 @dataclass
@@ -203,7 +224,8 @@ def run(
     async def main(loop: sim.SimLoop) -> Outcome:
         disk = None if rocksdb else SimDisk()
         with simulated_disk(disk) if disk is not None else nullcontext(), stores_by_process() as stores:
-            cl = SimCluster(data_dir / f"seed-{seed}", stores=stores, delivery_delay=_delays(plan), disk=disk)
+            shards = tuple(f"s{i}" for i in range(plan.shards))
+            cl = SimCluster(data_dir / f"seed-{seed}", shards, stores=stores, delivery_delay=_delays(plan), disk=disk)
             try:
                 try:
                     await _schedule(loop, cl, plan, events)
