@@ -130,3 +130,31 @@ def test_the_client_library_and_the_cli_read_at_a_cluster_time(data_cluster):
     assert [d["v"] for d in now["docs"]] == [1, 1, 1] and now["atClusterTime"]["t"] >= at >> 32
     bad = cli(data_cluster.settings, "find", "app.lib", "{}", "--at-cluster-time", "soon")
     assert bad.returncode != 0 and "BadValue" in bad.stderr
+
+
+def test_every_snapshot_read_names_its_time_and_the_config_database_refuses_one(data_cluster):
+    client = data_cluster.mongo_client()
+    db = client.app
+    db.named.insert_many([{"_id": i, "v": i % 2} for i in range(4)])
+    after = client.admin.command("ping")["$clusterTime"]["clusterTime"]
+    causal = {"level": "snapshot", "afterClusterTime": after}  # what a causal session's snapshot sends
+    agg = db.command("aggregate", "named", pipeline=[{"$match": {"v": 1}}], cursor={}, readConcern=causal)
+    assert agg["cursor"]["atClusterTime"] >= after and len(agg["cursor"]["firstBatch"]) == 2
+    dist = db.command("distinct", "named", key="v", readConcern=causal)
+    assert dist["atClusterTime"] >= after and sorted(dist["values"]) == [0, 1]
+    # batchSize 0: the documents wait in the router, read at the time the reply names
+    empty = db.command("find", "named", filter={}, batchSize=0, readConcern={"level": "snapshot"})
+    assert empty["cursor"]["firstBatch"] == [] and empty["cursor"]["atClusterTime"] >= after
+    more = db.command("getMore", empty["cursor"]["id"], collection="named")
+    assert len(more["cursor"]["nextBatch"]) == 4
+    # The config database is the router's catalog as it is now: refused, not answered as if past.
+    snapshot = {"level": "snapshot"}
+    for command, args in [
+        ("find", {"filter": {}}),
+        ("aggregate", {"pipeline": [], "cursor": {}}),
+        ("distinct", {"key": "_id"}),
+        ("count", {}),
+    ]:
+        with pytest.raises(OperationFailure) as e:
+            client.config.command(command, "chunks", readConcern=snapshot, **args)
+        assert e.value.code == 72, (command, e.value.details)

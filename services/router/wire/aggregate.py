@@ -16,7 +16,7 @@ from services.router.wire.admin import command_timeout
 from services.router.wire.commands import SERVER_COMMANDS, Connection, WireCommandError
 from services.router.wire.ddl import running_coordinators
 from services.router.wire.edge import RouterEdge
-from services.router.wire.gossip import pinned_read_concern, snapshot_time
+from services.router.wire.gossip import pinned_read_concern, refuse_snapshot_of_config, snapshot_time
 from services.router.wire.options import COLLATION, HONOURED, LET, Fields, only_if_false, refused
 
 DEFAULT_BATCH_SIZE = 101  # MongoDB's first batch when cursor.batchSize is not given
@@ -156,6 +156,7 @@ async def aggregate(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     shards: list[str] = []
     read_concern = pinned_read_concern(cmd.get("readConcern"), edge.routing.clock.cluster_time)
     cmd = {**cmd, "readConcern": read_concern}
+    refuse_snapshot_of_config(ns, read_concern)
     try:
         if db == "config":  # the router's own catalog projection: the whole pipeline runs here
             docs = run(stages, await config_db.documents(edge, coll))

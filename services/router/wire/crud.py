@@ -33,7 +33,13 @@ from services.router.wire.commands import (
     command_error_code,
 )
 from services.router.wire.frames import MAX_WRITE_BATCH_SIZE
-from services.router.wire.gossip import pinned_read_concern, snapshot_time, wire_lsid, wire_read_concern
+from services.router.wire.gossip import (
+    pinned_read_concern,
+    refuse_snapshot_of_config,
+    snapshot_time,
+    wire_lsid,
+    wire_read_concern,
+)
 from services.router.wire.options import (
     COLLATION,
     HONOURED,
@@ -625,8 +631,9 @@ async def _find_and_modify(conn: Connection, cmd: dict[str, Any]) -> dict[str, A
     return {"lastErrorObject": result["lastErrorObject"], "value": result["value"]}
 
 
-async def _config_docs(conn: Connection, ns: str, flt: dict[str, Any]) -> list[dict[str, Any]]:
+async def _config_docs(conn: Connection, ns: str, flt: dict[str, Any], read_concern: Any) -> list[dict[str, Any]]:
     """The matching documents of a `config.<coll>` collection, from the router's catalog."""
+    refuse_snapshot_of_config(ns, read_concern)
     matcher = query.compile_filter(flt)
     return [d for d in await config_db.documents(conn.cluster(), ns.partition(".")[2]) if matcher.matches(d)]
 
@@ -645,7 +652,7 @@ async def _find_docs(conn: Connection, record: s.Find) -> list[dict[str, Any]]:
     """All documents a find returns (no batching), the config database included."""
     if record.ns.startswith("config."):
         try:
-            docs = await _config_docs(conn, record.ns, record.filter)
+            docs = await _config_docs(conn, record.ns, record.filter, record.readConcern)
             if record.sort:
                 docs.sort(key=query.sort_key(record.sort))
             docs = docs[record.skip : record.skip + record.limit if record.limit else None]
@@ -663,8 +670,13 @@ async def _find(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
         session = str(record.lsid["id"]) if isinstance(record.lsid, dict) and "id" in record.lsid else None
         if record.lsid is not None:
             routing.sessions.use(record.lsid)
-        docs = await _find_docs(conn, record)
+        # A snapshot read's time chosen here, so that the reply can name it (batchSize 0: the
+        # documents wait in the router, read at that time).
+        read_concern = pinned_read_concern(record.readConcern, routing.clock.cluster_time)
+        docs = await _find_docs(conn, record.model_copy(update={"readConcern": read_concern}))
         result = routing.open_cursor(docs, batch, session=session)
+        if (at := snapshot_time(read_concern)) is not None:
+            result = {**result, "atClusterTime": (at.time << 32) | at.inc}
     else:
         result = await _run(conn, record)
     if single and result.get("cursorId"):
@@ -710,7 +722,7 @@ async def _count(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     record, skip, limit = count_record(cmd)
     if record.ns.startswith("config."):
         try:
-            n = len(await _config_docs(conn, record.ns, record.filter))
+            n = len(await _config_docs(conn, record.ns, record.filter, record.readConcern))
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
     else:

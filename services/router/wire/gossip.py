@@ -16,6 +16,10 @@ from typing import Any
 from bson import Int64, Timestamp
 from bson.binary import Binary
 
+from domain import clock as vclock
+from domain.protocol import ErrorCode
+from libs.errors import CommandError
+
 
 def wire_timestamp(raw: Any) -> Any:
     """A BSON Timestamp as the domain reads it (Extended JSON); anything else unchanged, for
@@ -87,10 +91,25 @@ def pinned_read_concern(raw: Any, cluster_time: int) -> Any:
     time and its reply can name it (`atClusterTime`); anything else as `wire_read_concern`."""
     rc = wire_read_concern(raw)
     if isinstance(rc, dict) and rc.get("level") == "snapshot" and "atClusterTime" not in rc:
-        if "afterClusterTime" in rc:  # a causal snapshot session: at a time after it (checked by the router)
-            return rc
+        if "afterClusterTime" in rc:  # a causal snapshot session: at our time, which is after it
+            try:
+                after = vclock.parse_after_cluster_time(rc)
+            except CommandError:
+                return rc  # the router refuses it with the reason
+            if after is None or after > cluster_time:
+                return rc  # a time nobody handed out: the router refuses it
+            rc = {k: v for k, v in rc.items() if k != "afterClusterTime"}
         rc = {**rc, "atClusterTime": {"$timestamp": {"t": cluster_time >> 32, "i": cluster_time & 0xFFFFFFFF}}}
     return rc
+
+
+def refuse_snapshot_of_config(ns: str, rc: Any) -> None:
+    """The config database is the router's catalog projection as it is now, not as it was: a
+    snapshot read of it is refused rather than answered with the latest state."""
+    if ns.startswith("config.") and isinstance(rc, dict) and rc.get("level") == "snapshot":
+        raise CommandError(
+            ErrorCode.InvalidOptions, f'readConcern level "snapshot" is not supported on {ns} (the config database)'
+        )
 
 
 def snapshot_time(rc: Any) -> Timestamp | None:
