@@ -5,6 +5,12 @@ same fold keeping none (a window of 0), rounds alternating.  Then the store's hi
 steady run, and what one reclaim pass deletes and how fast.
 
     .venv/bin/python bench/bench_history.py [--docs 10000] [--writes 50000] [--batch 50] [--rounds 3]
+                                            [--steady-seconds 600] [--rate 1000] [--window 300]
+
+Last, a steady run in simulated time (the shard's real fold, store and Reclaimer; the clock
+advanced per write, not waited for): `--rate` updates a second for `--steady-seconds`, the
+Reclaimer's pass every 10 s with a window of `--window` s; every minute the history's entries and
+bytes, and the reclaim passes' entries/s.  Bounded means: no growth once the window has passed.
 
 The end-to-end figure the issue asks for (YCSB-A ops/s and p99 through routers, window 300 s
 against 0) is not measured here: this isolates the shard's part of it, where history is written.
@@ -13,12 +19,15 @@ against 0) is not measured here: this isolates the shard's part of it, where his
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import _events as E  # noqa: F401  (puts the repository on sys.path)
 
 from domain.clock import VectorClock
 from domain.shardkey import encode_value
@@ -67,6 +76,62 @@ def fold(dir: Path, docs: int, writes: int, batch: int, keep: bool, seed: int) -
     return time.perf_counter() - began, store, clock.cluster_time
 
 
+async def steady(dir: Path, docs: int, seconds: int, rate: int, window: int, batch: int) -> list[dict]:
+    """Updates at `rate` a second for `seconds` simulated seconds, reclaimed as a shard does;
+    a row a minute: entries and MiB of history, and the reclaim passes of that minute."""
+    store = Store(dir / "db")
+    documents = ShardDocuments()
+    documents.load(store)
+    wall = [1_800_000_000.0]
+    clock = VectorClock(wall=lambda: wall[0])
+    documents.clock = clock
+    reclaimer = history.Reclaimer(store, lambda: window, every_s=RECLAIM_EVERY_S)
+    pad, rng, rows = "x" * 1000, random.Random(7), []
+    start, pending = wall[0], 0
+    reclaimed, reclaim_s = 0, 0.0
+    for n in range(docs + seconds * rate):
+        i = n if n < docs else int(rng.paretovariate(1.2)) % docs
+        if n >= docs:
+            wall[0] += 1 / rate
+        skey = encode_value(i).hex()
+        documents.apply(stamp(clock, s.DocumentWritten(ns=NS, skey=skey, doc={"_id": i, "v": n, "pad": pad})), -1)
+        pending += 1
+        if pending == batch:
+            store.commit(documents.drain_changes().items(), None, documents.drain_range_deletions())
+            pending = 0
+        if n < docs:
+            continue
+        second = (n - docs + 1) / rate
+        if second % RECLAIM_EVERY_S == 0:
+            began = time.perf_counter()
+            reclaimed += await reclaimer.reclaim_once(wall[0])
+            reclaim_s += time.perf_counter() - began
+        if second % 60 == 0:
+            entries = sum(1 for _ in store.scan(history.BY_TIME))
+            mib = sum(len(k) + len(v) for k, v in store.scan(history.HISTORY)) / 2**20
+            rows.append(
+                {
+                    "second": int(wall[0] - start),
+                    "entries": entries,
+                    "historyMiB": round(mib, 1),
+                    "reclaimed": reclaimed,
+                    "reclaimEntriesPerS": round(reclaimed / reclaim_s) if reclaim_s else None,
+                }
+            )
+            print(
+                f"  t={rows[-1]['second']:4d}s  {entries:9,} history entries  {mib:7.1f} MiB  "
+                f"reclaimed this minute {reclaimed:8,}"
+                + (f" ({reclaimed / reclaim_s:,.0f} entries/s)" if reclaim_s else ""),
+                flush=True,
+            )
+            reclaimed, reclaim_s = 0, 0.0
+    store.close()
+    return rows
+
+
+RECLAIM_EVERY_S = 10  # SHARDLOG_HISTORY_RECLAIM_S's default
+
+
 def size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -77,6 +142,9 @@ def main() -> None:
     p.add_argument("--writes", type=int, default=50_000)
     p.add_argument("--batch", type=int, default=50)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steady-seconds", type=int, default=600, help="the steady run's simulated seconds (0: none)")
+    p.add_argument("--rate", type=int, default=1000, help="the steady run's updates a second")
+    p.add_argument("--window", type=int, default=300, help="minSnapshotHistoryWindowInSeconds of the steady run")
     args = p.parse_args()
     results: dict[str, list[float]] = {"history": [], "none": []}
     base = Path(tempfile.mkdtemp(prefix="bench-history-"))
@@ -113,10 +181,26 @@ def main() -> None:
             f"(store {before / 2**20:.1f} MiB on disk); one reclaim pass deleted {deleted:,} in {reclaim_s:.2f}s "
             f"({deleted / reclaim_s:,.0f} entries/s), {left} left"
         )
+        rows: list[dict] = []
+        if args.steady_seconds:
+            print(
+                f"steady: {args.rate:,} updates/s for {args.steady_seconds} s (simulated), window {args.window} s, "
+                f"a reclaim pass every {RECLAIM_EVERY_S} s:"
+            )
+            rows = asyncio.run(
+                steady(base / "steady", args.docs, args.steady_seconds, args.rate, args.window, args.batch)
+            )
+            after = [r["entries"] for r in rows if r["second"] > args.window + RECLAIM_EVERY_S]
+            if after:
+                print(
+                    f"  after the window: {min(after):,}..{max(after):,} entries "
+                    f"(max/min {max(after) / max(1, min(after)):.2f}; bounded: no growth past the window)"
+                )
         print(
             json.dumps(
                 {
                     "bench": "history",
+                    "steady": rows,
                     "writesPerS": {k: round(v) for k, v in best.items()},
                     "ratio": round(ratio, 3),
                     "historyEntries": entries,

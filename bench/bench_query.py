@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _events as E  # noqa: F401  (puts the repository on sys.path)
 from bson import Regex
 
 from domain.query import compile_filter, update_stored
