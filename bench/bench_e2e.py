@@ -611,6 +611,8 @@ class Bench:
                     "batch_p99_ms": lat["p99"],
                     "errors": load.errors,
                 }
+                if a.snapshot_reads:
+                    await self.snapshot_reads(coll)
                 for routers in a.routers:
                     if routers == 2:
                         await self.add_second_router()
@@ -620,10 +622,63 @@ class Bench:
                         await self.measure(system, cl, "c", min(a.warmup, a.ops), routers, warmup=True)
                     for _ in range(a.repeat):
                         for w in a.workloads:
+                            if a.history_windows:  # shardlog only, once per window, in the given order
+                                for window in a.history_windows:
+                                    await self.set_history_window(window)
+                                    await self.measure(f"shardlog-w{window}", coll, w, a.ops, routers)
+                                continue
                             for system, cl in systems:
                                 await self.measure(system, cl, w, a.ops, routers)
         finally:
             await raw.stop()
+
+    async def set_history_window(self, window: int) -> None:
+        """minSnapshotHistoryWindowInSeconds for the next run (the shards see it through their
+        catalogs within milliseconds; a second's pause makes sure before the clock starts)."""
+        async with Requester(self.bootstrap, self.t.cli_replies, client_id="bench-e2e") as r:
+            reply = await r.request(
+                self.t.config_commands,
+                cfg.SetSetting(key="minSnapshotHistoryWindowInSeconds", value=window),
+                timeout=60,
+            )
+            assert reply.ok, reply
+        await asyncio.sleep(1.0)
+
+    async def snapshot_reads(self, coll) -> None:
+        """Issue 32 §5: every loaded document read at a past time T (pinned by a snapshot read right
+        after the load, then every document updated, so each read goes through its history)
+        against the same read of the latest state; rounds alternate, the best of each compared."""
+        at = await self._pin_snapshot(coll)
+        await coll.update_many({}, {"$set": {"field0": "after the snapshot"}})
+        times: dict[str, list[float]] = {"past": [], "latest": []}
+        for r in range(self.args.snapshot_reads):
+            for kind in ("past", "latest") if r % 2 == 0 else ("latest", "past"):
+                began = time.perf_counter()
+                docs = [d async for d in coll.find({}, at_cluster_time=at if kind == "past" else None)]
+                times[kind].append(time.perf_counter() - began)
+                assert len(docs) == self.args.records, (kind, len(docs))
+                if kind == "past":
+                    assert all(d.get("field0") != "after the snapshot" for d in docs), "a later write seen at T"
+        best = {k: min(v) for k, v in times.items()}
+        ratio = best["past"] / best["latest"]
+        print(
+            f"  snapshot read of {self.args.records:,} documents over {len(SHARDS)} shards: at a past time "
+            f"{best['past'] * 1000:,.0f} ms, latest {best['latest'] * 1000:,.0f} ms: ratio {ratio:.2f} "
+            f"(best of {self.args.snapshot_reads}; rounds past {', '.join(f'{x * 1000:.0f}' for x in times['past'])}, "
+            f"latest {', '.join(f'{x * 1000:.0f}' for x in times['latest'])} ms)",
+            flush=True,
+        )
+        self.snapshot = {"past_ms": round(best["past"] * 1000, 1), "latest_ms": round(best["latest"] * 1000, 1)}
+        self.snapshot["ratio"] = round(ratio, 3)
+
+    @staticmethod
+    async def _pin_snapshot(coll) -> int:
+        """A ClusterTime after every loaded write: a snapshot session's first read picks it."""
+        session = coll.cluster.start_session(snapshot=True)
+        async for _ in coll.find({}, session=session, limit=1):
+            pass
+        assert session.snapshot_time is not None
+        return session.snapshot_time
 
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
@@ -698,10 +753,23 @@ def main() -> None:
         metavar="NAME",
         help="run a service under cProfile (router-r1, shard-s0, echo-front1, ...); repeatable",
     )
+    p.add_argument(
+        "--history-windows",
+        default="",
+        help="e.g. 300,0: run shardlog alone, once per minSnapshotHistoryWindowInSeconds, instead of the baselines",
+    )
+    p.add_argument(
+        "--snapshot-reads",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="after the load, read every document at a past time and at the latest, ROUNDS times each",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores, profiles)")
     args = p.parse_args()
     args.workloads = [w.strip().lower().removeprefix("ycsb-") for w in args.workloads.split(",")]
     args.routers = [int(x) for x in args.routers.split(",")]
+    args.history_windows = [int(x) for x in args.history_windows.split(",") if x.strip()]
     bootstrap, cluster = E.bootstrap(), E.cluster_name()
     tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-e2e-"))
     bench = Bench(args, bootstrap, cluster, tmp)
@@ -752,8 +820,31 @@ def main() -> None:
                 f"{o['p99_ms']:7.2f} / {r['p99_ms']:5.2f} {ratios['ratio_p99']:6.2f}   "
                 f"{f['ops_s']:10,.0f} {ratios['ratio_fair_ops_s']:6.3f}"
             )
+    for routers in args.routers if args.history_windows else ():
+        for w in args.workloads:
+            runs = {
+                win: pooled(bench.results, f"shardlog-w{win}", routers, f"ycsb-{w}") for win in args.history_windows
+            }
+            if not all(runs.values()) or len(runs) < 2:
+                continue
+            base_w = args.history_windows[-1]  # the last window named is the baseline (e.g. 0: no history)
+            base = runs[base_w]
+            assert base is not None
+            for win, o in runs.items():
+                assert o is not None
+                ratios = {
+                    "ratio_ops_s": round(o["ops_s"] / base["ops_s"], 3),
+                    "ratio_p99": round(o["p99_ms"] / base["p99_ms"], 2),
+                }
+                figures[f"ycsb-{w}_routers{routers}_window{win}"] = {**o, **ratios}
+                print(
+                    f"  ycsb-{w}, {routers} router(s), window {win:4d} s: {o['ops_s']:8,.0f} ops/s  p99 {o['p99_ms']:7.2f} ms"
+                    f"   against window {base_w}: ops/s {ratios['ratio_ops_s']:.3f}, p99 {ratios['ratio_p99']:.2f}"
+                )
     E.result_line(
         "e2e",
+        history_windows=args.history_windows,
+        snapshot_reads=getattr(bench, "snapshot", None),
         records=args.records,
         ops=args.ops,
         concurrency=args.concurrency,
