@@ -83,6 +83,21 @@ def seconds_from_env(name: str, default: float) -> float:
     return value
 
 
+def count_from_env(name: str, default: int) -> int:
+    """A positive whole number from the environment variable `name` (unset or empty: the
+    default); anything else refuses to start the service, as `seconds_from_env` does."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be at least 1")
+    return value
+
+
 def common_args(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP)")

@@ -185,14 +185,18 @@ class ProcessCluster:
         self.settings = settings
         self.procs: dict[str, ServiceProcess] = {}
 
-    def start(self, name: str, fault: str | None = None) -> ServiceProcess:
-        """(Re)start a service: the running instance, if any, stops first."""
+    def start(
+        self, name: str, fault: str | None = None, *, env: dict[str, str] | None = None, wait: bool = True
+    ) -> ServiceProcess:
+        """(Re)start a service: the running instance, if any, stops first; `wait`: until it is
+        ready (a process armed to die early may never be)."""
         if name in self.procs:
             self.procs[name].stop()
         module, args, ready, role = self.services[name]
-        env = {"SHARDLOG_FAULTS": f"{fault}=kill" if fault else ""}
+        env = {"SHARDLOG_FAULTS": f"{fault}=kill" if fault else "", **(env or {})}
         p = self.procs[name] = ServiceProcess(self.settings, module, *args, ready_name=ready, env=env)
-        p.wait_ready(timeout=90, role=role)
+        if wait:
+            p.wait_ready(timeout=90, role=role)
         return p
 
     def stop_all(self) -> None:

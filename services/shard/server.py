@@ -15,7 +15,7 @@ from libs.commands import CommandProcessor, Decision, Policy, header
 from libs.metrics import MetricsPublisher, OperationCounters, timed
 from libs.projection import Projection
 from libs.requests import Requester
-from libs.service import ServiceSettings, clear_ready, report_ready, seconds_from_env, supervised
+from libs.service import ServiceSettings, clear_ready, count_from_env, report_ready, seconds_from_env, supervised
 from libs.store import Store
 from schemas import Record
 from schemas import shard as schema
@@ -35,6 +35,7 @@ CONFIG_WAIT_S = 10.0
 CHANGELOG_BATCH_BYTES = 4 * 1024 * 1024
 # How often each instance deletes the history older than minSnapshotHistoryWindowInSeconds.
 HISTORY_RECLAIM_ENV = "SHARDLOG_HISTORY_RECLAIM_S"
+HISTORY_RECLAIM_BATCH_ENV = "SHARDLOG_HISTORY_RECLAIM_BATCH"  # entries deleted per step, the loop let go between
 
 
 class ShardPolicy(Policy):
@@ -149,6 +150,7 @@ class ShardServer:
             self.store,
             lambda: self.follower.catalog.settings.minSnapshotHistoryWindowInSeconds,
             seconds_from_env(HISTORY_RECLAIM_ENV, 10.0),
+            count_from_env(HISTORY_RECLAIM_BATCH_ENV, 10_000),
         )
         self.statistics = StatisticsPublisher(
             settings, shard_id, self.follower.catalog, self.documents, active=self.processor.active

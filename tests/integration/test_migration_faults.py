@@ -9,7 +9,10 @@ it, restarts the killed service without the fault, and then checks the whole clu
 - every acknowledged write is there, and every document is stored exactly on the
   shard the catalog says owns it — no orphan left once the range deleter is done
   (each shard's contents are read back from its changelog, not from the service);
-- no migration document or range-deletion task is left behind.
+- no migration document or range-deletion task is left behind;
+- no history within minSnapshotHistoryWindowInSeconds is lost (issue 32 §4): a snapshot read
+  at a time before the migration, after the crash and the range deletion, still returns the
+  documents as they were then, the moved range read on the shard that owned it at that time.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import pytest
 
 from domain.follower import replay_catalog
 from domain.shardkey import encode_value
-from libs.client import AsyncCluster
+from libs.client import AsyncCluster, ShardlogError
 from libs.requests import Requester, RequestTimeout
 from libs.service import ServiceSettings
 from schemas import config as c
@@ -138,6 +141,22 @@ async def load(settings, ns: str) -> None:
         await cl[db][coll].insert_many([{"_id": i, "k": i, "n": 0} for i in range(DOCS)])
 
 
+async def pin_snapshot(settings, ns: str) -> int:
+    """A cluster time after everything acknowledged so far: a snapshot session's first read."""
+    async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
+        db, coll = ns.split(".")
+        session = cl.start_session(snapshot=True)
+        await cl[db][coll].find({}, session=session, limit=1).to_list()
+        assert session.snapshot_time is not None
+        return session.snapshot_time
+
+
+async def read_at(settings, ns: str, at: int) -> list[dict]:
+    async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
+        db, coll = ns.split(".")
+        return await cl[db][coll].find({}, sort={"k": 1}, at_cluster_time=at).to_list()
+
+
 async def read_all(settings, ns: str) -> list[dict]:
     async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
         db, coll = ns.split(".")
@@ -171,6 +190,7 @@ def test_kill9_during_a_migration(procs, service, fault):
     cl.config(c.ShardCollection(ns=ns, key={"k": 1}))
     cl.config(c.SplitChunk(ns=ns, at=[{"k": DOCS // 2}]))
     asyncio.run(load(settings, ns))
+    loaded = asyncio.run(pin_snapshot(settings, ns))
 
     victim = cl.start(service, fault)  # the same service, now armed
     acked: dict = {}
@@ -232,3 +252,53 @@ def test_kill9_during_a_migration(procs, service, fault):
         other = "s1" if owner == "s0" else "s0"
         assert d["_id"] in holdings[owner], f"{d['_id']} missing on its owner {owner}"
         assert d["_id"] not in holdings[other], f"{d['_id']} left as an orphan on {other}"
+    # The past survived the crash, the migration and the range deletion (within the window).
+    past = asyncio.run(read_at(settings, ns, loaded))
+    assert past == [{"_id": i, "k": i, "n": 0} for i in range(DOCS)], [d for d in past if d["n"]][:5]
+
+
+def test_kill9_during_history_reclaim_keeps_what_is_within_the_window(procs):
+    """A shard killed between two reclaim steps (issue 32 §4) comes back with the history still
+    within minSnapshotHistoryWindowInSeconds whole, and finishes reclaiming what is older."""
+    cl, settings = procs, procs.settings
+    ns = f"f.h{next(_numbers)}"
+    cl.config(c.CreateDatabase(db="f", primary="s0"))
+    cl.config(c.ShardCollection(ns=ns, key={"k": 1}))
+    asyncio.run(load(settings, ns))
+    old = asyncio.run(pin_snapshot(settings, ns))
+    # GAP seconds later (wall time is what the window counts), the documents change twice; the
+    # window then is a little shorter than GAP: the load's history is past it, the rest is not.
+    gap, window = 25, 24
+    wait_until(lambda: time.time() > (old >> 32) + gap + 1, gap + 5, f"{gap} s to pass since the load")
+    asyncio.run(update_all(settings, ns, 1))
+    kept = asyncio.run(pin_snapshot(settings, ns))
+    asyncio.run(update_all(settings, ns, 2))
+    fast = {"SHARDLOG_HISTORY_RECLAIM_S": "0.2", "SHARDLOG_HISTORY_RECLAIM_BATCH": "50"}
+    try:
+        cl.config(c.SetSetting(key="minSnapshotHistoryWindowInSeconds", value=window))
+        victim = cl.start("donor", "history.mid_reclaim", env=fast, wait=False)
+        wait_until(lambda: victim.proc.poll() is not None, 60, "s0 to die between two reclaim steps")
+        assert victim.proc.returncode == -9, f"s0 exited with {victim.proc.returncode}:\n{victim.tail()}"
+        cl.start("donor", env=fast)
+        assert time.time() < (kept >> 32) + window - 2, "too slow: the kept time is leaving the window"
+        at_kept = asyncio.run(read_at(settings, ns, kept))
+        assert at_kept == [{"_id": i, "k": i, "n": 1} for i in range(DOCS)], [d for d in at_kept if d["n"] != 1][:5]
+
+        def refused() -> str | None:  # the load's time: reclaimed once the restarted s0 finishes
+            try:
+                asyncio.run(read_at(settings, ns, old))
+                return None
+            except ShardlogError as e:
+                return e.code
+
+        assert wait_until(refused, 30, "a read at the load's time to be refused") == "SnapshotTooOld"
+    finally:
+        cl.config(c.SetSetting(key="minSnapshotHistoryWindowInSeconds", value=300))
+        cl.start("donor")
+
+
+async def update_all(settings, ns: str, n: int) -> None:
+    async with AsyncCluster(settings.bootstrap, settings.cluster, timeout=120) as cl:
+        db, coll = ns.split(".")
+        r = await cl[db][coll].update_many({}, {"$set": {"n": n}})
+        assert r["matched"] == DOCS, r
