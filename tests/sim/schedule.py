@@ -21,7 +21,9 @@ Invariants, once the faults stop and the cluster settles:
 5. no orphan is visible: each shard holds only documents of chunks it owns, and only the
    primary shard holds the unsharded collection's;
 6. every store a projection wrote (standbys' and followers' catalogs included) equals a fresh
-   replay of its log."""
+   replay of its log;
+7. with the balancer, every chunk of a zone's range ends on a shard of the zone;
+and while the workload runs: 8. a snapshot session reads a consistent cut, the same twice."""
 
 from __future__ import annotations
 
@@ -116,6 +118,7 @@ class Plan:
     refine_at: float | None = None  # when db.c's shard key is refined to {k: 1, _id: 1}
     sessions_expire: bool = False  # logical sessions time out after 6 s, reaped every 0.5 s
     shards: int = 2  # s0, s1, ... (3 or 4 in some plans: faults then fall on any of them)
+    snapshot_reads: list[float] = field(default_factory=list)  # when a snapshot session reads db.c first
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -164,7 +167,11 @@ class Plan:
         if more.random() < 0.2:
             plan.refine_at = round(more.uniform(0.5, HORIZON_S), 3)
         plan.sessions_expire = more.random() < 0.25 and "sessions-expire" in QUARANTINED_ON
-        return plan._widened(random.Random(seed ^ 0x5A4D5))
+        plan = plan._widened(random.Random(seed ^ 0x5A4D5))
+        reads = random.Random(seed ^ 0x5A95)  # (their own generator: the plans above stay as they were)
+        if reads.random() < 0.35:
+            plan.snapshot_reads = sorted(round(reads.uniform(0.5, HORIZON_S), 3) for _ in range(reads.randint(1, 2)))
+        return plan
 
     def _widened(self, rng: random.Random) -> Plan:
         """Three shards in 1 plan in 5, four in 1 in 10 (a generator of their own: two-shard plans
@@ -301,6 +308,8 @@ def smaller(plan: Plan) -> Iterator[Plan]:
         yield replace(plan, drop_database=None)
     if plan.refine_at is not None:
         yield replace(plan, refine_at=None)
+    for i in range(len(plan.snapshot_reads)):
+        yield replace(plan, snapshot_reads=plan.snapshot_reads[:i] + plan.snapshot_reads[i + 1 :])
     if plan.moves:
         yield replace(plan, moves=plan.moves - 1)
     if plan.writers > 1:
@@ -415,6 +424,8 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
             cut_offs.append(asyncio.create_task(_dropped_writer(cl, client, plan, ledger, rng, note)))
         if plan.refine_at is not None:
             cut_offs.append(asyncio.create_task(_refine(cl, plan.refine_at, note)))
+        for n, at in enumerate(plan.snapshot_reads):
+            cut_offs.append(asyncio.create_task(_snapshot_reader(coll, at, ledger, random.Random(plan.seed + n), note)))
         for at, name, lose in plan.crashes:
             await asyncio.sleep(max(0.0, at - loop.time()))
             if cl.alive(name) and name not in restarting:
@@ -614,6 +625,49 @@ async def _writer(coll: Any, w: int, plan: Plan, ledger: Ledger, rng: random.Ran
                 expired = int((loop.time() - first_sent) // SESSION_TIMEOUT_S) + failed
                 ledger.expired[counter] = ledger.expired.get(counter, 0) + expired
         await asyncio.sleep(rng.uniform(0.0, 0.25) if rng.random() < 0.5 else 0.0)  # bursts: writes race migrations
+
+
+# A snapshot read may be refused for these reasons (a shard that lost its store keeps no history
+# before its rebuild; a refined key's routing before the refine is not kept), never answered wrongly.
+SNAPSHOT_REFUSALS = ("SnapshotTooOld", "StaleChunkHistory", "SnapshotUnavailable")
+
+
+async def _snapshot_reader(coll: Any, at: float, ledger: Ledger, rng: random.Random, note: Any) -> None:
+    """A snapshot session reads all of db.c at `at`, and again one to five seconds later (moves,
+    crashes and writes meanwhile): the second read must return exactly what the first did (a
+    consistent cut of every shard), and the first every insert acknowledged before it began and
+    none sent after it ended, each once."""
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    session = coll.cluster.start_session(snapshot=True)
+    acked = {i for i in ledger.inserted if i % 5}  # (a fifth went to db.u)
+    try:
+        first = [d async for d in coll.find({}, sort={"_id": 1}, session=session)]
+    except (ShardlogError, OperationTimeout) as e:
+        return _refused(e, note, "first")
+    sent = set(ledger.insert_sent)
+    ids = [d["_id"] for d in first if d["_id"] >= 0]
+    if len(ids) != len(set(ids)):
+        raise Violation(f"invariant 8: a snapshot read returned a document twice: {sorted(i for i in ids if ids.count(i) > 1)}")
+    if missing := acked - set(ids):
+        raise Violation(f"invariant 8: a snapshot read at {session.snapshot_time} missed acknowledged inserts {sorted(missing)}")
+    if unsent := set(ids) - sent:
+        raise Violation(f"invariant 8: a snapshot read at {session.snapshot_time} saw inserts sent after it: {sorted(unsent)}")
+    await asyncio.sleep(rng.uniform(1.0, 5.0))
+    try:
+        again = [d async for d in coll.find({}, sort={"_id": 1}, session=session)]
+    except (ShardlogError, OperationTimeout) as e:
+        return _refused(e, note, "second")
+    if again != first:
+        gone = [d for d in first if d not in again][:5]
+        new = [d for d in again if d not in first][:5]
+        raise Violation(f"invariant 8: a snapshot session's second read differs from its first: lost {gone}, gained {new}")
+    note(f"snapshot session at {session.snapshot_time}: {len(first)} documents, read twice, the same")
+
+
+def _refused(e: Exception, note: Any, which: str) -> None:
+    if isinstance(e, ShardlogError) and e.code not in SNAPSHOT_REFUSALS:
+        raise Violation(f"invariant 8: a snapshot read ({which}) failed with {e.code}: {e.message}")
+    note(f"snapshot read ({which}) refused: {getattr(e, 'code', type(e).__name__)}")
 
 
 async def _mover(cl: SimCluster, plan: Plan, rng: random.Random, note: Any) -> None:
