@@ -557,6 +557,11 @@ class MemoryMember(_Client):
 
     async def commit(self, offsets: dict[int, int]) -> None:
         await self._reach()
+        # As Kafka's coordinator refuses a member evicted from the group (its session lapsed:
+        # CommitFailedError) or a partition it does not hold: a router frozen or cut off past its
+        # session must not take operations that the partition's new owner runs too.
+        if self not in self.group.members or not set(offsets) <= self._held:
+            raise BusError(f"member of {self.group.name}: not the owner of {sorted(offsets)} any more")
         for partition, offset in offsets.items():
             self.group.offsets[(self.topic, partition)] = offset
 

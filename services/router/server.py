@@ -3,9 +3,13 @@ routers through one consumer group), routes them to shards, replies to the
 client's inbox.  Its only state is the routing-table cache (a catalog
 follower) and open cursors.
 
-A router that dies leaves its in-flight operations uncommitted in
-`router.requests`: another router takes the partition and runs them again;
-retryable writes carry their lsid and txnNumber, so shards apply each once.
+A router takes each batch of operations off `router.requests` (commits past it)
+before it runs any of them: an operation runs at most once, as a mongos runs once
+what a connection sent it.  A router that dies loses its in-flight operations; the
+client sends them again (a retryable write under the same lsid and txnNumber, which
+shards apply once).  Committing only once answered re-ran every operation after the
+oldest unanswered one, answered long before: an insert acknowledged before a
+dropDatabase re-created the database (docs/decisions/0005, amendment).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from domain.clock import VectorClock
 from domain.follower import CatalogFollower
@@ -50,35 +55,13 @@ def wire_address(port: int | None = None, bind: str | None = None) -> tuple[str,
     return host, None if raw == "off" else int(raw)
 
 
-class Progress:
-    """Per partition of `router.requests`: operations still unanswered and the next offset
-    fetched, so that commits never pass an operation nobody has answered yet.  A revoked
-    partition is forgotten: its new owner starts from what was committed."""
-
-    def __init__(self) -> None:
-        self.in_flight: dict[int, set[int]] = {}
-        self.next_offset: dict[int, int] = {}
-        self.committed: dict[int, int] = {}
-
-    def started(self, tp: int, offset: int, task: asyncio.Task) -> None:
-        running = self.in_flight.setdefault(tp, set())
-        running.add(offset)
-        self.next_offset[tp] = offset + 1
-        task.add_done_callback(lambda _: running.discard(offset))
-
-    def committable(self, assignment: set[int]) -> dict[int, int]:
-        safe = {
-            tp: min(self.in_flight[tp]) if self.in_flight.get(tp) else nxt
-            for tp, nxt in self.next_offset.items()
-            if tp in assignment
-        }
-        return {tp: o for tp, o in safe.items() if self.committed.get(tp) != o}
+class _Taken:
+    """The requests member's listener: nothing to do on a rebalance, as every operation a
+    router runs is committed (taken) before it runs, and a revoked partition's new owner
+    starts after it."""
 
     async def on_revoked(self, revoked) -> None:
-        for tp in revoked:
-            self.in_flight.pop(tp, None)
-            self.next_offset.pop(tp, None)
-            self.committed.pop(tp, None)
+        pass
 
     async def on_assigned(self, assigned) -> None:
         pass
@@ -99,6 +82,51 @@ class _Cursors:
 
     async def commit(self, offsets: dict[int, int]) -> None:
         pass
+
+    def seek(self, partition: int, offset: int) -> None:
+        pass  # (never taken: nothing to seek back to)
+
+
+def taken(batch: dict[int, list[Message]]) -> dict[int, int]:
+    """The offsets that take a polled batch off its partitions: past each one's last record."""
+    return {tp: records[-1].offset + 1 for tp, records in batch.items() if records}
+
+
+async def serve(
+    source: GroupMember | _Cursors,
+    handle: Callable[[Message], Awaitable[None]],
+    *,
+    take: bool,
+    name: str,
+) -> None:
+    """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT).  With `take`, each
+    batch is first committed (taken), so none runs twice: a batch whose commit fails (a
+    rebalance under way) is not run here, its partitions, if still ours, sought back to fetch
+    it again; else their next owner runs it."""
+    tasks: set[asyncio.Task] = set()
+    try:
+        while True:
+            if len(tasks) >= MAX_IN_FLIGHT:  # back-pressure: wait for a slot
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            batch = await source.poll(timeout_s=0.05, max_records=MAX_IN_FLIGHT - len(tasks))
+            if take and batch:
+                try:
+                    await source.commit(taken(batch))
+                except BusError as e:
+                    log.info("%s: batch not taken (%s): left to the partitions' owner", name, e)
+                    mine = source.assignment()
+                    for tp, records in batch.items():
+                        if records and tp in mine:
+                            source.seek(tp, records[0].offset)
+                    continue
+            for records in batch.values():
+                for rec in records:
+                    task = asyncio.create_task(handle(rec))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 class RouterServer:
@@ -178,12 +206,11 @@ class RouterServer:
         # Replies to clients go through the producer of the shard requests: one producer, so each
         # produce request carries both (two producers doubled the router's produce requests).
         self.producer = self.requester.producer
-        progress = Progress()
         requests = s.bus.member(
             t.group("router"),
             t.router_requests,
             client_id=self.name,
-            listener=progress,
+            listener=_Taken(),
             session_timeout_ms=s.session_timeout_ms,
         )
         await requests.start()
@@ -195,11 +222,12 @@ class RouterServer:
                 report_ready(s, self.name, configTime=at, inbox=self.inbox, uri=self.mongodb_uri)
                 await self.metrics.start()
                 cursor_task = supervised(
-                    asyncio.create_task(self._serve(_Cursors(cursors), progress=None)), f"{self.name} cursors"
+                    asyncio.create_task(serve(_Cursors(cursors), self._handle, take=False, name=self.name)),
+                    f"{self.name} cursors",
                 )
                 refresh = supervised(asyncio.create_task(self.sessions.run()), f"{self.name} session cache")
                 try:
-                    await self._serve(requests, progress=progress)
+                    await serve(requests, self._handle, take=True, name=self.name)
                 finally:
                     cursor_task.cancel()
                     refresh.cancel()
@@ -216,34 +244,6 @@ class RouterServer:
             )
             await self.follower.stop()
             await s.bus.delete_topics([self.inbox, self.cursor_topic])
-
-    async def _serve(self, source: GroupMember | _Cursors, *, progress: Progress | None) -> None:
-        """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT); with `progress`,
-        commit per partition up to the oldest operation still unanswered (at least once)."""
-        tasks: set[asyncio.Task] = set()
-        try:
-            while True:
-                if len(tasks) >= MAX_IN_FLIGHT:  # back-pressure: wait for a slot
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                batch = await source.poll(timeout_s=0.05, max_records=MAX_IN_FLIGHT - len(tasks))
-                for tp, records in batch.items():
-                    for rec in records:
-                        task = asyncio.create_task(self._handle(rec))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                        if progress is not None:
-                            progress.started(tp, rec.offset, task)
-                if progress is not None:
-                    changed = progress.committable(source.assignment())
-                    if changed:
-                        try:
-                            await source.commit(changed)
-                            progress.committed.update(changed)
-                        except BusError as e:  # a rebalance is under way: the next owner re-runs the rest
-                            log.info("%s: commit skipped (%s)", self.name, e)
-        finally:
-            for t in tasks:
-                t.cancel()
 
     def _internal_error(self, rec, e: Exception) -> dict:
         """A bug met handling `rec`: logged, and answered as InternalError."""

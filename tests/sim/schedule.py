@@ -67,9 +67,9 @@ DROPPED = "dropped"  # a database written, then dropped (plans with drop_databas
 SESSION_TIMEOUT_S = 6.0  # logicalSessionTimeoutMinutes, in seconds, of sessions_expire plans
 REFINED = {"k": 1, "_id": 1}  # db.c's shard key once refined (plans with refine_at)
 # Workloads that find violations not yet explained (docs/reference/simulator.md, "Not yet"): off
-# unless named in SHARDLOG_SIM_WORKLOADS (e.g. "drop-database,sessions-expire"; the workers of
+# unless named in SHARDLOG_SIM_WORKLOADS (e.g. "sessions-expire"; the workers of
 # tests/sim/pool.py inherit it). Their draws are made either way: the other plans stay the same.
-QUARANTINED = ("drop-database", "sessions-expire")
+QUARANTINED = ("sessions-expire",)
 QUARANTINED_ON = {w for w in os.environ.get("SHARDLOG_SIM_WORKLOADS", "").split(",") if w in QUARANTINED}
 # Fault points a schedule may crash a process at (the runtime's own, the donor's protocol steps,
 # the range deleter's); the shard's and config server's commit points take their service name.
@@ -162,7 +162,7 @@ class Plan:
         plan.crash_at_end = faults_on and more.random() < 0.15
         if more.random() < 0.25:
             plan.balancer, plan.zone_at = True, round(more.uniform(0.5, HORIZON_S), 3)
-        if more.random() < 0.25 and "drop-database" in QUARANTINED_ON:
+        if more.random() < 0.25:
             plan.drop_database = round(more.uniform(1.0, HORIZON_S), 3)
         if more.random() < 0.2:
             plan.refine_at = round(more.uniform(0.5, HORIZON_S), 3)
