@@ -25,7 +25,7 @@ def test_a_schedule_without_faults_keeps_every_invariant(sim_dir):
     assert any("settled" in e for e in out.events), out.events
 
 
-@pytest.mark.timeout(900)  # ~4 minutes for 2,000 on 2 free cores; a busy machine takes longer
+@pytest.mark.timeout(900)  # ~6 minutes for 2,000 on 2 free cores; a busy machine takes longer
 def test_seeded_schedules_under_faults_keep_every_invariant():
     crashed = settled = 0
     for result in pool.run_seeds(range(SCHEDULES), jobs=JOBS):
