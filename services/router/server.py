@@ -97,6 +97,16 @@ def taken(batch: dict[int, list[Message]]) -> dict[int, int]:
     return {tp: records[-1].offset + 1 for tp, records in batch.items() if records}
 
 
+# Operations that may run twice unharmed (a find or a count answers twice; nothing changes):
+# they run as soon as they are polled, without waiting for their batch to be taken.  Told from
+# the record's first bytes (the client library encodes `type` first); anything else waits.
+RUN_AT_ONCE = (b'{"type":"Find",', b'{"type":"Count",', b'{"type":"Explain",')
+
+
+def runs_at_once(rec: Message) -> bool:
+    return rec.value is not None and rec.value.startswith(RUN_AT_ONCE)
+
+
 async def serve(
     source: GroupMember | _Cursors,
     handle: Callable[[Message], Awaitable[None]],
@@ -105,33 +115,59 @@ async def serve(
     name: str,
 ) -> None:
     """Handle operations concurrently as they arrive (up to MAX_IN_FLIGHT).  With `take`, each
-    batch is first committed (taken), so none runs twice: a batch whose commit fails (a
-    rebalance under way) is not run here, its partitions, if still ours, sought back to fetch
-    it again; else their next owner runs it."""
+    batch's writes (anything but RUN_AT_ONCE) run only once the batch is committed (taken), so
+    none runs twice: a batch whose commit fails (a rebalance under way) runs no write here, its
+    partitions, if still ours, sought back to fetch it again; else their next owner runs it.
+    Batches of reads alone are taken in the background, one commit in flight at a time (a
+    commit takes everything polled before it: the next one covers what one skipped), and a
+    write's commit waits for it, so commits land in order."""
     tasks: set[asyncio.Task] = set()
+    owed: dict[int, int] = {}  # per partition, the offset past what was polled and not yet committed
+    background: asyncio.Task | None = None  # a commit of reads alone, in flight
+
+    def run(records: list[Message]) -> None:
+        for rec in records:
+            task = asyncio.create_task(handle(rec))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
     try:
         while True:
             if len(tasks) >= MAX_IN_FLIGHT:  # back-pressure: wait for a slot
                 await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             batch = await source.poll(timeout_s=IDLE_POLL_S, max_records=MAX_IN_FLIGHT - len(tasks))
-            if take and batch:
-                try:
-                    await source.commit(taken(batch))
-                except BusError as e:
-                    log.info("%s: batch not taken (%s): left to the partitions' owner", name, e)
-                    mine = source.assignment()
-                    for tp, records in batch.items():
-                        if records and tp in mine:
-                            source.seek(tp, records[0].offset)
-                    continue
-            for records in batch.values():
-                for rec in records:
-                    task = asyncio.create_task(handle(rec))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+            records = [rec for recs in batch.values() for rec in recs]
+            if not take:
+                run(records)
+                continue
+            run([rec for rec in records if runs_at_once(rec)])
+            writes = [rec for rec in records if not runs_at_once(rec)]
+            owed.update(taken(batch))
+            if not writes:
+                if owed and (background is None or background.done()):
+                    background = asyncio.create_task(source.commit(dict(owed)))
+                    owed.clear()  # (a failed background commit: its reads ran; nothing to run twice)
+                continue
+            if background is not None:
+                await asyncio.gather(background, return_exceptions=True)
+                background = None
+            try:
+                await source.commit(dict(owed))
+                owed.clear()
+            except BusError as e:
+                log.info("%s: batch not taken (%s): left to the partitions' owner", name, e)
+                owed.clear()
+                mine = source.assignment()
+                for tp, recs in batch.items():
+                    if recs and tp in mine:
+                        source.seek(tp, recs[0].offset)
+                continue
+            run(writes)
     finally:
         for t in tasks:
             t.cancel()
+        if background is not None:
+            background.cancel()
 
 
 class RouterServer:

@@ -150,3 +150,55 @@ def test_a_member_evicted_from_its_group_cannot_commit():
         assert await b.committed(0) == 1
 
     asyncio.run(main())
+
+
+def _op(offset: int, kind: str) -> MemoryMessage:
+    return MemoryMessage("r", 0, offset, None, b'{"type":"%s","v":1}' % kind.encode(), (), 0)
+
+
+def test_reads_run_at_once_and_writes_only_once_their_batch_is_taken():
+    """A find or a count may run twice unharmed: it does not wait for its batch's commit. A
+    write, or a getMore (which moves a cursor), does; when the commit fails, no write runs and
+    the batch is fetched again (its reads then answer twice)."""
+
+    async def main() -> None:
+        ops = [_op(0, "Find"), _op(1, "Insert"), _op(2, "Count"), _op(3, "GetMore"), _op(4, "Explain")]
+        source = _Source({0: ops}, failures=1)
+        ran: list[tuple[int, int]] = []  # (offset, commits made when it ran)
+
+        async def handle(rec) -> None:
+            ran.append((rec.offset, len(source.commits)))
+
+        serving = asyncio.ensure_future(serve(source, handle, take=True, name="r"))  # type: ignore[arg-type]
+        while source.polls < 5:
+            await asyncio.sleep(0)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        assert source.commits == [{0: 5}]
+        reads = [offset for offset, _ in ran if offset in (0, 2, 4)]
+        assert sorted(reads) == [0, 0, 2, 2, 4, 4], ran  # before the failed commit, and again after it
+        assert [(o, c) for o, c in ran if o in (1, 3)] == [(1, 1), (3, 1)], ran  # once, once taken
+
+    asyncio.run(main())
+
+
+def test_a_batch_of_reads_alone_is_taken_in_the_background_before_the_next_commit():
+    async def main() -> None:
+        source = _Source({0: [_op(0, "Find"), _op(1, "Count")]}, failures=0)
+        ran: list[int] = []
+
+        async def handle(rec) -> None:
+            ran.append(rec.offset)
+
+        serving = asyncio.ensure_future(serve(source, handle, take=True, name="r"))  # type: ignore[arg-type]
+        while source.polls < 3:
+            await asyncio.sleep(0)
+        source.batch[0].append(_op(2, "Update"))
+        while source.polls < 6:
+            await asyncio.sleep(0)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        assert ran == [0, 1, 2]
+        assert source.commits == [{0: 2}, {0: 3}]  # in order: the reads' commit landed first
+
+    asyncio.run(main())
