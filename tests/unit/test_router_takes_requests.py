@@ -105,6 +105,23 @@ class _Source:
         self.position[partition] = offset
 
 
+async def _serve_until(source: _Source, handle, polls: int, then=None) -> None:
+    """Serve `source` until it has been polled `polls` times (`then`: a change made halfway),
+    then stop the router."""
+
+    async def polled(n: int) -> None:
+        while source.polls < n:
+            await asyncio.sleep(0)
+
+    serving = asyncio.ensure_future(serve(source, handle, take=True, name="r"))  # type: ignore[arg-type]
+    if then is not None:
+        await polled(polls // 2)
+        then()
+    await polled(polls)
+    serving.cancel()
+    await asyncio.gather(serving, return_exceptions=True)
+
+
 def test_a_batch_whose_commit_fails_is_not_run_until_taken():
     async def main() -> None:
         source = _Source({0: [_message(0), _message(1)]}, failures=1)
@@ -113,11 +130,7 @@ def test_a_batch_whose_commit_fails_is_not_run_until_taken():
         async def handle(rec) -> None:
             ran.append((rec.offset, list(source.commits)))
 
-        serving = asyncio.ensure_future(serve(source, handle, take=True, name="r"))  # type: ignore[arg-type]
-        while source.polls < 5:
-            await asyncio.sleep(0)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        await _serve_until(source, handle, 5)
         # refused once: sought back and fetched again, then taken, then run, each once
         assert source.commits == [{0: 2}]
         assert ran == [(0, [{0: 2}]), (1, [{0: 2}])]
@@ -169,11 +182,7 @@ def test_reads_run_at_once_and_writes_only_once_their_batch_is_taken():
         async def handle(rec) -> None:
             ran.append((rec.offset, len(source.commits)))
 
-        serving = asyncio.ensure_future(serve(source, handle, take=True, name="r"))  # type: ignore[arg-type]
-        while source.polls < 5:
-            await asyncio.sleep(0)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        await _serve_until(source, handle, 5)
         assert source.commits == [{0: 5}]
         reads = [offset for offset, _ in ran if offset in (0, 2, 4)]
         assert sorted(reads) == [0, 0, 2, 2, 4, 4], ran  # before the failed commit, and again after it
@@ -190,14 +199,7 @@ def test_a_batch_of_reads_alone_is_taken_in_the_background_before_the_next_commi
         async def handle(rec) -> None:
             ran.append(rec.offset)
 
-        serving = asyncio.ensure_future(serve(source, handle, take=True, name="r"))  # type: ignore[arg-type]
-        while source.polls < 3:
-            await asyncio.sleep(0)
-        source.batch[0].append(_op(2, "Update"))
-        while source.polls < 6:
-            await asyncio.sleep(0)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        await _serve_until(source, handle, 6, then=lambda: source.batch[0].append(_op(2, "Update")))
         assert ran == [0, 1, 2]
         assert source.commits == [{0: 2}, {0: 3}]  # in order: the reads' commit landed first
 
