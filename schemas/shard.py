@@ -585,6 +585,16 @@ class RangeDeletionRemoved(Record):
     id: str
 
 
+class NoopWritten(Record):
+    """MongoDB's no-op oplog write before a read at a later cluster time: a snapshot read at T
+    ahead of every stamp this shard has logged.  Its stamp (> T) makes the clock's advance
+    durable, so no write after a restart is stamped at or before a time already read."""
+
+    type: Literal["NoopWritten"] = "NoopWritten"
+    v: Literal[1] = 1
+    ts: int | None = None
+
+
 ShardEvent = Annotated[
     DocumentWritten
     | DocumentRemoved
@@ -593,6 +603,7 @@ ShardEvent = Annotated[
     | MigrationForgotten
     | RangeDeletionRecorded
     | RangeDeletionRemoved
+    | NoopWritten
     | DDLCriticalSectionRecorded
     | DDLCriticalSectionRemoved
     | LocalDataDropped
@@ -608,6 +619,7 @@ EVENTS = (
     MigrationForgotten,
     RangeDeletionRecorded,
     RangeDeletionRemoved,
+    NoopWritten,
     DDLCriticalSectionRecorded,
     DDLCriticalSectionRemoved,
     LocalDataDropped,

@@ -146,7 +146,7 @@ class PointReads:
     def changed(event: Record) -> tuple[bytes, ...] | None:
         if isinstance(event, (s.DocumentWritten, s.DocumentRemoved)):
             return (changelog_key(event) or b"",)
-        if isinstance(event, s.RetryableWriteRecorded) or (
+        if isinstance(event, (s.RetryableWriteRecorded, s.NoopWritten)) or (
             isinstance(event, Tombstone) and event.key.startswith(TXN_KEY)
         ):
             return ()
@@ -591,9 +591,18 @@ class ShardDecider:
         plan = self._choose(matcher, req.sort, req.projection, [], shard_key, None)
         try:
             docs = query_plan.run(plan, query_plan.Access(self.documents, ns, collscan), skip=req.skip, limit=req.limit)
-            return Decision([], self._batch(docs, req.batchSize, ns))
+            return Decision(self._noop_write_if_needed(at), self._batch(docs, req.batchSize, ns))
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
+
+    def _noop_write_if_needed(self, at: int) -> list[Record]:
+        """A read at `at` ahead of every stamp logged here: the clock advanced to it only in
+        memory, so a restart (or a standby taking over) would resume below it and could stamp a
+        later write at or before `at`, changing what this read saw.  MongoDB writes a no-op to its
+        oplog for such a read; so do we, in the read's batch, before its reply leaves."""
+        if self.clock is None or at <= self.documents.max_ts:
+            return []
+        return [s.NoopWritten()]
 
     def _batch(self, docs: Iterator[dict], size: int, ns: str = "", config_time: int | None = None) -> dict:
         """Up to `size` documents and MAX_BATCH_BYTES (at least one document); the rest stays

@@ -232,6 +232,8 @@ def changelog_key(event: Record) -> bytes | None:
         return index_changelog_key(event.ns, IndexSpec.parse(event.spec).name)
     if isinstance(event, ix.IndexRemoved):
         return index_changelog_key(event.ns, event.name)
+    if isinstance(event, ev.NoopWritten):
+        return b"noop"  # each one stamped later than the last: compaction keeps the latest
     if isinstance(event, dd.LocalDataDropped):
         # One key per drop, never written again: compaction keeps it after the documents it deletes.
         return b"drop/" + event.id.encode() + b"/" + dropped_target(event).encode()
@@ -546,6 +548,11 @@ class ShardDocuments:
             self._changes[CLOCK] = str(ts).encode()  # in the same batch as the write it stamps
             if self.clock is not None:
                 self.clock.advance(ts)
+
+    @on_event.register(ev.NoopWritten)
+    def _noop_written(self, event: ev.NoopWritten) -> None:
+        if event.ts is not None:
+            self._stamped(event.ts)
 
     @on_event.register(ev.RetryableWriteRecorded)
     def _retryable_write_recorded(self, event: ev.RetryableWriteRecorded) -> None:

@@ -11,8 +11,9 @@ import pytest
 from bson import MinKey, Timestamp
 from pymongo.errors import OperationFailure
 
+from domain.clock import LogicalTime
 from schemas import config as c
-from tests.conftest import cli
+from tests.conftest import cli, read_records
 from tests.integration.test_data_path import client_run
 
 pytestmark = pytest.mark.kafka
@@ -72,6 +73,27 @@ def test_a_read_at_a_cluster_time_sees_the_past_and_names_its_time(data_cluster)
     latest = db.command("find", "plain", filter={}, readConcern={"level": "snapshot"})
     assert latest["cursor"]["firstBatch"] == [{"_id": 1, "v": "new"}]
     assert latest["cursor"]["atClusterTime"] >= before
+
+
+def test_a_read_ahead_of_a_shards_log_writes_mongodbs_noop_to_its_changelog(data_cluster):
+    client = data_cluster.mongo_client()
+    client.app.idle.insert_one({"_id": 1, "v": 0})
+    primary = data_cluster.config.catalog.databases["app"].primary
+    other = next(sid for sid in data_cluster.shards if sid != primary)
+    data_cluster.command(c.CreateDatabase(db="busy", primary=other))
+    client.busy.c.insert_one({"_id": 1})  # the cluster's time moves past the idle shard's last write
+    at = client.admin.command("ping")["$clusterTime"]["clusterTime"]
+    rc = {"level": "snapshot", "atClusterTime": at}
+    for _ in range(2):  # the second read at the same time finds it covered: no second no-op
+        reply = client.app.command("find", "idle", filter={}, readConcern=rc)
+        assert reply["cursor"]["firstBatch"] == [{"_id": 1, "v": 0}]
+    changelog = data_cluster.settings.topics.shard_changelog(primary)
+    noops = [
+        json.loads(r.value)
+        for r in read_records(data_cluster.settings.bootstrap, changelog)
+        if r.value is not None and json.loads(r.value)["type"] == "NoopWritten"
+    ]
+    assert len(noops) == 1 and noops[0]["ts"] > LogicalTime(at.time, at.inc).packed, noops
 
 
 @pytest.mark.parametrize(

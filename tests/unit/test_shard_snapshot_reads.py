@@ -18,6 +18,7 @@ from schemas import shard as s
 from services.config.decide import decide as config_decide
 from services.shard import history
 from services.shard.decide import ShardDecider
+from services.shard.documents import ShardDocuments
 from tests.shard_harness import ShardHarness
 
 NS = "d.c"
@@ -185,7 +186,7 @@ def test_documents_not_rekeyed_yet_are_read_at_a_time_and_the_rekey_keeps_their_
     before = shard.clock.tick()
     rc = {"level": "snapshot", "atClusterTime": LogicalTime.unpack(before).to_ejson()}
     dec = shard.decider.decide(s.Find(ns=NS, readConcern=rc, routing=shard.routing(NS)))
-    assert dec.events == [], "a snapshot read does not rekey"
+    assert [type(e) for e in dec.events] == [s.NoopWritten], "a snapshot read does not rekey (its no-op aside)"
     assert dec.result["docs"] == [{"_id": i, "k": i} for i in range(3)]
     rekeyed = shard.write(s.Find(ns=NS, routing=shard.routing(NS)))  # the rekey, stamped, as the processor folds it
     assert rekeyed > before
@@ -237,3 +238,30 @@ def test_a_cursor_whose_history_is_reclaimed_meanwhile_fails_rather_than_read_la
     with pytest.raises(CommandError) as e:
         shard.decider.decide(s.GetMore(cursorId=first["cursorId"], batchSize=100))
     assert e.value.code == "SnapshotTooOld"
+
+
+def test_a_read_ahead_of_every_logged_stamp_logs_a_noop_so_a_restart_never_stamps_at_or_before_it(shard):
+    r = shard.routing(NS)
+    written = shard.write(s.Insert(ns=NS, docs=[{"_id": 1, "v": 0}], routing=r))
+    shard.wall += 5
+    at = shard.clock.tick()  # a router's cluster time, ahead of this shard's last write
+    rc = {"level": "snapshot", "atClusterTime": LogicalTime.unpack(at).to_ejson()}
+    decision = shard.decider.decide(s.Find(ns=NS, readConcern=rc, routing=r))
+    assert decision.result["docs"] == [{"_id": 1, "v": 0}]
+    assert [type(e) for e in decision.events] == [s.NoopWritten]
+    noop = stamp(shard.clock, decision.events[0])
+    assert noop.ts > at > written
+    shard.documents.apply(noop, -1)
+    shard.commit()
+    # A read at a time already covered by the log writes nothing more.
+    assert shard.decider.decide(s.Find(ns=NS, readConcern=rc, routing=r)).events == []
+
+    # The shard restarts on a host whose wall clock is behind `at` (clock skew): its clock
+    # resumes from the logged no-op, so the next write is stamped after the time read.
+    restarted = ShardDocuments()
+    restarted.clock = VectorClock(wall=lambda: float(WALL))
+    restarted.load(shard.store)
+    assert restarted.clock.cluster_time >= noop.ts
+    decider = ShardDecider("a", shard.catalog, restarted, clock=restarted.clock)
+    update = decider.decide(s.Update(ns=NS, filter={"_id": 1}, update={"$set": {"v": 1}}, routing=r))
+    assert all(stamp(restarted.clock, e).ts > at for e in update.events if hasattr(e, "ts"))
