@@ -71,6 +71,18 @@ class Routing(Record):
     version: tuple[int, int] | None = None
 
 
+class Txn(Record):
+    """Router -> shard: the multi-document transaction a statement belongs to (issue 33,
+    docs/decisions/0020).  Every statement of one transaction, on every shard, carries the same
+    snapshot; the shard keeps the statement's writes aside until CommitTransaction."""
+
+    type: Literal["Txn"] = "Txn"
+    v: Literal[1] = 1
+    lsid: str  # the session's uuid
+    txnNumber: int = Field(ge=0)
+    readAt: int = Field(ge=0)  # the transaction's snapshot: a packed cluster time
+
+
 # ---------------------------------------------------------------- requests
 
 
@@ -81,6 +93,7 @@ class Insert(Record):
     docs: list[Doc]
     ordered: bool = True
     routing: Routing | None = None  # None: from a client to a router
+    txn: Txn | None = None  # router -> shard: a statement of this transaction (issue 33)
     lsid: Any = None
     txnNumber: Any = None
     stmtIds: Any = None
@@ -101,6 +114,7 @@ class Find(Record):
     projection: Doc | None = None
     batchSize: int = Field(101, ge=1)
     routing: Routing | None = None  # None: from a client to a router
+    txn: Txn | None = None  # router -> shard: a statement of this transaction (issue 33)
     lsid: Any = None
     clusterTime: Any = None
     readConcern: Any = None
@@ -138,6 +152,7 @@ class Update(Record):
     multi: bool = False
     upsert: bool = False
     routing: Routing | None = None  # None: from a client to a router
+    txn: Txn | None = None  # router -> shard: a statement of this transaction (issue 33)
     lsid: Any = None
     txnNumber: Any = None
     stmtIds: Any = None
@@ -159,6 +174,7 @@ class Delete(Record):
     filter: Doc
     multi: bool = False
     routing: Routing | None = None  # None: from a client to a router
+    txn: Txn | None = None  # router -> shard: a statement of this transaction (issue 33)
     lsid: Any = None
     txnNumber: Any = None
     stmtIds: Any = None
@@ -188,6 +204,7 @@ class FindAndModify(Record):
     upsert: bool = False
     fields: Doc | None = None
     routing: Routing | None = None  # None: from a client to a router
+    txn: Txn | None = None  # router -> shard: a statement of this transaction (issue 33)
     lsid: Any = None
     txnNumber: Any = None
     stmtIds: Any = None
@@ -213,6 +230,27 @@ class Explain(Record):
     # winning plan for its counts
     verbosity: Literal["queryPlanner", "executionStats", "allPlansExecution"] = "allPlansExecution"
     routing: Routing | None = None  # None: from a client to a router
+
+
+class CommitTransaction(Record):
+    """Router -> shard: apply the transaction's writes here, all stamped with one cluster time
+    (reply `{"committedAt": ts}`); a retry of a committed one answers the same.  Unknown,
+    aborted or superseded: NoSuchTransaction."""
+
+    type: Literal["CommitTransaction"] = "CommitTransaction"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int = Field(ge=0)
+
+
+class AbortTransaction(Record):
+    """Router -> shard: drop the transaction's writes here (its locks released).  Unknown:
+    NoSuchTransaction; committed: TransactionCommitted."""
+
+    type: Literal["AbortTransaction"] = "AbortTransaction"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int = Field(ge=0)
 
 
 class EndSessions(Record):
@@ -449,6 +487,8 @@ ShardRequest = Annotated[
     | Delete
     | FindAndModify
     | Explain
+    | CommitTransaction
+    | AbortTransaction
     | EndSessions
     | KillSessions
     | StartDonation
@@ -486,6 +526,8 @@ REQUESTS = (
     Delete,
     FindAndModify,
     Explain,
+    CommitTransaction,
+    AbortTransaction,
     EndSessions,
     KillSessions,
     *MIGRATION_REQUESTS,

@@ -106,8 +106,11 @@ def stamped(record: Record) -> bool:
 
 
 def stamp(clock: Gossip, event: Record) -> Record:
-    """The event with a tick of its own, if its kind is stamped."""
-    return event.model_copy(update={"ts": clock.tick()}) if stamped(event) else event
+    """The event with a tick of its own, if its kind is stamped and it carries no stamp yet (a
+    transaction's commit gives all its writes one stamp, ticked when decided: decisions/0020)."""
+    if not stamped(event) or event.ts is not None:  # type: ignore[attr-defined]
+        return event
+    return event.model_copy(update={"ts": clock.tick()})
 
 
 def header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:
