@@ -128,6 +128,9 @@ class ErrorCode(StrEnum):
     OperationNotSupportedInTransaction = ("OperationNotSupportedInTransaction", 263)
     PreparedTransactionInProgress = ("PreparedTransactionInProgress", 267)
     TransactionExceededLifetimeLimitSeconds = ("TransactionExceededLifetimeLimitSeconds", 290)
+    # a read or write met a prepared transaction's documents: the router asks again (MongoDB's
+    # operation waits inside the shard); never sent to a client
+    PrepareConflict = ("PrepareConflict", None)
     ExceededTimeLimit = ("ExceededTimeLimit", 262)
     # reads at a past cluster time (issue 32, docs/decisions/0019)
     SnapshotTooOld = ("SnapshotTooOld", 239)

@@ -83,6 +83,9 @@ class ClusterSettings(BaseModel):
     # sessions store, and shards reap expired sessions' records, every refresh period
     logicalSessionTimeoutMinutes: float = Field(30, gt=0)
     logicalSessionRefreshMillis: int = Field(300_000, ge=1)
+    # multi-document transactions (docs/decisions/0020): a transaction still open this long after
+    # its first statement on a shard is aborted there (its documents released)
+    transactionLifetimeLimitSeconds: float = Field(60, gt=0)
 
     @field_validator("shardWeights")
     @classmethod

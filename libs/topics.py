@@ -115,6 +115,10 @@ class Topics:
         """Replies to a shard's migration coordinator (from itself and from recipients)."""
         return self.inbox(f"shard-{shard}-migrations")
 
+    def txn_coordinator_inbox(self, shard: str) -> str:
+        """Replies to a shard's two-phase commit coordinators (participants' votes and acks)."""
+        return self.inbox(f"shard-{shard}-txn-coordinator")
+
     def session_reaper_inbox(self, shard: str) -> str:
         """Replies to a shard's session reaper (ForgetSessions, sent to the shard itself)."""
         return self.inbox(f"shard-{shard}-sessions")

@@ -233,14 +233,54 @@ class Explain(Record):
 
 
 class CommitTransaction(Record):
-    """Router -> shard: apply the transaction's writes here, all stamped with one cluster time
-    (reply `{"committedAt": ts}`); a retry of a committed one answers the same.  Unknown,
-    aborted or superseded: NoSuchTransaction."""
+    """Router -> shard (one participant wrote), or coordinator -> participant (two-phase commit,
+    with the decided `commitAt`): apply the transaction's writes here, all stamped with one
+    cluster time (reply `{"committedAt": ts}`); a retry of a committed one answers the same.
+    Unknown, aborted or superseded: NoSuchTransaction."""
 
     type: Literal["CommitTransaction"] = "CommitTransaction"
     v: Literal[1] = 1
     lsid: str
     txnNumber: int = Field(ge=0)
+    commitAt: int | None = None  # a prepared transaction's: the largest prepare stamp
+
+
+class PrepareTransaction(Record):
+    """A transaction's coordinator -> each participant that wrote (two-phase commit): its vote.
+    Ok: `{"prepareTimestamp": ts}`, and its writes are held until the coordinator's decision
+    (a prepared participant never decides alone); an error is a vote to abort."""
+
+    type: Literal["PrepareTransaction"] = "PrepareTransaction"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int = Field(ge=0)
+
+
+class CoordinateCommitTransaction(Record):
+    """Router -> the transaction's coordinator, its first participant that wrote: commit on
+    `participants` by two-phase commit.  The first one records the coordinator; every one (a
+    retry, or another router with the recoveryToken) answers what is known: `{"decision":
+    "commit", "commitAt": ts}`, NoSuchTransaction once aborted, `{"decision": null}` while the
+    votes are still out (ask again)."""
+
+    type: Literal["CoordinateCommitTransaction"] = "CoordinateCommitTransaction"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int = Field(ge=0)
+    participants: list[str] = Field(default_factory=list)  # empty: only asking for the outcome
+
+
+class AdvanceTxnCoordinator(Record):
+    """The coordinator's driver -> its own shard: record the coordinator's next state (the
+    decision before any participant learns it, then that it is done)."""
+
+    type: Literal["AdvanceTxnCoordinator"] = "AdvanceTxnCoordinator"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int = Field(ge=0)
+    state: Literal["committing", "aborting", "done"]
+    commitAt: int | None = None
+    why: str = ""
 
 
 class AbortTransaction(Record):
@@ -488,6 +528,9 @@ ShardRequest = Annotated[
     | FindAndModify
     | Explain
     | CommitTransaction
+    | PrepareTransaction
+    | CoordinateCommitTransaction
+    | AdvanceTxnCoordinator
     | AbortTransaction
     | EndSessions
     | KillSessions
@@ -527,6 +570,9 @@ REQUESTS = (
     FindAndModify,
     Explain,
     CommitTransaction,
+    PrepareTransaction,
+    CoordinateCommitTransaction,
+    AdvanceTxnCoordinator,
     AbortTransaction,
     EndSessions,
     KillSessions,
@@ -627,6 +673,48 @@ class RangeDeletionRemoved(Record):
     id: str
 
 
+class TxnWrite(_Nested):
+    """The final image of one document a transaction wrote (`doc` None: it removed it)."""
+
+    ns: str
+    skey: str  # hex of the encoded shard key, as DocumentWritten's
+    id: BsonValue
+    doc: Doc | None = None
+
+
+class TxnRecorded(Record):
+    """A shard's part in a multi-document transaction (docs/decisions/0020): its snapshot, where
+    it stands, and the documents it wrote here, kept aside until commit.  Keyed by the session:
+    a newer transaction's record replaces the older one's."""
+
+    type: Literal["TxnRecorded"] = "TxnRecorded"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int
+    readAt: int
+    state: Literal["in-progress", "prepared", "committed", "aborted"]
+    writes: list[TxnWrite] = Field(default_factory=list)
+    startedAt: float  # unix seconds: the lifetime limit counts from here
+    commitAt: int | None = None  # the one stamp its writes were applied with
+    prepareAt: int | None = None  # two-phase commit: its vote's stamp
+
+
+class TxnCoordinatorRecorded(Record):
+    """A two-phase commit's coordinator, on its shard (docs/decisions/0020): the participants,
+    then the decision, recorded before any participant learns it; replay resumes it.  Keyed by
+    the session."""
+
+    type: Literal["TxnCoordinatorRecorded"] = "TxnCoordinatorRecorded"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int
+    participants: list[str]
+    state: Literal["preparing", "committing", "aborting", "done"]
+    decision: Literal["commit", "abort"] | None = None
+    commitAt: int | None = None
+    why: str = ""  # an abort's reason
+
+
 class NoopWritten(Record):
     """MongoDB's no-op oplog write before a read at a later cluster time: a snapshot read at T
     ahead of every stamp this shard has logged.  Its stamp (> T) makes the clock's advance
@@ -645,6 +733,8 @@ ShardEvent = Annotated[
     | MigrationForgotten
     | RangeDeletionRecorded
     | RangeDeletionRemoved
+    | TxnRecorded
+    | TxnCoordinatorRecorded
     | NoopWritten
     | DDLCriticalSectionRecorded
     | DDLCriticalSectionRemoved
@@ -661,6 +751,8 @@ EVENTS = (
     MigrationForgotten,
     RangeDeletionRecorded,
     RangeDeletionRemoved,
+    TxnRecorded,
+    TxnCoordinatorRecorded,
     NoopWritten,
     DDLCriticalSectionRecorded,
     DDLCriticalSectionRemoved,

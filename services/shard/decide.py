@@ -57,9 +57,11 @@ from libs.ids import new_object_id
 from schemas import Record, Tombstone
 from schemas import ddl as dd
 from schemas import shard as s
+from services.shard import transactions
 from services.shard.ddl import REQUESTS as DDL_REQUESTS
 from services.shard.ddl import DDLDecider
 from services.shard.documents import (
+    COORD_KEY,
     TXN_KEY,
     UNSHARDED_END,
     UNSHARDED_KEY,
@@ -114,8 +116,8 @@ def plain_read(req: Record) -> bool:
     """A read the processor may answer outside its transaction when it heads a batch: a Find or
     Count without afterClusterTime (MongoDB's readConcern "local"); a causally consistent read
     ticks the clock, so it stays inside (docs/reference/command-processor.md)."""
-    if not isinstance(req, (s.Find, s.Count)):
-        return False
+    if not isinstance(req, (s.Find, s.Count)) or getattr(req, "txn", None) is not None:
+        return False  # (a transaction's read may begin its record: decisions/0020)
     try:
         return vclock.parse_after_cluster_time(req.readConcern) is None
     except CommandError:
@@ -132,7 +134,7 @@ class PointReads:
 
     @staticmethod
     def key(req: Record) -> bytes | None:
-        if not isinstance(req, s.Find) or req.hint is not None or req.readConcern is not None:
+        if not isinstance(req, s.Find) or req.hint is not None or req.readConcern is not None or req.txn is not None:
             return None  # (a snapshot read must not miss the in-flight batch's writes stamped before it)
         flt = req.filter
         if "_id" not in flt or isinstance(flt["_id"], dict):
@@ -146,8 +148,8 @@ class PointReads:
     def changed(event: Record) -> tuple[bytes, ...] | None:
         if isinstance(event, (s.DocumentWritten, s.DocumentRemoved)):
             return (changelog_key(event) or b"",)
-        if isinstance(event, (s.RetryableWriteRecorded, s.NoopWritten)) or (
-            isinstance(event, Tombstone) and event.key.startswith(TXN_KEY)
+        if isinstance(event, (s.RetryableWriteRecorded, s.NoopWritten, s.TxnRecorded, s.TxnCoordinatorRecorded)) or (
+            isinstance(event, Tombstone) and event.key.startswith((TXN_KEY, COORD_KEY))
         ):
             return ()
         return None
@@ -221,6 +223,10 @@ class ShardDecider:
             self.client_activity.note()
         self._begun, self._statements = None, []
         self._index_records = {}
+        if isinstance(req, transactions.TXN_STATEMENTS) and req.txn is not None:
+            return transactions.decide_statement(self, req, lambda r: on_request(self, r))
+        if isinstance(req, (*WRITES, s.Count)):
+            transactions.refuse_if_prepared(self, req.ns)  # (the router asks again)
         if isinstance(req, WRITES) and (write := shard_session(req)) is not None:
             # TransactionTooOld here; a retry learns which of its statements ran already.
             self._begun = retryable.begin(self.documents.sessions.get(write.lsid), write)
@@ -232,6 +238,8 @@ class ShardDecider:
                 decision = self._after(rekey, req)
             else:
                 decision = on_request(self, req)
+            if isinstance(req, WRITES):
+                transactions.refuse_if_held(self, decision.events)  # the router retries it
             if self._begun is not None and self._statements:
                 # Recorded in the same transaction as the writes; a newer txnNumber's first record
                 # replaces the session's older ones (tombstones first).
@@ -262,11 +270,33 @@ class ShardDecider:
             hexkey = skey.hex() if skey is not None else None
             self._statements.append(s.Statement(stmtId=stmt_id, ns=ns, skey=hexkey, result=result, image=image))
 
+    @on_request.register(s.CommitTransaction)
+    def commit_transaction(self, req: s.CommitTransaction) -> Decision:
+        return transactions.commit(self, req)
+
+    @on_request.register(s.PrepareTransaction)
+    def prepare_transaction(self, req: s.PrepareTransaction) -> Decision:
+        return transactions.prepare(self, req)
+
+    @on_request.register(s.CoordinateCommitTransaction)
+    def coordinate_commit_transaction(self, req: s.CoordinateCommitTransaction) -> Decision:
+        return transactions.coordinate(self, req)
+
+    @on_request.register(s.AdvanceTxnCoordinator)
+    def advance_txn_coordinator(self, req: s.AdvanceTxnCoordinator) -> Decision:
+        return transactions.advance(self, req)
+
+    @on_request.register(s.AbortTransaction)
+    def abort_transaction(self, req: s.AbortTransaction) -> Decision:
+        return transactions.abort(self, req)
+
     @on_request.register(s.ForgetSessions)
     def forget_sessions(self, req: s.ForgetSessions) -> Decision:
         """The session reaper's removal of expired sessions' records (tombstones)."""
         events, forgotten = retryable.forget(self.documents.sessions, req.lsids, req.before)
-        return Decision(events, {"forgotten": forgotten})
+        ended, ended_lsids = transactions.forget(self, req.lsids, req.before)
+        forgotten += [lsid for lsid in ended_lsids if lsid not in forgotten]
+        return Decision(events + ended, {"forgotten": forgotten})
 
     def _rekey_events(self, ns: str | None) -> list[Record]:
         """A collection sharded after it was written to still has its documents under the
@@ -519,6 +549,7 @@ class ShardDecider:
         if (at := vclock.parse_at_cluster_time(req.readConcern)) is not None:
             return self._find_at(req, at)
         self._read_after(req)
+        transactions.refuse_if_prepared(self, req.ns)
         coll = self._placement(req.ns, req.routing)
         try:
             if req.projection is not None:
@@ -553,6 +584,7 @@ class ShardDecider:
             )
         if (held := self.ddl.critical_section_wait(req.ns)) is not None:
             raise held
+        transactions.refuse_if_prepared(self, req.ns, at)
         if self.clock is not None:
             self.clock.advance(at)
         try:

@@ -68,6 +68,9 @@ from services.shard import history
 
 DOCS, IDS, SESSIONS, MIGRATIONS, TASKS = b"d/", b"i/", b"x/", b"m/", b"t/"
 SECTIONS, DROPS = b"c/", b"r/"
+TXNS = b"y/"  # multi-document transactions (decisions/0020): y/<lsid> -> TxnRecorded
+COORDINATORS = b"z/"  # two-phase commits coordinated here: z/<lsid>/<txnNumber> -> TxnCoordinatorRecorded
+XACT_KEY, COORD_KEY = b"xact/", b"coord/"  # changelog keys of those: <prefix><lsid>
 INDEX_ENTRIES, INDEX_STATES = b"k/", b"n/"
 INDEX_KEY = b"idx/"  # changelog keys of index states: idx/<ns>\0<name>
 TXN_KEY = b"txn/"  # changelog keys of transactions-table records: txn/<lsid>/<txnNumber>/<part>
@@ -100,6 +103,11 @@ def ns_prefix(ns: str) -> bytes:
 
 def doc_key(ns: str, skey: bytes, id_enc: bytes) -> bytes:
     return DOCS + ns_prefix(ns) + skey + id_enc
+
+
+def coordinator_key(lsid: str, txn_number: int) -> bytes:
+    """The changelog key of a two-phase commit's coordinator (a tombstone removes it when done)."""
+    return COORD_KEY + f"{lsid}/{txn_number}".encode()
 
 
 def id_key(ns: str, id_enc: bytes) -> bytes:
@@ -232,6 +240,10 @@ def changelog_key(event: Record) -> bytes | None:
         return index_changelog_key(event.ns, IndexSpec.parse(event.spec).name)
     if isinstance(event, ix.IndexRemoved):
         return index_changelog_key(event.ns, event.name)
+    if isinstance(event, ev.TxnRecorded):
+        return XACT_KEY + event.lsid.encode()
+    if isinstance(event, ev.TxnCoordinatorRecorded):
+        return coordinator_key(event.lsid, event.txnNumber)
     if isinstance(event, ev.NoopWritten):
         return b"noop"  # each one stamped later than the last: compaction keeps the latest
     if isinstance(event, dd.LocalDataDropped):
@@ -311,6 +323,14 @@ class ShardDocuments:
         # shard server asks its catalog (minSnapshotHistoryWindowInSeconds > 0).
         self.keeps_history: Callable[[], bool] = lambda: True
         self.max_ts = 0  # the largest stamp folded, persisted with the fold
+        # Multi-document transactions (decisions/0020): the latest record of each session's, and
+        # the documents (id keys) its open transaction holds, by the session holding them.
+        self.txns: dict[str, ev.TxnRecorded] = {}
+        self.txn_locks: dict[bytes, str] = {}
+        self.prepared: dict[str, ev.TxnRecorded] = {}  # the prepared ones (reads meeting them wait)
+        # two-phase commits led here, until done: (lsid, txnNumber) -> record
+        self.coordinators: dict[tuple[str, int], ev.TxnCoordinatorRecorded] = {}
+        self.on_coordinator: Callable[[], None] = lambda: None  # wakes the coordinator's driver
 
     # ------------------------------------------------------------ State protocol
 
@@ -342,6 +362,13 @@ class ShardDocuments:
         for _, v in store.scan(INDEX_STATES):
             index = Index.of(ix.IndexRecorded.model_validate_json(v))
             self.indexes.setdefault(index.record.ns, {})[index.spec.name] = index
+        self.txns, self.txn_locks, self.prepared = {}, {}, {}
+        for _, v in store.scan(TXNS):
+            self._hold(ev.TxnRecorded.model_validate_json(v))
+        self.coordinators = {
+            (r.lsid, r.txnNumber): r
+            for r in (ev.TxnCoordinatorRecorded.model_validate_json(v) for _, v in store.scan(COORDINATORS))
+        }
         self._range_deletions = []
 
     def tentative(self):
@@ -355,10 +382,12 @@ class ShardDocuments:
             dict(self.ddl_drops),
             list(self._range_deletions),
             {ns: dict(named) for ns, named in self.indexes.items()},
+            (dict(self.txns), dict(self.txn_locks), dict(self.prepared), dict(self.coordinators)),
         )
 
     def restore(self, saved) -> None:
-        changes, migrations, tasks, sessions, sections, drops, deletions, indexes = saved
+        changes, migrations, tasks, sessions, sections, drops, deletions, indexes, txns = saved
+        self.txns, self.txn_locks, self.prepared, self.coordinators = txns
         self._changes, self.migrations, self.range_tasks, self.sessions = changes, migrations, tasks, sessions
         self.ddl_sections, self.ddl_drops, self._range_deletions = sections, drops, deletions
         self.indexes = indexes
@@ -578,6 +607,17 @@ class ShardDocuments:
 
     @on_event.register(Tombstone)
     def _tombstone(self, event: Tombstone) -> None:
+        if event.key.startswith(XACT_KEY):  # an expired session's ended transaction
+            lsid = event.key[len(XACT_KEY) :].decode()
+            self._changes[TXNS + lsid.encode()] = None
+            self.txns.pop(lsid, None)
+            return
+        if event.key.startswith(COORD_KEY):  # a two-phase commit's coordinator, done
+            suffix = event.key[len(COORD_KEY) :]
+            self._changes[COORDINATORS + suffix] = None
+            lsid, _, number = suffix.decode().rpartition("/")
+            self.coordinators.pop((lsid, int(number)), None)
+            return
         if not event.key.startswith(TXN_KEY):
             return  # only transactions-table records are removed by tombstones
         suffix = event.key[len(TXN_KEY) :]
@@ -595,6 +635,46 @@ class ShardDocuments:
             self.sessions[lsid] = SessionEntry(lsid, txn_number, records)
         else:
             del self.sessions[lsid]
+
+    @on_event.register(ev.TxnRecorded)
+    def _txn_recorded(self, event: ev.TxnRecorded) -> None:
+        self._hold(event)
+        self._changes[TXNS + event.lsid.encode()] = event.model_dump_json().encode()
+
+    def _hold(self, event: ev.TxnRecorded) -> None:
+        """The session's transaction as `event` leaves it: an open one holds the documents it
+        wrote; an ended one (or one replaced by a newer) holds nothing."""
+        old = self.txns.get(event.lsid)
+        if old is not None:
+            for w in old.writes:
+                if self.txn_locks.get(held := id_key(w.ns, encode_value(w.id))) == event.lsid:
+                    del self.txn_locks[held]
+        self.txns[event.lsid] = event
+        if event.state == "prepared":
+            self.prepared[event.lsid] = event
+        else:
+            self.prepared.pop(event.lsid, None)
+        if event.state in ("in-progress", "prepared"):
+            for w in event.writes:
+                self.txn_locks[id_key(w.ns, encode_value(w.id))] = event.lsid
+
+    @on_event.register(ev.TxnCoordinatorRecorded)
+    def _txn_coordinator_recorded(self, event: ev.TxnCoordinatorRecorded) -> None:
+        self.coordinators[(event.lsid, event.txnNumber)] = event
+        self._changes[COORDINATORS + f"{event.lsid}/{event.txnNumber}".encode()] = event.model_dump_json().encode()
+        self.on_coordinator()
+
+    def prepared_in(self, ns: str, at: int | None = None) -> bool:
+        """Does a prepared transaction hold documents of `ns` (prepared at or before `at`)?  A read
+        that could meet them waits for the decision: what it would see depends on it."""
+        return bool(self.prepared) and any(
+            (at is None or (t.prepareAt or 0) <= at) and any(w.ns == ns for w in t.writes)
+            for t in self.prepared.values()
+        )
+
+    def txn_holder(self, ns: str, doc_id: Any) -> str | None:
+        """The session whose open transaction wrote this document, if any."""
+        return self.txn_locks.get(id_key(ns, encode_value(doc_id))) if self.txn_locks else None
 
     @on_event.register(ev.MigrationRecorded)
     def _migration_recorded(self, event: ev.MigrationRecorded) -> None:
@@ -685,6 +765,9 @@ class ShardDocuments:
         the session reaper compares with the sessions store."""
         for lsid, entry in list(self.sessions.items()):
             yield lsid, entry.last_write_at
+        for lsid, record in list(self.txns.items()):  # sessions that only ran transactions here
+            if lsid not in self.sessions and record.state in ("committed", "aborted"):
+                yield lsid, record.startedAt
 
     def scan(self, ns: str, lo: bytes = b"", hi: bytes | None = None) -> Iterator[tuple[bytes, dict]]:
         """(shard key + _id encoding, document) for shard keys in [lo, hi), in key order,
@@ -734,6 +817,27 @@ class ShardDocuments:
         latest = self._merged(start, stop)
         for k, v in history.as_of(latest, past, at):
             yield k[len(base) :], decode_doc(v)
+
+    def changed_since(self, ns: str, at: int) -> Iterator[tuple[dict | None, dict | None]]:
+        """(as it was at `at`, as it is now) of every document of `ns` written after cluster
+        time `at` (its history's by-time entries; a window of 0 keeps none, and every write
+        since is then unseen here: transactions refuse such a snapshot as SnapshotTooOld)."""
+        doc_prefix = DOCS + ns_prefix(ns)
+        seen: set[bytes] = set()
+        start = history.BY_TIME + (at + 1).to_bytes(history.TS_BYTES, "big")
+        for k, _ in self._merged(start, _after_prefix(history.BY_TIME)):
+            key = k[len(history.BY_TIME) + history.TS_BYTES :]
+            if not key.startswith(doc_prefix) or key in seen:
+                continue
+            seen.add(key)
+            latest = self.get(key)
+            h = history.history_of(key)
+            own = ((hk, hv) for hk, hv in self._merged(h, _after_prefix(h)) if len(hk) == len(h) + history.TS_BYTES)
+            before = history.value_at(latest, own, at)
+            yield (
+                decode_doc(before) if before is not None else None,
+                decode_doc(latest) if latest is not None else None,
+            )
 
     # ------------------------------------------------------------ index reads (the planner's API)
 

@@ -20,6 +20,7 @@ from libs.store import Store
 from schemas import Record
 from schemas import shard as schema
 from services.shard import history
+from services.shard.coordinator import CoordinatorDeps, TxnCoordinatorDriver
 from services.shard.decide import PointReads, ShardDecider, plain_read, reply_with_events
 from services.shard.documents import changelog_key
 from services.shard.donor import DonorCoordinator, DonorDeps
@@ -133,6 +134,20 @@ class ShardServer:
                 follower=self.follower,
                 active=self.processor.active,
                 transactions=self.documents.session_last_writes,
+                open_transactions=lambda: list(self.documents.txns.values()),
+            )
+        )
+        self.coordinator_woken = asyncio.Event()
+        self.documents.on_coordinator = self.coordinator_woken.set
+        self.txn_coordinator = TxnCoordinatorDriver(
+            CoordinatorDeps(
+                shard_id=shard_id,
+                topics=t,
+                bus=settings.bus,
+                follower=self.follower,
+                active=self.processor.active,
+                coordinators=lambda: [r for r in self.documents.coordinators.values() if r.state != "done"],
+                woken=self.coordinator_woken,
             )
         )
         self.index_builder = IndexBuilder(
@@ -186,15 +201,18 @@ class ShardServer:
             await self.metrics.start()
             donor = supervised(asyncio.create_task(self.donor.run()), f"{self.name} migration coordinator")
             reaper = supervised(asyncio.create_task(self.reaper.run()), f"{self.name} session reaper")
+            coordinator = supervised(
+                asyncio.create_task(self.txn_coordinator.run()), f"{self.name} transaction coordinator"
+            )
             builder = supervised(asyncio.create_task(self.index_builder.run()), f"{self.name} index builder")
             # Every instance reclaims its own store's history (a standby's grows as the active's).
             reclaim = supervised(asyncio.create_task(self.history.run()), f"{self.name} history reclaimer")
             try:
                 await self.processor.run()
             finally:
-                for task in (donor, reaper, builder, reclaim):
+                for task in (donor, reaper, coordinator, builder, reclaim):
                     task.cancel()
-                await asyncio.gather(donor, reaper, builder, reclaim, return_exceptions=True)
+                await asyncio.gather(donor, reaper, coordinator, builder, reclaim, return_exceptions=True)
         finally:
             await self.metrics.stop()
             await self.statistics.stop()  # before the store it scans is closed

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -43,6 +44,21 @@ def forgettable(
     return sorted({lsid for lsid, last_write in entries if last_write <= before and not is_live(lsid)})
 
 
+def expired_transactions(records: Iterable[s.TxnRecorded], now_s: float, limit_s: float) -> list[s.AbortTransaction]:
+    """The aborts of the transactions still in progress `limit_s` after they began here
+    (transactionLifetimeLimitSeconds).  A prepared one is not the shard's to end: only its
+    coordinator's decision ends it."""
+    return [
+        s.AbortTransaction(lsid=r.lsid, txnNumber=r.txnNumber)
+        for r in records
+        if r.state == "in-progress" and r.startedAt + limit_s <= now_s
+    ]
+
+
+def transaction_reaper_period(limit_s: float) -> float:
+    return min(max(limit_s / 4, 0.05), 15.0)
+
+
 @dataclass(frozen=True)
 class ReaperDeps:
     shard_id: str
@@ -51,6 +67,7 @@ class ReaperDeps:
     follower: CatalogFollower  # the settings: timeout and refresh period
     active: asyncio.Event  # set while this instance is the shard's active one
     transactions: Callable[[], Iterable[tuple[str, float]]]  # (lsid, last write) of every entry
+    open_transactions: Callable[[], Iterable[s.TxnRecorded]] = tuple  # multi-document ones (decisions/0020)
 
 
 class SessionReaper:
@@ -61,6 +78,7 @@ class SessionReaper:
         )
         self.store = SessionsReader(deps.bus, deps.topics.sessions, client_id=f"shard-{deps.shard_id}-sessions")
         self.forgotten = 0  # sessions this reaper has had forgotten (tests, logs)
+        self.transactions_aborted = 0  # transactions over their lifetime limit aborted
         self.passes = 0
 
     async def run(self) -> None:
@@ -68,6 +86,7 @@ class SessionReaper:
         await d.bus.create_topics([TopicSpec(self.requester.inbox, config=SHORT_LIVED)])
         await self.requester.start()
         await self.store.start()
+        expiring = asyncio.create_task(self.run_transactions())
         try:
             while True:
                 await d.active.wait()
@@ -79,7 +98,35 @@ class SessionReaper:
                 except (BusError, RequestTimeout) as e:  # the next pass picks them again
                     log.warning("shard %s: session reaping failed: %s", d.shard_id, e)
         finally:
+            expiring.cancel()
+            await asyncio.gather(expiring, return_exceptions=True)
             await asyncio.gather(self.store.stop(), self.requester.stop(), return_exceptions=True)
+
+    async def run_transactions(self) -> None:
+        """Abort the multi-document transactions over their lifetime limit, every quarter of it."""
+        d = self.deps
+        while True:
+            await d.active.wait()
+            limit = d.follower.catalog.settings.transactionLifetimeLimitSeconds
+            await asyncio.sleep(transaction_reaper_period(limit))
+            if not d.active.is_set():
+                continue
+            for abort in expired_transactions(d.open_transactions(), time.time(), limit):
+                try:
+                    reply = await self.requester.request(
+                        d.topics.shard_requests(d.shard_id), abort, timeout=REQUEST_TIMEOUT_S
+                    )
+                except (BusError, RequestTimeout) as e:  # the next pass picks it again
+                    log.warning("shard %s: aborting an expired transaction failed: %s", d.shard_id, e)
+                    break
+                if reply.ok:
+                    self.transactions_aborted += 1
+                    log.info(
+                        "shard %s: aborted transaction %d of session %s: over its lifetime limit",
+                        d.shard_id,
+                        abort.txnNumber,
+                        abort.lsid,
+                    )
 
     async def reap(self) -> int:
         """One pass: ask the shard to forget every forgettable session; how many were asked for."""
