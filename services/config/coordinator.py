@@ -50,6 +50,7 @@ RETRIABLE = {
     ErrorCode.KafkaUnavailable,
     ErrorCode.InterruptedDueToReplStateChange,
     ErrorCode.PrimarySteppedDown,
+    ErrorCode.PrepareConflict,  # a prepared transaction's decision comes first (decisions/0020)
 }
 
 

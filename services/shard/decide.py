@@ -227,6 +227,8 @@ class ShardDecider:
             return transactions.decide_statement(self, req, lambda r: on_request(self, r))
         if isinstance(req, (*WRITES, s.Count)):
             transactions.refuse_if_prepared(self, req.ns)  # (the router asks again)
+        elif isinstance(req, (s.EnterCriticalSection, dd.EnterDDLCriticalSection)):
+            transactions.refuse_critical_section_if_prepared(self, req)
         if isinstance(req, WRITES) and (write := shard_session(req)) is not None:
             # TransactionTooOld here; a retry learns which of its statements ran already.
             self._begun = retryable.begin(self.documents.sessions.get(write.lsid), write)

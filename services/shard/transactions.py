@@ -19,6 +19,7 @@ from domain.query import QueryError, compile_filter
 from domain.shardkey import encode_value
 from libs.commands import CommandError, Decision
 from schemas import Record, Tombstone
+from schemas import ddl as dd
 from schemas import shard as s
 from services.shard.documents import XACT_KEY, coordinator_key
 from services.shard.protocol import transaction as txns
@@ -195,3 +196,25 @@ def forget(d: ShardDecider, lsids: Iterable[str], before: float) -> tuple[list[R
         and r.startedAt < before
     ]
     return [Tombstone(key=XACT_KEY + lsid.encode()) for lsid in gone], gone
+
+
+def refuse_critical_section_if_prepared(
+    d: ShardDecider, req: s.EnterCriticalSection | dd.EnterDDLCriticalSection
+) -> None:
+    """A critical section waits for the prepared transactions of its namespaces: a DDL asks
+    again (PrepareConflict is retriable for its coordinator); a migration aborts, and the
+    balancer tries again later.  Committed after the section, their writes would land in a
+    range given away or a collection dropped."""
+    if not d.documents.prepared:
+        return
+    if isinstance(req, s.EnterCriticalSection):
+        m = d.documents.migrations.get(req.id)
+        namespaces = [m.ns] if m is not None else []
+    else:
+        namespaces = list(req.namespaces)
+        if req.db is not None:
+            namespaces += [
+                w.ns for t in d.documents.prepared.values() for w in t.writes if w.ns.startswith(req.db + ".")
+            ]
+    for ns in namespaces:
+        refuse_if_prepared(d, ns)

@@ -317,3 +317,15 @@ def test_the_session_reaper_forgets_ended_transactions_of_expired_sessions_but_n
     restarted = ShardDocuments()
     restarted.load(shard.store)
     assert list(restarted.txns) == [B]
+
+
+def test_a_ddl_critical_section_waits_for_a_prepared_transaction_of_its_namespace(shard):
+    from schemas import ddl as dd
+
+    shard.write(s.Insert(ns=NS, docs=[{"_id": 5}], routing=shard.routing(NS), txn=txn(shard, A)))
+    shard.write(s.PrepareTransaction(lsid=A, txnNumber=1))
+    for section in (dd.EnterDDLCriticalSection(id="x", namespaces=[NS]), dd.EnterDDLCriticalSection(id="y", db="d")):
+        with pytest.raises(CommandError) as e:
+            shard.decider.decide(section)
+        assert e.value.code == "PrepareConflict"
+    assert shard.decider.decide(dd.EnterDDLCriticalSection(id="z", namespaces=["d.other"])).events
