@@ -140,3 +140,22 @@ def test_index_helpers_from_the_shell(mongosh, data_cluster):
     assert lines[5:9] == ["dup 11000", "refused 67 CannotCreateIndex", "id 72", "dropped 1"], out
     assert lines[9] == 'left ["_id_","k_1","k_1_city_1"]', out
     assert client.app.people.count_documents({}) == 100
+
+
+def test_a_snapshot_session_from_the_shell_reads_at_its_first_reads_time(mongosh, data_cluster):
+    out = run(
+        mongosh,
+        data_cluster,
+        """
+        const plain = db.getSiblingDB("app").snap;
+        plain.insertOne({_id: 1, v: 0});
+        const session = db.getMongo().startSession({snapshot: true});
+        const snap = session.getDatabase("app").snap;
+        const first = snap.find().toArray().map(d => d.v);
+        plain.updateOne({_id: 1}, {$set: {v: 1}});
+        plain.insertOne({_id: 2, v: 2});
+        const again = snap.find().sort({_id: 1}).toArray().map(d => d.v);
+        print(JSON.stringify([first, again, plain.find().sort({_id: 1}).toArray().map(d => d.v)]));
+        """,
+    )
+    assert json.loads(out.strip().splitlines()[-1]) == [[0], [0], [1, 2]], out
