@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from domain.follower import CatalogFollower
 from libs.bus import Bus, BusError
+from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
 from schemas import Record
@@ -82,7 +83,9 @@ class TxnCoordinatorDriver:
         """Step one coordinator until it is done (or this instance stops being the active one)."""
         while self.deps.active.is_set() and (record := self._record(lsid, txn_number)) is not None:
             if record.state == "preparing":
+                fault_point("txn.coordinator.preparing")
                 state, commit_at = await self._votes(record)
+                fault_point("txn.coordinator.voted")
                 why = "" if state == "committing" else "a participant voted to abort"
                 advance = s.AdvanceTxnCoordinator(
                     lsid=lsid, txnNumber=txn_number, state=state, commitAt=commit_at, why=why
@@ -93,7 +96,9 @@ class TxnCoordinatorDriver:
                     if record.state == "committing"
                     else s.AbortTransaction(lsid=lsid, txnNumber=txn_number)
                 )
+                fault_point("txn.coordinator.decided")
                 await asyncio.gather(*(self._until_acked(p, end) for p in record.participants))
+                fault_point("txn.coordinator.ended")
                 advance = s.AdvanceTxnCoordinator(lsid=lsid, txnNumber=txn_number, state="done")
                 self.decided["commit" if record.state == "committing" else "abort"] += 1
             await self._until_acked(self.deps.shard_id, advance)
