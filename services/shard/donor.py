@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -140,7 +140,7 @@ class DonorCoordinator:
         self.requester, self.documents, self.active = deps.requester, deps.documents, deps.active
         self.bus, self.changelog_position, self.progress = deps.bus, deps.changelog_position, deps.progress
         self.client_busy = deps.client_busy
-        self._current: Migration | None = None  # the donation under way, before its decision
+        self._current: Migration | None = None  # the donation under way, before its decision (`_running`)
 
     @property
     def catalog(self) -> Catalog:
@@ -268,12 +268,27 @@ class DonorCoordinator:
 
     async def donate(self, m: Migration) -> None:
         """A migration the config server asked of us: run it from the start."""
-        with self._trace("donate", m, m.id):
+        # set-allow-migrations false (or a DDL, or the config server's abort) ends it at its next step.
+        with self._trace("donate", m, m.id), self._running(m):
             await self._donate(m)
+
+    @contextmanager
+    def _running(self, m: Migration) -> Iterator[None]:
+        """`m` is the migration under way until its decision: each step first checks that the
+        config server has not decided it without us (`_check_active`).  A run that ends before
+        its decision leaves none under way, however it ends: one cut short by NotActive (another
+        instance took the shard over and resumes the migration) must not leave it behind, or
+        once this instance is active again every step it sends is checked against that migration,
+        decided long since, and refused: a migration it resumes never records its decision, and
+        its range-deletion task stays pending for ever (seed 5328)."""
+        self._current = m
+        try:
+            yield
+        finally:
+            self._current = None
 
     async def _donate(self, m: Migration) -> None:
         t0 = time.monotonic()
-        self._current = m  # set-allow-migrations false aborts it at its next step
         self._progress(
             m.id, phase="preparing", cloned=0, mods=0, bytes=0, ns=m.ns, recipient=m.recipient, started=time.time()
         )
@@ -323,12 +338,12 @@ class DonorCoordinator:
     async def move_primary(self, m: Migration) -> None:
         """movePrimary: copy the database's unsharded collections to the new primary with
         their writes blocked throughout (there is no mods phase), then commit."""
-        with self._trace("move primary", m, m.id):
+        # An abort by the config server (its bound, abort-move-primary) ends it at its next step.
+        with self._trace("move primary", m, m.id), self._running(m):
             await self._move_primary(m)
 
     async def _move_primary(self, m: Migration) -> None:
         t0 = time.monotonic()
-        self._current = m  # an abort by the config server (its bound, abort-move-primary) ends it at its next step
         self._progress(
             m.id,
             phase="cloning",
