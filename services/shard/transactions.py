@@ -18,6 +18,7 @@ from domain.protocol import ErrorCode
 from domain.query import QueryError, compile_filter
 from domain.shardkey import encode_value
 from libs.commands import CommandError, Decision
+from libs.faults import fault_point
 from schemas import Record, Tombstone
 from schemas import ddl as dd
 from schemas import shard as s
@@ -113,6 +114,8 @@ def commit(d: ShardDecider, req: s.CommitTransaction) -> Decision:
     commitAt), if the shard may still apply them all: it owns each document's range, no critical
     section holds one, no drop came after the snapshot.  Otherwise an error, the transaction
     still open: the router aborts it.  (A prepared one was checked when it voted.)"""
+    if req.commitAt is not None:
+        fault_point("txn.participant.committing")
     current = d.documents.txns.get(req.lsid)
     in_progress = current is not None and current.txnNumber == req.txnNumber and current.state == "in-progress"
     if in_progress:
@@ -125,6 +128,7 @@ def commit(d: ShardDecider, req: s.CommitTransaction) -> Decision:
 def prepare(d: ShardDecider, req: s.PrepareTransaction) -> Decision:
     """This participant's vote: yes (a prepare stamp, its writes held until the decision) if it
     may still apply them all, as a commit checks; no (an error) otherwise."""
+    fault_point("txn.participant.preparing")  # (dies before its batch commits: the vote is asked again)
     current = d.documents.txns.get(req.lsid)
     in_progress = current is not None and current.txnNumber == req.txnNumber and current.state == "in-progress"
     if in_progress:
