@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from domain.ddl import Phase, next_phase
 from domain.protocol import ErrorCode
 from domain.shardkey import KeyPattern, encode_value
 from libs.errors import CommandError
@@ -151,6 +152,70 @@ def test_entering_again_with_other_namespaces_is_refused(shard):
     with pytest.raises(CommandError) as err:
         shard.run(d.EnterDDLCriticalSection(id=DDL, namespaces=[UNSHARDED]))
     assert err.value.code == ErrorCode.BadValue
+
+
+def advance(sh: Shard, cid: str, to: Phase) -> None:
+    """The coordinator's checkpoints up to phase `to`, as the config server records them."""
+    while cid in sh.catalog.ddl and (at := sh.catalog.ddl[cid].phase) != to:
+        sh.config(d.AdvanceDDL(id=cid, phase=at, to=next_phase(at, sh.catalog.ddl[cid].op)))
+
+
+def test_a_late_enter_of_a_ddl_past_its_block_crud_phase_is_refused_and_holds_nothing(shard):
+    """Seed 10036: a config server cut off from the bus retried its EnterDDLCriticalSection of a
+    refine (its producer held it until the partition healed); the standby that took over ran the
+    DDL to its end, enter, rekey and exit; then the late enter arrived.  Served, it held db.c on
+    the shard for ever (no coordinator left to send the exit): every CRUD request on it refused
+    with StaleConfig, each router operation retried until it gave up."""
+    shard.given(keyed(1))
+    cid = shard.config(d.DropCollection(ns=UNSHARDED))["id"]
+    advance(shard, cid, Phase.BLOCK_CRUD)
+    enter = d.EnterDDLCriticalSection(id=cid, namespaces=[UNSHARDED])
+    assert shard.run(enter)[1]["critical"] is True
+    assert shard.run(enter) == ([], {"id": cid, "critical": True})  # a retry within the phase: as it was
+    advance(shard, cid, Phase.APPLY)
+    with pytest.raises(CommandError) as err:
+        shard.run(enter)  # the phase is over: not from a coordinator that runs it
+    assert err.value.code == ErrorCode.IllegalOperation and "past blockCRUD" in err.value.message
+    advance(shard, cid, Phase.RELEASE)
+    shard.run(d.ExitDDLCriticalSection(id=cid))
+    advance(shard, cid, Phase.DONE)
+    assert cid not in shard.catalog.ddl
+    before = list(shard.log)
+    with pytest.raises(CommandError) as err:
+        shard.run(enter)
+    assert err.value.code == ErrorCode.IllegalOperation and "has finished" in err.value.message
+    assert shard.log == before and shard.documents.ddl_sections == {}
+    assert shard.run(s.Count(ns=NS, filter={}, routing=shard.routing(NS)))[1] == {"n": 1}
+
+
+def test_a_late_drop_of_a_finished_ddl_is_refused_and_deletes_nothing_written_since(shard):
+    """The same late delivery of a DropLocalData would delete the collection created and
+    written again after the drop ended (the exit forgot the drop)."""
+    cid = shard.config(d.DropCollection(ns=UNSHARDED))["id"]
+    advance(shard, cid, Phase.APPLY)
+    drop = d.DropLocalData(id=cid, ns=UNSHARDED)
+    shard.run(drop)
+    advance(shard, cid, Phase.RELEASE)
+    shard.run(d.ExitDDLCriticalSection(id=cid))
+    advance(shard, cid, Phase.DONE)
+    shard.config(c.CreateCollection(ns=UNSHARDED))
+    shard.given(plain(1))
+    with pytest.raises(CommandError) as err:
+        shard.run(drop)
+    assert err.value.code == ErrorCode.IllegalOperation
+    assert shard.ids(UNSHARDED) == [1]
+
+
+def test_an_enter_of_a_ddl_rolling_back_is_refused(shard):
+    """A rollback leaves the sections; an enter still on its way (a retry of the blockCRUD
+    phase, which gather does not cancel when another shard refused) must not take one again."""
+    cid = shard.config(d.DropCollection(ns=UNSHARDED))["id"]
+    advance(shard, cid, Phase.BLOCK_CRUD)
+    shard.config(d.AdvanceDDL(id=cid, phase=Phase.BLOCK_CRUD, to=Phase.ROLLBACK, code="X", reason="why"))
+    with pytest.raises(CommandError) as err:
+        shard.run(d.EnterDDLCriticalSection(id=cid, namespaces=[UNSHARDED]))
+    assert err.value.code == ErrorCode.IllegalOperation and "rolling back" in err.value.message
+    assert shard.documents.ddl_sections == {}
 
 
 # ------------------------------------------------------------------------------ drops

@@ -30,7 +30,10 @@ Refusals (nothing recorded): EnterDDLCriticalSection naming no namespace and no 
 again for `id` with other namespaces, and DropLocalData naming neither or both of `ns` and
 `db` (BadValue); RenameLocalBatch while the catalog still has `ns` (StaleConfig: it has not
 caught up with the rename); RekeyLocalBatch of a collection that is not sharded
-(NamespaceNotSharded).
+(NamespaceNotSharded).  And a late request: an enter, drop, rename or rekey batch of a DDL
+that the shard's catalog shows finished, rolling back, or past the phase that sends it
+(IllegalOperation): a config server deposed while cut off delivers what its producer held once
+the partition heals, and the coordinator that took over has left the section already.
 
 A batch retried goes on where the shard stands (what it moved or rewrote is not found
 again), so the coordinator repeats a batch request until `done`, after a restart too.
@@ -45,6 +48,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+from domain.ddl import Phase, order_of
 from domain.protocol import ErrorCode
 from domain.shardkey import ShardKeyError
 from libs.errors import CommandError
@@ -92,12 +96,52 @@ def _task_removals(shard: Shard, ns: str | None = None, db: str | None = None) -
     ]
 
 
+# ------------------------------------------------------------ late requests
+
+# The coordinator's phase whose work sends each request that changes this shard
+# (services/config/coordinator.py `_work`); the exit, sent to release or roll back, is always
+# served (a late one finds nothing to leave).
+SENT_IN: dict[type, Phase] = {
+    d.EnterDDLCriticalSection: Phase.BLOCK_CRUD,
+    d.DropLocalData: Phase.APPLY,
+    d.RenameLocalBatch: Phase.APPLY,
+    d.RekeyLocalBatch: Phase.APPLY,
+}
+
+
+def refuse_if_moved_past(shard: Shard, req: Record) -> None:
+    """Refuse a request of a coordinator that our catalog shows finished, rolling back, or past
+    the phase that sends it: a late one, sent by a config server deposed since (cut off from the
+    bus past its session, its producer delivering what it had buffered once the partition
+    healed) or by a retry still running after its phase ended.  Served, a late enter would hold
+    its namespaces for ever (no coordinator is left to send the exit), a late drop or rename
+    batch would delete or move documents written since.  A coordinator our catalog does not
+    show yet (behind the sender's ConfigTime) is decided as before."""
+    rid = getattr(req, "id", "")
+    if rid in shard.catalog.ddl_outcomes:
+        over = "has finished"
+    elif (c := shard.catalog.ddl.get(rid)) is None:
+        return
+    elif c.phase == Phase.ROLLBACK:
+        over = "is rolling back"
+    else:
+        order, sent_in = order_of(c.op), SENT_IN[type(req)]
+        if c.phase not in order or sent_in not in order or order.index(c.phase) <= order.index(sent_in):
+            return
+        over = f"is past {sent_in} (in {c.phase})"
+    raise CommandError(
+        ErrorCode.IllegalOperation,
+        f"{shard.id}: DDL {rid} {over}: its {req.type} comes from a coordinator that no longer runs it",
+    )
+
+
 # ------------------------------------------------------------ the critical section
 
 
 def enter_critical_section(shard: Shard, req: d.EnterDDLCriticalSection) -> Step:
     if not req.namespaces and req.db is None:
         raise CommandError(ErrorCode.BadValue, f"DDL {req.id}: a critical section needs namespaces or a database")
+    refuse_if_moved_past(shard, req)
     held = shard.documents.ddl_sections.get(req.id)
     reply = {"id": req.id, "critical": True}
     if held is not None:
@@ -124,6 +168,7 @@ def exit_critical_section(shard: Shard, req: d.ExitDDLCriticalSection) -> Step:
 def drop_local_data(shard: Shard, req: d.DropLocalData) -> Step:
     if (req.ns is None) == (req.db is None):
         raise CommandError(ErrorCode.BadValue, f"DDL {req.id}: DropLocalData needs exactly one of ns and db")
+    refuse_if_moved_past(shard, req)
     target = req.ns if req.ns is not None else req.db
     reply = {"id": req.id, "ns": req.ns, "db": req.db, "dropped": True}
     if target in shard.documents.ddl_drops.get(req.id, frozenset()):
@@ -180,6 +225,7 @@ def _placer(shard: Shard, to: str) -> Callable[[Doc], bytes | None]:
 
 
 def rename_local_batch(shard: Shard, req: d.RenameLocalBatch) -> Step:
+    refuse_if_moved_past(shard, req)
     db = shard.catalog.databases.get(req.ns.partition(".")[0])
     if req.ns in shard.catalog.collections or (db is not None and req.ns in db.collections):
         raise CommandError(
@@ -209,6 +255,7 @@ def rename_local_batch(shard: Shard, req: d.RenameLocalBatch) -> Step:
 
 
 def rekey_local_batch(shard: Shard, req: d.RekeyLocalBatch) -> Step:
+    refuse_if_moved_past(shard, req)
     coll = shard.catalog.collections.get(req.ns)
     if coll is None:
         raise CommandError(ErrorCode.NamespaceNotSharded, f"{req.ns} is not sharded on {shard.id}")
