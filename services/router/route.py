@@ -62,6 +62,9 @@ CRITICAL_WAIT_S = 10.0  # how long one retry waits for a critical section to end
 AFTER_CLUSTER_TIME_WAIT_S = 10.0  # how long a causally consistent read waits for the catalog to catch up
 WRITE_CONFLICT_RETRY_S = 60.0  # MongoDB's transactionLifetimeLimitSeconds: no transaction holds a lock longer
 WRITE_CONFLICT_BACKOFF_S = (0.005, 0.1)  # the first and the longest pause between two tries
+# A read or write that met a prepared transaction's documents (two-phase commit, decision 0020):
+# nothing was applied, and the answer waits for the coordinator's decision, which follows at once.
+PREPARE_CONFLICT = "PrepareConflict"
 
 
 def write_conflict_retry() -> float:
@@ -347,19 +350,20 @@ class OperationRouter:
 
     async def _ask(self, shard: str, req) -> dict:
         """Send a request to one shard; its result, or Stale / CommandError.  A statement of a
-        transaction notes the shard as a participant; a write outside any transaction that meets
-        an open transaction's document is sent again (nothing was applied: the same statement
-        ids are safe) until the holder ends or write_conflict_retry() passes, as MongoDB's
-        write waits for the lock."""
+        transaction notes the shard as a participant.  A write outside any transaction that meets
+        an open transaction's document (WriteConflict), or anything that meets a prepared one's
+        (PrepareConflict), is sent again (nothing was applied: the same statement ids are safe)
+        until the holder ends or write_conflict_retry() passes, as MongoDB's operation waits for
+        the lock."""
         statement = current_statement.get() if getattr(req, "txn", None) is not None else None
         deadline, pause = 0.0, WRITE_CONFLICT_BACKOFF_S[0]
         while True:
             try:
                 result = await self._ask_once(shard, req)
             except CommandError as e:
-                if statement is not None:
+                if statement is not None and e.code != PREPARE_CONFLICT:
                     statement.reached(shard, req, None)
-                if e.code != ErrorCode.WriteConflict or statement is not None or not isinstance(req, WRITES):
+                if not _waits(e.code, req, statement is not None):
                     raise
                 deadline = deadline or time.monotonic() + write_conflict_retry()
                 if time.monotonic() + pause > deadline:
@@ -758,6 +762,14 @@ class OperationRouter:
             "configTime": self.follower.config_time,
             "plans": plans,
         }
+
+
+def _waits(code: str, req: Any, in_transaction: bool) -> bool:
+    """Whether a shard's refusal is a lock to wait for: a prepared transaction's, or (outside
+    any transaction: inside one, first writer wins) an open transaction's document."""
+    if code == PREPARE_CONFLICT:
+        return True
+    return code == ErrorCode.WriteConflict and not in_transaction and isinstance(req, WRITES)
 
 
 def _in_transaction(req: Any, statement: Statement) -> Any:

@@ -140,3 +140,11 @@ def test_a_refused_command_leaves_the_transaction_usable(data_cluster):
         coll.insert_one({"_id": "d", "v": 1}, session=session)
         session.commit_transaction()
     assert sorted(d["_id"] for d in coll.find({})) == ["a", "b", "c", "d"]
+
+
+def test_a_transaction_may_create_its_collection(data_cluster):
+    client = data_cluster.mongo_client()
+    client.app.other.insert_one({"_id": 0})  # the database exists; the collection does not
+    with client.start_session() as session:
+        session.with_transaction(lambda s: client.app.fresh.insert_many([{"_id": 1}, {"_id": 2}], session=s))
+    assert sorted(d["_id"] for d in client.app.fresh.find({})) == [1, 2]

@@ -259,3 +259,14 @@ def test_abort_reaches_every_participant_and_forget_drops_the_session():
     assert shards.kinds() == [("sh2", "AbortTransaction", 1), ("sh1", "AbortTransaction", 1)]
     router.forget([LSID])
     assert LSID not in router.sessions
+
+
+def test_which_refusals_the_router_waits_out():
+    from services.router.route import _waits
+
+    write, read = s.Update(ns="a.b", filter={}, update={}), s.Find(ns="a.b")
+    assert _waits(ErrorCode.WriteConflict, write, in_transaction=False)  # a plain write waits for the holder
+    assert not _waits(ErrorCode.WriteConflict, write, in_transaction=True)  # first writer wins
+    assert not _waits(ErrorCode.WriteConflict, read, in_transaction=False)
+    assert _waits("PrepareConflict", read, in_transaction=True)  # the coordinator's decision follows at once
+    assert not _waits(ErrorCode.DuplicateKey, write, in_transaction=False)
