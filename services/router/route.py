@@ -54,7 +54,13 @@ from libs.topics import Topics
 from schemas import config as cfg
 from schemas import shard as s
 from services.router.sessions import LogicalSessionCache
-from services.router.transactions import Statement, TransactionRouter, current_statement
+from services.router.transactions import (
+    Statement,
+    TransactionRouter,
+    TxnArgs,
+    check_read_concern,
+    current_statement,
+)
 
 MAX_STALE_RETRIES = 10
 SHARD_TIMEOUT_S = 30.0
@@ -169,8 +175,15 @@ class OperationRouter:
         _operation_time.set([0])
         if getattr(req, "routing", None) is not None:
             raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
-        if getattr(req, "txn", None) is not None:
-            raise CommandError(ErrorCode.BadValue, "clients do not send txn; routers add it")
+        if isinstance(req, (s.StartTransaction, s.CommitTransaction, s.AbortTransaction)):
+            return await self._transaction_command(req)
+        if (txn := getattr(req, "txn", None)) is not None:
+            # the client library's statement of the transaction it started (StartTransaction)
+            if current_statement.get() is not None:
+                raise CommandError(ErrorCode.BadValue, "a statement names its transaction once")
+            self.sessions.use({"id": txn.lsid})
+            statement = self.transactions.continues(txn)
+            return await self.transactions.run(statement, lambda: self._handle(req.model_copy(update={"txn": None})))
         if (statement := current_statement.get()) is not None:
             req = _in_transaction(req, statement)
         # A refused $clusterTime refuses the operation: nothing is sent.
@@ -223,6 +236,20 @@ class OperationRouter:
         raise CommandError(
             ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
         )
+
+    async def _transaction_command(self, req: s.StartTransaction | s.CommitTransaction | s.AbortTransaction) -> dict:
+        """The client library's start, commit and abort of a session's transaction (the wire's
+        are services/router/wire/transactions.py): the same per-session state."""
+        self._gossip_in(getattr(req, "clusterTime", None))
+        self.sessions.use({"id": req.lsid})
+        if isinstance(req, s.CommitTransaction):
+            return await self.transactions.commit(req.lsid, req.txnNumber)
+        if isinstance(req, s.AbortTransaction):
+            return await self.transactions.abort(req.lsid, req.txnNumber)
+        rc = None if req.readConcern is None else check_read_concern(req.readConcern)
+        args = TxnArgs(req.txnNumber, start=True, read_concern=rc)
+        statement = await self.transactions.begin(req.lsid, args, self.snapshot_time)
+        return {"readAt": statement.txn.readAt}
 
     # ------------------------------------------------------------ the clock
 

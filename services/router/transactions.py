@@ -202,6 +202,24 @@ def wrote(req: Any, result: dict[str, Any]) -> bool:
     return False
 
 
+READ_CONCERN_LEVELS = ("local", "majority", "snapshot")
+
+
+def check_read_concern(rc: Any) -> dict[str, Any]:
+    """A transaction's read concern (its first statement's), refused as MongoDB refuses it."""
+    if not isinstance(rc, dict):
+        raise CommandError(ErrorCode.TypeMismatch, "BSON field 'readConcern' is the wrong type, expected type 'object'")
+    if rc.get("level", "local") not in READ_CONCERN_LEVELS:
+        raise CommandError(
+            ErrorCode.InvalidOptions,
+            "The readConcern level must be either 'local' (default), 'majority' or 'snapshot' in order to run "
+            "in a transaction",
+        )
+    if "atClusterTime" in rc and rc.get("level") != "snapshot":
+        raise CommandError(ErrorCode.InvalidOptions, "readConcern atClusterTime is only allowed with level 'snapshot'")
+    return rc
+
+
 def read_at(read_concern: dict[str, Any] | None) -> dict[str, Any]:
     """The snapshot read concern the first statement's `readAt` is chosen by (decision 0019's
     rule: the client's atClusterTime, else the router's time, after any afterClusterTime):
@@ -254,6 +272,33 @@ class TransactionRouter:
         if args.start:
             self.sessions[lsid] = started(lsid, args, await snapshot(read_at(args.read_concern)))
         return Statement(self, lsid, self.sessions[lsid].txn())
+
+    def continues(self, txn: s.Txn) -> Statement:
+        """A statement of a transaction the client library started (StartTransaction) and names
+        by its `txn`: it must be this router's open one, at the snapshot it was given."""
+        begins(self.sessions.get(txn.lsid), txn.lsid, TxnArgs(txn.txnNumber))
+        current = self.sessions[txn.lsid]
+        if current.read_at != txn.readAt:
+            raise CommandError(
+                ErrorCode.InvalidOptions,
+                f"transaction {txn.txnNumber} reads at {current.read_at}, not at {txn.readAt}",
+            )
+        return Statement(self, txn.lsid, current.txn())
+
+    async def run(self, statement: Statement, fn: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """Run a command as `statement`: what it sends carries the transaction; its error (or a
+        write error in its reply, as mongod's) aborts the transaction on every participant."""
+        token = current_statement.set(statement)
+        try:
+            result = await fn()
+        except Exception:
+            await self.failed(statement)
+            raise
+        finally:
+            current_statement.reset(token)
+        if result.get("writeErrors"):
+            await self.failed(statement)
+        return result
 
     def reached(self, lsid: str, shard: str, did_write: bool) -> None:
         txn = self.sessions.get(lsid)

@@ -148,3 +148,32 @@ def test_a_transaction_may_create_its_collection(data_cluster):
     with client.start_session() as session:
         session.with_transaction(lambda s: client.app.fresh.insert_many([{"_id": 1}, {"_id": 2}], session=s))
     assert sorted(d["_id"] for d in client.app.fresh.find({})) == [1, 2]
+
+
+def test_the_client_library_has_the_same_transactions(data_cluster):
+    from libs.client import ShardlogError
+    from tests.integration.test_data_path import client_run
+
+    async def go(cl):
+        accounts = cl["app"]["lib"]
+        await accounts.insert_many([{"_id": "a", "v": 100}, {"_id": "b", "v": 0}])
+        session = cl.start_session()
+
+        async def transfer(s):
+            await accounts.update_one({"_id": "a"}, {"$inc": {"v": -10}}, session=s)
+            await accounts.update_one({"_id": "b"}, {"$inc": {"v": 10}}, session=s)
+            assert [d["v"] async for d in accounts.find({}, sort={"_id": 1}, session=s)] == [90, 10]
+            assert [d["v"] async for d in accounts.find({}, sort={"_id": 1})] == [100, 0]  # not yet
+            with pytest.raises(ShardlogError) as e:
+                await accounts.count_documents({}, session=s)
+            assert e.value.code == "OperationNotSupportedInTransaction"
+
+        await cl.with_transaction(session, transfer)
+        await cl.commit_transaction(session)  # retried: the same outcome
+        assert [d["v"] async for d in accounts.find({}, sort={"_id": 1})] == [90, 10]
+        await cl.start_transaction(session)
+        await accounts.insert_one({"_id": "c", "v": 1}, session=session)
+        await cl.abort_transaction(session)
+        assert await accounts.count_documents({}) == 2
+
+    client_run(data_cluster, go)

@@ -17,7 +17,7 @@ from typing import Any
 from domain.logical_sessions import session_id
 from domain.protocol import ErrorCode
 from libs.errors import CommandError
-from services.router.transactions import TxnArgs, current_statement
+from services.router.transactions import TxnArgs, check_read_concern
 from services.router.wire.commands import ENDS, SERVER_COMMANDS, Connection, in_transaction
 from services.router.wire.gossip import wire_lsid, wire_read_concern
 from services.router.wire.options import HONOURED, Fields
@@ -28,7 +28,6 @@ STATEMENTS = frozenset(
     {"find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify", "findandmodify"}
     | {"aggregate", "distinct"}
 )
-READ_CONCERN_LEVELS = ("local", "majority", "snapshot")
 NO_TRANSACTION_DATABASES = ("config", "admin", "local")
 
 # ------------------------------------------------------------------ parsing (pure)
@@ -69,16 +68,7 @@ def _read_concern(cmd: dict[str, Any], start: bool) -> dict[str, Any] | None:
         return None
     if not start:
         raise _invalid("Only the first command in a transaction may specify a readConcern")
-    if not isinstance(rc, dict):
-        raise CommandError(ErrorCode.TypeMismatch, "BSON field 'readConcern' is the wrong type, expected type 'object'")
-    if rc.get("level", "local") not in READ_CONCERN_LEVELS:
-        raise _invalid(
-            "The readConcern level must be either 'local' (default), 'majority' or 'snapshot' in order to run "
-            "in a transaction"
-        )
-    if "atClusterTime" in rc and rc.get("level") != "snapshot":
-        raise _invalid("readConcern atClusterTime is only allowed with level 'snapshot'")
-    out: dict[str, Any] = wire_read_concern(rc)
+    out: dict[str, Any] = check_read_concern(wire_read_concern(rc))
     return out
 
 
@@ -124,17 +114,8 @@ async def run_statement(conn: Connection, name: str, cmd: dict[str, Any], run: R
     refuse_in_transaction(name, cmd)
     routing = conn.cluster().routing
     statement = await routing.transactions.begin(_session(conn, cmd), args, routing.snapshot_time)
-    token = current_statement.set(statement)
-    try:
-        # the transaction's snapshot is its read concern: the command reads no other
-        reply = await run({k: v for k, v in cmd.items() if k != "readConcern"})
-    except Exception:
-        await routing.transactions.failed(statement)
-        raise
-    finally:
-        current_statement.reset(token)
-    if reply.get("writeErrors"):  # a write error ends the transaction too, as in mongod
-        await routing.transactions.failed(statement)
+    # the transaction's snapshot is its read concern: the command reads no other
+    reply = await routing.transactions.run(statement, lambda: run({k: v for k, v in cmd.items() if k != "readConcern"}))
     return {**reply, "recoveryToken": statement.recovery_token()}
 
 
