@@ -173,6 +173,9 @@ UNKNOWN_COMMIT_CODES = frozenset({"ShardUnavailable", "Timeout", "KafkaUnavailab
 WITH_TRANSACTION_TIMEOUT_S = 120.0  # as the drivers' withTransaction
 
 
+TRANSACTION_ENDS = (s.CommitTransaction, s.AbortTransaction)
+
+
 class ClientTransaction:
     """A session's multi-document transaction (issue 33, decision 0020), started on a router
     (`AsyncCluster.start_transaction`): its number and the snapshot it reads at."""
@@ -293,7 +296,7 @@ class AsyncCluster:
         update: dict[str, Any] = {}
         if self.cluster_time is not None and "clusterTime" in type(req).model_fields:
             update["clusterTime"] = self.cluster_time
-        if session is not None and session.in_transaction and not isinstance(req, s.GetMore):
+        if session is not None and session.in_transaction and not isinstance(req, (s.GetMore, *TRANSACTION_ENDS)):
             update["txn"] = _statement_of(req, session)
             return req.model_copy(update=update)
         # (a Count too: the cluster refuses a snapshot count, as MongoDB, rather than count the latest)
