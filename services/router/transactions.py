@@ -157,11 +157,17 @@ def ended(txn: SessionTxn, state: TxnState) -> SessionTxn:
 class CommitPlan:
     commit_on: str | None  # the one writer
     end: tuple[str, ...]  # read-only participants: ended with an abort (nothing to commit there)
+    recovering: bool = False  # this router never saw the transaction: its recoveryToken names the writer
 
 
-def commit_plan(current: SessionTxn | None, txn_number: int) -> CommitPlan:
+def commit_plan(current: SessionTxn | None, txn_number: int, token: Any = None) -> CommitPlan:
     """What committing `txn_number` takes; MongoDB's error for a commit out of turn.  A retried
-    commit of a committed transaction asks its writer again (it answers the same)."""
+    commit of a committed transaction asks its writer again (it answers the same).  A commit of
+    a transaction this router does not know (another router ran it, or this one restarted)
+    asks the shard its recoveryToken names: the one shard that wrote (a second writer is
+    refused), which commits it or answers how it ended."""
+    if current is None or txn_number > current.txn_number:
+        return CommitPlan(_recovery_shard(token, txn_number), (), recovering=True)
     txn = _this(current, txn_number)
     if txn.state is TxnState.ABORTED:
         raise no_such_transaction(txn_number, "has been aborted.")
@@ -169,6 +175,28 @@ def commit_plan(current: SessionTxn | None, txn_number: int) -> CommitPlan:
     writer = txn.recovery_shard
     end = () if txn.state is TxnState.COMMITTED else tuple(p.shard for p in txn.participants if not p.wrote)
     return CommitPlan(writer, end)
+
+
+def _recovery_shard(token: Any, txn_number: int) -> str:
+    """The shard a client's recoveryToken names, or mongos's error for a token without one."""
+    if token is None:
+        raise CommandError(
+            "Location50940",
+            f"Cannot recover the transaction decision without a recoveryToken (txnNumber {txn_number})",
+        )
+    shard = token.get("recoveryShardId") if isinstance(token, dict) else None
+    if not isinstance(shard, str) or not shard:
+        raise no_such_transaction(
+            txn_number,
+            "is unknown here and its recovery token is empty, meaning the transaction only performed "
+            "reads and can be safely retried",
+        )
+    return shard
+
+
+def recovered(lsid: str, txn_number: int, writer: str) -> SessionTxn:
+    """What a recovered commit teaches: the transaction committed on its one writer."""
+    return SessionTxn(lsid, txn_number, 0, TxnState.COMMITTED, (Participant(writer, True),))
 
 
 def abort_plan(current: SessionTxn | None, txn_number: int) -> tuple[str, ...]:
@@ -315,9 +343,14 @@ class TransactionRouter:
         self.sessions[statement.lsid] = ended(txn, TxnState.ABORTED)
         await self._abort_on(txn, tuple(p.shard for p in txn.participants))
 
-    async def commit(self, lsid: str, txn_number: int) -> dict[str, Any]:
+    async def commit(self, lsid: str, txn_number: int, token: Any = None) -> dict[str, Any]:
         current = self.sessions.get(lsid)
-        plan = commit_plan(current, txn_number)
+        plan = commit_plan(current, txn_number, token)
+        if plan.recovering:
+            assert plan.commit_on is not None
+            await self.ask(plan.commit_on, s.CommitTransaction(lsid=lsid, txnNumber=txn_number))
+            self.sessions[lsid] = recovered(lsid, txn_number, plan.commit_on)
+            return {}
         assert current is not None
         await self._abort_on(current, plan.end)  # read-only: nothing to commit there
         if plan.commit_on is not None:

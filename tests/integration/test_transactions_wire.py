@@ -177,3 +177,15 @@ def test_the_client_library_has_the_same_transactions(data_cluster):
         assert await accounts.count_documents({}) == 2
 
     client_run(data_cluster, go)
+
+
+def test_a_commit_on_a_router_that_never_saw_the_transaction_uses_its_recovery_token(data_cluster):
+    client, coll = _bank(data_cluster)
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.update_one({"_id": "a"}, {"$set": {"v": 7}}, session=session)
+        # Another router (or this one restarted) knows nothing of it: pymongo's commit carries
+        # the recoveryToken, which names the shard that wrote.
+        data_cluster.router.routing.transactions.sessions.clear()
+        session.commit_transaction()
+    assert coll.find_one({"_id": "a"})["v"] == 7

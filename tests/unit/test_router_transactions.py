@@ -123,16 +123,29 @@ def test_commit_plans():
 
 
 @pytest.mark.parametrize(
-    ("current", "n", "code"),
+    ("current", "n", "token", "code"),
     [
-        (None, 1, ErrorCode.NoSuchTransaction),
-        (_open(3), 2, ErrorCode.TransactionTooOld),
-        (_open(3), 4, ErrorCode.NoSuchTransaction),
-        (t.ended(_open(3), TxnState.ABORTED), 3, ErrorCode.NoSuchTransaction),
+        (None, 1, None, "Location50940"),  # mongos: "Cannot recover the transaction decision without a recoveryToken"
+        (None, 1, {}, ErrorCode.NoSuchTransaction),  # read-only: safe to run again
+        (_open(3), 2, None, ErrorCode.TransactionTooOld),
+        (_open(3), 4, {}, ErrorCode.NoSuchTransaction),
+        (t.ended(_open(3), TxnState.ABORTED), 3, None, ErrorCode.NoSuchTransaction),
     ],
 )
-def test_commits_out_of_turn(current, n, code):
-    assert _code(t.commit_plan, current, n) == code
+def test_commits_out_of_turn(current, n, token, code):
+    assert _code(t.commit_plan, current, n, token) == code
+
+
+def test_a_commit_this_router_never_saw_asks_the_shard_its_recovery_token_names():
+    plan = t.commit_plan(_open(3), 4, {"recoveryShardId": "sh2"})
+    assert plan == t.CommitPlan("sh2", (), recovering=True)
+    shards = Shards()
+    router = t.TransactionRouter(shards)
+    _run(router.commit(LSID, 7, {"recoveryShardId": "sh1"}))
+    assert shards.kinds() == [("sh1", "CommitTransaction", 7)]
+    assert router.sessions[LSID].state is TxnState.COMMITTED
+    _run(router.commit(LSID, 7))  # asked again here: known now
+    assert shards.kinds()[-1] == ("sh1", "CommitTransaction", 7)
 
 
 def test_aborts():

@@ -94,6 +94,7 @@ def test_error_labels():
     assert transaction_labels("insert", 112) == ["TransientTransactionError"]  # WriteConflict
     assert transaction_labels("find", 251) == ["TransientTransactionError"]  # NoSuchTransaction
     assert transaction_labels("find", 89) == ["TransientTransactionError"]  # a shard did not answer
+    assert transaction_labels("update", 91) == ["TransientTransactionError"]  # ShutdownInProgress: retriable
     assert transaction_labels("insert", 11000) == []  # DuplicateKey
     assert transaction_labels("count", 263) == []
     assert transaction_labels("commitTransaction", 89) == ["RetryableWriteError", "UnknownTransactionCommitResult"]

@@ -297,9 +297,6 @@ WIRE_NAMES: dict[str, tuple[int, str]] = {
 # StaleShardVersion, StaleEpoch, StaleDbVersion), NoSuchTransaction.
 ENDS = frozenset({"commitTransaction", "abortTransaction"})
 TRANSIENT_CODES = frozenset({112, 24, 267, 239, 246, 250, 327, 13388, 63, 150, 249, 251})
-# A statement that failed on the way to a shard: the router aborted the transaction, so
-# starting it again is safe (mongos labels network errors of a statement the same).
-NETWORK_CODES = frozenset({6, 7, 89, 9001})
 # A commit nobody knows the outcome of: MongoDB's retriable errors, the time limits, and a
 # write concern that was not satisfied.
 UNKNOWN_COMMIT_CODES = RETRYABLE_CODES | {50, 64}  # MaxTimeMSExpired, WriteConcernFailed
@@ -310,7 +307,9 @@ def transaction_labels(name: str, code: int) -> list[str]:
     labels: list[str] = []
     if name in ENDS and code in RETRYABLE_CODES:
         labels.append("RetryableWriteError")  # commit and abort are retryable writes
-    if code in TRANSIENT_CODES or (name not in ENDS and code in NETWORK_CODES):
+    # A statement that failed with a retryable code (a shard or Kafka that did not answer): the
+    # router aborted the transaction, so starting it again is safe (MongoDB's rule too).
+    if code in TRANSIENT_CODES or (name not in ENDS and code in RETRYABLE_CODES):
         labels.append("TransientTransactionError")
     if name == "commitTransaction" and code in UNKNOWN_COMMIT_CODES:
         labels.append("UnknownTransactionCommitResult")

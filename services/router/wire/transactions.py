@@ -134,7 +134,7 @@ END_FIELDS = {"recoveryToken": HONOURED}
 @SERVER_COMMANDS.register("commitTransaction", admin_only=True, fields=Fields("commitTransaction", END_FIELDS))
 async def _commit_transaction(conn: Connection, cmd: dict[str, Any]) -> dict[str, Any]:
     lsid, txn_number = _end_args(conn, "commitTransaction", cmd)
-    return await conn.cluster().routing.transactions.commit(lsid, txn_number)
+    return await conn.cluster().routing.transactions.commit(lsid, txn_number, cmd.get("recoveryToken"))
 
 
 @SERVER_COMMANDS.register("abortTransaction", admin_only=True, fields=Fields("abortTransaction", END_FIELDS))
