@@ -21,6 +21,17 @@ retryable (as in MongoDB): they are sent once.
 _id uniqueness across shards holds only when the shard key includes _id, as in
 MongoDB: each shard enforces it for its own documents.
 
+Multi-document transactions (issue 33, decision 0020), on an explicit session:
+
+    async def transfer(session):
+        await accounts.update_one({"_id": "a"}, {"$inc": {"v": -10}}, session=session)
+        await accounts.update_one({"_id": "b"}, {"$inc": {"v": 10}}, session=session)
+    await c.with_transaction(c.start_session(), transfer)
+
+or `start_transaction(session)` / `commit_transaction(session)` / `abort_transaction(session)`.
+Statements are sent once (the transaction is what is retried); an operation a transaction does
+not run (count_documents) is refused with OperationNotSupportedInTransaction.
+
 Every operation carries the largest signed `$clusterTime` the client has seen;
 with `session=c.start_session(causal_consistency=True)`, reads wait for the
 session's earlier operations (readConcern afterClusterTime), whichever router
@@ -151,6 +162,29 @@ def error_for(code: str, message: str, details: Document | None = None) -> Shard
     return _ERRORS.get(code, ShardlogError)(code, message, details)
 
 
+# A transaction that failed with one of these may be run again from its start (MongoDB's
+# TransientTransactionError label); `with_transaction` does.
+TRANSIENT_TRANSACTION_CODES = frozenset(
+    {"WriteConflict", "NoSuchTransaction", "SnapshotTooOld", "SnapshotUnavailable", "StaleChunkHistory"}
+    | {"PreparedTransactionInProgress", "StaleConfig", "ShardUnavailable", "Timeout", "KafkaUnavailable"}
+)
+# A commit whose answer did not come: it may have been applied; asking again tells.
+UNKNOWN_COMMIT_CODES = frozenset({"ShardUnavailable", "Timeout", "KafkaUnavailable"})
+WITH_TRANSACTION_TIMEOUT_S = 120.0  # as the drivers' withTransaction
+
+
+TRANSACTION_ENDS = (s.CommitTransaction, s.AbortTransaction)
+
+
+class ClientTransaction:
+    """A session's multi-document transaction (issue 33, decision 0020), started on a router
+    (`AsyncCluster.start_transaction`): its number and the snapshot it reads at."""
+
+    def __init__(self, txn_number: int, read_at: int) -> None:
+        self.txn_number, self.read_at = txn_number, read_at
+        self.state = "in-progress"  # then "committed" or "aborted"
+
+
 class ClientSession:
     """A logical session, as a driver's (docs/decisions/0015): its `lsid` names it to the cluster.
 
@@ -175,6 +209,11 @@ class ClientSession:
         self.operation_time: int | None = None  # packed LogicalTime of this session's last operation
         self.last_use = time.monotonic()
         self.ended = False
+        self.transaction: ClientTransaction | None = None  # the latest, open or ended
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.transaction is not None and self.transaction.state == "in-progress"
 
     def next_txn_number(self) -> int:
         """The number of the next retryable write on this session (its retries reuse it)."""
@@ -235,7 +274,10 @@ class AsyncCluster:
     async def write(self, req: Record, *, session: ClientSession | None = None, retryable: bool = True) -> Document:
         """Send a write on a session (docs/decisions/0015): a retryable one under the session's
         next txnNumber, retried with the same number until the deadline; a multi write (not
-        retryable) or any write with retry_writes=False, once."""
+        retryable) or any write with retry_writes=False, once.  In the session's transaction:
+        a statement of it, sent once (the transaction is what is retried)."""
+        if session is not None and session.in_transaction:
+            return await self.call(req.model_copy(update={"lsid": dict(session.lsid)}), retry=False, session=session)
         if not self.retry_writes:
             return await self.call(req, retry=False, session=session)
         used = session if session is not None else self._checkout()
@@ -254,6 +296,9 @@ class AsyncCluster:
         update: dict[str, Any] = {}
         if self.cluster_time is not None and "clusterTime" in type(req).model_fields:
             update["clusterTime"] = self.cluster_time
+        if session is not None and session.in_transaction and not isinstance(req, (s.GetMore, *TRANSACTION_ENDS)):
+            update["txn"] = _statement_of(req, session)
+            return req.model_copy(update=update)
         # (a Count too: the cluster refuses a snapshot count, as MongoDB, rather than count the latest)
         if session is not None and session.snapshot and isinstance(req, (s.Find, s.Count)) and req.readConcern is None:
             rc: Document = {"level": "snapshot"}
@@ -333,6 +378,87 @@ class AsyncCluster:
             x.ended = True
         return result
 
+    # -------------------------------------------------------------- transactions
+
+    async def start_transaction(self, session: ClientSession, *, at_cluster_time: int | None = None) -> int:
+        """Start a multi-document transaction on `session` (its router picks the snapshot: the
+        router's time, or `at_cluster_time`): the session's operations are its statements until
+        `commit_transaction` or `abort_transaction`.  The snapshot time it reads at."""
+        if session.in_transaction:
+            raise ShardlogError("IllegalOperation", "Transaction already in progress")
+        number = session.next_txn_number()
+        rc = None if at_cluster_time is None else {"level": "snapshot", "atClusterTime": to_ejson(at_cluster_time)}
+        req = s.StartTransaction(lsid=str(session.lsid["id"]), txnNumber=number, readConcern=rc)
+        result = await self.call(req, session=session)
+        session.transaction = ClientTransaction(number, int(result["readAt"]))
+        return session.transaction.read_at
+
+    async def commit_transaction(self, session: ClientSession) -> None:
+        """Commit the session's transaction (again after a commit whose answer was lost: the
+        router answers a retried commit with the same outcome)."""
+        txn = session.transaction
+        if txn is None or txn.state == "aborted":
+            raise ShardlogError("NoSuchTransaction", "no transaction started on this session")
+        await self.call(s.CommitTransaction(lsid=str(session.lsid["id"]), txnNumber=txn.txn_number), session=session)
+        txn.state = "committed"
+
+    async def abort_transaction(self, session: ClientSession) -> None:
+        """Abort the session's transaction: nothing of it is applied."""
+        txn = session.transaction
+        if txn is None or txn.state != "in-progress":
+            raise ShardlogError("NoSuchTransaction", "no transaction in progress on this session")
+        txn.state = "aborted"
+        try:
+            await self.call(s.AbortTransaction(lsid=str(session.lsid["id"]), txnNumber=txn.txn_number), session=session)
+        except ShardlogError as e:
+            if e.code != "NoSuchTransaction":  # ended already (a statement's error aborted it)
+                raise
+
+    async def with_transaction(
+        self, session: ClientSession, callback: Callable[[ClientSession], Coroutine[Any, Any, T]]
+    ) -> T:
+        """Run `callback(session)` in a transaction and commit it, starting again from the
+        beginning while it fails with a transient error (a WriteConflict: another transaction
+        wrote first), for up to 120 s, as the drivers' withTransaction."""
+        deadline = time.monotonic() + WITH_TRANSACTION_TIMEOUT_S
+        while True:
+            await self.start_transaction(session)
+            try:
+                result = await callback(session)
+            except BaseException as e:
+                if session.in_transaction:
+                    await self._abort_quietly(session)
+                if (
+                    isinstance(e, ShardlogError)
+                    and e.code in TRANSIENT_TRANSACTION_CODES
+                    and time.monotonic() < deadline
+                ):
+                    continue
+                raise
+            if await self._commit_until_known(session, deadline):
+                return result
+
+    async def _commit_until_known(self, session: ClientSession, deadline: float) -> bool:
+        """Commit; asked again while the outcome is unknown (the router answers a retried commit
+        the same).  False: the transaction aborted with a transient error (run it again)."""
+        while True:
+            try:
+                await self.commit_transaction(session)
+                return True
+            except ShardlogError as e:
+                if time.monotonic() >= deadline or e.code not in TRANSIENT_TRANSACTION_CODES:
+                    raise
+                if e.code not in UNKNOWN_COMMIT_CODES:
+                    assert session.transaction is not None
+                    session.transaction.state = "aborted"
+                    return False
+
+    async def _abort_quietly(self, session: ClientSession) -> None:
+        try:
+            await self.abort_transaction(session)
+        except (ShardlogError, TimeoutError):
+            pass  # the shards' lifetime reaper ends what the abort did not reach
+
     async def call(
         self,
         req: Record,
@@ -366,8 +492,9 @@ class AsyncCluster:
             if left <= 0:
                 raise OperationTimeout("Timeout", f"no answer from the routers within {self.timeout:g}s")
             # A getMore is not retried: a slow first attempt may already have consumed the batch.
-            # Nor is a write that is not retryable: a second attempt could apply it twice.
-            once = isinstance(req, s.GetMore) or not retry
+            # Nor is a write that is not retryable, or a statement of a transaction: a second
+            # attempt could apply it twice.
+            once = isinstance(req, s.GetMore) or not retry or getattr(req, "txn", None) is not None
             try:
                 reply: Reply = await self._requester.request(
                     topic or self.topics.router_requests,
@@ -384,6 +511,18 @@ class AsyncCluster:
                 result: Document = from_record(reply.result or {})  # BSON values back (decision 0016)
                 return result
             raise error_for(reply.code or "Error", reply.error or "", from_record(reply.result))
+
+
+def _statement_of(req: Record, session: ClientSession) -> s.Txn:
+    """The transaction a session's operation is a statement of; an operation a transaction
+    does not run is refused here, as MongoDB refuses it (it would run outside the transaction)."""
+    txn = session.transaction
+    assert txn is not None
+    if "txn" not in type(req).model_fields:
+        raise ShardlogError(
+            "OperationNotSupportedInTransaction", f"Cannot run '{req.type}' in a multi-document transaction."
+        )
+    return s.Txn(lsid=str(session.lsid["id"]), txnNumber=txn.txn_number, readAt=txn.read_at)
 
 
 class AsyncDatabase:

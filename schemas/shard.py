@@ -293,6 +293,22 @@ class AbortTransaction(Record):
     txnNumber: int = Field(ge=0)
 
 
+class StartTransaction(Record):
+    """Client -> router only (the Kafka client library; the wire's drivers start one with
+    `startTransaction` on their first statement): open transaction `txnNumber` of the session,
+    at the snapshot `readConcern` names (its atClusterTime, else the router's time).  Reply
+    `{"readAt": ts}`; the transaction's statements then carry `txn` = (lsid, txnNumber, readAt),
+    and CommitTransaction / AbortTransaction end it through the same router (the session's
+    requests share a partition of router.requests)."""
+
+    type: Literal["StartTransaction"] = "StartTransaction"
+    v: Literal[1] = 1
+    lsid: str
+    txnNumber: int = Field(ge=0)
+    readConcern: Any = None
+    clusterTime: Any = None
+
+
 class EndSessions(Record):
     """MongoDB's endSessions: the sessions leave the routers' caches and the sessions store;
     their retryable-write records are reaped by the shards after the session timeout."""
@@ -532,6 +548,7 @@ ShardRequest = Annotated[
     | CoordinateCommitTransaction
     | AdvanceTxnCoordinator
     | AbortTransaction
+    | StartTransaction
     | EndSessions
     | KillSessions
     | StartDonation
@@ -574,6 +591,7 @@ REQUESTS = (
     CoordinateCommitTransaction,
     AdvanceTxnCoordinator,
     AbortTransaction,
+    StartTransaction,
     EndSessions,
     KillSessions,
     *MIGRATION_REQUESTS,

@@ -54,11 +54,35 @@ from libs.topics import Topics
 from schemas import config as cfg
 from schemas import shard as s
 from services.router.sessions import LogicalSessionCache
+from services.router.transactions import (
+    Statement,
+    TransactionRouter,
+    TxnArgs,
+    check_read_concern,
+    current_statement,
+)
 
 MAX_STALE_RETRIES = 10
 SHARD_TIMEOUT_S = 30.0
 CRITICAL_WAIT_S = 10.0  # how long one retry waits for a critical section to end
 AFTER_CLUSTER_TIME_WAIT_S = 10.0  # how long a causally consistent read waits for the catalog to catch up
+WRITE_CONFLICT_RETRY_S = 60.0  # MongoDB's transactionLifetimeLimitSeconds: no transaction holds a lock longer
+WRITE_CONFLICT_BACKOFF_S = (0.005, 0.1)  # the first and the longest pause between two tries
+# A read or write that met a prepared transaction's documents (two-phase commit, decision 0020):
+# nothing was applied, and the answer waits for the coordinator's decision, which follows at once.
+PREPARE_CONFLICT = "PrepareConflict"
+
+
+def write_conflict_retry() -> float:
+    """How long a write outside any transaction is retried while an open transaction holds a
+    document it writes (the shard answers WriteConflict; decision 0020): SHARDLOG_WRITE_CONFLICT_RETRY_S
+    seconds (default 60), less if the command's maxTimeMS ends first."""
+    raw = os.environ.get("SHARDLOG_WRITE_CONFLICT_RETRY_S", "")
+    try:
+        return max(0.0, float(raw)) if raw else WRITE_CONFLICT_RETRY_S
+    except ValueError:
+        return WRITE_CONFLICT_RETRY_S
+
 
 # The largest operationTime of the shards one client operation reached (docs/decisions/0014).
 _operation_time: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("operation_time", default=None)
@@ -83,6 +107,8 @@ class RouterCursor:
 
 
 WRITES = (s.Insert, s.Update, s.Delete, s.FindAndModify)
+# What a statement inside a transaction may be (the wire refuses the rest with 263 first).
+TXN_STATEMENTS = (*WRITES, s.Find, s.GetMore)
 
 
 def _session_fields(req: Any, stmt_ids: list[int]) -> dict[str, Any]:
@@ -124,6 +150,8 @@ class OperationRouter:
         self.cursors: dict[int, RouterCursor] = {}
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         self.stale_retries = 0
+        self.write_conflict_retries = 0  # tries again of writes that met an open transaction's document
+        self.transactions = TransactionRouter(self._ask)
         self._creating: dict[str, asyncio.Future] = {}
 
     @property
@@ -147,6 +175,17 @@ class OperationRouter:
         _operation_time.set([0])
         if getattr(req, "routing", None) is not None:
             raise CommandError(ErrorCode.BadValue, "clients do not send routing; routers add it")
+        if isinstance(req, (s.StartTransaction, s.CommitTransaction, s.AbortTransaction)):
+            return await self._transaction_command(req)
+        if (txn := getattr(req, "txn", None)) is not None:
+            # the client library's statement of the transaction it started (StartTransaction)
+            if current_statement.get() is not None:
+                raise CommandError(ErrorCode.BadValue, "a statement names its transaction once")
+            self.sessions.use({"id": txn.lsid})
+            statement = self.transactions.continues(txn)
+            return await self.transactions.run(statement, lambda: self._handle(req.model_copy(update={"txn": None})))
+        if (statement := current_statement.get()) is not None:
+            req = _in_transaction(req, statement)
         # A refused $clusterTime refuses the operation: nothing is sent.
         self._gossip_in(getattr(req, "clusterTime", None))
         if isinstance(req, (s.EndSessions, s.KillSessions)):
@@ -197,6 +236,20 @@ class OperationRouter:
         raise CommandError(
             ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
         )
+
+    async def _transaction_command(self, req: s.StartTransaction | s.CommitTransaction | s.AbortTransaction) -> dict:
+        """The client library's start, commit and abort of a session's transaction (the wire's
+        are services/router/wire/transactions.py): the same per-session state."""
+        self._gossip_in(getattr(req, "clusterTime", None))
+        self.sessions.use({"id": req.lsid})
+        if isinstance(req, s.CommitTransaction):
+            return await self.transactions.commit(req.lsid, req.txnNumber)
+        if isinstance(req, s.AbortTransaction):
+            return await self.transactions.abort(req.lsid, req.txnNumber)
+        rc = None if req.readConcern is None else check_read_concern(req.readConcern)
+        args = TxnArgs(req.txnNumber, start=True, read_concern=rc)
+        statement = await self.transactions.begin(req.lsid, args, self.snapshot_time)
+        return {"readAt": statement.txn.readAt}
 
     # ------------------------------------------------------------ the clock
 
@@ -253,6 +306,12 @@ class OperationRouter:
             at = self.clock.cluster_time
         await self._catalog_at(at)
         return {"level": "snapshot", "atClusterTime": vclock.to_ejson(at)}
+
+    async def snapshot_time(self, read_concern: dict) -> int:
+        """A transaction's readAt (decision 0020): chosen as a snapshot read's time is."""
+        at = vclock.parse_at_cluster_time(await self._snapshot_at(read_concern))
+        assert at is not None
+        return at
 
     async def _catalog_at(self, after: int) -> None:
         """A read after (or at) `after`: a time nobody handed out is refused; a time after our
@@ -317,7 +376,34 @@ class OperationRouter:
         return s.Routing(configTime=at, epoch=coll.epoch, version=coll.shard_version(shard).pair)
 
     async def _ask(self, shard: str, req) -> dict:
-        """Send a request to one shard; its result, or Stale / CommandError."""
+        """Send a request to one shard; its result, or Stale / CommandError.  A statement of a
+        transaction notes the shard as a participant.  A write outside any transaction that meets
+        an open transaction's document (WriteConflict), or anything that meets a prepared one's
+        (PrepareConflict), is sent again (nothing was applied: the same statement ids are safe)
+        until the holder ends or write_conflict_retry() passes, as MongoDB's operation waits for
+        the lock."""
+        statement = current_statement.get() if getattr(req, "txn", None) is not None else None
+        deadline, pause = 0.0, WRITE_CONFLICT_BACKOFF_S[0]
+        while True:
+            try:
+                result = await self._ask_once(shard, req)
+            except CommandError as e:
+                if statement is not None and e.code != PREPARE_CONFLICT:
+                    statement.reached(shard, req, None)
+                if not _waits(e.code, req, statement is not None):
+                    raise
+                deadline = deadline or time.monotonic() + write_conflict_retry()
+                if time.monotonic() + pause > deadline:
+                    raise
+                self.write_conflict_retries += 1
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, WRITE_CONFLICT_BACKOFF_S[1])
+                continue
+            if statement is not None:
+                statement.reached(shard, req, result)
+            return result
+
+    async def _ask_once(self, shard: str, req) -> dict:
         if (targets := _targets.get()) is not None:
             targets.add(shard)
         routed_at = self.follower.config_time
@@ -420,6 +506,7 @@ class OperationRouter:
                     docs=[docs[i] for i in idx],
                     ordered=req.ordered,
                     routing=self._routing(req.ns, shard),
+                    txn=req.txn,
                     # statement i is the client's document i, whichever shard holds it
                     **_session_fields(req, [req.firstStmtId + i for i in idx]),
                 ),
@@ -534,7 +621,8 @@ class OperationRouter:
 
     @on_operation.register(s.Find)
     async def find(self, req: s.Find) -> dict:
-        at = vclock.parse_at_cluster_time(req.readConcern)
+        # In a transaction: routed with the routing table at its snapshot, as a snapshot read.
+        at = req.txn.readAt if req.txn is not None else vclock.parse_at_cluster_time(req.readConcern)
         t = targeting.for_query(self.catalog, req.ns, req.filter) if at is None else self._targets_at(req.ns, at)
         docs: list[dict] = []
         if not t.shards:
@@ -556,6 +644,7 @@ class OperationRouter:
                         routing=self._routing(req.ns, shard),
                         readConcern=req.readConcern,
                         hint=req.hint,
+                        txn=req.txn,
                     ),
                 )
                 for shard in t.shards
@@ -566,7 +655,7 @@ class OperationRouter:
             if req.sort and req.projection is not None:
                 docs = [apply_projection(d, req.projection) for d in docs]
         out = self._first_batch(docs, req.batchSize, t, session_id(req.lsid) if req.lsid is not None else None)
-        return out if at is None else {**out, "atClusterTime": at}
+        return out if at is None or req.txn is not None else {**out, "atClusterTime": at}
 
     def _targets_at(self, ns: str, at: int) -> targeting.Targets:
         """Every shard that owned a range of `ns` at cluster time `at` (the historical routing
@@ -657,6 +746,7 @@ class OperationRouter:
                 del self.cursors[cid]
             killed = len(doomed)
         await self.sessions.end(lsids)
+        self.transactions.forget([session_id(lsid) for lsid in lsids])
         return {"ended": len(lsids), **({"cursorsKilled": killed} if isinstance(req, s.KillSessions) else {})}
 
     @on_operation.register(s.Count)
@@ -699,6 +789,29 @@ class OperationRouter:
             "configTime": self.follower.config_time,
             "plans": plans,
         }
+
+
+def _waits(code: str, req: Any, in_transaction: bool) -> bool:
+    """Whether a shard's refusal is a lock to wait for: a prepared transaction's, or (outside
+    any transaction: inside one, first writer wins) an open transaction's document."""
+    if code == PREPARE_CONFLICT:
+        return True
+    return code == ErrorCode.WriteConflict and not in_transaction and isinstance(req, WRITES)
+
+
+def _in_transaction(req: Any, statement: Statement) -> Any:
+    """A client operation run as a statement of a transaction: it carries `txn` to the shards
+    (the transaction's snapshot replaces any read concern; its writes are not retryable writes:
+    the transaction is the unit a client retries)."""
+    if not isinstance(req, TXN_STATEMENTS):
+        raise CommandError(
+            ErrorCode.OperationNotSupportedInTransaction, f"Cannot run '{req.type}' in a multi-document transaction."
+        )
+    if isinstance(req, s.GetMore):
+        return req  # the router's own cursor: read in full by the statement that opened it
+    update: dict[str, Any] = {"txn": statement.txn}
+    update.update({"readConcern": None} if isinstance(req, s.Find) else {"txnNumber": None, "stmtIds": None})
+    return req.model_copy(update=update)
 
 
 def _refuse_malformed(req: Any) -> None:

@@ -62,7 +62,6 @@ def test_insert_keeps_bson_values_and_converts_the_session_fields():
         ({"insert": "c", "$db": "a"}, "IDLFailedToParse"),
         ({"insert": "c", "documents": {"_id": 1}, "$db": "a"}, "TypeMismatch"),
         ({"insert": 5, "documents": [{}], "$db": "a"}, "InvalidNamespace"),
-        ({"insert": "c", "documents": [{}], "startTransaction": True, "$db": "a"}, 263),
     ],
 )
 def test_malformed_inserts_get_mongodbs_codes(cmd, code):

@@ -21,6 +21,9 @@ Writes:  replies on the same connections: OP_MSG, OP_REPLY (to OP_QUERY); to Kaf
 - `databases.py` listDatabases, listCollections, dbStats, collStats, serverStatus
 - `ddl.py`       drop, dropDatabase, renameCollection, refineCollectionShardKey, currentOp
 - `indexes.py`   createIndexes, dropIndexes, listIndexes
+- `transactions.py` multi-document transactions: their fields on statements, commitTransaction /
+                 abortTransaction, what a transaction refuses (263), TransientTransactionError and
+                 UnknownTransactionCommitResult labels
 - `server.py`    the asyncio streams server: one task per connection, no threads
 - `__main__.py`  `python -m services.router.wire --port 27017`: the skeleton alone, for trying a client
 
@@ -28,4 +31,14 @@ Design note: docs/design/wire-protocol.md.
 """
 
 # Each module registers its commands in commands.SERVER_COMMANDS when imported.
-from services.router.wire import admin, aggregate, bulk, config_db, crud, databases, ddl, indexes  # noqa: E402, F401
+from services.router.wire import (  # noqa: E402, F401
+    admin,
+    aggregate,
+    bulk,
+    config_db,
+    crud,
+    databases,
+    ddl,
+    indexes,
+    transactions,
+)

@@ -119,6 +119,12 @@ class Connection:
 
 
 Handler = Callable[[Connection, dict[str, Any]], Awaitable[dict[str, Any]]]
+# How a command that carries transaction fields runs (services/router/wire/transactions.py):
+# (conn, name, cmd, run the handler on a command) -> reply
+InTransaction = Callable[
+    [Connection, str, dict[str, Any], Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]],
+    Awaitable[dict[str, Any]],
+]
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,7 @@ class CommandTable:
     def __init__(self, what: str) -> None:
         self.what = what
         self.table: dict[str, Entry] = {}
+        self.transactions: InTransaction | None = None  # set by wire/transactions.py
 
     def register(
         self, *names: str, admin_only: bool = False, fields: Fields | None = None
@@ -204,7 +211,7 @@ class CommandTable:
             if conn.edge is not None and "$clusterTime" in cmd:
                 # Gossip in once per command, before it runs: a refused time refuses the command.
                 conn.edge.routing.gossip_in(wire_cluster_time(cmd["$clusterTime"]))
-            reply = await self._within_max_time(conn, entry, cmd, max_time_ms(cmd))
+            reply = await self._handle(conn, name, entry, cmd)
             reply = {**reply, "ok": 1.0} if "ok" not in reply else reply
         except WireCommandError as e:
             reply = error_reply(e.code, e.code_name, e.message)
@@ -213,9 +220,16 @@ class CommandTable:
             reply = error_reply(number, code_name, e.message if code_name == e.code else f"{e.code}: {e.message}")
             if e.code == ErrorCode.DuplicateKey and e.info:  # as mongod: the index's key and the value
                 reply.update({k: e.info[k] for k in ("keyPattern", "keyValue") if k in e.info})
-        if not reply["ok"] and retryable_write_error(name, cmd, reply["code"]):
-            reply["errorLabels"] = ["RetryableWriteError"]
+        if not reply["ok"] and (labels := error_labels(name, cmd, reply["code"])):
+            reply["errorLabels"] = labels
         return self._times(conn, reply)
+
+    async def _handle(self, conn: Connection, name: str, entry: Entry, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The handler's reply; a command with transaction fields runs as a transaction's."""
+        ms = max_time_ms(cmd)
+        if self.transactions is not None and conn.edge is not None and in_transaction(cmd):
+            return await self.transactions(conn, name, cmd, lambda c: self._within_max_time(conn, entry, c, ms))
+        return await self._within_max_time(conn, entry, cmd, ms)
 
     @staticmethod
     async def _within_max_time(conn: Connection, entry: Entry, cmd: dict[str, Any], ms: int) -> dict[str, Any]:
@@ -274,6 +288,45 @@ WIRE_NAMES: dict[str, tuple[int, str]] = {
     ErrorCode.Timeout: (89, "NetworkTimeout"),
     ErrorCode.KafkaUnavailable: (6, "HostUnreachable"),
 }
+
+
+# Multi-document transactions (docs/decisions/0020): the commands that end one, and the codes
+# of MongoDB's isTransientTransactionError (the whole transaction may be retried from the start):
+# WriteConflict, LockTimeout, PreparedTransactionInProgress, the snapshot errors (SnapshotTooOld,
+# SnapshotUnavailable, StaleChunkHistory, MigrationConflict), the retargeting ones (StaleConfig,
+# StaleShardVersion, StaleEpoch, StaleDbVersion), NoSuchTransaction.
+ENDS = frozenset({"commitTransaction", "abortTransaction"})
+TRANSIENT_CODES = frozenset({112, 24, 267, 239, 246, 250, 327, 13388, 63, 150, 249, 251})
+# A commit nobody knows the outcome of: MongoDB's retriable errors, the time limits, and a
+# write concern that was not satisfied.
+UNKNOWN_COMMIT_CODES = RETRYABLE_CODES | {50, 64}  # MaxTimeMSExpired, WriteConcernFailed
+
+
+def transaction_labels(name: str, code: int) -> list[str]:
+    """The errorLabels of a failed command of a transaction (MongoDB's getErrorLabels)."""
+    labels: list[str] = []
+    if name in ENDS and code in RETRYABLE_CODES:
+        labels.append("RetryableWriteError")  # commit and abort are retryable writes
+    # A statement that failed with a retryable code (a shard or Kafka that did not answer): the
+    # router aborted the transaction, so starting it again is safe (MongoDB's rule too).
+    if code in TRANSIENT_CODES or (name not in ENDS and code in RETRYABLE_CODES):
+        labels.append("TransientTransactionError")
+    if name == "commitTransaction" and code in UNKNOWN_COMMIT_CODES:
+        labels.append("UnknownTransactionCommitResult")
+    return labels
+
+
+def in_transaction(cmd: dict[str, Any]) -> bool:
+    """Whether a command claims a multi-document transaction (wire/transactions.py checks how)."""
+    return "autocommit" in cmd or "startTransaction" in cmd
+
+
+def error_labels(name: str, cmd: dict[str, Any], code: int) -> list[str]:
+    """The errorLabels of a failed command: a retryable write's, or a transaction's
+    (wire/transactions.py)."""
+    if in_transaction(cmd) or name in ENDS:
+        return transaction_labels(name, code)
+    return ["RetryableWriteError"] if retryable_write_error(name, cmd, code) else []
 
 
 def command_error_code(code: str) -> tuple[int, str]:

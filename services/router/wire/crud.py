@@ -52,7 +52,6 @@ from services.router.wire.options import (
 
 # MongoDB's numbers for codes domain.protocol.ErrorCode lacks.
 INVALID_LENGTH = (16, "InvalidLength")  # a write batch of 0 or more than maxWriteBatchSize statements
-OPERATION_NOT_SUPPORTED_IN_TRANSACTION = (263, "OperationNotSupportedInTransaction")
 
 DEFAULT_BATCH_SIZE = 101  # find's first batch, as MongoDB's
 UNBOUNDED_BATCH = 2**31 - 1  # a getMore without batchSize: as many as fit a reply (MAX_BATCH_BYTES)
@@ -169,12 +168,8 @@ KILL_SESSIONS_FIELDS = Fields("killSessions", {})
 
 
 def session_fields(cmd: dict[str, Any], *, write: bool) -> dict[str, Any]:
-    """The record's session fields from a command: lsid, and for a write its txnNumber.
-    Multi-document transactions do not exist here: refused as a deployment without them does."""
-    if "startTransaction" in cmd or "autocommit" in cmd:
-        raise WireCommandError(
-            OPERATION_NOT_SUPPORTED_IN_TRANSACTION, "multi-document transactions are not supported by shardlog"
-        )
+    """The record's session fields from a command: lsid, and for a write its txnNumber (a
+    transaction's statement is made one by the router: wire/transactions.py, route.py)."""
     fields: dict[str, Any] = {"lsid": wire_lsid(cmd.get("lsid"))}
     if write:
         txn = cmd.get("txnNumber")
@@ -531,6 +526,15 @@ def cursor_reply(result: dict[str, Any], ns: str, batch: str) -> dict[str, Any]:
 COMMAND_LEVEL = frozenset(
     {
         ErrorCode.TransactionTooOld,
+        # a transaction's statement fails as a whole (the transaction is aborted): mongod's too
+        ErrorCode.WriteConflict,
+        ErrorCode.NoSuchTransaction,
+        ErrorCode.TransactionCommitted,
+        ErrorCode.OperationNotSupportedInTransaction,
+        ErrorCode.PreparedTransactionInProgress,
+        ErrorCode.SnapshotTooOld,
+        ErrorCode.SnapshotUnavailable,
+        ErrorCode.StaleChunkHistory,
         ErrorCode.InvalidOptions,
         ErrorCode.InvalidNamespace,
         ErrorCode.TypeMismatch,

@@ -256,7 +256,8 @@ def check_generic(name: str, cmd: Mapping[str, Any]) -> None:
             raise CommandError(ErrorCode.InvalidOptions, f"Command {name} does not support writeConcern")
         check_write_concern(name, cmd["writeConcern"])
     rc = cmd.get("readConcern")
-    if rc is not None and name not in READ_CONCERN_COMMANDS:
+    if rc is not None and name not in READ_CONCERN_COMMANDS and "startTransaction" not in cmd:
+        # (a transaction's first statement names the transaction's: wire/transactions.py checks it)
         # A causally consistent session's driver sends {afterClusterTime} (level local) with any
         # command: a write, applied on its shard's newest state, already follows that time.
         # Any other level promises what a write outside a transaction does not do.

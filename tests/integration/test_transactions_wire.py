@@ -1,0 +1,191 @@
+"""Multi-document transactions through the wire against a real broker (issue 33, decision 0020),
+with pymongo as an application uses it: `with_transaction` applies two writes at once or not at
+all, a transaction reads one snapshot, the first writer wins (WriteConflict with the
+TransientTransactionError label, a plain write waiting for the holder), a second writing shard
+is refused until two-phase commit exists, a retried commit answers ok, and a command a
+transaction refuses leaves it usable."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from pymongo.errors import OperationFailure
+from pymongo.read_concern import ReadConcern
+
+from schemas import config as c
+
+pytestmark = pytest.mark.kafka
+
+
+def _bank(data_cluster):
+    client = data_cluster.mongo_client()
+    coll = client.app.bank
+    coll.insert_many([{"_id": "a", "v": 100}, {"_id": "b", "v": 0}])
+    return client, coll
+
+
+def test_with_transaction_applies_two_writes_at_once(data_cluster):
+    client, coll = _bank(data_cluster)
+    seen_outside: list[list[int]] = []
+
+    def transfer(session):
+        coll.update_one({"_id": "a"}, {"$inc": {"v": -10}}, session=session)
+        coll.update_one({"_id": "b"}, {"$inc": {"v": 10}}, session=session)
+        assert [d["v"] for d in coll.find({}, session=session).sort("_id", 1)] == [90, 10]  # its own writes
+        seen_outside.append([d["v"] for d in coll.find({}).sort("_id", 1)])
+
+    with client.start_session() as session:
+        session.with_transaction(transfer)
+        primary = data_cluster.router.follower.catalog.databases["app"].primary
+        assert session._transaction.recovery_token == {"recoveryShardId": primary}  # the writer
+    assert seen_outside == [[100, 0]], "nothing of a transaction is visible before its commit"
+    assert [d["v"] for d in coll.find({}).sort("_id", 1)] == [90, 10]
+
+
+def test_an_aborted_transaction_leaves_nothing(data_cluster):
+    client, coll = _bank(data_cluster)
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.insert_one({"_id": "c", "v": 1}, session=session)
+        coll.delete_one({"_id": "a"}, session=session)
+        assert sorted(d["_id"] for d in coll.find({}, session=session)) == ["b", "c"]
+        session.abort_transaction()
+    assert sorted(d["_id"] for d in coll.find({})) == ["a", "b"]
+    coll.update_one({"_id": "a"}, {"$set": {"v": 1}})  # nothing held: no wait
+    assert coll.find_one({"_id": "a"})["v"] == 1
+
+
+def test_a_transaction_reads_one_snapshot(data_cluster):
+    client, coll = _bank(data_cluster)
+    with client.start_session() as session:
+        session.start_transaction(read_concern=ReadConcern("snapshot"))
+        assert coll.find_one({"_id": "a"}, session=session)["v"] == 100
+        coll.update_one({"_id": "a"}, {"$set": {"v": 5}})  # committed meanwhile, outside
+        coll.insert_one({"_id": "z", "v": 5})
+        assert coll.find_one({"_id": "a"}, session=session)["v"] == 100
+        assert coll.count_documents({}, session=session) == 2  # an aggregate: the same snapshot
+        session.commit_transaction()
+    assert coll.find_one({"_id": "a"})["v"] == 5
+
+
+def test_the_first_writer_wins_and_a_plain_write_waits_for_it(data_cluster):
+    client, coll = _bank(data_cluster)
+    with client.start_session() as first, client.start_session() as second:
+        first.start_transaction()
+        coll.update_one({"_id": "a"}, {"$inc": {"v": 1}}, session=first)
+        second.start_transaction()
+        with pytest.raises(OperationFailure) as e:
+            coll.update_one({"_id": "a"}, {"$inc": {"v": 100}}, session=second)
+        assert e.value.code == 112 and e.value.has_error_label("TransientTransactionError")
+        with pytest.raises(OperationFailure) as e:  # the conflict aborted the second transaction
+            second.commit_transaction()
+        assert e.value.code == 251
+        done: list[float] = []
+        plain = threading.Thread(
+            target=lambda: (coll.update_one({"_id": "a"}, {"$inc": {"v": 1000}}), done.append(time.monotonic()))
+        )
+        plain.start()
+        time.sleep(1.0)
+        assert not done, "a plain write waits while an open transaction holds the document"
+        committed = time.monotonic()
+        first.commit_transaction()
+        plain.join(30)
+        assert done and done[0] >= committed
+    assert coll.find_one({"_id": "a"})["v"] == 1101
+
+
+def test_a_second_writing_shard_is_refused_and_the_transaction_aborted(data_cluster):
+    data_cluster.command(c.ShardCollection(ns="app.acct", key={"k": 1}))
+    client = data_cluster.mongo_client()
+    coll = client.app.acct
+    client.admin.command("split", "app.acct", middle={"k": 100})
+    client.admin.command("moveRange", "app.acct", min={"k": 100}, toShard="s1")
+    coll.insert_many([{"_id": 1, "k": 1}, {"_id": 150, "k": 150}])
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.update_one({"k": 1}, {"$set": {"t": 1}}, session=session)
+        assert coll.find_one({"k": 150}, session=session) == {"_id": 150, "k": 150}  # reading there is fine
+        with pytest.raises(OperationFailure) as e:
+            coll.update_one({"k": 150}, {"$set": {"t": 1}}, session=session)
+        assert e.value.code == 263 and "two-phase commit" in str(e.value)
+        with pytest.raises(OperationFailure) as e:
+            session.commit_transaction()
+        assert e.value.code == 251
+    assert list(coll.find({"t": {"$exists": True}})) == []
+    coll.update_many({}, {"$set": {"u": 1}})  # nothing held on either shard
+    assert coll.count_documents({"u": 1}) == 2
+
+
+def test_a_retried_commit_answers_ok(data_cluster):
+    client, coll = _bank(data_cluster)
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.insert_one({"_id": "c", "v": 1}, session=session)
+        session.commit_transaction()
+        session.commit_transaction()  # pymongo sends commitTransaction again: the same outcome
+    assert coll.find_one({"_id": "c"}) == {"_id": "c", "v": 1}
+
+
+def test_a_refused_command_leaves_the_transaction_usable(data_cluster):
+    client, coll = _bank(data_cluster)
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.insert_one({"_id": "c", "v": 1}, session=session)
+        with pytest.raises(OperationFailure) as e:
+            client.app.command("count", "bank", session=session)
+        assert e.value.code == 263 and "Cannot run 'count' in a multi-document transaction." in str(e.value)
+        assert not e.value.has_error_label("TransientTransactionError")
+        coll.insert_one({"_id": "d", "v": 1}, session=session)
+        session.commit_transaction()
+    assert sorted(d["_id"] for d in coll.find({})) == ["a", "b", "c", "d"]
+
+
+def test_a_transaction_may_create_its_collection(data_cluster):
+    client = data_cluster.mongo_client()
+    client.app.other.insert_one({"_id": 0})  # the database exists; the collection does not
+    with client.start_session() as session:
+        session.with_transaction(lambda s: client.app.fresh.insert_many([{"_id": 1}, {"_id": 2}], session=s))
+    assert sorted(d["_id"] for d in client.app.fresh.find({})) == [1, 2]
+
+
+def test_the_client_library_has_the_same_transactions(data_cluster):
+    from libs.client import ShardlogError
+    from tests.integration.test_data_path import client_run
+
+    async def go(cl):
+        accounts = cl["app"]["lib"]
+        await accounts.insert_many([{"_id": "a", "v": 100}, {"_id": "b", "v": 0}])
+        session = cl.start_session()
+
+        async def transfer(s):
+            await accounts.update_one({"_id": "a"}, {"$inc": {"v": -10}}, session=s)
+            await accounts.update_one({"_id": "b"}, {"$inc": {"v": 10}}, session=s)
+            assert [d["v"] async for d in accounts.find({}, sort={"_id": 1}, session=s)] == [90, 10]
+            assert [d["v"] async for d in accounts.find({}, sort={"_id": 1})] == [100, 0]  # not yet
+            with pytest.raises(ShardlogError) as e:
+                await accounts.count_documents({}, session=s)
+            assert e.value.code == "OperationNotSupportedInTransaction"
+
+        await cl.with_transaction(session, transfer)
+        await cl.commit_transaction(session)  # retried: the same outcome
+        assert [d["v"] async for d in accounts.find({}, sort={"_id": 1})] == [90, 10]
+        await cl.start_transaction(session)
+        await accounts.insert_one({"_id": "c", "v": 1}, session=session)
+        await cl.abort_transaction(session)
+        assert await accounts.count_documents({}) == 2
+
+    client_run(data_cluster, go)
+
+
+def test_a_commit_on_a_router_that_never_saw_the_transaction_uses_its_recovery_token(data_cluster):
+    client, coll = _bank(data_cluster)
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.update_one({"_id": "a"}, {"$set": {"v": 7}}, session=session)
+        # Another router (or this one restarted) knows nothing of it: pymongo's commit carries
+        # the recoveryToken, which names the shard that wrote.
+        data_cluster.router.routing.transactions.sessions.clear()
+        session.commit_transaction()
+    assert coll.find_one({"_id": "a"})["v"] == 7
