@@ -31,7 +31,7 @@ from domain.follower import CatalogFollower
 from domain.protocol import ErrorCode
 from domain.session import parse_lsid
 from domain.settings import ClusterSettings
-from libs.bus import Bus, Message, partition_reader, read_to_end
+from libs.bus import Bus, Message, connect, partition_reader, read_to_end
 from libs.errors import CommandError
 from libs.service import supervised
 from schemas import RecordError
@@ -136,9 +136,11 @@ class SessionsReader:
         self._tail = supervised(asyncio.create_task(self._follow()), f"{self.client_id} sessions reader")
 
     async def _follow(self) -> None:
-        async with partition_reader(self.bus, self.topic, start=self.position, client_id=self.client_id) as r:
+        bus = connect(self.bus)
+        wait = bus.idle_wait_s or 0.5  # an empty fetch only fetches again
+        async with partition_reader(bus, self.topic, start=self.position, client_id=self.client_id) as r:
             while True:
-                await self._apply(await r.fetch(timeout_s=0.5))
+                await self._apply(await r.fetch(timeout_s=wait))
 
     async def stop(self) -> None:
         if self._tail:

@@ -21,10 +21,11 @@ async def follow_shard_statistics(
     settings: ServiceSettings, reader: str, on_report: Callable[[stats.ShardStatistics], None]
 ) -> None:
     """Call `on_report` with every report on `shard.stats`, oldest first, then as they come (never returns)."""
-    topic = settings.topics.shard_stats
-    async with partition_reader(settings.bus, topic, client_id=f"{reader}-stats") as r:
+    topic, bus = settings.topics.shard_stats, settings.bus
+    wait = bus.idle_wait_s or 0.5  # an empty fetch only fetches again
+    async with partition_reader(bus, topic, client_id=f"{reader}-stats") as r:
         while True:
-            for rec in await r.fetch(timeout_s=0.5):
+            for rec in await r.fetch(timeout_s=wait):
                 try:
                     report = stats.statistics.decode(rec.value)
                 except RecordError as e:

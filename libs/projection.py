@@ -94,6 +94,7 @@ class Projection:
         self.skipped = 0
         self._reader: Reader | None = None
         self._advanced = asyncio.Condition()
+        self._waiting = 0  # callers in wait_for: only they need telling that the position moved
         self._running = asyncio.Event()  # cleared by pause(): follow() applies nothing
         self._running.set()
 
@@ -251,7 +252,8 @@ class Projection:
             Checkpoint(self.topic, self.partition, self.position, self.last_fingerprint, self.command_end),
             ranges,
         )
-        asyncio.get_running_loop().call_soon(self._notify)
+        if self._waiting:  # (one who starts waiting later looks at the position first)
+            asyncio.get_running_loop().call_soon(self._notify)
 
     def _notify(self) -> None:
         async def wake() -> None:
@@ -298,9 +300,10 @@ class Projection:
 
     async def follow(self) -> None:
         """Tail the log forever (until cancelled)."""
+        wait = self.bus.idle_wait_s or 0.5  # an empty fetch only fetches again
         while True:
             await self._running.wait()
-            records = await self.reader.fetch(max_records=5000, timeout_s=0.5)
+            records = await self.reader.fetch(max_records=5000, timeout_s=wait)
             if not self._running.is_set():  # paused while fetching: as if never fetched
                 self.reader.seek(self.position)
                 continue
@@ -328,7 +331,11 @@ class Projection:
         """Block until the projection has applied every record below `offset`."""
 
         async def reached() -> None:
-            async with self._advanced:
-                await self._advanced.wait_for(lambda: self.position >= offset)
+            self._waiting += 1
+            try:
+                async with self._advanced:
+                    await self._advanced.wait_for(lambda: self.position >= offset)
+            finally:
+                self._waiting -= 1
 
         await aio.wait_for(reached(), timeout)

@@ -74,8 +74,9 @@ class Requester:
         await self.stop()
 
     async def _read(self, tail: Tail) -> None:
+        wait = self.bus.idle_wait_s or 0.5  # an empty fetch only fetches again
         while True:
-            for rec in await tail.fetch(timeout_s=0.5):
+            for rec in await tail.fetch(timeout_s=wait):
                 if self.clock is not None:  # a late reply's times are news too
                     self.clock.gossip_in(header(rec.headers, VECTOR_TIME))
                 fut = self._waiting.pop(header(rec.headers, CORRELATION_ID) or b"", None)

@@ -212,6 +212,13 @@ class GroupMember(Protocol):
 
 
 class Bus(Protocol):
+    idle_wait_s: float | None
+    """How long a loop whose empty fetch or poll brings it nothing to do may wait in one: None
+    on a broker, where each such loop keeps its own bound (0.1-0.5 s); the simulator's memory
+    bus sets a long one, since there every wake-up of an idle loop costs CPU and shows nothing
+    (docs/reference/simulator.md, "Speed"). Loops with work due on their clock (an offset
+    commit) still wait only until it is due."""
+
     async def create_topics(self, specs: list[TopicSpec]) -> None:
         """Create the topics that do not exist yet."""
         ...

@@ -34,6 +34,8 @@ def _offset_of(sent: asyncio.Future[RecordMetadata]) -> Awaitable[int]:
 
 
 class KafkaBus:
+    idle_wait_s: float | None = None  # each idle loop keeps its own bound (libs.bus.Bus)
+
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
 

@@ -37,6 +37,11 @@ HEALED = "\x00healed"  # the wake-up key of processes waiting for a partition to
 PROCESS: contextvars.ContextVar[str | None] = contextvars.ContextVar("shardlog_sim_process", default=None)
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class ProcessDead(BaseException):
     """An operation of a crashed process: a BaseException, so that no `except Exception` of the
     service's own carries on as if it were alive."""
@@ -140,16 +145,21 @@ class _Log:
 
 
 class MemoryBus:
-    def __init__(self, delivery_delay: Callable[[str, int], float] | None = None) -> None:
+    def __init__(
+        self, delivery_delay: Callable[[str, int], float] | None = None, *, idle_wait_s: float | None = None
+    ) -> None:
         """`delivery_delay(topic, partition)`: how long a new record takes to reach readers
         and its producer's ack (None: none). Records of one partition arrive in order; of
-        different partitions, in whatever order their delays give: the simulator's reordering."""
+        different partitions, in whatever order their delays give: the simulator's reordering.
+        `idle_wait_s`: how long idle loops may wait in one fetch or poll (libs.bus.Bus; None:
+        their own bounds, as on a broker)."""
         self.delivery_delay = delivery_delay
+        self.idle_wait_s = idle_wait_s
         self._logs: dict[str, list[_Log]] = {}
         self._epochs: dict[str, int] = {}  # transactional id -> the epoch of its current producer
         self._open: dict[str, _Txn] = {}  # transactional id -> its open transaction
         self._groups: dict[str, _Group] = {}
-        self._waiters: dict[str, asyncio.Future[None]] = {}  # topic -> woken by its next change
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}  # topic -> waits its next change ends
         self.dead: set[str] = set()  # crashed processes (a restarted service is a new process)
         self.cut_off: set[str] = set()  # processes a network partition keeps from the bus
 
@@ -225,11 +235,19 @@ class MemoryBus:
         loop = asyncio.get_running_loop()
         delay = self.delivery_delay(topic, partition) if self.delivery_delay is not None else 0.0
         offset = self.log(topic, partition).append(entry, loop.time(), delay)
+        # Readers are woken when what they can read may have changed: when an entry arrives,
+        # unless it is a record of a transaction still open then (readers stop before it: its
+        # decision wakes them, `decide`) or a marker arriving at once (its decision wakes them
+        # right after). Waking them for those only had every reader of the topic look again.
         if entry.at > loop.time():
-            loop.call_at(entry.at, self.notify, topic)
-        else:
-            self.notify(topic)
+            loop.call_at(entry.at, self._arrived, topic, entry)
+        elif entry.record is not None:
+            self._arrived(topic, entry)
         return offset
+
+    def _arrived(self, topic: str, entry: _Entry) -> None:
+        if entry.txn is None or entry.record is None or entry.txn.state is not TxnState.OPEN:
+            self.notify(topic)
 
     def acked(self, topic: str, partition: int, offset: int) -> Awaitable[int]:
         """The producer's ack of a record: when it has reached readers."""
@@ -265,32 +283,30 @@ class MemoryBus:
     def notify(self, topic: str | None = None) -> None:
         """Wake who waits on `topic` (None: everyone)."""
         for t in list(self._waiters) if topic is None else [topic]:
-            waiter = self._waiters.pop(t, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            for waiter in self._waiters.pop(t, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def changed(self, topic: str, timeout_s: float) -> None:
         """Wait until something of `topic` is written or decided (or its group changes), or
         `timeout_s` passes."""
+        # One future per wait, woken by the change or the timer: every idle reader of the
+        # simulated cluster waits here, so no shielded wait_for and no callback in between.
         loop = asyncio.get_running_loop()
-        waiter = self._waiters.get(topic)
-        if waiter is None or waiter.done():
-            waiter = self._waiters[topic] = loop.create_future()
-        # One future per wait, woken by the change or the timer (cheaper than a shielded wait_for:
-        # every idle reader of the simulated cluster waits here).
         mine: asyncio.Future[None] = loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not mine.done():
-                mine.set_result(None)
-
-        waiter.add_done_callback(wake)
-        timer = loop.call_later(timeout_s, wake)
+        waiters = self._waiters.get(topic)
+        if waiters is None:
+            self._waiters[topic] = [mine]
+        else:
+            waiters.append(mine)
+        timer = loop.call_later(timeout_s, _wake, mine)
         try:
             await mine
         finally:
             timer.cancel()
-            waiter.remove_done_callback(wake)
+            waiters = self._waiters.get(topic)  # (`notify` took the list of those it woke)
+            if waiters is not None and mine in waiters:
+                waiters.remove(mine)
 
     def message(
         self,
@@ -452,9 +468,11 @@ class MemoryReader(_Client):
     async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.1) -> list[Message]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        bus, process = self.bus, self.process
         while True:
-            await self._reach()
-            out, self._position = self.bus.log(self.topic, self.partition).visible_from(self._position, max_records)
+            if process is not None and (process in bus.dead or process in bus.cut_off):
+                await self._reach()  # (the rest of the time, no coroutine to make)
+            out, self._position = bus.log(self.topic, self.partition).visible_from(self._position, max_records)
             if out or (left := deadline - loop.time()) <= 0:
                 return out
             await self.bus.changed(self.topic, left)
@@ -475,8 +493,10 @@ class MemoryTail(_Client):
     async def fetch(self, *, max_records: int = 500, timeout_s: float = 0.5) -> list[Message]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        bus, process = self.bus, self.process
         while True:
-            await self._reach()
+            if process is not None and (process in bus.dead or process in bus.cut_off):
+                await self._reach()
             out: list[Message] = []
             for p, log in enumerate(self.bus._log_list(self.topic)):
                 records, self._positions[p] = log.visible_from(self._positions[p], max_records - len(out))
@@ -621,10 +641,15 @@ class MemoryMember(_Client):
             self._generation = group.generation
 
     async def poll(self, *, max_records: int = 500, timeout_s: float = 0.1) -> dict[int, list[Message]]:
+        """Records, or none once `timeout_s` has passed or the member's partitions have changed
+        (its owner learns it at once, however long its idle poll: libs.bus.Bus.idle_wait_s)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        held = set(self._held)
+        bus, process = self.bus, self.process
         while True:
-            await self._reach()
+            if process is not None and (process in bus.dead or process in bus.cut_off):
+                await self._reach()
             await self._rebalance()
             out: dict[int, list[Message]] = {}
             left = max_records
@@ -637,6 +662,6 @@ class MemoryMember(_Client):
                 records, self._positions[p] = self.bus.log(self.topic, p).visible_from(start, left)
                 if records:
                     out[p], left = records, left - len(records)
-            if out or (wait := deadline - loop.time()) <= 0:
+            if out or (wait := deadline - loop.time()) <= 0 or self._held != held:
                 return out
             await self.bus.changed(self.topic, min(wait, self.session_timeout_s / 3))

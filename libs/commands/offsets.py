@@ -40,6 +40,10 @@ class GroupOffset:
         """Has the group lagged `fraction` of READ_OFFSETS_COMMIT_S?"""
         return self.behind is not None and time.monotonic() - self.since >= READ_OFFSETS_COMMIT_S * fraction
 
+    def due_in(self) -> float | None:
+        """Seconds until the group has lagged READ_OFFSETS_COMMIT_S (None: it does not lag)."""
+        return None if self.behind is None else self.since + READ_OFFSETS_COMMIT_S - time.monotonic()
+
     def got(self, offset: int | None = None) -> None:
         """A commit gave the group `offset` (None: everything answered so far)."""
         if offset is None or self.behind == offset:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Collection
 
@@ -30,6 +31,8 @@ from libs.projection import Projection
 from schemas import Codec, Record
 
 log = logging.getLogger(__name__)
+
+POLL_S = 0.1  # the active instance's poll: how often it looks at its clock-driven duties when idle
 
 
 class CommandProcessor:
@@ -144,12 +147,23 @@ class CommandProcessor:
             records, end = self.carried, self.carried_end
             self.carried, self.carried_end = [], None
         else:
-            batch = await self.member.poll(timeout_s=0.1, max_records=self.max_batch)
+            batch = await self.member.poll(timeout_s=self._poll_wait(), max_records=self.max_batch)
             records, end = batch.get(self.partition) or [], None
         if not records:
             return
         await self.policy.prepare(records)
         await self._guarded(lambda: self._serve(records, end if end is not None else records[-1].offset + 1))
+
+    def _poll_wait(self) -> float:
+        """How long the active instance's poll waits for commands: POLL_S; on a bus that lets idle
+        loops wait longer (the simulator's, libs.bus.Bus.idle_wait_s), as long as that while no
+        answered read's offset lags, else until the first POLL_S poll after its commit is due
+        (`_step` commits it when a poll comes back empty), as POLL_S polls would reach it."""
+        longer = self.bus.idle_wait_s
+        if longer is None:
+            return POLL_S
+        due = self.group.due_in()
+        return longer if due is None else min(longer, max(1, math.ceil(due / POLL_S)) * POLL_S)
 
     async def _serve(self, records: list[Message], end: int) -> None:
         """Serve `records`; `end` is the offset after them (or after the last command answered

@@ -87,6 +87,7 @@ class DDLDriver:
         self.settled = settled
         self.position = position or (lambda: self.catalog.config_time)
         self._running: dict[str, asyncio.Task[None]] = {}
+        self.scan_s = SCAN_S  # (the simulator looks less often: tests/sim/cluster.py)
         self.progress: dict[str, dict[str, object]] = {}  # live progress by coordinator id (ddl status)
 
     async def run(self) -> None:
@@ -111,7 +112,7 @@ class DDLDriver:
                         ):
                             log.error("DDL coordinator %s stopped: %r; it will resume from its phase", cid, e)
                             await asyncio.sleep(1.0)  # a failing peer is not retried in a tight loop
-                await asyncio.sleep(SCAN_S)
+                await asyncio.sleep(self.scan_s)
         finally:
             await self._stop_all()
             await self.requester.stop()

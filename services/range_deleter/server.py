@@ -52,8 +52,10 @@ class Status:
 
 
 class RangeDeleter:
-    def __init__(self, settings: ServiceSettings, name: str = "range-deleter"):
-        self.settings, self.name = settings, name
+    def __init__(self, settings: ServiceSettings, name: str = "range-deleter", *, poll_s: float = POLL_S):
+        """`poll_s`: seconds between idle rounds (POLL_S; the simulator's are longer: each round
+        is a transaction on every shard, the largest share of an idle cluster's CPU there)."""
+        self.settings, self.name, self.poll_s = settings, name, poll_s
         self.inbox = settings.topics.range_deleter_inbox
         self.follower = CatalogFollower(settings, name)
         self.requester = Requester(settings.bus, self.inbox, client_id=name, stop_owner_on_failure=True)
@@ -71,7 +73,7 @@ class RangeDeleter:
         try:
             while True:
                 if not await self.run_round():
-                    await asyncio.sleep(POLL_S)
+                    await asyncio.sleep(self.poll_s)
         finally:
             clear_ready(settings, self.name)
             await self.requester.stop()

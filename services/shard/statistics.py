@@ -137,6 +137,7 @@ class StatisticsPublisher:
         self.settings, self.shard_id, self.catalog, self.documents = settings, shard_id, catalog, documents
         self.interval_s = interval_s if interval_s is not None else interval_from_env()
         self.active = active
+        self.layout_poll_s = LAYOUT_POLL_S  # (the simulator looks less often: tests/sim/cluster.py)
         self.published = 0
         self._last_report = time.monotonic()
         self._reported_layout: tuple[tuple[str, str, tuple[int, int]], ...] | None = None  # of the last report sent
@@ -180,12 +181,12 @@ class StatisticsPublisher:
 
     async def _until_due(self) -> None:
         """Until the interval has passed, or the chunks this shard owns are no longer those
-        of its last report (a cheap look every LAYOUT_POLL_S: versions are cached)."""
+        of its last report (a cheap look every `layout_poll_s`, LAYOUT_POLL_S: versions are cached)."""
         deadline = time.monotonic() + self.interval_s
         while (left := deadline - time.monotonic()) > 0:
             if self._reported_layout is not None and self.layout() != self._reported_layout:
                 return
-            await asyncio.sleep(min(LAYOUT_POLL_S, left))
+            await asyncio.sleep(min(self.layout_poll_s, left))
 
     async def publish_once(self) -> schema.ShardStatistics:
         written = self.documents.take_written()

@@ -162,7 +162,10 @@ class SimLoop(asyncio.SelectorEventLoop):
             ready.append(handle)
         if self.frozen:
             self._hold_frozen(ready)
-        if len(ready) > 1:
+        if len(ready) == 2:  # the commonest shuffle, one random bit (random.shuffle is Python code)
+            if self.rng.getrandbits(1):
+                ready.rotate()
+        elif len(ready) > 2:
             shuffled = list(ready)
             self.rng.shuffle(shuffled)
             ready.clear()
