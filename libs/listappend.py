@@ -27,6 +27,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+# What each consistency model allows of the anomalies the checker names.
+ALLOWED: dict[str, frozenset[str]] = {"serializable": frozenset(), "snapshot-isolation": frozenset({"G2"})}
+
 Key = Hashable
 Value = Hashable
 
@@ -64,7 +67,14 @@ class Report:
 
     @property
     def valid(self) -> bool:
+        """Serializable: no anomaly at all."""
         return not self.anomalies
+
+    def violations(self, model: str = "snapshot-isolation") -> dict[str, list[str]]:
+        """The anomalies `model` forbids: snapshot isolation (MongoDB's, and shardlog's
+        transactions) allows write skew, G2, and nothing else here; serializable allows none."""
+        allowed = ALLOWED[model]
+        return {k: v for k, v in self.anomalies.items() if k not in allowed}
 
     def counts(self) -> dict[str, int]:
         return {k: len(v) for k, v in sorted(self.anomalies.items())}

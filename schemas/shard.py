@@ -260,8 +260,8 @@ class CoordinateCommitTransaction(Record):
     """Router -> the transaction's coordinator, its first participant that wrote: commit on
     `participants` by two-phase commit.  The first one records the coordinator; every one (a
     retry, or another router with the recoveryToken) answers what is known: `{"decision":
-    "commit", "commitAt": ts}`, NoSuchTransaction once aborted, `{"decision": null}` while the
-    votes are still out (ask again)."""
+    "commit", "commitAt": ts}`, `{"decision": "abort", "why": ...}`, `{"decision": null}` while
+    the votes are still out (ask again)."""
 
     type: Literal["CoordinateCommitTransaction"] = "CoordinateCommitTransaction"
     v: Literal[1] = 1

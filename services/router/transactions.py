@@ -13,16 +13,19 @@ driver (`TransactionRouter`) that sends participants their `AbortTransaction` /
 A lower txnNumber than the session's is TransactionTooOld; startTransaction on the session's
 current number is ConflictingOperationInProgress (mongos's answers).  Any error of a statement
 aborts the transaction on every participant (as mongos does).  Commit: no writer, ok at once
-(read-only participants are ended with an abort); one writer, CommitTransaction to it.  A
-second shard that writes is refused (OperationNotSupportedInTransaction) until the router
-drives two-phase commit, and the transaction aborted.
+(read-only participants are ended with an abort); one writer, CommitTransaction to it; more,
+two-phase commit: CoordinateCommitTransaction to the first writer (the recoveryToken's shard),
+asked again until it has decided.  A commit this router never saw (another router ran the
+transaction) asks the recoveryToken's shard for the outcome.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,6 +35,10 @@ from libs.errors import CommandError
 from schemas import shard as s
 
 log = logging.getLogger(__name__)
+
+# How long a commit waits for two-phase commit's decision before answering that its result is
+# unknown (the client asks again: the coordinator keeps deciding meanwhile).
+COMMIT_DECISION_WAIT_S = 30.0
 
 
 class TxnState(enum.Enum):
@@ -128,7 +135,7 @@ def started(lsid: str, args: TxnArgs, read_at: int) -> SessionTxn:
 
 def reached(txn: SessionTxn, shard: str, wrote: bool) -> SessionTxn:
     """`txn` after a statement reached `shard` (and wrote there or not).  A second shard that
-    wrote is recorded (so that the abort reaches it) and refused by `check_writers`."""
+    wrote makes the commit a two-phase one."""
     known = next((p for p in txn.participants if p.shard == shard), None)
     if known is None:
         return replace(txn, participants=(*txn.participants, Participant(shard, wrote)))
@@ -139,42 +146,29 @@ def reached(txn: SessionTxn, shard: str, wrote: bool) -> SessionTxn:
     return txn
 
 
-def check_writers(txn: SessionTxn) -> None:
-    """One writing participant at most, until the router drives two-phase commit."""
-    if len(txn.writers) > 1:
-        raise CommandError(
-            ErrorCode.OperationNotSupportedInTransaction,
-            f"a transaction that writes on more than one shard ({', '.join(txn.writers)}) needs two-phase commit "
-            "across shards, which shardlog's router does not drive yet; the transaction was aborted",
-        )
-
-
 def ended(txn: SessionTxn, state: TxnState) -> SessionTxn:
     return replace(txn, state=state)
 
 
 @dataclass(frozen=True)
 class CommitPlan:
-    commit_on: str | None  # the one writer
+    writers: tuple[str, ...]  # one: it commits; more: two-phase commit, coordinated by the first
     end: tuple[str, ...]  # read-only participants: ended with an abort (nothing to commit there)
-    recovering: bool = False  # this router never saw the transaction: its recoveryToken names the writer
+    recovering: bool = False  # this router never saw the transaction: its recoveryToken names the coordinator
 
 
 def commit_plan(current: SessionTxn | None, txn_number: int, token: Any = None) -> CommitPlan:
     """What committing `txn_number` takes; MongoDB's error for a commit out of turn.  A retried
-    commit of a committed transaction asks its writer again (it answers the same).  A commit of
-    a transaction this router does not know (another router ran it, or this one restarted)
-    asks the shard its recoveryToken names: the one shard that wrote (a second writer is
-    refused), which commits it or answers how it ended."""
+    commit of a committed transaction asks again (the writer, or the coordinator, answers the
+    same).  A commit of a transaction this router does not know (another router ran it, or
+    this one restarted) asks the shard its recoveryToken names for the outcome."""
     if current is None or txn_number > current.txn_number:
-        return CommitPlan(_recovery_shard(token, txn_number), (), recovering=True)
+        return CommitPlan((_recovery_shard(token, txn_number),), (), recovering=True)
     txn = _this(current, txn_number)
     if txn.state is TxnState.ABORTED:
         raise no_such_transaction(txn_number, "has been aborted.")
-    check_writers(txn)
-    writer = txn.recovery_shard
     end = () if txn.state is TxnState.COMMITTED else tuple(p.shard for p in txn.participants if not p.wrote)
-    return CommitPlan(writer, end)
+    return CommitPlan(txn.writers, end)
 
 
 def _recovery_shard(token: Any, txn_number: int) -> str:
@@ -194,9 +188,10 @@ def _recovery_shard(token: Any, txn_number: int) -> str:
     return shard
 
 
-def recovered(lsid: str, txn_number: int, writer: str) -> SessionTxn:
-    """What a recovered commit teaches: the transaction committed on its one writer."""
-    return SessionTxn(lsid, txn_number, 0, TxnState.COMMITTED, (Participant(writer, True),))
+def recovered(lsid: str, txn_number: int, coordinator: str) -> SessionTxn:
+    """What a recovered commit teaches: the transaction committed (asking again asks its
+    recovery shard again, which answers the same)."""
+    return SessionTxn(lsid, txn_number, 0, TxnState.COMMITTED, (Participant(coordinator, True),))
 
 
 def abort_plan(current: SessionTxn | None, txn_number: int) -> tuple[str, ...]:
@@ -332,8 +327,7 @@ class TransactionRouter:
         txn = self.sessions.get(lsid)
         if txn is None:
             return
-        self.sessions[lsid] = after = reached(txn, shard, did_write)
-        check_writers(after)
+        self.sessions[lsid] = reached(txn, shard, did_write)
 
     async def failed(self, statement: Statement) -> None:
         """A statement's error: the transaction aborts on every participant (mongos's rule)."""
@@ -347,22 +341,49 @@ class TransactionRouter:
         current = self.sessions.get(lsid)
         plan = commit_plan(current, txn_number, token)
         if plan.recovering:
-            assert plan.commit_on is not None
-            await self.ask(plan.commit_on, s.CommitTransaction(lsid=lsid, txnNumber=txn_number))
-            self.sessions[lsid] = recovered(lsid, txn_number, plan.commit_on)
+            await self._outcome(plan.writers[0], s.CoordinateCommitTransaction(lsid=lsid, txnNumber=txn_number))
+            self.sessions[lsid] = recovered(lsid, txn_number, plan.writers[0])
             return {}
         assert current is not None
         await self._abort_on(current, plan.end)  # read-only: nothing to commit there
-        if plan.commit_on is not None:
-            try:
-                await self.ask(plan.commit_on, s.CommitTransaction(lsid=lsid, txnNumber=txn_number))
-            except CommandError as e:
-                if not unknown_commit_result(e.code):  # refused: the transaction is over everywhere
-                    self.sessions[lsid] = ended(current, TxnState.ABORTED)
-                    await self._abort_on(current, tuple(p.shard for p in current.participants))
-                raise
+        try:
+            if len(plan.writers) == 1:
+                await self.ask(plan.writers[0], s.CommitTransaction(lsid=lsid, txnNumber=txn_number))
+            elif plan.writers:
+                coordinate = s.CoordinateCommitTransaction(
+                    lsid=lsid, txnNumber=txn_number, participants=list(plan.writers)
+                )
+                await self._outcome(plan.writers[0], coordinate)
+        except CommandError as e:
+            if not unknown_commit_result(e.code):  # refused: the transaction is over everywhere
+                self.sessions[lsid] = ended(current, TxnState.ABORTED)
+                await self._abort_on(current, tuple(p.shard for p in current.participants))
+            raise
         self.sessions[lsid] = ended(current, TxnState.COMMITTED)
         return {}
+
+    async def _outcome(self, coordinator: str, req: s.CoordinateCommitTransaction) -> None:
+        """Two-phase commit's outcome from its coordinator: asked again (without the
+        participants) until it has decided; an abort is NoSuchTransaction, as mongos answers;
+        no decision within COMMIT_DECISION_WAIT_S is an unknown commit result."""
+        deadline = time.monotonic() + COMMIT_DECISION_WAIT_S
+        pause = 0.002
+        while True:
+            result = await self.ask(coordinator, req)
+            decision = result.get("decision")
+            if decision == "commit":
+                return
+            if decision == "abort":
+                raise no_such_transaction(req.txnNumber, f"has been aborted ({result.get('why', '')}).")
+            if time.monotonic() > deadline:
+                raise CommandError(
+                    ErrorCode.ExceededTimeLimit,
+                    f"the coordinator {coordinator} of transaction {req.txnNumber} has not decided within "
+                    f"{COMMIT_DECISION_WAIT_S:.0f} s",
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            req = s.CoordinateCommitTransaction(lsid=req.lsid, txnNumber=req.txnNumber)
 
     async def abort(self, lsid: str, txn_number: int) -> dict[str, Any]:
         current = self.sessions.get(lsid)

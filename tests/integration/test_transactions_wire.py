@@ -1,8 +1,8 @@
 """Multi-document transactions through the wire against a real broker (issue 33, decision 0020),
 with pymongo as an application uses it: `with_transaction` applies two writes at once or not at
 all, a transaction reads one snapshot, the first writer wins (WriteConflict with the
-TransientTransactionError label, a plain write waiting for the holder), a second writing shard
-is refused until two-phase commit exists, a retried commit answers ok, and a command a
+TransientTransactionError label, a plain write waiting for the holder), a transaction writing two
+shards commits by two-phase commit, a retried commit answers ok, and a command a
 transaction refuses leaves it usable."""
 
 from __future__ import annotations
@@ -96,24 +96,25 @@ def test_the_first_writer_wins_and_a_plain_write_waits_for_it(data_cluster):
     assert coll.find_one({"_id": "a"})["v"] == 1101
 
 
-def test_a_second_writing_shard_is_refused_and_the_transaction_aborted(data_cluster):
+def test_a_transaction_writing_two_shards_commits_by_two_phase_commit(data_cluster):
     data_cluster.command(c.ShardCollection(ns="app.acct", key={"k": 1}))
     client = data_cluster.mongo_client()
     coll = client.app.acct
     client.admin.command("split", "app.acct", middle={"k": 100})
     client.admin.command("moveRange", "app.acct", min={"k": 100}, toShard="s1")
-    coll.insert_many([{"_id": 1, "k": 1}, {"_id": 150, "k": 150}])
+    coll.insert_many([{"_id": 1, "k": 1, "v": 100}, {"_id": 150, "k": 150, "v": 100}])
+    before = client.admin.command("ping")["$clusterTime"]["clusterTime"]
     with client.start_session() as session:
         session.start_transaction()
-        coll.update_one({"k": 1}, {"$set": {"t": 1}}, session=session)
-        assert coll.find_one({"k": 150}, session=session) == {"_id": 150, "k": 150}  # reading there is fine
-        with pytest.raises(OperationFailure) as e:
-            coll.update_one({"k": 150}, {"$set": {"t": 1}}, session=session)
-        assert e.value.code == 263 and "two-phase commit" in str(e.value)
-        with pytest.raises(OperationFailure) as e:
-            session.commit_transaction()
-        assert e.value.code == 251
-    assert list(coll.find({"t": {"$exists": True}})) == []
+        coll.update_one({"k": 1}, {"$inc": {"v": -10}}, session=session)
+        coll.update_one({"k": 150}, {"$inc": {"v": 10}}, session=session)
+        assert coll.find_one({"k": 150})["v"] == 100, "nothing visible outside before the commit"
+        session.commit_transaction()
+        session.commit_transaction()  # retried: the coordinator's shard answers the same
+    assert sorted((d["k"], d["v"]) for d in coll.find()) == [(1, 90), (150, 110)]
+    # All or nothing at every snapshot: before the commit none of it, after it all of it.
+    old = client.app.command("find", "acct", filter={}, readConcern={"level": "snapshot", "atClusterTime": before})
+    assert sorted(d["v"] for d in old["cursor"]["firstBatch"]) == [100, 100]
     coll.update_many({}, {"$set": {"u": 1}})  # nothing held on either shard
     assert coll.count_documents({"u": 1}) == 2
 
@@ -180,12 +181,23 @@ def test_the_client_library_has_the_same_transactions(data_cluster):
 
 
 def test_a_commit_on_a_router_that_never_saw_the_transaction_uses_its_recovery_token(data_cluster):
+    """MongoDB's recovery: the token's shard answers from its coordinator or its own part; a
+    transaction whose commit never began there is aborted, so the answer stays true."""
     client, coll = _bank(data_cluster)
+    forget = data_cluster.router.routing.transactions.sessions.clear  # another router, or a restart
     with client.start_session() as session:
         session.start_transaction()
         coll.update_one({"_id": "a"}, {"$set": {"v": 7}}, session=session)
-        # Another router (or this one restarted) knows nothing of it: pymongo's commit carries
-        # the recoveryToken, which names the shard that wrote.
-        data_cluster.router.routing.transactions.sessions.clear()
         session.commit_transaction()
+        forget()
+        session.commit_transaction()  # retried with the recoveryToken: the shard's part committed
     assert coll.find_one({"_id": "a"})["v"] == 7
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.update_one({"_id": "a"}, {"$set": {"v": 8}}, session=session)
+        forget()
+        with pytest.raises(OperationFailure) as e:
+            session.commit_transaction()
+        assert e.value.code == 251 and e.value.has_error_label("TransientTransactionError")
+    assert coll.find_one({"_id": "a"})["v"] == 7
+    coll.update_one({"_id": "a"}, {"$set": {"v": 9}})  # nothing left holding it

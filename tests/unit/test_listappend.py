@@ -60,8 +60,10 @@ def test_g_single_read_skew():
 
 def test_g2_write_skew():
     # Each reads the other's key empty, then appends to its own: two rw edges.
-    h = [t(1, r("x"), a("y", 1)), t(2, r("y"), a("x", 1)), t(3, r("x", 1), r("y", 1))]
+    h = [t(1, r("x"), a("y", 1), at=(0, 1)), t(2, r("y"), a("x", 1), at=(0, 1)), t(3, r("x", 1), r("y", 1))]
     assert "G2" in kinds(h)
+    assert check(h).violations("snapshot-isolation") == {}, "snapshot isolation allows write skew"
+    assert "G2" in check(h).violations("serializable")
 
 
 def test_a_lost_append_a_duplicate_and_incompatible_orders():

@@ -77,13 +77,12 @@ def test_participants_in_first_reached_order_and_who_wrote():
     assert txn.writers == ("sh1",) and txn.recovery_shard == "sh1"
     txn = t.reached(txn, "sh1", False)  # a read there later: still a writer
     assert txn.writers == ("sh1",)
-    t.check_writers(txn)
 
 
-def test_a_second_writer_is_refused_until_two_phase_commit():
+def test_a_second_writer_makes_the_commit_two_phase_coordinated_by_the_first():
     txn = t.reached(t.reached(_open(), "sh1", True), "sh2", True)
-    assert txn.writers == ("sh1", "sh2")  # recorded, so the abort reaches both
-    assert _code(t.check_writers, txn) == ErrorCode.OperationNotSupportedInTransaction
+    assert txn.writers == ("sh1", "sh2") and txn.recovery_shard == "sh1"
+    assert t.commit_plan(txn, 1) == t.CommitPlan(("sh1", "sh2"), ())
 
 
 @pytest.mark.parametrize(
@@ -114,12 +113,12 @@ def test_the_first_statements_read_concern_picks_the_snapshot():
 
 
 def test_commit_plans():
-    assert t.commit_plan(_open(), 1) == t.CommitPlan(None, ())
+    assert t.commit_plan(_open(), 1) == t.CommitPlan((), ())
     readers = _open(1, Participant("sh1"), Participant("sh2"))
-    assert t.commit_plan(readers, 1) == t.CommitPlan(None, ("sh1", "sh2"))
+    assert t.commit_plan(readers, 1) == t.CommitPlan((), ("sh1", "sh2"))
     one = _open(1, Participant("sh1"), Participant("sh2", True))
-    assert t.commit_plan(one, 1) == t.CommitPlan("sh2", ("sh1",))
-    assert t.commit_plan(t.ended(one, TxnState.COMMITTED), 1) == t.CommitPlan("sh2", ())  # a retry asks again
+    assert t.commit_plan(one, 1) == t.CommitPlan(("sh2",), ("sh1",))
+    assert t.commit_plan(t.ended(one, TxnState.COMMITTED), 1) == t.CommitPlan(("sh2",), ())  # a retry asks again
 
 
 @pytest.mark.parametrize(
@@ -138,14 +137,49 @@ def test_commits_out_of_turn(current, n, token, code):
 
 def test_a_commit_this_router_never_saw_asks_the_shard_its_recovery_token_names():
     plan = t.commit_plan(_open(3), 4, {"recoveryShardId": "sh2"})
-    assert plan == t.CommitPlan("sh2", (), recovering=True)
+    assert plan == t.CommitPlan(("sh2",), (), recovering=True)
     shards = Shards()
     router = t.TransactionRouter(shards)
     _run(router.commit(LSID, 7, {"recoveryShardId": "sh1"}))
-    assert shards.kinds() == [("sh1", "CommitTransaction", 7)]
+    assert shards.kinds() == [("sh1", "CoordinateCommitTransaction", 7)]
+    assert shards.sent[0][1].participants == [], "only asking for the outcome"
     assert router.sessions[LSID].state is TxnState.COMMITTED
     _run(router.commit(LSID, 7))  # asked again here: known now
     assert shards.kinds()[-1] == ("sh1", "CommitTransaction", 7)
+
+
+def test_a_two_writer_commit_asks_the_coordinator_until_it_has_decided():
+    answers = iter([{"decision": None}, {"decision": None}, {"decision": "commit", "commitAt": 9}])
+    shards = Shards(coordinator=lambda req: next(answers))
+    router = t.TransactionRouter(shards)
+
+    async def go() -> None:
+        stmt = await router.begin(LSID, TxnArgs(1, start=True), _snapshot)
+        stmt.reached("sh2", s.Insert(ns="a.b", docs=[{}]), {"inserted": 1})
+        stmt.reached("sh1", s.Insert(ns="a.b", docs=[{}]), {"inserted": 1})
+        await router.commit(LSID, 1)
+
+    _run(go())
+    assert shards.kinds() == [("sh2", "CoordinateCommitTransaction", 1)] * 3
+    assert [req.participants for _, req in shards.sent] == [["sh2", "sh1"], [], []]
+    assert router.sessions[LSID].state is TxnState.COMMITTED
+
+
+def test_a_two_phase_abort_is_no_such_transaction_and_ends_it_everywhere():
+    shards = Shards(coordinator=lambda req: {"decision": "abort", "why": "sh1 voted no"})
+    router = t.TransactionRouter(shards)
+
+    async def go() -> None:
+        stmt = await router.begin(LSID, TxnArgs(1, start=True), _snapshot)
+        stmt.reached("sh1", s.Insert(ns="a.b", docs=[{}]), {"inserted": 1})
+        stmt.reached("sh2", s.Insert(ns="a.b", docs=[{}]), {"inserted": 1})
+        with pytest.raises(CommandError) as e:
+            await router.commit(LSID, 1)
+        assert e.value.code == ErrorCode.NoSuchTransaction and "sh1 voted no" in e.value.message
+
+    _run(go())
+    assert router.sessions[LSID].state is TxnState.ABORTED
+    assert shards.kinds()[1:] == [("sh1", "AbortTransaction", 1), ("sh2", "AbortTransaction", 1)]
 
 
 def test_aborts():
@@ -162,14 +196,17 @@ def test_aborts():
 class Shards:
     """The driver's `ask`: records requests, answers from a table of (type, shard) -> error."""
 
-    def __init__(self, errors: dict[tuple[str, str], str] | None = None) -> None:
+    def __init__(self, errors: dict[tuple[str, str], str] | None = None, coordinator: Any = None) -> None:
         self.sent: list[tuple[str, Any]] = []
         self.errors = errors or {}
+        self.coordinator = coordinator or (lambda req: {"decision": "commit", "commitAt": 9})
 
     async def __call__(self, shard: str, req: Any) -> dict:
         self.sent.append((shard, req))
         if (code := self.errors.get((req.type, shard))) is not None:
             raise CommandError(code, "refused")
+        if isinstance(req, s.CoordinateCommitTransaction):
+            return self.coordinator(req)
         return {"committedAt": 9} if isinstance(req, s.CommitTransaction) else {}
 
     def kinds(self) -> list[tuple[str, str, int]]:
@@ -206,16 +243,14 @@ def test_a_one_writer_commit_ends_the_readers_and_commits_the_writer():
     assert router.sessions[LSID].state is TxnState.COMMITTED
 
 
-def test_a_second_writer_aborts_everywhere_and_later_statements_find_no_transaction():
+def test_a_failed_statement_aborts_everywhere_and_later_statements_find_no_transaction():
     shards = Shards()
     router = t.TransactionRouter(shards)
 
     async def go() -> None:
         stmt = await router.begin(LSID, TxnArgs(1, start=True), _snapshot)
         stmt.reached("sh1", s.Insert(ns="a.b", docs=[{}]), {"inserted": 1})
-        with pytest.raises(CommandError) as e:
-            stmt.reached("sh2", s.Insert(ns="a.b", docs=[{}]), {"inserted": 1})
-        assert e.value.code == ErrorCode.OperationNotSupportedInTransaction
+        stmt.reached("sh2", s.Insert(ns="a.b", docs=[{}]), None)  # failed there
         await router.failed(stmt)
         with pytest.raises(CommandError) as e:
             await router.begin(LSID, TxnArgs(1), _snapshot)

@@ -281,9 +281,10 @@ def test_a_participant_that_cannot_prepare_votes_no_and_the_coordinator_aborts_e
     assert e.value.code == "NoSuchTransaction"
     assert txns.decision_of({"a": 5, "b": None}) == ("aborting", None)
     a.write(s.AdvanceTxnCoordinator(lsid=A, txnNumber=1, state="aborting", why="b voted no"))
-    with pytest.raises(CommandError) as e:
-        a.decider.decide(s.CoordinateCommitTransaction(lsid=A, txnNumber=1))
-    assert e.value.code == "NoSuchTransaction" and "b voted no" in e.value.message
+    assert a.decider.decide(s.CoordinateCommitTransaction(lsid=A, txnNumber=1)).result == {
+        "decision": "abort",
+        "why": "b voted no",
+    }
     a.write(s.AbortTransaction(lsid=A, txnNumber=1))
     assert a.documents.txn_holder("d.c", 1) is None
 
@@ -329,3 +330,15 @@ def test_a_ddl_critical_section_waits_for_a_prepared_transaction_of_its_namespac
             shard.decider.decide(section)
         assert e.value.code == "PrepareConflict"
     assert shard.decider.decide(dd.EnterDDLCriticalSection(id="z", namespaces=["d.other"])).events
+
+
+def test_recovering_a_commit_no_coordinator_began_aborts_the_part_so_the_answer_stays_true(pair):
+    a, _ = pair
+    t = s.Txn(lsid=A, txnNumber=1, readAt=a.clock.tick())
+    a.write(s.Insert(ns="d.c", docs=[{"_id": 1}], routing=a.routing("d.c"), txn=t))
+    ask = s.CoordinateCommitTransaction(lsid=A, txnNumber=1)  # a router that never saw it
+    a.write(ask)
+    assert a.decider.decide(ask).result["decision"] == "abort"
+    assert a.documents.txns[A].state == "aborted" and a.documents.txn_holder("d.c", 1) is None
+    late = a.decider.decide(s.CoordinateCommitTransaction(lsid=A, txnNumber=1, participants=["a", "b"]))
+    assert late.result["decision"] == "abort" and late.events == [], "the original router's commit, late"

@@ -174,15 +174,23 @@ def coordinate(
 ) -> tuple[list[Record], dict[str, Any]]:
     """Begin two-phase commit (the first request), or answer what is known of it: from the
     coordinator while it runs, from this shard's own part once it is done and gone (`mine`:
-    the coordinator is a participant, so its own record tells the outcome, as MongoDB's)."""
+    the coordinator is a participant, so its own record tells the outcome, as MongoDB's).  A
+    router recovering a commit (no participants) of a transaction no coordinator ever began here
+    ends this shard's part with an abort, so that its answer stays true: nothing commits it
+    later (its other participants cannot commit without a coordinator)."""
     if current is not None:
         return [], outcome(current)
     if mine is not None and mine.txnNumber == req.txnNumber and mine.state == "committed":
         return [], {"decision": "commit", "commitAt": mine.commitAt}
     if mine is not None and mine.txnNumber == req.txnNumber and mine.state == "aborted":
-        raise no_such_transaction(req.lsid, req.txnNumber, "has been aborted")
-    if not req.participants or (mine is not None and mine.txnNumber > req.txnNumber):
-        raise no_such_transaction(req.lsid, req.txnNumber, "has no coordinator here")
+        return [], {"decision": "abort", "why": "it was aborted"}
+    if not req.participants:
+        if mine is not None and mine.txnNumber == req.txnNumber and mine.state == "in-progress":
+            ended = mine.model_copy(update={"state": "aborted", "writes": []})
+            return [ended], {"decision": "abort", "why": "no commit of it was ever begun"}
+        return [], {"decision": "abort", "why": "it is unknown to its recovery shard"}
+    if mine is not None and mine.txnNumber > req.txnNumber:
+        raise no_such_transaction(req.lsid, req.txnNumber, "is not the session's")
     begun = s.TxnCoordinatorRecorded(
         lsid=req.lsid, txnNumber=req.txnNumber, participants=list(req.participants), state="preparing"
     )
@@ -190,9 +198,10 @@ def coordinate(
 
 
 def outcome(record: s.TxnCoordinatorRecorded) -> dict[str, Any]:
-    """What a (retried) commitTransaction learns from the coordinator."""
+    """What a (retried) commitTransaction learns from the coordinator: the decision, None while
+    the votes are out."""
     if record.decision == "abort":
-        raise no_such_transaction(record.lsid, record.txnNumber, f"has been aborted ({record.why})")
+        return {"decision": "abort", "why": record.why}
     if record.decision == "commit":
         return {"decision": "commit", "commitAt": record.commitAt}
     return {"decision": None}
