@@ -1,0 +1,118 @@
+"""kill -9 at every step of two-phase commit (issue 33 §3), in the coordinator shard, the other
+participant and the router: every transaction ends committed on every participant or aborted
+on every participant, and the client's retried commitTransaction reports that outcome.
+
+One cluster of real processes (config server, shards s0 and s1, a router) serves the matrix.
+Accounts k=1 (on s0) and k=150 (on s1) hold 100 each; each case moves 10 from one to the
+other in a pymongo transaction that writes s0 first (so s0 coordinates), with one service
+restarted armed to die at a step; the commit is retried after the victim is back.  Then:
+the total is still 200, the two balances moved together or not at all, and if any commit
+answered ok, they moved; and the accounts are writable again (no prepared transaction
+left holding them)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure, PyMongoError
+
+from schemas import config as c
+from tests.conftest import wait_until
+from tests.integration.test_migration_faults import two_shard_cluster
+
+pytestmark = pytest.mark.kafka
+
+CASES = [
+    ("donor", "txn.coordinator.preparing"),
+    ("donor", "txn.coordinator.voted"),
+    ("donor", "txn.coordinator.decided"),
+    ("donor", "txn.coordinator.ended"),
+    ("donor", "txn.participant.preparing"),
+    ("recipient", "txn.participant.preparing"),
+    ("recipient", "txn.participant.committing"),
+]
+DECIDED = {"txn.coordinator.decided", "txn.coordinator.ended", "txn.participant.committing"}
+_numbers = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def bank(bootstrap, tmp_path_factory):
+    cl = two_shard_cluster(
+        bootstrap,
+        tmp_path_factory.mktemp("txnfaults") / "data",
+        f"tx{next(_numbers)}{int(time.time()) % 100000}",
+        c.CreateDatabase(db="bank", primary="s0"),
+        c.ShardCollection(ns="bank.acct", key={"k": 1}),
+        c.SplitChunk(ns="bank.acct", at=[{"k": 100}]),
+    )
+    cl.config(c.MoveRange(ns="bank.acct", min={"k": 100}, to="s1"))
+    mc = client(cl)
+    wait_until(
+        lambda: mc.config.chunks.find_one({"min": {"k": 100}}, {"shard": 1})["shard"] == "s1", 120, "k >= 100 on s1"
+    )
+    mc.close()
+    yield cl
+    cl.stop_all()
+
+
+def client(cl) -> MongoClient:
+    uri = cl.procs["router"].ready_info()["uri"]
+    return MongoClient(uri, serverSelectionTimeoutMS=60_000, socketTimeoutMS=120_000)
+
+
+def balances(coll) -> tuple[int, int]:
+    docs = {d["k"]: d["v"] for d in coll.find({"k": {"$in": [1, 150]}})}
+    return docs[1], docs[150]
+
+
+@pytest.mark.parametrize("service, fault", CASES)
+def test_kill9_during_two_phase_commit_ends_all_or_nothing(bank, service, fault):
+    mc = client(bank)
+    coll = mc.bank.acct
+    coll.update_one({"k": 1}, {"$set": {"v": 100}}, upsert=True)
+    coll.update_one({"k": 150}, {"$set": {"v": 100}}, upsert=True)
+    victim = bank.start(service, fault)
+    outcomes: list[str] = []
+    with mc.start_session() as session:
+        session.start_transaction()
+        coll.update_one({"k": 1}, {"$inc": {"v": -10}}, session=session)  # s0 first: it coordinates
+        coll.update_one({"k": 150}, {"$inc": {"v": 10}}, session=session)
+        done = threading.Event()
+
+        def commit() -> None:
+            try:
+                session.commit_transaction()
+                outcomes.append("ok")
+            except PyMongoError as e:
+                outcomes.append(f"error: {e}")
+            finally:
+                done.set()
+
+        threading.Thread(target=commit, daemon=True).start()
+        assert wait_until(
+            lambda: victim.proc.poll() is not None, 120, f"{service} to die at {fault}", detail=lambda: str(outcomes)
+        )
+        assert victim.proc.returncode == -9, victim.tail()
+        bank.start(service)  # back, unarmed
+        assert done.wait(180), "the commit never answered"
+        if outcomes[-1] != "ok":
+            try:  # the drivers' retry of an unknown commit result: same lsid and txnNumber
+                session.commit_transaction()
+                outcomes.append("ok")
+            except OperationFailure as e:
+                assert e.code == 251, e  # NoSuchTransaction: it was aborted everywhere
+                outcomes.append("aborted")
+    moved = balances(coll)
+    assert sum(moved) == 200 and moved in ((90, 110), (100, 100)), (moved, outcomes)
+    if "ok" in outcomes:
+        assert moved == (90, 110), (moved, outcomes)
+    if fault in DECIDED:
+        assert moved == (90, 110), f"the decision was durable before {fault}: {outcomes}"
+    # Nothing left prepared: both accounts take plain writes again.
+    coll.update_one({"k": 1}, {"$inc": {"v": 0}})
+    coll.update_one({"k": 150}, {"$inc": {"v": 0}})
+    mc.close()
