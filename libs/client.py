@@ -41,6 +41,7 @@ serves them (docs/decisions/0014).
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 import uuid
@@ -421,6 +422,7 @@ class AsyncCluster:
         beginning while it fails with a transient error (a WriteConflict: another transaction
         wrote first), for up to 120 s, as the drivers' withTransaction."""
         deadline = time.monotonic() + WITH_TRANSACTION_TIMEOUT_S
+        pause = 0.005
         while True:
             await self.start_transaction(session)
             try:
@@ -433,6 +435,10 @@ class AsyncCluster:
                     and e.code in TRANSIENT_TRANSACTION_CODES
                     and time.monotonic() < deadline
                 ):
+                    # A pause before the next attempt, growing: the writer it lost to (or the
+                    # migration it met) needs time to finish, not a tight loop of retries.
+                    await asyncio.sleep(random.uniform(0, pause))
+                    pause = min(pause * 2, 0.5)
                     continue
                 raise
             if await self._commit_until_known(session, deadline):

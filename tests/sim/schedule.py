@@ -121,6 +121,7 @@ class Plan:
     sessions_expire: bool = False  # logical sessions time out after 6 s, reaped every 0.5 s
     shards: int = 2  # s0, s1, ... (3 or 4 in some plans: faults then fall on any of them)
     snapshot_reads: list[float] = field(default_factory=list)  # when a snapshot session reads db.c first
+    transfers: int = 0  # bank workers moving money between accounts on two shards in transactions
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -173,6 +174,9 @@ class Plan:
         reads = random.Random(seed ^ 0x5A95)  # (their own generator: the plans above stay as they were)
         if reads.random() < 0.35:
             plan.snapshot_reads = sorted(round(reads.uniform(0.5, HORIZON_S), 3) for _ in range(reads.randint(1, 2)))
+        bank = random.Random(seed ^ 0x7E4)  # (their own generator too)
+        if bank.random() < 0.3:
+            plan.transfers = bank.randint(1, 3)
         return plan
 
     def _widened(self, rng: random.Random) -> Plan:
@@ -208,6 +212,7 @@ class Ledger:
     dropped_inserted: set[int] = field(default_factory=set)  # in database DROPPED
     dropped_sent: set[int] = field(default_factory=set)
     dropped_acked: bool = False  # the dropDatabase was acknowledged
+    audits: list[int] = field(default_factory=list)  # the bank's totals, each read in a transaction
 
 
 @dataclass
@@ -413,6 +418,8 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
     ledger = Ledger()
     async with cl.client(timeout=60, attempt_timeout=3) as client:
         coll = client[DB]["c"]
+        if plan.transfers:
+            await _open_bank(cl, client, note)
         work = [asyncio.create_task(_writer(coll, w, plan, ledger, rng, splits[0])) for w in range(plan.writers)] + [
             asyncio.create_task(_mover(cl, plan, rng, note))
         ]
@@ -426,6 +433,9 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
             cut_offs.append(asyncio.create_task(_dropped_writer(cl, client, plan, ledger, rng, note)))
         if plan.refine_at is not None:
             cut_offs.append(asyncio.create_task(_refine(cl, plan.refine_at, note)))
+        if plan.transfers:
+            rngs = [random.Random(plan.seed * 31 + w) for w in range(plan.transfers)]
+            cut_offs += [asyncio.create_task(_transfers(client, r, ledger, note)) for r in rngs]
         for n, at in enumerate(plan.snapshot_reads):
             cut_offs.append(asyncio.create_task(_snapshot_reader(coll, at, ledger, random.Random(plan.seed + n), note)))
         for at, name, lose in plan.crashes:
@@ -791,6 +801,7 @@ async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
                 + (f" ({expired} sent again after their session may have expired)" if expired else "")
             )
     await _check_dropped(cl, coll, ledger)
+    await _check_bank(coll, ledger)
     collection = cl.config.catalog.collections[NS]
     chunks = collection.chunks
     for a, b in zip(chunks, chunks[1:]):
@@ -811,6 +822,58 @@ async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
             raise Violation(
                 f"invariant 5: shard {sid} holds {held} documents of {UNSHARDED}, whose primary is {primary}"
             )
+
+
+# The bank (issue 33): accounts on both sides of a split moved to s1, 100 each.
+BANK, ACCOUNTS = f"{DB}.acct", (100, 300, 600, 800)
+
+
+async def _open_bank(cl: SimCluster, client: Any, note: Callable[[str], None]) -> None:
+    await cl.command(c.ShardCollection(ns=BANK, key={"k": 1}))
+    await cl.command(c.SplitChunk(ns=BANK, at=[{"k": 500}]))
+    await cl.command(c.MoveRange(ns=BANK, min={"k": 500}, to="s1"))
+    await client[DB]["acct"].insert_many([{"_id": k, "k": k, "v": 100} for k in ACCOUNTS])
+    note(f"bank {BANK}: accounts {list(ACCOUNTS)}, 100 each; k >= 500 moved to s1")
+
+
+async def _transfers(client: Any, rng: random.Random, ledger: Ledger, note: Callable[[str], None]) -> None:
+    """Transfers between two accounts in transactions (two-phase commit when they sit on two
+    shards), every third round an audit of the total inside a transaction."""
+    accounts = client[DB]["acct"]
+    for i in range(6):
+        session = client.start_session()
+        try:
+            if i % 3 == 2:
+
+                async def audit(session: Any) -> int:
+                    return sum([d["v"] async for d in accounts.find({}, session=session)])
+
+                ledger.audits.append(await client.with_transaction(session, audit))
+            else:
+                a, b = rng.sample(ACCOUNTS, 2)
+                amount = rng.randint(1, 20)
+
+                async def transfer(session: Any, a: int = a, b: int = b, amount: int = amount) -> None:
+                    await accounts.update_one({"k": a}, {"$inc": {"v": -amount}}, session=session)
+                    await accounts.update_one({"k": b}, {"$inc": {"v": amount}}, session=session)
+
+                await client.with_transaction(session, transfer)
+        except (ShardlogError, OperationTimeout) as e:
+            note(f"bank: a transaction given up ({type(e).__name__}: {e})")  # the total must hold either way
+        await asyncio.sleep(rng.uniform(0.0, 0.5))
+
+
+async def _check_bank(coll: Any, ledger: Ledger) -> None:
+    """Invariant 9: money is neither made nor lost, whatever committed, aborted or was left in
+    doubt, and no transaction saw a total other than the bank's."""
+    docs = [d async for d in coll.cluster[DB]["acct"].find({})]
+    if not docs:
+        return
+    total = 100 * len(ACCOUNTS)
+    if (now := sum(d["v"] for d in docs)) != total or len(docs) != len(ACCOUNTS):
+        raise Violation(f"invariant 9: the bank holds {now} in {len(docs)} accounts, not {total} in {len(ACCOUNTS)}")
+    if wrong := [a for a in ledger.audits if a != total]:
+        raise Violation(f"invariant 9: audits in transactions saw totals {wrong}, not {total}")
 
 
 async def _check_dropped(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
