@@ -584,6 +584,17 @@ class ShardDecider:
                 f"{self.shard_id}: catalog at ConfigTime {self.catalog.config_time} did not reach the router's "
                 f"{req.routing.configTime} in time for a read at {vclock.LogicalTime.unpack(at)}",
             )
+        if coll is not None and (
+            req.routing.epoch != coll.epoch or req.routing.version != coll.shard_version(self.shard_id).pair
+        ):
+            # The router's catalog may lack a migration of this shard's ranges stamped at or before
+            # `at`: it caught up to the end of config.events when it picked `at`, but a config
+            # server whose clock had not seen `at` can stamp a commit at or before it afterwards
+            # (seed 229).  It then targeted this donor and not the recipient, and our routing at
+            # `at` leaves the range out: a read of nobody's.  As any routed read, StaleConfig; the
+            # router catches up to our ConfigTime and targets again (MongoDB checks the shard
+            # version of an atClusterTime read too).
+            self._stale(req.ns, req.routing, coll)
         if (held := self.ddl.critical_section_wait(req.ns)) is not None:
             raise held
         transactions.refuse_if_prepared(self, req.ns, at)

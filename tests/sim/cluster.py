@@ -48,8 +48,9 @@ RANGE_DELETER_POLL_S = 1.0
 # production: 20 idle wake-ups a simulated second.
 DDL_SCAN_S = 0.2
 # Each active shard's statistics publisher looks for a change of the chunks it owns every 0.1 s
-# (LAYOUT_POLL_S), production's: at 0.5 s, seed 229 breaks invariant 8 (a snapshot read misses
-# acknowledged inserts), a finding not diagnosed yet (docs/reference/simulator.md, "Not yet").
+# (LAYOUT_POLL_S), production's: at 0.5 s, seed 229 broke invariant 8 on 3343989 (a snapshot read
+# routed without a migration committed, stamped before its time, after it was routed; fixed, the
+# shard refuses it as stale: docs/reference/simulator.md, "Not yet").
 STATISTICS_LAYOUT_POLL_S = LAYOUT_POLL_S
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from domain.clock import LogicalTime, VectorClock
+from domain.protocol import ErrorCode
 from libs.commands import stamp
 from libs.errors import CommandError
 from schemas import Record
@@ -110,6 +111,35 @@ def test_a_range_moved_away_is_still_read_at_a_time_before_its_migration(shard):
     assert [d["k"] for d in shard.find_at(t1)] == [1, 5, 15, 20], "owned at t1: the moved range too"
     assert [d["k"] for d in shard.find_at(committed)] == [1, 5], "after the commit, b's"
     assert [d["k"] for d in shard.find_at(shard.clock.cluster_time)] == [1, 5]
+
+
+def test_a_read_routed_without_a_migration_stamped_before_its_time_is_stale(shard):
+    """Seed 229 (STATISTICS_LAYOUT_POLL_S = 0.5): a router picks T, catches up to the end of
+    config.events and targets the donor alone; a config server whose clock had not seen T then
+    commits the migration stamped before T.  The donor, which knows the commit by the time the
+    read reaches it, must not answer for its own ranges only (the router never asks the
+    recipient): StaleConfig, as for any read routed with another version of this shard."""
+    shard.config(c.ShardCollection(ns=NS, key={"k": 1}))
+    shard.config(c.SplitChunk(ns=NS, at=[{"k": 10}]))
+    r = shard.routing(NS)
+    shard.write(s.Insert(ns=NS, docs=[{"_id": k, "k": k} for k in (1, 5, 15, 20)], routing=r))
+    shard.wall += 1
+    at = shard.clock.tick()  # the router's ClusterTime, handed out before the commit was stamped
+    before = shard.routing(NS)  # and its routing: the catalog had no commit yet
+    coll = shard.catalog.collections[NS]
+    moved = next(ch for ch in coll.chunks if ch.min == {"k": 10})
+    doc = moved.doc().model_copy(update={"shard": "b", "version": (moved.pair[0] + 1, 0)})
+    shard.catalog_apply(
+        [c.MigrationCommitted(id="m", ns=NS, epoch=coll.epoch, donor="a", recipient="b", chunks=[doc], ts=at - 1)]
+    )
+    rc = {"level": "snapshot", "atClusterTime": LogicalTime.unpack(at).to_ejson()}
+    with pytest.raises(CommandError) as e:
+        shard.decider.decide(s.Find(ns=NS, readConcern=rc, routing=before))
+    assert e.value.code == ErrorCode.StaleConfig
+    assert e.value.info["configTime"] == shard.catalog.config_time, "the router catches up to the commit"
+    # Routed again with the commit, the donor reads what it owned at T; the router asks b as well.
+    assert [d["k"] for d in shard.find_at(at)] == [1, 5]
+    assert "b" in {sh for _, _, sh in shard.catalog.collections[NS].routing_at(at)}
 
 
 def test_a_time_older_than_the_history_is_refused(shard):
