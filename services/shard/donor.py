@@ -479,8 +479,19 @@ class DonorCoordinator:
         fault_point("migration.clone_committed")
 
     async def _ask_self_with_offset(self, req) -> int:
-        """Send to our own processor; the changelog offset just past the recorded step."""
-        reply = await self.requester.request(self.topics.shard_requests(self.shard_id), req, timeout=STEP_DEADLINE_S)
+        """Send to our own processor; the changelog offset just past the recorded step.  The
+        critical section waits for prepared transactions of the collection to be decided (as
+        MongoDB's does: decisions/0020), asking again for up to STEP_DEADLINE_S."""
+        deadline, pause = time.monotonic() + STEP_DEADLINE_S, 0.005
+        while True:
+            reply = await self.requester.request(
+                self.topics.shard_requests(self.shard_id), req, timeout=STEP_DEADLINE_S
+            )
+            if reply.ok or reply.code != ErrorCode.PrepareConflict or time.monotonic() > deadline:
+                break
+            self._check_active()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
         if not reply.ok:
             raise MigrationAborted(f"{req.type} refused: {reply.code}: {reply.error}")
         return reply.configTime or 0  # a shard's reply names its changelog position

@@ -205,9 +205,8 @@ def forget(d: ShardDecider, lsids: Iterable[str], before: float) -> tuple[list[R
 def refuse_critical_section_if_prepared(
     d: ShardDecider, req: s.EnterCriticalSection | dd.EnterDDLCriticalSection
 ) -> None:
-    """A critical section waits for the prepared transactions of its namespaces: a DDL asks
-    again (PrepareConflict is retriable for its coordinator); a migration aborts, and the
-    balancer tries again later.  Committed after the section, their writes would land in a
+    """A critical section waits for the prepared transactions of its namespaces: a DDL's
+    coordinator and a migration's donor ask again (PrepareConflict).  Committed after the section, their writes would land in a
     range given away or a collection dropped."""
     if not d.documents.prepared:
         return
