@@ -116,11 +116,7 @@ def commit(d: ShardDecider, req: s.CommitTransaction) -> Decision:
     still open: the router aborts it.  (A prepared one was checked when it voted.)"""
     if req.commitAt is not None:
         fault_point("txn.participant.committing")
-    current = d.documents.txns.get(req.lsid)
-    in_progress = current is not None and current.txnNumber == req.txnNumber and current.state == "in-progress"
-    if in_progress:
-        _check_still_applicable(d, current)  # type: ignore[arg-type]
-    ts = d.clock.tick() if d.clock is not None and in_progress else None
+    current, ts = _stamp_if_applicable(d, req.lsid, req.txnNumber)
     events, committed_at = txns.commit(current, req, ts)
     return Decision(events, {"committedAt": committed_at})
 
@@ -129,13 +125,20 @@ def prepare(d: ShardDecider, req: s.PrepareTransaction) -> Decision:
     """This participant's vote: yes (a prepare stamp, its writes held until the decision) if it
     may still apply them all, as a commit checks; no (an error) otherwise."""
     fault_point("txn.participant.preparing")  # (dies before its batch commits: the vote is asked again)
-    current = d.documents.txns.get(req.lsid)
-    in_progress = current is not None and current.txnNumber == req.txnNumber and current.state == "in-progress"
-    if in_progress:
-        _check_still_applicable(d, current)  # type: ignore[arg-type]
-    ts = d.clock.tick() if d.clock is not None and in_progress else None
+    current, ts = _stamp_if_applicable(d, req.lsid, req.txnNumber)
     events, prepared_at = txns.prepare(current, req, ts)
     return Decision(events, {"prepareTimestamp": prepared_at})
+
+
+def _stamp_if_applicable(d: ShardDecider, lsid: str, txn_number: int) -> tuple[s.TxnRecorded | None, int | None]:
+    """The session's record, and a fresh stamp if it is this transaction in progress and the
+    shard may still apply all its writes (else the check's error); no stamp otherwise (a retry,
+    or a state the pure transition answers)."""
+    current = d.documents.txns.get(lsid)
+    if current is None or current.txnNumber != txn_number or current.state != "in-progress":
+        return current, None
+    _check_still_applicable(d, current)
+    return current, d.clock.tick() if d.clock is not None else None
 
 
 def coordinate(d: ShardDecider, req: s.CoordinateCommitTransaction) -> Decision:
