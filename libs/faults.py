@@ -48,6 +48,10 @@ KNOWN_BUGS = {
     "during it (its catch-up), so the recipient never has them",
     "range-deletion-deletes-owned": "a range migrates back to a shard that still has its orphans to "
     "delete (the recipient does not wait), and the deletion then deletes what the shard owns again",
+    "txn-first-writer-does-not-win": "a transaction's write meets a document written after its snapshot, "
+    "or held by another open transaction, without a WriteConflict: its commit overwrites the other write",
+    "txn-reads-past-prepare": "a read meets a prepared transaction's documents without waiting for its "
+    "decision: it misses writes that commit at a time before its own",
 }
 _reintroduced: set[str] = set()
 

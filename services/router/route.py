@@ -60,6 +60,7 @@ from services.router.transactions import (
     TxnArgs,
     check_read_concern,
     current_statement,
+    resent_start,
 )
 
 MAX_STALE_RETRIES = 10
@@ -151,7 +152,7 @@ class OperationRouter:
         self._cursor_ids = itertools.count(int.from_bytes(os.urandom(4), "big") << 16)
         self.stale_retries = 0
         self.write_conflict_retries = 0  # tries again of writes that met an open transaction's document
-        self.transactions = TransactionRouter(self._ask)
+        self.transactions = TransactionRouter(self._ask_past_critical_sections)
         self._creating: dict[str, asyncio.Future] = {}
 
     @property
@@ -219,14 +220,7 @@ class OperationRouter:
                         "shardlog.routed_at": self.follower.config_time,
                     },
                 ):
-                    # Behind the shard: wait to reach it.  Held by a critical section: wait for the
-                    # next ConfigTime (the migration's commit or abort), then retarget — but not for
-                    # long at first: after an abort the donor lets go with no new ConfigTime at all.
-                    timeout = min(CRITICAL_WAIT_S, 0.05 * 2 ** (attempt - 1)) if stale.critical else SHARD_TIMEOUT_S
-                    try:
-                        await self.follower.wait_for(stale.config_time, timeout)
-                    except TimeoutError:
-                        pass
+                    await self._wait_out(stale, attempt)
                     return await on_operation(self, req)
             except Stale as e:
                 self.stale_retries += 1
@@ -247,6 +241,8 @@ class OperationRouter:
         if isinstance(req, s.AbortTransaction):
             return await self.transactions.abort(req.lsid, req.txnNumber)
         rc = None if req.readConcern is None else check_read_concern(req.readConcern)
+        if (again := resent_start(self.transactions.sessions.get(req.lsid), req.txnNumber)) is not None:
+            return {"readAt": again}
         args = TxnArgs(req.txnNumber, start=True, read_concern=rc)
         statement = await self.transactions.begin(req.lsid, args, self.snapshot_time)
         return {"readAt": statement.txn.readAt}
@@ -402,6 +398,29 @@ class OperationRouter:
             if statement is not None:
                 statement.reached(shard, req, result)
             return result
+
+    async def _wait_out(self, stale: Stale, attempt: int) -> None:
+        """Behind the shard: wait to reach it.  Held by a critical section: wait for the next
+        ConfigTime (the migration's commit or abort) — but not for long at first: after an abort
+        the donor lets go with no new ConfigTime at all."""
+        timeout = min(CRITICAL_WAIT_S, 0.05 * 2 ** (attempt - 1)) if stale.critical else SHARD_TIMEOUT_S
+        try:
+            await self.follower.wait_for(stale.config_time, timeout)
+        except TimeoutError:
+            pass
+
+    async def _ask_past_critical_sections(self, shard: str, req) -> dict:
+        """A transaction's commit, prepare or abort, which no retargeting changes: asked again
+        once a migration's critical section it met has ended (the commit then finds whether the
+        range moved)."""
+        for attempt in range(1, MAX_STALE_RETRIES + 1):
+            try:
+                return await self._ask(shard, req)
+            except Stale as stale:
+                await self._wait_out(stale, attempt)
+        raise CommandError(
+            ErrorCode.StaleConfig, f"{req.type} on {shard} met a critical section {MAX_STALE_RETRIES} times"
+        )
 
     async def _ask_once(self, shard: str, req) -> dict:
         if (targets := _targets.get()) is not None:

@@ -129,6 +129,16 @@ def begins(current: SessionTxn | None, lsid: str, args: TxnArgs) -> SessionTxn |
     return None
 
 
+def resent_start(current: SessionTxn | None, txn_number: int) -> int | None:
+    """The client library's start of a transaction this router already started, sent again
+    because its answer was lost: the snapshot it was given (the client has run nothing in it
+    yet, so the same one serves).  None: not a resend.  (The wire's second startTransaction is
+    refused: drivers never resend one.)"""
+    if current is not None and current.txn_number == txn_number and current.state is TxnState.IN_PROGRESS:
+        return current.read_at
+    return None
+
+
 def started(lsid: str, args: TxnArgs, read_at: int) -> SessionTxn:
     return SessionTxn(lsid=lsid, txn_number=args.txn_number, read_at=read_at)
 

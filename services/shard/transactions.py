@@ -18,7 +18,7 @@ from domain.protocol import ErrorCode
 from domain.query import QueryError, compile_filter
 from domain.shardkey import encode_value
 from libs.commands import CommandError, Decision
-from libs.faults import fault_point
+from libs.faults import fault_point, reintroduced
 from schemas import Record, Tombstone
 from schemas import ddl as dd
 from schemas import shard as s
@@ -72,7 +72,7 @@ def _refuse_if_written_since(d: ShardDecider, req: Any, read_at: int) -> None:
     """First writer wins: a statement that could touch a document written by others since the
     snapshot (it matches as it was or as it is, or an insert reuses its _id) conflicts."""
     changed = list(d.documents.changed_since(req.ns, read_at))
-    if not changed:
+    if not changed or reintroduced("txn-first-writer-does-not-win"):
         return
     if isinstance(req, s.Insert):
         ids = {encode_value(doc["_id"]) for doc in req.docs if isinstance(doc, dict) and "_id" in doc}
@@ -91,7 +91,7 @@ def _refuse_if_written_since(d: ShardDecider, req: Any, read_at: int) -> None:
 def _refuse_if_held(d: ShardDecider, events: Iterable[Record], lsid: str | None) -> None:
     """A write to a document another open transaction wrote conflicts (for a write outside any
     transaction, `lsid` None, the router retries it until the holder ends)."""
-    if not d.documents.txn_locks:
+    if not d.documents.txn_locks or (lsid is not None and reintroduced("txn-first-writer-does-not-win")):
         return
     for e in events:
         if isinstance(e, s.DocumentWritten):
@@ -158,7 +158,7 @@ def refuse_if_prepared(d: ShardDecider, ns: str, at: int | None = None) -> None:
     """A read that could meet a prepared transaction's documents waits for its decision (the
     router asks again): read now, it could see the documents before the commit at a time
     after the commit's stamp."""
-    if d.documents.prepared_in(ns, at):
+    if d.documents.prepared_in(ns, at) and not reintroduced("txn-reads-past-prepare"):
         raise CommandError(
             ErrorCode.PrepareConflict, f"a prepared transaction holds documents of {ns}: waiting for its decision"
         )

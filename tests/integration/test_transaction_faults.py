@@ -1,6 +1,9 @@
 """kill -9 at every step of two-phase commit (issue 33 §3), in the coordinator shard, the other
 participant and the router: every transaction ends committed on every participant or aborted
 on every participant, and the client's retried commitTransaction reports that outcome.
+The router's cases freeze the coordinator at each of its steps, kill -9 the router meanwhile,
+and let the client's retried commit reach a restarted router that never saw the transaction:
+it learns the outcome from the recoveryToken's shard.
 
 One cluster of real processes (config server, shards s0 and s1, a router) serves the matrix.
 Accounts k=1 (on s0) and k=150 (on s1) hold 100 each; each case moves 10 from one to the
@@ -13,8 +16,11 @@ left holding them)."""
 from __future__ import annotations
 
 import itertools
+import signal
+import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from pymongo import MongoClient
@@ -116,3 +122,74 @@ def test_kill9_during_two_phase_commit_ends_all_or_nothing(bank, service, fault)
     coll.update_one({"k": 1}, {"$inc": {"v": 0}})
     coll.update_one({"k": 150}, {"$inc": {"v": 0}})
     mc.close()
+
+
+COORDINATOR_STEPS = [
+    "txn.coordinator.preparing",
+    "txn.coordinator.voted",
+    "txn.coordinator.decided",
+    "txn.coordinator.ended",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _frozen(pid: int) -> bool:
+    """SIGSTOPped (the fault point's `stop`): state T in /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("step", COORDINATOR_STEPS)
+def test_the_router_killed_while_its_coordinator_is_at_a_step(bank, step):
+    port = _free_port()  # the restarted router listens where the client's connections went
+    router_env = {"SHARDLOG_ROUTER_PORT": str(port)}
+    bank.start("router", env=router_env)
+    mc = client(bank)
+    coll = mc.bank.acct
+    coll.update_one({"k": 1}, {"$set": {"v": 100}}, upsert=True)
+    coll.update_one({"k": 150}, {"$set": {"v": 100}}, upsert=True)
+    coordinator = bank.start("donor", env={"SHARDLOG_FAULTS": f"{step}=stop"})
+    outcomes: list[str] = []
+    with mc.start_session() as session:
+        session.start_transaction()
+        coll.update_one({"k": 1}, {"$inc": {"v": -10}}, session=session)  # s0 first: it coordinates
+        coll.update_one({"k": 150}, {"$inc": {"v": 10}}, session=session)
+        done = threading.Event()
+
+        def commit() -> None:
+            try:
+                session.commit_transaction()
+                outcomes.append("ok")
+            except PyMongoError as e:
+                outcomes.append(f"error: {e}")
+            finally:
+                done.set()
+
+        threading.Thread(target=commit, daemon=True).start()
+        assert wait_until(lambda: _frozen(coordinator.proc.pid), 120, f"the coordinator to freeze at {step}")
+        bank.procs["router"].kill9()
+        coordinator.signal(signal.SIGCONT)
+        bank.start("router", env=router_env)  # it never saw the transaction
+        assert done.wait(180), "the commit never answered"
+        if outcomes[-1] != "ok":
+            try:  # retried with the recoveryToken: the coordinator's shard tells the outcome
+                session.commit_transaction()
+                outcomes.append("ok")
+            except OperationFailure as e:
+                assert e.code == 251, e  # NoSuchTransaction: aborted everywhere
+                outcomes.append("aborted")
+    moved = balances(coll)
+    assert sum(moved) == 200 and moved in ((90, 110), (100, 100)), (moved, outcomes)
+    # Every vote was yes and the coordinator lived: it committed, and the retried commit says so.
+    assert moved == (90, 110) and outcomes[-1] == "ok", (moved, outcomes)
+    coll.update_one({"k": 1}, {"$inc": {"v": 0}})
+    coll.update_one({"k": 150}, {"$inc": {"v": 0}})
+    mc.close()
+    bank.start("donor")  # unarmed, for the next case

@@ -267,10 +267,14 @@ class SimCluster:
         seen its effect."""
         reply = await self.ask_config(cmd, timeout)
         assert reply.ok, reply
+        await self.seen(reply, timeout)
+        return reply
+
+    async def seen(self, reply: Reply, timeout: float = WAIT_S) -> None:
+        """Until every running shard and router has seen the effect of a config command."""
         for name, service in list(self.services.items()):
             if name.startswith("shard-") or name == "router":
                 await service.follower.wait_for(reply.configTime, timeout)
-        return reply
 
     def client(self, **kw: Any) -> AsyncCluster:
         return AsyncCluster(self.bus, self.settings.cluster, **kw)

@@ -186,9 +186,12 @@ class SimLoop(asyncio.SelectorEventLoop):
 @contextmanager
 def simulated_process(loop: SimLoop) -> Iterator[None]:
     """While a schedule runs: the process's clocks are the loop's, and its random ids come from
-    the seed (a uuid4 picks a router's inbox name, an object id, a migration id)."""
+    the seed (a uuid4 picks a router's inbox name, an object id, a migration id), as do the
+    draws of the `random` module itself (a client's jittered backoff)."""
     ids = random.Random(loop.seed ^ 0x5EED)
     saved = (time.time, time.time_ns, time.monotonic, time.monotonic_ns, uuid.uuid4)
+    drawn = random.getstate()
+    random.seed(loop.seed ^ 0xB0FF)
     time.time = lambda: EPOCH + loop.now
     time.time_ns = lambda: int((EPOCH + loop.now) * 1e9)
     time.monotonic = lambda: loop.now
@@ -198,6 +201,7 @@ def simulated_process(loop: SimLoop) -> Iterator[None]:
         yield
     finally:
         time.time, time.time_ns, time.monotonic, time.monotonic_ns, uuid.uuid4 = saved
+        random.setstate(drawn)
 
 
 def run(seed: int, main: Callable[[SimLoop], Awaitable[T]]) -> T:

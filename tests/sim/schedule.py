@@ -23,7 +23,10 @@ Invariants, once the faults stop and the cluster settles:
 6. every store a projection wrote (standbys' and followers' catalogs included) equals a fresh
    replay of its log;
 7. with the balancer, every chunk of a zone's range ends on a shard of the zone;
-and while the workload runs: 8. a snapshot session reads a consistent cut, the same twice."""
+and while the workload runs: 8. a snapshot session reads a consistent cut, the same twice;
+with transactions: 9. a bank's total never changes, in any transaction's audit either; 10. the
+list-append history (Elle's workload, libs/listappend.py) shows nothing snapshot isolation
+forbids."""
 
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from typing import Any
 from bson import MaxKey, MinKey
 
 from domain.ddl_client import run_ddl
-from libs import faults
+from libs import faults, listappend
 from libs.bus.memory import PROCESS, ProcessDead
 from libs.client import OperationTimeout, ShardlogError
 from libs.errors import CommandError
@@ -93,6 +96,16 @@ FAULT_POINTS = (
     "config.before_commit",
     "config.after_commit",
 )
+# Two-phase commit's steps, drawn by list-append plans (a generator of their own: the points above
+# are drawn as they were).
+TXN_FAULT_POINTS = (
+    "txn.coordinator.preparing",
+    "txn.coordinator.voted",
+    "txn.coordinator.decided",
+    "txn.coordinator.ended",
+    "txn.participant.preparing",
+    "txn.participant.committing",
+)
 
 
 @dataclass
@@ -122,6 +135,8 @@ class Plan:
     shards: int = 2  # s0, s1, ... (3 or 4 in some plans: faults then fall on any of them)
     snapshot_reads: list[float] = field(default_factory=list)  # when a snapshot session reads db.c first
     transfers: int = 0  # bank workers moving money between accounts on two shards in transactions
+    appenders: int = 0  # list-append workers (Elle's workload) in transactions over two shards
+    lists_move: float | None = None  # when the lists' upper range moves to the other shard
 
     @classmethod
     def of(cls, seed: int, *, faults_on: bool = True) -> Plan:
@@ -177,6 +192,13 @@ class Plan:
         bank = random.Random(seed ^ 0x7E4)  # (their own generator too)
         if bank.random() < 0.3:
             plan.transfers = bank.randint(1, 3)
+        lists = random.Random(seed ^ 0x11A)  # (and the list-append workload its own)
+        if lists.random() < 0.3:
+            plan.appenders = lists.randint(2, 4)
+            if lists.random() < 0.5:
+                plan.lists_move = round(lists.uniform(0.5, HORIZON_S), 3)
+            if faults_on and lists.random() < 0.5:  # a coordinator or participant dies mid-commit
+                plan.fault_points = [*plan.fault_points, lists.choice(TXN_FAULT_POINTS)]
         return plan
 
     def _widened(self, rng: random.Random) -> Plan:
@@ -213,6 +235,7 @@ class Ledger:
     dropped_sent: set[int] = field(default_factory=set)
     dropped_acked: bool = False  # the dropDatabase was acknowledged
     audits: list[int] = field(default_factory=list)  # the bank's totals, each read in a transaction
+    lists: list[listappend.Txn] = field(default_factory=list)  # the list-append history
 
 
 @dataclass
@@ -315,6 +338,12 @@ def smaller(plan: Plan) -> Iterator[Plan]:
         yield replace(plan, drop_database=None)
     if plan.refine_at is not None:
         yield replace(plan, refine_at=None)
+    if plan.transfers:
+        yield replace(plan, transfers=0)
+    if plan.lists_move is not None:
+        yield replace(plan, lists_move=None)
+    if plan.appenders:
+        yield replace(plan, appenders=plan.appenders - 1, lists_move=None if plan.appenders == 1 else plan.lists_move)
     for i in range(len(plan.snapshot_reads)):
         yield replace(plan, snapshot_reads=plan.snapshot_reads[:i] + plan.snapshot_reads[i + 1 :])
     if plan.moves:
@@ -420,6 +449,8 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         coll = client[DB]["c"]
         if plan.transfers:
             await _open_bank(cl, client, note)
+        if plan.appenders:
+            await _open_lists(cl, client, note)
         work = [asyncio.create_task(_writer(coll, w, plan, ledger, rng, splits[0])) for w in range(plan.writers)] + [
             asyncio.create_task(_mover(cl, plan, rng, note))
         ]
@@ -436,6 +467,10 @@ async def _schedule(loop: sim.SimLoop, cl: SimCluster, plan: Plan, events: list[
         if plan.transfers:
             rngs = [random.Random(plan.seed * 31 + w) for w in range(plan.transfers)]
             cut_offs += [asyncio.create_task(_transfers(client, r, ledger, note)) for r in rngs]
+        for w in range(plan.appenders):
+            cut_offs.append(asyncio.create_task(_appender(client, w, random.Random(plan.seed * 37 + w), ledger, note)))
+        if plan.lists_move is not None:
+            cut_offs.append(asyncio.create_task(_move_lists(cl, plan.lists_move, note)))
         for n, at in enumerate(plan.snapshot_reads):
             cut_offs.append(asyncio.create_task(_snapshot_reader(coll, at, ledger, random.Random(plan.seed + n), note)))
         for at, name, lose in plan.crashes:
@@ -802,6 +837,7 @@ async def _check(cl: SimCluster, coll: Any, ledger: Ledger) -> None:
             )
     await _check_dropped(cl, coll, ledger)
     await _check_bank(coll, ledger)
+    await _check_lists(coll, ledger)
     collection = cl.config.catalog.collections[NS]
     chunks = collection.chunks
     for a, b in zip(chunks, chunks[1:]):
@@ -859,8 +895,15 @@ async def _transfers(client: Any, rng: random.Random, ledger: Ledger, note: Call
 
                 await client.with_transaction(session, transfer)
         except (ShardlogError, OperationTimeout) as e:
+            _unexplained(e)
             note(f"bank: a transaction given up ({type(e).__name__}: {e})")  # the total must hold either way
         await asyncio.sleep(rng.uniform(0.0, 0.5))
+
+
+def _unexplained(e: Exception) -> None:
+    """A transaction may be given up, never with an error the router could not name."""
+    if isinstance(e, ShardlogError) and e.code == "InternalError":
+        raise Violation(f"a transaction failed with an internal error: {e}")
 
 
 async def _check_bank(coll: Any, ledger: Ledger) -> None:
@@ -874,6 +917,92 @@ async def _check_bank(coll: Any, ledger: Ledger) -> None:
         raise Violation(f"invariant 9: the bank holds {now} in {len(docs)} accounts, not {total} in {len(ACCOUNTS)}")
     if wrong := [a for a in ledger.audits if a != total]:
         raise Violation(f"invariant 9: audits in transactions saw totals {wrong}, not {total}")
+
+
+# Elle's list-append workload (issue 33): lists under four keys, two on each side of a split moved
+# to s1; each transaction appends unique values to some and reads others.
+LISTS, LIST_KEYS = f"{DB}.lists", (150, 350, 650, 850)
+
+
+async def _open_lists(cl: SimCluster, client: Any, note: Callable[[str], None]) -> None:
+    await cl.command(c.ShardCollection(ns=LISTS, key={"k": 1}))
+    await cl.command(c.SplitChunk(ns=LISTS, at=[{"k": 500}]))
+    await _move_when_free(cl, c.MoveRange(ns=LISTS, min={"k": 500}, to="s1"))
+    await client[DB]["lists"].insert_many([{"_id": k, "k": k, "l": []} for k in LIST_KEYS])
+    note(f"lists {LISTS}: keys {list(LIST_KEYS)}, empty; k >= 500 moving to s1")
+
+
+async def _appender(client: Any, w: int, rng: random.Random, ledger: Ledger, note: Callable[[str], None]) -> None:
+    """Eight transactions of one to four appends and reads; each recorded with what its last
+    attempt did, `ok` if it committed, `info` if its outcome is unknown (it may have)."""
+    lists, clock = client[DB]["lists"], asyncio.get_running_loop()
+    for i in range(8):
+        draws = [(rng.choice(("append", "r")), rng.choice(LIST_KEYS)) for _ in range(rng.randint(1, 4))]
+        steps = [(f, k, (w + 1) * 1000 + i * 10 + j if f == "append" else None) for j, (f, k) in enumerate(draws)]
+        ops: list[listappend.Op] = []
+
+        async def body(
+            session: Any, steps: list[tuple[str, int, int | None]] = steps, ops: list[listappend.Op] = ops
+        ) -> None:
+            ops.clear()  # (with_transaction may run it again: only the last attempt counts)
+            for f, k, v in steps:
+                if f == "append":
+                    await lists.update_one({"k": k}, {"$push": {"l": v}}, session=session)
+                    ops.append(listappend.Op("append", k, v))
+                else:
+                    doc = await lists.find_one({"k": k}, session=session)
+                    if doc is None:
+                        raise Violation(f"invariant 10: a transaction found no list under key {k}")
+                    ops.append(listappend.Op("r", k, tuple(doc["l"])))
+
+        invoked, status = clock.time(), "ok"
+        try:
+            await client.with_transaction(client.start_session(), body)
+        except (ShardlogError, OperationTimeout) as e:
+            _unexplained(e)
+            status = "info"
+            note(f"lists: a transaction given up ({type(e).__name__}: {e})")
+        ledger.lists.append(listappend.Txn(w * 100 + i, tuple(ops), status, invoked, clock.time()))
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+    mine = [t for t in ledger.lists if t.id // 100 == w]
+    note(f"lists: appender {w} committed {sum(t.status == 'ok' for t in mine)} of {len(mine)}")
+
+
+async def _move_lists(cl: SimCluster, at: float, note: Callable[[str], None]) -> None:
+    """The lists' upper range to the other of s0 and s1 at `at`, under the transactions."""
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    try:
+        coll = cl.config.catalog.collections[LISTS]
+        on = next(ch.shard for ch in coll.chunks if ch.min == {"k": 500})
+        to = "s0" if on == "s1" else "s1"
+        await _move_when_free(cl, c.MoveRange(ns=LISTS, min={"k": 500}, to=to))
+        note(f"lists: k >= 500 moving from {on} to {to}")
+    except (KeyError, AssertionError, ShardlogError, TimeoutError) as e:  # (KeyError: no config server now)
+        note(f"lists: no move ({type(e).__name__})")
+
+
+async def _move_when_free(cl: SimCluster, move: c.MoveRange) -> None:
+    """`move`, asked again while a shard it needs runs another migration (the bank's set-up
+    move, the mover's): a shard runs one at a time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while (reply := await cl.ask_config(move)).code == "ConflictingOperationInProgress" and loop.time() < deadline:
+        await asyncio.sleep(0.2)
+    assert reply.ok, reply
+    await cl.seen(reply)
+
+
+async def _check_lists(coll: Any, ledger: Ledger) -> None:
+    """Invariant 10: the list-append history, closed by a read of every list, has no G0, G1a,
+    G1b, G1c, G-single, lost or duplicated append (snapshot isolation allows G2 only)."""
+    if not ledger.lists:
+        return
+    docs = {d["k"]: tuple(d["l"]) async for d in coll.cluster[DB]["lists"].find({})}
+    now = asyncio.get_running_loop().time()
+    final = listappend.Txn(10**6, tuple(listappend.Op("r", k, docs.get(k, ())) for k in LIST_KEYS), "ok", now, now)
+    report = listappend.check([*ledger.lists, final])
+    if wrong := report.violations("snapshot-isolation"):
+        raise Violation(f"invariant 10: the list-append history shows {wrong}")
 
 
 async def _check_dropped(cl: SimCluster, coll: Any, ledger: Ledger) -> None:

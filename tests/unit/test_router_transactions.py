@@ -61,6 +61,13 @@ def test_statements_out_of_turn_get_mongodbs_codes(current, args, code):
     assert _code(t.begins, current, LSID, args) == code
 
 
+def test_the_client_librarys_start_sent_again_gets_the_same_snapshot():
+    assert t.resent_start(_open(5), 5) == AT
+    assert t.resent_start(_open(5), 6) is None  # a new transaction
+    assert t.resent_start(t.ended(_open(5), TxnState.ABORTED), 5) is None  # over: begins refuses it
+    assert t.resent_start(None, 1) is None
+
+
 def test_a_continuation_of_the_open_transaction_is_fine():
     assert t.begins(_open(5), LSID, TxnArgs(5)) is None
 
