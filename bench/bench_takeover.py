@@ -58,8 +58,16 @@ class ServiceProcess(Proc):
     """One service instance in its own process (bench_e2e's `Proc`), waited for by role and
     killed with SIGKILL."""
 
-    def __init__(self, settings: ServiceSettings, module: str, args: list[str], ready_name: str, log_dir: Path) -> None:
-        env = {
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        module: str,
+        args: list[str],
+        ready_name: str,
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        full_env = {
             **os.environ,
             "KAFKA_BOOTSTRAP": settings.bootstrap,
             "SHARDLOG_CLUSTER": settings.cluster,
@@ -67,8 +75,11 @@ class ServiceProcess(Proc):
             "SHARDLOG_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
             "OTEL_TRACES_EXPORTER": "none",
             "PYTHONPATH": str(ROOT),
+            **(env or {}),
         }
-        super().__init__(ready_name, ["-m", module, *args], env, log_dir, settings.data_dir / f"{ready_name}.ready")
+        super().__init__(
+            ready_name, ["-m", module, *args], full_env, log_dir, settings.data_dir / f"{ready_name}.ready"
+        )
 
     def wait(self, role: str | None, timeout: float) -> dict:
         deadline = time.monotonic() + timeout

@@ -56,6 +56,14 @@ KNOWN_BUGS = {
 _reintroduced: set[str] = set()
 
 
+def _from_environment() -> set[str]:
+    """`SHARDLOG_BUGS="name,..."`: known bugs a test or bench switches on in a service process."""
+    named = {b for b in os.environ.get("SHARDLOG_BUGS", "").split(",") if b}
+    if unknown := named - KNOWN_BUGS.keys():
+        raise ValueError(f"SHARDLOG_BUGS names unknown bugs {sorted(unknown)}: {sorted(KNOWN_BUGS)}")
+    return named
+
+
 def reintroduce(bugs: set[str]) -> None:
     """Switch these known bugs on (the empty set: all off). Tests only."""
     unknown = bugs - KNOWN_BUGS.keys()
@@ -63,6 +71,9 @@ def reintroduce(bugs: set[str]) -> None:
         raise ValueError(f"unknown bugs {sorted(unknown)}: {sorted(KNOWN_BUGS)}")
     _reintroduced.clear()
     _reintroduced.update(bugs)
+
+
+_reintroduced.update(_from_environment())
 
 
 def reintroduced(bug: str) -> bool:

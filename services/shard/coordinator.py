@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from domain.follower import CatalogFollower
 from libs.bus import Bus, BusError
+from libs.commands import Gossip
 from libs.faults import fault_point
 from libs.requests import Requester, RequestTimeout
 from libs.topics import SHORT_LIVED, Topics, TopicSpec
@@ -46,13 +47,20 @@ class CoordinatorDeps:
     active: asyncio.Event  # set while this instance is the shard's active one
     coordinators: Callable[[], list[s.TxnCoordinatorRecorded]]  # the records not done
     woken: asyncio.Event  # set when a coordinator record is folded
+    # The shard's clock: the votes' prepare stamps reach it (so the decision's commitAt is not
+    # ahead of what this shard gossips to the router answering the commit), and the commit
+    # carries it to every participant.
+    clock: Gossip | None = None
 
 
 class TxnCoordinatorDriver:
     def __init__(self, deps: CoordinatorDeps) -> None:
         self.deps = deps
         self.requester = Requester(
-            deps.bus, deps.topics.txn_coordinator_inbox(deps.shard_id), client_id=f"shard-{deps.shard_id}-txn"
+            deps.bus,
+            deps.topics.txn_coordinator_inbox(deps.shard_id),
+            client_id=f"shard-{deps.shard_id}-txn",
+            clock=deps.clock,
         )
         self.running: dict[tuple[str, int], asyncio.Task] = {}
         self.decided = {"commit": 0, "abort": 0}  # (tests, logs)

@@ -148,6 +148,7 @@ class ShardServer:
                 active=self.processor.active,
                 coordinators=lambda: [r for r in self.documents.coordinators.values() if r.state != "done"],
                 woken=self.coordinator_woken,
+                clock=self.clock,
             )
         )
         self.index_builder = IndexBuilder(

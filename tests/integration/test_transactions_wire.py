@@ -117,6 +117,17 @@ def test_a_transaction_writing_two_shards_commits_by_two_phase_commit(data_clust
     assert sorted(d["v"] for d in old["cursor"]["firstBatch"]) == [100, 100]
     coll.update_many({}, {"$set": {"u": 1}})  # nothing held on either shard
     assert coll.count_documents({"u": 1}) == 2
+    # The commit's answer carries a time at or after the commit on every participant (the
+    # participants' prepare stamps reach the coordinator's clock): read there, all of it is seen.
+    for n in range(1, 6):
+        with client.start_session() as session:
+            session.start_transaction()
+            coll.update_one({"k": 150}, {"$inc": {"v": 1}}, session=session)  # (s1 votes with its own stamp)
+            coll.update_one({"k": 1}, {"$inc": {"v": -1}}, session=session)
+            session.commit_transaction()
+            at = session.operation_time
+        seen = client.app.command("find", "acct", filter={}, readConcern={"level": "snapshot", "atClusterTime": at})
+        assert sorted(d["v"] for d in seen["cursor"]["firstBatch"]) == [90 - n, 110 + n], (n, at)
 
 
 def test_a_retried_commit_answers_ok(data_cluster):

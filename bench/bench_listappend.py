@@ -1,0 +1,302 @@
+"""Elle's list-append workload on a real cluster under faults, its history checked
+(issue 33 §3): the long run that tests/integration/test_transaction_workloads.py shortens.
+
+    .venv/bin/python bench/bench_listappend.py                  # 10,000 transactions with faults
+    .venv/bin/python bench/bench_listappend.py --txns 2000 --workers 8 --fault-every 4
+    .venv/bin/python bench/bench_listappend.py --bug txn-first-writer-does-not-win --txns 600
+
+A config server, shards s0, s1 and s2, a router and the range deleter, each its own process,
+on the broker of $KAFKA_BOOTSTRAP.  Lists under 12 keys (four on each shard); workers run
+pymongo `with_transaction`s of one to four micro-operations: append a unique value to a key's
+list, or read a key's whole list.  First a baseline of `--baseline` transactions without
+faults; then `--txns` while a nemesis, every `--fault-every` seconds, does one of: kill -9 a
+shard and restart it, SIGSTOP a shard for 2-4 s, kill -9 the router and restart it (same
+port), move one shard's range to another shard.  At the end every process is back, a last
+transaction reads every list, and libs/listappend.py checks the whole history for what
+snapshot isolation forbids: G0, G1a, G1b, G1c, G-single, lost, duplicated appends (write
+skew, G2, it allows).
+
+Prints committed / unknown / failed transactions, anomalies by kind, the faults done, and
+transactions/s under faults against the baseline's (the ratio).  Exit 1 if an anomaly is found
+— or, with `--bug NAME` (a mutation of libs.faults.KNOWN_BUGS switched on in the shards, the
+proof the checker sees what it should), exit 1 if none is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import random
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import _events as E  # noqa: E402
+from bench_takeover import ServiceProcess  # noqa: E402
+from pymongo import MongoClient  # noqa: E402
+from pymongo.errors import PyMongoError  # noqa: E402
+
+from libs import faults, kafka, listappend  # noqa: E402
+from libs.kafka import delete_cluster_topics  # noqa: E402
+from libs.requests import Requester  # noqa: E402
+from libs.service import ServiceSettings  # noqa: E402
+from libs.topics import Topics  # noqa: E402
+from schemas import config as c  # noqa: E402
+
+NS_DB, NS_COLL = "elle", "lists"
+SHARDS = ("s0", "s1", "s2")
+KEYS = [b * 100 + k for b in range(3) for k in (10, 30, 50, 70)]  # four on each shard's range
+BOUNDS = {"s0": None, "s1": 100, "s2": 200}  # each shard's range starts at (None: MinKey)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """The processes, each restartable by name."""
+
+    def __init__(self, settings: ServiceSettings, logs: Path, router_port: int, bug: str | None) -> None:
+        self.settings, self.logs, self.router_port = settings, logs, router_port
+        self.bug_env = {"SHARDLOG_BUGS": bug} if bug else {}
+        self.procs: dict[str, ServiceProcess] = {}
+
+    def start(self, name: str) -> None:
+        role: str | None = None
+        if name == "config":
+            p, role = ServiceProcess(self.settings, "services.config", [], "config", self.logs), "active"
+        elif name in SHARDS:
+            args = ["--shard-id", name]
+            p = ServiceProcess(self.settings, "services.shard", args, f"shard-{name}", self.logs, self.bug_env)
+            role = "active"
+        elif name == "router":
+            args = ["--instance", "r1", "--port", str(self.router_port)]
+            p = ServiceProcess(self.settings, "services.router", args, "router-r1", self.logs)
+        else:
+            p = ServiceProcess(self.settings, "services.range_deleter", [], "range-deleter", self.logs)
+        self.procs[name] = p
+        p.wait(role, 120)
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGCONT)
+                p.proc.terminate()
+                try:
+                    p.proc.wait(15)
+                except Exception:
+                    p.proc.kill()
+
+
+async def _config(settings: ServiceSettings, *cmds: Any) -> None:
+    async with Requester(settings.bootstrap, settings.topics.cli_replies) as r:
+        for cmd in cmds:
+            reply = await r.request(settings.topics.config_commands, cmd, timeout=60)
+            if not reply.ok:
+                raise SystemExit(f"{cmd.type} refused: {reply}")
+
+
+def _set_up(client: MongoClient) -> None:
+    admin = client.admin
+    admin.command("enableSharding", NS_DB, primaryShard="s0")
+    admin.command("shardCollection", f"{NS_DB}.{NS_COLL}", key={"k": 1})
+    for at in (100, 200):
+        admin.command("split", f"{NS_DB}.{NS_COLL}", middle={"k": at})
+    admin.command("moveRange", f"{NS_DB}.{NS_COLL}", min={"k": 100}, max={"k": 200}, toShard="s1")
+    admin.command("moveRange", f"{NS_DB}.{NS_COLL}", min={"k": 200}, toShard="s2")
+    client[NS_DB][NS_COLL].insert_many([{"_id": k, "k": k, "l": []} for k in KEYS])
+
+
+class Workload:
+    """Workers running list-append transactions; the history they saw."""
+
+    def __init__(self, uri: str, workers: int, seed: int) -> None:
+        self.uri, self.workers, self.seed = uri, workers, seed
+        self.history: list[listappend.Txn] = []
+        self.lock = threading.Lock()
+        self.values = itertools.count(1)
+        self.ids = itertools.count(1)
+
+    def run(self, txns: int) -> float:
+        """`txns` more transactions shared among the workers; the seconds they took."""
+        todo = iter(range(txns))
+        began = time.perf_counter()
+        threads = [threading.Thread(target=self._worker, args=(w, todo)) for w in range(self.workers)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return time.perf_counter() - began
+
+    def _worker(self, w: int, todo) -> None:
+        rng = random.Random(self.seed * 1000 + w + len(self.history))
+        client = MongoClient(self.uri, serverSelectionTimeoutMS=60_000, socketTimeoutMS=60_000)
+        coll = client[NS_DB][NS_COLL]
+        try:
+            while True:
+                with self.lock:
+                    if next(todo, None) is None:
+                        return
+                    steps = [(rng.choice(("append", "r")), rng.choice(KEYS)) for _ in range(rng.randint(1, 4))]
+                    plan = [(f, k, next(self.values) if f == "append" else None) for f, k in steps]
+                    tid = next(self.ids)
+                ops: list[listappend.Op] = []
+
+                def body(session, plan=plan, ops=ops) -> None:
+                    ops.clear()  # (with_transaction may run it again: only the last attempt counts)
+                    for f, k, v in plan:
+                        if f == "append":
+                            coll.update_one({"k": k}, {"$push": {"l": v}}, session=session)
+                            ops.append(listappend.Op("append", k, v))
+                        else:
+                            doc = coll.find_one({"k": k}, session=session)
+                            ops.append(listappend.Op("r", k, tuple(doc["l"]) if doc else ()))
+
+                invoked, status = time.monotonic(), "ok"
+                try:
+                    with client.start_session() as session:
+                        session.with_transaction(body)
+                except PyMongoError:
+                    status = "info"  # may have committed: its appends may be seen, never called lost
+                with self.lock:
+                    self.history.append(listappend.Txn(tid, tuple(ops), status, invoked, time.monotonic()))
+        finally:
+            client.close()
+
+
+class Nemesis:
+    """Every `every` seconds one fault, until stopped; what it did."""
+
+    def __init__(self, cluster: Cluster, client: MongoClient, every: float, seed: int) -> None:
+        self.cluster, self.client, self.every = cluster, client, every
+        self.rng = random.Random(seed)
+        self.done: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            kind = self.rng.choice(("kill-shard", "stop-shard", "kill-router", "move-range"))
+            try:
+                getattr(self, kind.replace("-", "_"))()
+                self.done.append(kind)
+            except Exception as e:  # a fault that could not be done is reported, not fatal
+                self.done.append(f"{kind} failed: {type(e).__name__}: {e}"[:200])
+
+    def kill_shard(self) -> None:
+        sid = self.rng.choice(SHARDS)
+        self.cluster.procs[sid].kill9()
+        self.cluster.start(sid)
+
+    def stop_shard(self) -> None:
+        p = self.cluster.procs[self.rng.choice(SHARDS)]
+        p.proc.send_signal(signal.SIGSTOP)
+        time.sleep(self.rng.uniform(2.0, 4.0))  # the fault itself: how long the process is frozen
+        p.proc.send_signal(signal.SIGCONT)
+
+    def kill_router(self) -> None:
+        self.cluster.procs["router"].kill9()
+        self.cluster.start("router")
+
+    def move_range(self) -> None:
+        uuid = self.client.config.collections.find_one({"_id": f"{NS_DB}.{NS_COLL}"})["uuid"]
+        chunks = list(self.client.config.chunks.find({"uuid": uuid}, {"min": 1, "max": 1, "shard": 1}))
+        chunk = self.rng.choice(chunks)
+        to = self.rng.choice([s for s in SHARDS if s != chunk["shard"]])
+        self.client.admin.command("moveRange", f"{NS_DB}.{NS_COLL}", min=chunk["min"], max=chunk["max"], toShard=to)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--txns", type=int, default=10_000, help="transactions under faults (default 10,000)")
+    p.add_argument("--baseline", type=int, default=500, help="transactions first, without faults (default 500)")
+    p.add_argument("--workers", type=int, default=8, help="concurrent clients (default 8)")
+    p.add_argument("--fault-every", type=float, default=5.0, help="seconds between faults (default 5)")
+    p.add_argument("--seed", type=int, default=1, help="the workload's and the nemesis' seed (default 1)")
+    p.add_argument("--bug", choices=sorted(faults.KNOWN_BUGS), help="a mutation switched on in the shards")
+    args = p.parse_args()
+
+    bootstrap, cluster_name = E.bootstrap(), E.cluster_name("elle")
+    tmp = Path(tempfile.mkdtemp(prefix="shardlog-bench-listappend-"))
+    settings = ServiceSettings(bootstrap, cluster_name, tmp / "data", 6000)
+    asyncio.run(kafka.ensure_topics(bootstrap, Topics(cluster_name).core()))
+    port = _free_port()
+    cluster = Cluster(settings, tmp / "logs", port, args.bug)
+    (tmp / "logs").mkdir(parents=True)
+    try:
+        cluster.start("config")
+        asyncio.run(_config(settings, *(c.AddShard(shard=sid) for sid in SHARDS)))
+        for name in (*SHARDS, "router", "range-deleter"):
+            cluster.start(name)
+        uri = f"mongodb://127.0.0.1:{port}/"
+        admin_client = MongoClient(uri, serverSelectionTimeoutMS=60_000)
+        _set_up(admin_client)
+        work = Workload(uri, args.workers, args.seed)
+        quiet_s = work.run(args.baseline)
+        quiet = len(work.history)
+        print(f"baseline: {quiet} transactions without faults in {quiet_s:.1f} s ({E.rate(quiet, quiet_s):.1f}/s)")
+
+        nemesis = Nemesis(cluster, admin_client, args.fault_every, args.seed)
+        nemesis.thread.start()
+        faulty_s = work.run(args.txns)
+        nemesis.stop.set()
+        nemesis.thread.join(120)
+        for name, proc in cluster.procs.items():  # everything back before the last read
+            proc.proc.send_signal(signal.SIGCONT)
+            if proc.proc.poll() is not None:
+                cluster.start(name)
+        under = len(work.history) - quiet
+        print(f"under faults: {under} transactions in {faulty_s:.1f} s ({E.rate(under, faulty_s):.1f}/s)")
+        kinds = {k: sum(d == k for d in nemesis.done) for k in sorted(set(nemesis.done))}
+        print(f"faults: {kinds}")
+
+        coll = admin_client[NS_DB][NS_COLL]
+        now = time.monotonic()
+        final = listappend.Txn(0, tuple(listappend.Op("r", d["k"], tuple(d["l"])) for d in coll.find()), "ok", now, now)
+        report = listappend.check([*work.history, final])
+        wrong = report.violations("snapshot-isolation")
+        statuses = {s: sum(t.status == s for t in work.history) for s in ("ok", "info", "fail")}
+        print(f"transactions: {statuses}; dependency edges {report.edges}")
+        print(f"anomalies: {report.counts() or 'none'}")
+        for kind, found in wrong.items():
+            print(f"  {kind}: {found[:3]}")
+        ratio = E.rate(under, faulty_s) / E.rate(quiet, quiet_s)
+        print(f"ratio: transactions/s under faults / without = {ratio:.2f}")
+        E.result_line(
+            "listappend",
+            txns=len(work.history),
+            committed=statuses["ok"],
+            unknown=statuses["info"],
+            anomalies=report.counts(),
+            violations=sorted(wrong),
+            faults=kinds,
+            quiet_tps=round(E.rate(quiet, quiet_s), 1),
+            faulty_tps=round(E.rate(under, faulty_s), 1),
+            ratio=round(ratio, 2),
+            bug=args.bug,
+        )
+        admin_client.close()
+        if args.bug:
+            print(f"with {args.bug}: {'found ' + ', '.join(sorted(wrong)) if wrong else 'NOT found'}")
+            return 0 if wrong else 1
+        return 1 if wrong else 0
+    finally:
+        cluster.stop_all()
+        asyncio.run(delete_cluster_topics(bootstrap, cluster_name))
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
