@@ -7,6 +7,11 @@ that text, e.g. `config.before_commit@zombie-shard=stop`.
 
 The simulator (tests/sim) sets a hook instead: called at every point, it may crash the
 simulated process there.
+
+Known bugs (`KNOWN_BUGS`): past bugs and mutations kept behind switches, so the simulator and
+the benches can show they would be found; `reintroduce` (the simulator) or
+`SHARDLOG_BUGS="name,..."` (a service process: bench/bench_txn_faults.py --bug) turns them on.
+Tests and benches only.
 """
 
 from __future__ import annotations
