@@ -375,6 +375,16 @@ class Collection:
                 owner = p.donor
         return owner
 
+    def moved_since(self, key: bytes, at: int) -> int | None:
+        """When the range holding the encoded shard key `key` last migrated after cluster time
+        `at` (None: it stayed where it was; `at` must not be older than `history_from`)."""
+        for p in reversed(self.placements):
+            if p.ts <= at:
+                break
+            if p.min_key <= key < p.max_key:
+                return p.ts
+        return None
+
     def chunk_history(self, ch: Chunk) -> list[tuple[int, str]]:
         """(validAfter, shard) of the chunk's range, newest first, as `config.chunks` shows it:
         each migration of a range holding it, back to the oldest remembered, whose donor held it

@@ -369,6 +369,18 @@ def check_chunk_history(ns: str, at: int, since: int) -> None:
         )
 
 
+def check_snapshot_floor(at: int, floor: int) -> None:
+    """A read (or a transaction's statement or commit) at `at` of a namespace dropped or renamed,
+    or whose database was dropped or moved its primary, at `floor` (the catalog's changed_at)."""
+    if at < floor:
+        raise CommandError(
+            ErrorCode.SnapshotUnavailable,
+            f"Unable to read from a snapshot due to pending collection catalog changes; please retry the "
+            f"operation. Snapshot timestamp is {LogicalTime.unpack(at)}. Collection minimum is "
+            f"{LogicalTime.unpack(floor)}",
+        )
+
+
 def check_history_kept(at: int, oldest: int) -> None:
     """A snapshot read at `at` of a shard whose kept history starts at `oldest` (decisions/0019)."""
     if at < oldest:

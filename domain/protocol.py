@@ -136,6 +136,8 @@ class ErrorCode(StrEnum):
     SnapshotTooOld = ("SnapshotTooOld", 239)
     SnapshotUnavailable = ("SnapshotUnavailable", 246)
     StaleChunkHistory = ("StaleChunkHistory", 250)
+    # a transaction's statement or commit meets a range that migrated after its snapshot
+    MigrationConflict = ("MigrationConflict", 272)
     # the vector clock and causal consistency (docs/decisions/0014)
     NoSuchKey = ("NoSuchKey", 4)
     MaxTimeMSExpired = ("MaxTimeMSExpired", 50)

@@ -167,7 +167,8 @@ def error_for(code: str, message: str, details: Document | None = None) -> Shard
 # TransientTransactionError label); `with_transaction` does.
 TRANSIENT_TRANSACTION_CODES = frozenset(
     {"WriteConflict", "NoSuchTransaction", "SnapshotTooOld", "SnapshotUnavailable", "StaleChunkHistory"}
-    | {"PreparedTransactionInProgress", "StaleConfig", "ShardUnavailable", "Timeout", "KafkaUnavailable"}
+    | {"MigrationConflict", "PreparedTransactionInProgress", "StaleConfig", "ShardUnavailable", "Timeout"}
+    | {"KafkaUnavailable"}
 )
 # A commit whose answer did not come: it may have been applied; asking again tells.
 UNKNOWN_COMMIT_CODES = frozenset({"ShardUnavailable", "Timeout", "KafkaUnavailable"})

@@ -208,6 +208,7 @@ class OperationRouter:
         for attempt in range(MAX_STALE_RETRIES):
             try:
                 if stale is None:
+                    self._check_transaction_snapshot(req)
                     return await on_operation(self, req)
                 # Each retry is a span of its own (the wait for the catalog and the re-routed
                 # attempt), so a trace shows where a StaleConfig cost its time.
@@ -221,6 +222,7 @@ class OperationRouter:
                     },
                 ):
                     await self._wait_out(stale, attempt)
+                    self._check_transaction_snapshot(req)
                     return await on_operation(self, req)
             except Stale as e:
                 self.stale_retries += 1
@@ -230,6 +232,14 @@ class OperationRouter:
         raise CommandError(
             ErrorCode.StaleConfig, f"routing for {req.ns} was still stale after {MAX_STALE_RETRIES} retries"
         )
+
+    def _check_transaction_snapshot(self, req: Any) -> None:
+        """A transaction's statement on a namespace dropped or renamed (or whose database was
+        dropped or moved its primary) since its snapshot is SnapshotUnavailable, before anything
+        is sent or created (an insert would create the collection again), on every attempt: a
+        DDL's critical section makes the statement wait, and the DDL may have happened since."""
+        if (txn := getattr(req, "txn", None)) is not None:
+            vclock.check_snapshot_floor(txn.readAt, self.catalog.snapshot_floor(req.ns))
 
     async def _transaction_command(self, req: s.StartTransaction | s.CommitTransaction | s.AbortTransaction) -> dict:
         """The client library's start, commit and abort of a session's transaction (the wire's
@@ -680,13 +690,7 @@ class OperationRouter:
         """Every shard that owned a range of `ns` at cluster time `at` (the historical routing
         table); an unsharded collection's primary shard, as now: a time before the primary moved,
         or the namespace was dropped or renamed, is refused (SnapshotUnavailable)."""
-        if at < (floor := self.catalog.snapshot_floor(ns)):
-            raise CommandError(
-                ErrorCode.SnapshotUnavailable,
-                f"Unable to read from a snapshot due to pending collection catalog changes; please retry the "
-                f"operation. Snapshot timestamp is {vclock.LogicalTime.unpack(at)}. Collection minimum is "
-                f"{vclock.LogicalTime.unpack(floor)}",
-            )
+        vclock.check_snapshot_floor(at, self.catalog.snapshot_floor(ns))
         coll = self.catalog.collections.get(ns)
         if coll is None:
             return targeting.for_query(self.catalog, ns, {})

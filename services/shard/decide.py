@@ -339,6 +339,8 @@ class ShardDecider:
     @on_request.register(*DDL_REQUESTS)
     def _ddl_request(self, req: Record) -> Decision:
         decision = self.ddl.decide(req)
+        if isinstance(req, dd.EnterDDLCriticalSection) and decision.events:  # (not a retry)
+            decision.events += transactions.ended_by_ddl(self, req)
         # Cursors of a dropped or renamed-away collection end, as MongoDB kills them.
         if isinstance(req, dd.DropLocalData):
             self._forget_cursors(lambda ns: ns == req.ns if req.ns is not None else ns.partition(".")[0] == req.db)

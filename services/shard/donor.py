@@ -141,6 +141,7 @@ class DonorCoordinator:
         self.bus, self.changelog_position, self.progress = deps.bus, deps.changelog_position, deps.progress
         self.client_busy = deps.client_busy
         self._current: Migration | None = None  # the donation under way, before its decision (`_running`)
+        self.prepare_waits = 0  # critical sections a prepared transaction made ask again (tests, logs)
 
     @property
     def catalog(self) -> Catalog:
@@ -490,6 +491,7 @@ class DonorCoordinator:
             if reply.ok or reply.code != ErrorCode.PrepareConflict or time.monotonic() > deadline:
                 break
             self._check_active()
+            self.prepare_waits += 1
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.1)
         if not reply.ok:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 FORGET_BATCH = 500  # sessions per ForgetSessions: one shard transaction stays small
 REQUEST_TIMEOUT_S = 30.0
+SETTINGS_RECHECK_S = 1.0  # the transaction reaper reads transactionLifetimeLimitSeconds this often at least
 
 
 def forgettable(
@@ -103,12 +104,18 @@ class SessionReaper:
             await asyncio.gather(self.store.stop(), self.requester.stop(), return_exceptions=True)
 
     async def run_transactions(self) -> None:
-        """Abort the multi-document transactions over their lifetime limit, every quarter of it."""
+        """Abort the multi-document transactions over their lifetime limit, every quarter of it;
+        the limit is read again at least every second, so a shorter one set meanwhile is
+        followed at once rather than after the old period."""
         d = self.deps
+        last = time.monotonic()
         while True:
             await d.active.wait()
             limit = d.follower.catalog.settings.transactionLifetimeLimitSeconds
-            await asyncio.sleep(transaction_reaper_period(limit))
+            if (wait := last + transaction_reaper_period(limit) - time.monotonic()) > 0:
+                await asyncio.sleep(min(wait, SETTINGS_RECHECK_S))
+                continue
+            last = time.monotonic()
             if not d.active.is_set():
                 continue
             for abort in expired_transactions(d.open_transactions(), time.time(), limit):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from domain import clock as vclock
 from domain.protocol import ErrorCode
 from domain.query import QueryError, compile_filter
-from domain.shardkey import encode_value
+from domain.shardkey import ShardKeyError, encode_value
 from libs.commands import CommandError, Decision
 from libs.faults import fault_point, reintroduced
 from schemas import Record, Tombstone
@@ -37,6 +37,7 @@ def decide_statement(d: ShardDecider, req: Any, run: Callable[[Record], Decision
     snapshot read's no-op)."""
     txn: s.Txn = req.txn
     record = txns.begin_statement(d.documents.txns.get(txn.lsid), txn, d.wall())
+    vclock.check_snapshot_floor(record.readAt, d.catalog.snapshot_floor(req.ns))
     vclock.check_history_kept(record.readAt, d.documents.readable_from(req.ns))
     rekey = d._rekey_events(req.ns)
     saved = d.documents.tentative()
@@ -48,6 +49,7 @@ def decide_statement(d: ShardDecider, req: Any, run: Callable[[Record], Decision
         else:
             _refuse_if_written_since(d, req, record.readAt)
             decision = run(req)
+            _refuse_if_moved(d, decision.events, record.readAt)
             _refuse_if_held(d, decision.events, txn.lsid)
     finally:
         d.documents.restore(saved)
@@ -70,22 +72,39 @@ def _find(d: ShardDecider, req: s.Find, read_at: int) -> Decision:
 
 def _refuse_if_written_since(d: ShardDecider, req: Any, read_at: int) -> None:
     """First writer wins: a statement that could touch a document written by others since the
-    snapshot (it matches as it was or as it is, or an insert reuses its _id) conflicts."""
+    snapshot (it matches as it was or as it is, or an insert reuses its _id) conflicts.  One
+    that came with a migration since is MigrationConflict (the snapshot's owner was another)."""
     changed = list(d.documents.changed_since(req.ns, read_at))
     if not changed or reintroduced("txn-first-writer-does-not-win"):
         return
     if isinstance(req, s.Insert):
         ids = {encode_value(doc["_id"]) for doc in req.docs if isinstance(doc, dict) and "_id" in doc}
-        hit = any(encode_value(v["_id"]) in ids for pair in changed for v in pair if v is not None)
+        hits = [v for pair in changed for v in pair if v is not None and encode_value(v["_id"]) in ids]
     else:
         flt = req.query if isinstance(req, s.FindAndModify) else req.filter
         try:
             matcher = compile_filter(flt)
         except QueryError as e:
             raise CommandError(e.code, str(e)) from None
-        hit = any(v is not None and matcher.matches(v) for pair in changed for v in pair)
-    if hit:
-        raise txns.write_conflict(f"a document of {req.ns} was written after the transaction's snapshot")
+        hits = [v for pair in changed for v in pair if v is not None and matcher.matches(v)]
+    if not hits:
+        return
+    if (coll := d.catalog.collections.get(req.ns)) is not None:
+        for doc in hits:
+            try:
+                key = coll.pattern.encode_doc(doc)
+            except ShardKeyError:
+                continue  # not placeable under the key: it did not come with a migration
+            txns.check_not_moved(coll, key, read_at)
+    raise txns.write_conflict(f"a document of {req.ns} was written after the transaction's snapshot")
+
+
+def _refuse_if_moved(d: ShardDecider, events: Iterable[Record], read_at: int) -> None:
+    """A write to a range that migrated since the snapshot is MigrationConflict: the transaction's
+    reads go to the owners at its snapshot, which would not see it."""
+    for e in events:
+        if isinstance(e, (s.DocumentWritten, s.DocumentRemoved)):
+            txns.check_not_moved(d.catalog.collections.get(e.ns), bytes.fromhex(e.skey), read_at)
 
 
 def _refuse_if_held(d: ShardDecider, events: Iterable[Record], lsid: str | None) -> None:
@@ -165,27 +184,19 @@ def refuse_if_prepared(d: ShardDecider, ns: str, at: int | None = None) -> None:
 
 
 def _check_still_applicable(d: ShardDecider, record: s.TxnRecorded) -> None:
+    """Nothing of the transaction lands where its snapshot no longer holds: in a namespace
+    dropped or renamed since (SnapshotUnavailable; a DDL's critical section ends such a
+    transaction already), or in a range that migrated since (MigrationConflict)."""
     for w in record.writes:
         coll = d.catalog.collections.get(w.ns)
         skey = bytes.fromhex(w.skey)
-        if d.documents.readable_from(w.ns) > record.readAt:
-            raise txns.write_conflict(f"{w.ns} was dropped or renamed after the transaction's snapshot")
-        if not d._owns(coll, skey) or not _owned_then(d, coll, skey, record.readAt):
-            raise txns.write_conflict(f"a range of {w.ns} the transaction wrote moved (MigrationConflict)")
+        vclock.check_snapshot_floor(record.readAt, d.catalog.snapshot_floor(w.ns))
+        vclock.check_history_kept(record.readAt, d.documents.readable_from(w.ns))
+        txns.check_not_moved(coll, skey, record.readAt)
         if coll is not None and any(lo <= skey < hi for lo, hi in d.migrations.blocked_ranges(w.ns, reads=False)):
             raise d.migrations.critical_section_wait(w.ns, "a transaction's commit")
         if coll is None and d.migrations.primary_blocked(w.ns, reads=False):
             raise d.migrations.critical_section_wait(w.ns, "a transaction's commit")
-
-
-def _owned_then(d: ShardDecider, coll: Any, skey: bytes, at: int) -> bool:
-    """Did this shard own `skey` at the snapshot too (a range that moved away and back since
-    holds writes the snapshot never saw)?"""
-    if coll is None:
-        return True
-    return any(
-        shard == d.shard_id and lo <= skey and (hi is None or skey < hi) for lo, hi, shard in coll.routing_at(at)
-    )
 
 
 def abort(d: ShardDecider, req: s.AbortTransaction) -> Decision:
@@ -203,6 +214,12 @@ def forget(d: ShardDecider, lsids: Iterable[str], before: float) -> tuple[list[R
         and r.startedAt < before
     ]
     return [Tombstone(key=XACT_KEY + lsid.encode()) for lsid in gone], gone
+
+
+def ended_by_ddl(d: ShardDecider, req: dd.EnterDDLCriticalSection) -> list[Record]:
+    """The aborts, recorded with a DDL's critical section, of the transactions in progress that
+    wrote in its namespaces."""
+    return txns.ended_by_ddl(d.documents.txns.values(), req.namespaces, req.db)
 
 
 def refuse_critical_section_if_prepared(

@@ -3,18 +3,23 @@ with pymongo as an application uses it: `with_transaction` applies two writes at
 all, a transaction reads one snapshot, the first writer wins (WriteConflict with the
 TransientTransactionError label, a plain write waiting for the holder), a transaction writing two
 shards commits by two-phase commit, a retried commit answers ok, and a command a
-transaction refuses leaves it usable."""
+transaction refuses leaves it usable.  Placement changes under an open transaction (a range
+migrating in, a drop, a rename) and its lifetime limit end it with a TransientTransactionError,
+nothing of it applied."""
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from bson import MinKey
 from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 
 from schemas import config as c
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -212,3 +217,134 @@ def test_a_commit_on_a_router_that_never_saw_the_transaction_uses_its_recovery_t
         assert e.value.code == 251 and e.value.has_error_label("TransientTransactionError")
     assert coll.find_one({"_id": "a"})["v"] == 7
     coll.update_one({"_id": "a"}, {"$set": {"v": 9}})  # nothing left holding it
+
+
+def _transient(e: pytest.ExceptionInfo[OperationFailure]) -> tuple[int, bool]:
+    return e.value.code, e.value.has_error_label("TransientTransactionError")
+
+
+def test_a_range_that_migrated_in_since_the_snapshot_is_a_migration_conflict_and_with_transaction_retries(
+    data_cluster,
+):
+    """MongoDB's snapshot transactions: reads go to the owners at the snapshot; a write to a
+    range that moved since is MigrationConflict (272), labelled so that with_transaction
+    runs the transaction again, at a snapshot after the move."""
+    data_cluster.command(c.ShardCollection(ns="app.acct", key={"k": 1}))
+    client = data_cluster.mongo_client()
+    coll = client.app.acct
+    primary = data_cluster.router.follower.catalog.databases["app"].primary
+    other = next(sid for sid in data_cluster.shards if sid != primary)
+    client.admin.command("split", "app.acct", middle={"k": 100})
+    client.admin.command("moveRange", "app.acct", min={"k": MinKey()}, toShard=other)
+    coll.insert_many([{"_id": 1, "k": 1, "v": 100}, {"_id": 150, "k": 150, "v": 100}])
+    outcomes: list[object] = []
+
+    def transfer(session):
+        assert coll.find_one({"k": 1}, session=session)["v"] == 100  # the snapshot is taken, on `other`
+        if not outcomes:
+            # The range moves in to the shard the transaction reached, and is written there.
+            client.admin.command("moveRange", "app.acct", min={"k": 100}, toShard=other)
+            coll.update_one({"k": 150}, {"$set": {"v": 7}})
+            assert coll.find_one({"k": 150}, session=session)["v"] == 100, "read at the snapshot, from its owner then"
+        try:
+            coll.update_one({"k": 150}, {"$inc": {"v": 1}}, session=session)
+        except OperationFailure as e:
+            outcomes.append((e.code, e.has_error_label("TransientTransactionError")))
+            raise
+        outcomes.append("written")
+
+    with client.start_session() as session:
+        session.with_transaction(transfer)
+    assert outcomes == [(272, True), "written"]
+    assert coll.find_one({"k": 150})["v"] == 8, "the first attempt left nothing; the second applied once"
+
+
+def test_a_drop_or_a_rename_ends_the_transactions_that_wrote_the_collection(data_cluster):
+    """The DDL's critical section aborts them on the shards (MongoDB's drop would wait for them,
+    up to their lifetime limit): the commit is NoSuchTransaction, a later statement on the old
+    name SnapshotUnavailable, both TransientTransactionError, and nothing of them lands."""
+    client = data_cluster.mongo_client()
+    dropped, renamed = client.app.dropped, client.app.renamed
+    dropped.insert_one({"_id": 1, "v": 0})
+    renamed.insert_one({"_id": 1, "v": 0})
+    with client.start_session() as a, client.start_session() as b:
+        a.start_transaction()
+        dropped.update_one({"_id": 1}, {"$set": {"v": 1}}, session=a)
+        b.start_transaction()
+        renamed.update_one({"_id": 1}, {"$set": {"v": 1}}, session=b)
+        dropped.drop()
+        renamed.rename("moved")
+        records = [r for sh in data_cluster.shards.values() for r in sh.documents.txns.values()]
+        assert sorted(r.state for r in records) == ["aborted", "aborted"]
+        assert not any(sh.documents.txn_locks for sh in data_cluster.shards.values()), "their documents released"
+        with pytest.raises(OperationFailure) as e:
+            a.commit_transaction()
+        assert _transient(e) == (251, True)
+        with pytest.raises(OperationFailure) as e:
+            renamed.insert_one({"_id": 2}, session=b)  # would create the collection again
+        assert _transient(e) == (246, True)
+    assert {"dropped", "renamed"}.isdisjoint(client.app.list_collection_names()), "neither made again"
+    assert list(client.app.moved.find({})) == [{"_id": 1, "v": 0}]
+    dropped.insert_one({"_id": 1, "v": 5})  # a new collection of the name: nothing of the old transaction in its way
+    assert list(dropped.find({})) == [{"_id": 1, "v": 5}]
+
+
+def test_a_transaction_past_its_lifetime_limit_is_aborted_and_its_documents_released(data_cluster):
+    """transactionLifetimeLimitSeconds (a cluster setting): the shard's reaper aborts it; its
+    next statement and its commit are NoSuchTransaction with the TransientTransactionError label."""
+    client, coll = _bank(data_cluster)
+    data_cluster.command(c.SetSetting(key="transactionLifetimeLimitSeconds", value=1))
+    primary = data_cluster.shards[data_cluster.router.follower.catalog.databases["app"].primary]
+    with client.start_session() as session:
+        session.start_transaction()
+        coll.update_one({"_id": "a"}, {"$set": {"v": 1}}, session=session)
+        wait_until(lambda: primary.reaper.transactions_aborted, 30, "the reaper to abort the transaction past 1 s")
+        with pytest.raises(OperationFailure) as e:
+            coll.find_one({"_id": "a"}, session=session)
+        assert _transient(e) == (251, True)
+        with pytest.raises(OperationFailure) as e:
+            session.commit_transaction()
+        assert _transient(e) == (251, True)
+    assert coll.find_one({"_id": "a"})["v"] == 100
+    assert not primary.documents.txn_locks
+
+
+def test_a_migrations_critical_section_waits_for_a_prepared_transaction(data_cluster):
+    """As MongoDB's donor: the range leaves only once the prepared transaction is decided (a
+    commit after it would land in a range given away), and its committed write goes with it."""
+    from libs.requests import Requester
+    from schemas import shard as s
+
+    def ask(shard: str, req):
+        async def go():
+            async with Requester(data_cluster.settings.bootstrap, data_cluster.settings.topics.cli_replies) as r:
+                return await r.request(data_cluster.settings.topics.shard_requests(shard), req, timeout=30)
+
+        return data_cluster.call(go())
+
+    data_cluster.command(c.ShardCollection(ns="app.acct", key={"k": 1}))
+    client = data_cluster.mongo_client()
+    coll = client.app.acct
+    coll.insert_one({"_id": 1, "k": 1, "v": 0})
+    primary = data_cluster.router.follower.catalog.databases["app"].primary
+    other = next(sid for sid in data_cluster.shards if sid != primary)
+    donor = data_cluster.shards[primary]
+
+    def owner() -> str:
+        return data_cluster.router.follower.catalog.collections["app.acct"].chunks[0].shard
+
+    with client.start_session() as session, ThreadPoolExecutor(1) as pool:
+        session.start_transaction()
+        coll.update_one({"k": 1}, {"$set": {"v": 1}}, session=session)
+        (record,) = donor.documents.txns.values()
+        prepared = ask(primary, s.PrepareTransaction(lsid=record.lsid, txnNumber=record.txnNumber))  # a coordinator's
+        assert prepared.ok, prepared
+        moving = pool.submit(client.admin.command, "moveRange", "app.acct", min={"k": MinKey()}, toShard=other)
+        wait_until(lambda: donor.donor.prepare_waits, 30, "the critical section to meet the prepared transaction")
+        assert not moving.done() and owner() == primary, "the range waits for the transaction's decision"
+        commit_at = prepared.result["prepareTimestamp"]
+        assert ask(primary, s.CommitTransaction(lsid=record.lsid, txnNumber=record.txnNumber, commitAt=commit_at)).ok
+        moving.result(60)
+        session.commit_transaction()  # the router's commit: the participant answers it committed
+    assert owner() == other
+    assert coll.find_one({"k": 1})["v"] == 1, "committed on the donor before the range left, and moved with it"

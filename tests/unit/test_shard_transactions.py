@@ -193,6 +193,91 @@ def test_the_reaper_aborts_only_transactions_in_progress_past_their_lifetime_lim
     assert transaction_reaper_period(60) == 15.0 and transaction_reaper_period(2) == 0.5
 
 
+# ------------------------------------------------------------------ placement changes
+
+
+def _migrate(shard, ns: str, index: int, recipient: str) -> int:
+    """As the config server commits the migration of `ns`'s chunk `index`: its stamp."""
+    from schemas import config as c
+
+    coll = shard.catalog.collections[ns]
+    ch = coll.chunks[index]
+    doc = ch.doc().model_copy(update={"shard": recipient, "version": (coll.version().pair[0] + 1, 0)})
+    shard.wall += 1
+    ts = shard.clock.tick()
+    shard.catalog_apply(
+        [
+            c.MigrationCommitted(
+                id=f"m{ts}", ns=ns, epoch=coll.epoch, donor=ch.shard, recipient=recipient, chunks=[doc], ts=ts
+            )
+        ]
+    )
+    return ts
+
+
+def test_writes_to_a_range_that_migrated_since_the_snapshot_are_migration_conflicts(shard):
+    """MongoDB's throwIfMovedSince: the transaction's reads go to the owners at its snapshot, so
+    it writes only where they still are (a statement, and again at its commit)."""
+    from schemas import config as c
+
+    ns = "d.k"
+    shard.config(c.ShardCollection(ns=ns, key={"k": 1}))
+    shard.config(c.SplitChunk(ns=ns, at=[{"k": 10}]))
+    shard.write(s.Insert(ns=ns, docs=[{"_id": 5, "k": 5}], routing=shard.routing(ns)))
+    _migrate(shard, ns, 1, "b")  # [10, max) is b's at the snapshot
+    t = txn(shard, A)
+    shard.write(s.Update(ns=ns, filter={"k": 5}, update={"$set": {"v": 1}}, routing=shard.routing(ns), txn=t))
+    _migrate(shard, ns, 1, "a")  # it moves in, with its document (as the clone writes it)
+    shard.write(s.Insert(ns=ns, docs=[{"_id": 15, "k": 15}], routing=shard.routing(ns)))
+    for req in (
+        s.Update(ns=ns, filter={"k": 15}, update={"$set": {"v": 1}}, routing=shard.routing(ns), txn=t),
+        s.Insert(ns=ns, docs=[{"_id": 12, "k": 12}], routing=shard.routing(ns), txn=t),  # a key nobody wrote
+    ):
+        with pytest.raises(CommandError) as e:
+            shard.decider.decide(req)
+        assert e.value.code == "MigrationConflict", req
+    _migrate(shard, ns, 0, "b")  # the range the transaction wrote moves away before its commit
+    with pytest.raises(CommandError) as e:
+        shard.decider.decide(s.CommitTransaction(lsid=A, txnNumber=1))
+    assert e.value.code == "MigrationConflict"
+    assert [w.id for w in shard.documents.txns[A].writes] == [5], "the refused statements added nothing"
+
+
+def test_a_ddl_critical_section_ends_the_transactions_that_wrote_its_namespaces(shard):
+    from schemas import ddl as dd
+
+    shard.write(
+        s.Update(ns=NS, filter={"_id": 1}, update={"$set": {"v": 1}}, routing=shard.routing(NS), txn=txn(shard, A))
+    )
+    shard.write(s.Insert(ns="d.other", docs=[{"_id": 1}], routing=shard.routing("d.other"), txn=txn(shard, B)))
+    shard.write(dd.EnterDDLCriticalSection(id="x", namespaces=[NS]))
+    assert shard.documents.txns[A].state == "aborted" and shard.documents.txn_holder(NS, 1) is None
+    assert shard.documents.txns[B].state == "in-progress", "another namespace's: left be"
+    assert shard.decider.decide(dd.EnterDDLCriticalSection(id="x", namespaces=[NS])).events == [], "a retry"
+    with pytest.raises(CommandError) as e:
+        shard.decider.decide(s.CommitTransaction(lsid=A, txnNumber=1))
+    assert e.value.code == "NoSuchTransaction"
+    shard.write(dd.EnterDDLCriticalSection(id="y", db="d"))  # a dropDatabase's: every collection of it
+    assert shard.documents.txns[B].state == "aborted"
+
+
+def test_nothing_of_a_transaction_lands_in_a_namespace_renamed_since_its_snapshot(shard):
+    from schemas import ddl as dd
+
+    t = txn(shard, A)
+    shard.write(s.Update(ns=NS, filter={"_id": 1}, update={"$set": {"v": 1}}, routing=shard.routing(NS), txn=t))
+    shard.wall += 1
+    shard.catalog_apply([stamp(shard.clock, dd.CollectionRenamed(ns=NS, to="d.to"))])
+    for req in (
+        s.Insert(ns=NS, docs=[{"_id": 7}], routing=shard.routing(NS), txn=t),
+        s.CommitTransaction(lsid=A, txnNumber=1),
+    ):
+        with pytest.raises(CommandError) as e:
+            shard.decider.decide(req)
+        assert e.value.code == "SnapshotUnavailable", req
+    assert [d["v"] for d in latest(shard)] == [0, 0, 0]
+
+
 # ------------------------------------------------------------------ two-phase commit
 
 

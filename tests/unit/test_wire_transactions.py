@@ -256,6 +256,8 @@ def test_write_and_read_concerns_inside_a_transaction():
     )
     assert [r["ok"] for r in replies] == [1.0, 0.0, 0.0, 1.0]
     assert replies[1]["code"] == 72 and replies[2]["code"] == 72
+    assert replies[1]["errmsg"] == "Only the first command in a transaction may specify a readConcern"
+    assert "errorLabels" not in replies[1], "refused before it ran: the transaction goes on (and commits)"
 
 
 def test_commit_and_abort_out_of_turn():
@@ -272,3 +274,32 @@ def test_commit_and_abort_out_of_turn():
     )
     assert [r["code"] for r in replies] == [251, 72, 13, 251, 72]
     assert replies[0]["errorLabels"] == ["TransientTransactionError"]
+
+
+def test_an_older_txn_number_and_a_statement_after_the_commit_change_nothing():
+    """mongos's TransactionTooOld (225) for a txnNumber below the session's, and mongod's
+    TransactionCommitted (256) for a statement or an abort of a committed transaction: not
+    TransientTransactionError (running it again would not help), nothing sent to a shard, and
+    the session's transaction left as it was."""
+    edge = Edge()
+    replies = _wire(
+        edge,
+        [
+            _stmt(5, {"insert": "c", "documents": [{"_id": 1}]}, startTransaction=True),
+            _stmt(4, {"find": "c"}),
+            _stmt(4, {"insert": "c", "documents": [{"_id": 2}]}, startTransaction=True),
+            _end("commitTransaction", 4),
+            _stmt(5, {"find": "c"}),  # still open
+            _end("commitTransaction", 5),
+            _stmt(5, {"insert": "c", "documents": [{"_id": 3}]}),
+            _end("abortTransaction", 5),
+            _end("commitTransaction", 5),  # a retried commit: still ok
+        ],
+    )
+    assert [r.get("code") for r in replies] == [None, 225, 225, 225, None, None, 256, 256, None]
+    assert not [r for r in replies if "errorLabels" in r]
+    assert [req.type for req, _ in edge.routing.handled] == ["Insert", "Find"], "only transaction 5's statements"
+    assert [(shard, req.type) for shard, req in edge.routing.sent] == [
+        ("sh1", "CommitTransaction"),
+        ("sh1", "CommitTransaction"),
+    ]

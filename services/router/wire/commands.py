@@ -292,11 +292,11 @@ WIRE_NAMES: dict[str, tuple[int, str]] = {
 
 # Multi-document transactions (docs/decisions/0020): the commands that end one, and the codes
 # of MongoDB's isTransientTransactionError (the whole transaction may be retried from the start):
-# WriteConflict, LockTimeout, PreparedTransactionInProgress, the snapshot errors (SnapshotTooOld,
-# SnapshotUnavailable, StaleChunkHistory, MigrationConflict), the retargeting ones (StaleConfig,
-# StaleShardVersion, StaleEpoch, StaleDbVersion), NoSuchTransaction.
+# WriteConflict, LockTimeout, PreparedTransactionInProgress, ShardCannotRefreshDueToLocksHeld, the
+# snapshot errors (SnapshotTooOld, SnapshotUnavailable, StaleChunkHistory, MigrationConflict), the
+# retargeting ones (StaleConfig, StaleShardVersion, StaleEpoch, StaleDbVersion), NoSuchTransaction.
 ENDS = frozenset({"commitTransaction", "abortTransaction"})
-TRANSIENT_CODES = frozenset({112, 24, 267, 239, 246, 250, 327, 13388, 63, 150, 249, 251})
+TRANSIENT_CODES = frozenset({112, 24, 267, 343, 239, 246, 250, 272, 13388, 63, 150, 249, 251})
 # A commit nobody knows the outcome of: MongoDB's retriable errors, the time limits, and a
 # write concern that was not satisfied.
 UNKNOWN_COMMIT_CODES = RETRYABLE_CODES | {50, 64}  # MaxTimeMSExpired, WriteConcernFailed

@@ -535,6 +535,7 @@ COMMAND_LEVEL = frozenset(
         ErrorCode.SnapshotTooOld,
         ErrorCode.SnapshotUnavailable,
         ErrorCode.StaleChunkHistory,
+        ErrorCode.MigrationConflict,
         ErrorCode.InvalidOptions,
         ErrorCode.InvalidNamespace,
         ErrorCode.TypeMismatch,

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from domain import clock as vclock
+from domain.catalog import Collection
 from domain.protocol import ErrorCode
 from domain.shardkey import encode_value
 from libs.errors import CommandError
@@ -149,6 +151,39 @@ def abort(current: s.TxnRecorded | None, req: s.AbortTransaction) -> list[Record
     if current.state == "aborted":
         return []
     return [current.model_copy(update={"state": "aborted", "writes": []})]
+
+
+def check_not_moved(coll: Collection | None, skey: bytes, read_at: int) -> None:
+    """MongoDB's throwIfMovedSince: a transaction writes only where the owner at its snapshot
+    still is, so that its reads (sent to the owners at its snapshot) see its writes, and its
+    commit applies nothing the snapshot's owner did not hold.  An unsharded collection's
+    primary moving is a catalog change (the snapshot floor)."""
+    if coll is None:
+        return
+    vclock.check_chunk_history(coll.ns, read_at, coll.history_from)
+    if (moved := coll.moved_since(skey, read_at)) is not None:
+        raise CommandError(
+            ErrorCode.MigrationConflict,
+            f"Chunk of {coll.ns} has moved since timestamp: {vclock.LogicalTime.unpack(read_at)}, most recently "
+            f"at timestamp: {vclock.LogicalTime.unpack(moved)}",
+        )
+
+
+def ended_by_ddl(records: Iterable[s.TxnRecorded], namespaces: Iterable[str], db: str | None) -> list[Record]:
+    """A DDL's critical section ends the transactions in progress that wrote in its namespaces
+    (or its database), rather than wait for them as MongoDB's drop does (up to their lifetime
+    limit): their next statement or commit is NoSuchTransaction, with the
+    TransientTransactionError label.  A prepared one is waited for (its coordinator decides)."""
+    held = set(namespaces)
+
+    def covered(ns: str) -> bool:
+        return ns in held or (db is not None and ns.partition(".")[0] == db)
+
+    return [
+        r.model_copy(update={"state": "aborted", "writes": []})
+        for r in records
+        if r.state == "in-progress" and any(covered(w.ns) for w in r.writes)
+    ]
 
 
 def no_such_transaction(lsid: str, txn_number: int, why: str) -> CommandError:
