@@ -6,7 +6,7 @@ list-append history checked for anomalies.
         [--seconds 8] [--concurrency 1,16]
         [--accounts 300] [--bank-concurrency 16] [--bank-seconds 15]
         [--records 10000] [--ycsb-ops 3000] [--ycsb-concurrency 16] [--repeat 1]
-        [--elle-seconds 20] [--elle-workers 8] [--json]
+        [--elle-seconds 20] [--elle-workers 8] [--seed 42] [--json] [--keep]
 
 One cluster: config, 3 shards s0..s2 and router r1 (its wire edge on a free port), each a process
 (bench_sessions.py's cluster), on $KAFKA_BOOTSTRAP's broker under a fresh cluster name, the
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import random
 import shutil
@@ -80,6 +81,11 @@ out = sys.stdout  # the readable figures; stderr under --json
 
 def say(*a: object) -> None:
     print(*a, file=out, flush=True)
+
+
+def collection(client: pymongo.MongoClient, ns: str) -> pymongo.collection.Collection:
+    db, coll = ns.split(".", 1)
+    return client[db][coll]
 
 
 def on(shard: int, n: int) -> int:
@@ -220,7 +226,7 @@ def owners(client: pymongo.MongoClient, ns: str) -> list[str]:
 
 
 def latency(args, client: pymongo.MongoClient, commands: Commands) -> dict:
-    coll = client[PAIRS.split(".")[0]][PAIRS.split(".")[1]]
+    coll = collection(client, PAIRS)
     most = max(args.concurrency)
     # Worker w: a = on(0, 2w), a2 = on(0, 2w + 1), b = on(1, 2w): no two workers share a document.
     coll.insert_many([{"_id": on(s, n), "n": 0} for s in (0, 1) for n in range(2 * most)])
@@ -305,12 +311,12 @@ def latency(args, client: pymongo.MongoClient, commands: Commands) -> dict:
 class Bank:
     """Transfers between random pairs of accounts, each in pymongo's with_transaction."""
 
-    def __init__(self, client: pymongo.MongoClient, commands: Commands, accounts: int, seed: int):
+    def __init__(self, client: pymongo.MongoClient, commands: Commands, accounts: int, workers: int, seed: int):
         self.client, self.commands = client, commands
-        self.coll = client[BANK.split(".")[0]][BANK.split(".")[1]]
+        self.coll = collection(client, BANK)
         self.ids = [on(i % len(SHARDS), i // len(SHARDS)) for i in range(accounts)]  # round robin over the shards
         self.total = BALANCE * accounts
-        self.rngs = [random.Random(seed * 1000 + w) for w in range(1024)]
+        self.rngs = [random.Random(seed * 1000 + w) for w in range(workers)]
         self.lock = threading.Lock()
         self.invocations = 0  # of the callback: one per attempt, a retry being a TransientTransactionError
         self.two_shard = 0  # committed transfers between accounts on two shards
@@ -388,7 +394,7 @@ async def ycsb(coll: SyncWireCollection, args, ops: int) -> dict:
 
 
 async def bank_part(args, client: pymongo.MongoClient, commands: Commands, uri: str) -> dict:
-    bank = Bank(client, commands, args.accounts, args.seed)
+    bank = Bank(client, commands, args.accounts, args.bank_concurrency, args.seed)
     bank.load()
     bad: list[str] = []
 
@@ -452,7 +458,7 @@ async def bank_part(args, client: pymongo.MongoClient, commands: Commands, uri: 
 
 
 def elle(args, client: pymongo.MongoClient) -> dict:
-    coll = client[ELLE.split(".")[0]][ELLE.split(".")[1]]
+    coll = collection(client, ELLE)
     coll.insert_many([{"_id": k, "l": []} for k in ELLE_KEYS])
     history: list[Txn] = []
     values = itertools.count(1)
@@ -521,7 +527,8 @@ async def run(args, bootstrap: str, tmp: Path) -> dict:
     say(f"transactions benchmark: cluster {c.cluster}; parts {','.join(args.parts)}")
     res: dict = {}
     try:
-        await c.start(namespaces=[f"{NS_DB}.{NS_COLL}"])
+        with contextlib.redirect_stdout(out):  # the cluster says it is up on stdout
+            await c.start(namespaces=[f"{NS_DB}.{NS_COLL}"])
         commands = Commands()
         client: pymongo.MongoClient = pymongo.MongoClient(
             c.uri,
