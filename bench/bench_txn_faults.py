@@ -11,14 +11,14 @@ on the broker of $KAFKA_BOOTSTRAP.  A nemesis, every `--fault-every` seconds, do
 kill -9 a shard and restart it, SIGSTOP a shard for 2-4 s, kill -9 the router and restart it
 (same port), move a range to another shard.
 
-list-append  lists under 12 keys (four on each shard); workers run pymongo `with_transaction`s
+list-append  lists under 30 keys (ten on each shard); workers run pymongo `with_transaction`s
              of one to four micro-operations: append a unique value to a key's list, or read a
              key's whole list.  First `--baseline` transactions without faults, then `--txns`
              under the nemesis.  At the end every process is back, a last transaction reads
              every list, and libs/listappend.py checks the whole history for what snapshot
              isolation forbids: G0, G1a, G1b, G1c, G-single, lost, duplicated appends (write
              skew, G2, it allows).
-bank         12 accounts of 100 (four on each shard); workers move 1-5 between two random
+bank         30 accounts of 100 (ten on each shard); workers move 1-5 between two random
              accounts with `with_transaction`, one attempt in five an audit that sums every
              account in a snapshot transaction; `--transfers` under the nemesis.  The total
              never changes, and every audit saw it.
@@ -64,7 +64,7 @@ from schemas import config as c  # noqa: E402
 
 NS_DB, NS_COLL, BANK = "elle", "lists", "accounts"
 SHARDS = ("s0", "s1", "s2")
-KEYS = [b * 100 + k for b in range(3) for k in (10, 30, 50, 70)]  # four on each shard's range
+KEYS = [b * 100 + k for b in range(3) for k in range(5, 100, 10)]  # ten on each shard's range
 BOUNDS = {"s0": None, "s1": 100, "s2": 200}  # each shard's range starts at (None: MinKey)
 
 

@@ -82,8 +82,9 @@ class KafkaBus:
         self, topic: str, partition: int = 0, *, client_id: str, fetch_wait_ms: int | None = None
     ) -> KafkaReader:
         extra: dict[str, Any] = {} if fetch_wait_ms is None else {"fetch_max_wait_ms": fetch_wait_ms}
+        ends = kafka.consumer(self.bootstrap, client_id=f"{client_id}-ends") if fetch_wait_ms is not None else None
         return KafkaReader(
-            kafka.consumer(self.bootstrap, client_id=client_id, **extra), TopicPartition(topic, partition)
+            kafka.consumer(self.bootstrap, client_id=client_id, **extra), TopicPartition(topic, partition), ends
         )
 
     def tail(self, topic: str, *, client_id: str) -> KafkaTail:
@@ -160,8 +161,13 @@ class KafkaTransactionalProducer(KafkaProducer):
 
 
 class KafkaReader:
-    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition, ends: AIOKafkaConsumer | None = None) -> None:
         self.c, self.tp = consumer, tp
+        # A second connection for the log's end, for readers that long-poll: on the reader's own,
+        # a ListOffsets request waits behind the fetch in flight (up to its fetch_max_wait_ms),
+        # and a router asks for config.events' end at every snapshot it picks.
+        self._ends, self._ends_ready = ends, asyncio.Lock()
+        self._ends_started = False
 
     async def start(self) -> None:
         await self.c.start()
@@ -170,6 +176,8 @@ class KafkaReader:
 
     async def stop(self) -> None:
         await self.c.stop()
+        if self._ends is not None and self._ends_started:
+            await self._ends.stop()
 
     def seek(self, offset: int) -> None:
         self.c.seek(self.tp, offset)
@@ -183,7 +191,13 @@ class KafkaReader:
         return starts[self.tp]
 
     async def log_end(self) -> int:
-        return await kafka.log_end(self.c, self.tp)
+        if self._ends is None:
+            return await kafka.log_end(self.c, self.tp)
+        async with self._ends_ready:  # (started at first use: most readers never ask)
+            if not self._ends_started:
+                await self._ends.start()
+                self._ends_started = True
+        return await kafka.log_end(self._ends, self.tp)
 
     async def offset_for_time(self, timestamp_ms: int) -> int | None:
         found = (await self.c.offsets_for_times({self.tp: timestamp_ms}))[self.tp]

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 # How long a commit waits for two-phase commit's decision before answering that its result is
 # unknown (the client asks again: the coordinator keeps deciding meanwhile).
 COMMIT_DECISION_WAIT_S = 30.0
+# The first ask for two-phase commit's decision comes after its prepares could have answered:
+# each ask is a batch on the coordinator's shard, and asked too early they queue ahead of the
+# coordinator's own steps (a decision recorded in 45 ms with 2 ms asks, 10 ms with 60 ms).
+FIRST_DECISION_POLL_S = 0.03
 
 
 class TxnState(enum.Enum):
@@ -377,7 +381,7 @@ class TransactionRouter:
         participants) until it has decided; an abort is NoSuchTransaction, as mongos answers;
         no decision within COMMIT_DECISION_WAIT_S is an unknown commit result."""
         deadline = time.monotonic() + COMMIT_DECISION_WAIT_S
-        pause = 0.002
+        pause = FIRST_DECISION_POLL_S
         while True:
             result = await self.ask(coordinator, req)
             decision = result.get("decision")
