@@ -6,7 +6,7 @@ DATA   ?= .shardlog
 
 BROKERS ?=
 
-.PHONY: venv jars zipkin chromium mongosh print-mongosh ycsb-java up down reset clean-data lint format test unit schemas bench status sim sim-long
+.PHONY: venv jars zipkin chromium mongosh print-mongosh ycsb-java pymongo-tests up down reset clean-data lint format test unit schemas bench status sim sim-long
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -88,7 +88,7 @@ chromium:
 
 # Whole suite against a real broker: ours on free ports, or $KAFKA_BOOTSTRAP's.
 # PYTHONHASHSEED=0: a simulated schedule that fails here repeats under `make sim SEED=n`.
-test: venv jars zipkin ycsb-java chromium
+test: venv jars zipkin ycsb-java pymongo-tests chromium
 	PYTHONHASHSEED=0 PY=$(PY) bash infra/with-kafka.sh $(PY) -m pytest -q -ra $(ARGS)
 
 # Pure logic, no broker: tests/unit (under a minute).
@@ -123,3 +123,10 @@ bench: venv jars zipkin
 # runs site.ycsb.Client on it (see bench/README.md, "YCSB through the Java driver").
 ycsb-java:
 	$(PYTHON) infra/ycsb/ycsb.py fetch
+
+# The drivers' transactions specification tests (unified format) and pymongo's own runner, from
+# pymongo's source distribution on PyPI (pip, the installed pymongo's version, its SHA-256 pinned
+# in the script), into ~/.cache/shardlog/pymongo-<version>-tests like the other fetchers:
+# tests/integration/test_transactions_spec.py runs them against a cluster.
+pymongo-tests: venv
+	$(PY) infra/drivers/pymongo_tests.py fetch

@@ -324,7 +324,8 @@ class TransactionRouter:
 
     async def run(self, statement: Statement, fn: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """Run a command as `statement`: what it sends carries the transaction; its error (or a
-        write error in its reply, as mongod's) aborts the transaction on every participant."""
+        write error in its reply, as mongod's: bulkWrite counts its `nErrors`) aborts the
+        transaction on every participant."""
         token = current_statement.set(statement)
         try:
             result = await fn()
@@ -333,7 +334,7 @@ class TransactionRouter:
             raise
         finally:
             current_statement.reset(token)
-        if result.get("writeErrors"):
+        if result.get("writeErrors") or result.get("nErrors"):  # (bulkWrite's are in its cursor)
             await self.failed(statement)
         return result
 

@@ -161,6 +161,8 @@ class Routing:
     def open_cursor(self, docs: list, batch: int, session: Any = None) -> dict:
         return {"docs": docs, "cursorId": 0}
 
+    def tag_cursor(self, cursor_id: int, ns: str) -> None: ...
+
 
 class Edge:
     def __init__(self) -> None:
@@ -258,6 +260,66 @@ def test_write_and_read_concerns_inside_a_transaction():
     assert replies[1]["code"] == 72 and replies[2]["code"] == 72
     assert replies[1]["errmsg"] == "Only the first command in a transaction may specify a readConcern"
     assert "errorLabels" not in replies[1], "refused before it ran: the transaction goes on (and commits)"
+
+
+def test_a_decision_is_applied_whatever_its_write_concern_and_reports_what_it_cannot_satisfy():
+    """MongoDB applies commit / abort, then waits for the write concern: w above the nodes (or
+    a tag set) is a writeConcernError in an ok reply, not a refusal that leaves the transaction
+    open (the drivers' spec: "write concern error on commit", "abort does not apply writeConcern")."""
+    edge = Edge()
+    start = _stmt(1, {"insert": "c", "documents": [{}]}, startTransaction=True)
+    replies = _wire(
+        edge,
+        [
+            start,
+            {**_end("commitTransaction", 1), "writeConcern": {"w": 10}},
+            _stmt(2, {"insert": "c", "documents": [{}]}, startTransaction=True),
+            {**_end("abortTransaction", 2), "writeConcern": {"w": "dc-east"}},
+            _stmt(3, {"insert": "c", "documents": [{}]}, startTransaction=True),
+            {**_end("commitTransaction", 3), "writeConcern": {"w": -1}},  # malformed: refused first
+            {"insert": "c", "documents": [{}], "$db": "app", "writeConcern": {"w": 10}},  # outside: refused
+        ],
+    )
+    assert [r["ok"] for r in replies] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert replies[1]["writeConcernError"] == {
+        "code": 100,
+        "codeName": "UnsatisfiableWriteConcern",
+        "errmsg": "Not enough data-bearing nodes to satisfy w:10",
+    }
+    assert "errorLabels" not in replies[1]
+    assert replies[3]["writeConcernError"]["code"] == 79  # UnknownReplWriteConcern
+    assert [r.get("code") for r in replies[5:]] == [9, 100]
+    assert [(shard, req.type) for shard, req in edge.routing.sent] == [
+        ("sh1", "CommitTransaction"),
+        ("sh1", "AbortTransaction"),
+    ]
+
+
+def test_a_client_bulk_write_is_a_statement_and_its_failed_operation_aborts_the_transaction():
+    """bulkWrite runs on admin, its namespaces in nsInfo: a transaction runs it (MongoDB 8.0), and
+    an operation's error (reported in its cursor, nErrors) aborts the transaction as a write
+    error of insert does."""
+    edge = Edge()
+
+    def bulk(n: int, op: dict[str, Any], db: str = "app") -> dict[str, Any]:
+        body = {"bulkWrite": 1, "ops": [op], "nsInfo": [{"ns": f"{db}.c"}], "$db": "admin"}
+        return _stmt(n, body, startTransaction=True)
+
+    insert = {"insert": 0, "document": {"_id": 1}}
+    update = {"update": 0, "filter": {"_id": 1}, "updateMods": {"$set": {"x": 1}}, "multi": False}
+    replies = _wire(edge, [bulk(1, insert), bulk(2, insert, db="config")])
+    edge.routing.refuse = ErrorCode.DuplicateKey
+    replies += _wire(edge, [bulk(3, update)])
+    edge.routing.refuse = None
+    replies += _wire(edge, [_stmt(3, {"find": "c"})])
+    assert replies[0]["ok"] == 1.0 and replies[0]["nInserted"] == 1
+    assert [txn.txnNumber for _, txn in edge.routing.handled[:1]] == [1]  # run as the transaction's
+    assert replies[1]["code"] == 263  # the config database, named by nsInfo: refused, nothing ends
+    assert replies[2]["ok"] == 1.0 and replies[2]["nErrors"] == 1
+    assert replies[3]["code"] == 251  # the failed operation aborted transaction 3
+    assert [(shard, req.type, req.txnNumber) for shard, req in edge.routing.sent] == [
+        ("sh1", "AbortTransaction", 1),  # superseded by 3 (3 reached no shard before failing)
+    ]
 
 
 def test_commit_and_abort_out_of_turn():

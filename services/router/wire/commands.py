@@ -37,7 +37,7 @@ from services.router.wire.frames import (
     MAX_WRITE_BATCH_SIZE,
 )
 from services.router.wire.gossip import reply_cluster_time, reply_timestamp, wire_cluster_time
-from services.router.wire.options import HONOURED, Fields, check_generic, max_time_ms
+from services.router.wire.options import HONOURED, Fields, check_generic, max_time_ms, write_concern_error
 
 if TYPE_CHECKING:
     from services.router.wire.edge import RouterEdge
@@ -213,6 +213,9 @@ class CommandTable:
                 conn.edge.routing.gossip_in(wire_cluster_time(cmd["$clusterTime"]))
             reply = await self._handle(conn, name, entry, cmd)
             reply = {**reply, "ok": 1.0} if "ok" not in reply else reply
+            if (wce := write_concern_error(name, cmd)) is not None:  # the decision is applied
+                number, code_name = command_error_code(wce.code)
+                reply["writeConcernError"] = {"code": number, "codeName": code_name, "errmsg": wce.message}
         except WireCommandError as e:
             reply = error_reply(e.code, e.code_name, e.message)
         except CommandError as e:

@@ -221,6 +221,27 @@ def check_write_concern(name: str, wc: Any) -> None:
             raise CommandError(ErrorCode.FailedToParse, f"{key} must be a number")
 
 
+# The commands that decide a transaction: MongoDB applies the decision, then waits for the write
+# concern, so a write concern it cannot satisfy is a `writeConcernError` in an ok reply (the
+# drivers' transactions spec, "write concern error on commit"), not a refusal that would leave
+# the transaction open.
+DECISIONS = frozenset({"commitTransaction", "abortTransaction"})
+UNSATISFIABLE = frozenset({ErrorCode.UnsatisfiableWriteConcern, ErrorCode.UnknownReplWriteConcern})
+
+
+def write_concern_error(name: str, cmd: Mapping[str, Any]) -> CommandError | None:
+    """The error a decision's (commitTransaction / abortTransaction) well-formed write concern
+    meets once the decision is applied: a number of nodes above 1 or a tag set; else None."""
+    if name not in DECISIONS or "writeConcern" not in cmd:
+        return None
+    try:
+        check_write_concern(name, cmd["writeConcern"])
+    except CommandError as e:
+        if e.code in UNSATISFIABLE:
+            return e
+    return None
+
+
 def _short_rc(rc: Any) -> str:
     return f"readConcern {rc!r}"[:120]
 
@@ -254,7 +275,8 @@ def check_generic(name: str, cmd: Mapping[str, Any]) -> None:
     if "writeConcern" in cmd:
         if name in READ_COMMANDS:
             raise CommandError(ErrorCode.InvalidOptions, f"Command {name} does not support writeConcern")
-        check_write_concern(name, cmd["writeConcern"])
+        if write_concern_error(name, cmd) is None:  # (a decision's is reported after it: below)
+            check_write_concern(name, cmd["writeConcern"])
     rc = cmd.get("readConcern")
     if rc is not None and name not in READ_CONCERN_COMMANDS and "startTransaction" not in cmd:
         # (a transaction's first statement names the transaction's: wire/transactions.py checks it)

@@ -23,10 +23,10 @@ from services.router.wire.gossip import wire_lsid, wire_read_concern
 from services.router.wire.options import HONOURED, Fields
 
 # The commands a transaction may run (MongoDB's list, less what shardlog does not route in one:
-# create / createIndexes on a new collection, bulkWrite).
+# create / createIndexes on a new collection).
 STATEMENTS = frozenset(
     {"find", "getMore", "killCursors", "insert", "update", "delete", "findAndModify", "findandmodify"}
-    | {"aggregate", "distinct"}
+    | {"aggregate", "distinct", "bulkWrite"}
 )
 NO_TRANSACTION_DATABASES = ("config", "admin", "local")
 
@@ -80,11 +80,12 @@ def refuse_in_transaction(name: str, cmd: dict[str, Any]) -> None:
         raise CommandError(
             ErrorCode.OperationNotSupportedInTransaction, f"Cannot run '{name}' in a multi-document transaction."
         )
-    if cmd.get("$db") in NO_TRANSACTION_DATABASES:
-        raise CommandError(
-            ErrorCode.OperationNotSupportedInTransaction,
-            f"Cannot run command against the '{cmd['$db']}' database in a transaction.",
-        )
+    for db in _databases(name, cmd):
+        if db in NO_TRANSACTION_DATABASES:
+            raise CommandError(
+                ErrorCode.OperationNotSupportedInTransaction,
+                f"Cannot run command against the '{db}' database in a transaction.",
+            )
     if "writeConcern" in cmd:
         raise _invalid("writeConcern is not allowed within a multi-statement transaction")
     if name == "aggregate":
@@ -94,6 +95,16 @@ def refuse_in_transaction(name: str, cmd: dict[str, Any]) -> None:
                     ErrorCode.OperationNotSupportedInTransaction,
                     f"{next(iter(stage))} cannot be used in a transaction",
                 )
+
+
+def _databases(name: str, cmd: dict[str, Any]) -> list[Any]:
+    """The databases a statement touches: its `$db`, but bulkWrite's (run on admin) are its
+    nsInfo namespaces' (a malformed entry is left to bulkWrite's own checks)."""
+    if name != "bulkWrite":
+        return [cmd.get("$db")]
+    infos = cmd.get("nsInfo")
+    entries = infos if isinstance(infos, list) else []
+    return [e["ns"].split(".", 1)[0] for e in entries if isinstance(e, dict) and isinstance(e.get("ns"), str)]
 
 
 # ------------------------------------------------------------------ the driver
