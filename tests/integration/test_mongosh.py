@@ -159,3 +159,44 @@ def test_a_snapshot_session_from_the_shell_reads_at_its_first_reads_time(mongosh
         """,
     )
     assert json.loads(out.strip().splitlines()[-1]) == [[0], [0], [1, 2]], out
+
+
+def test_a_transaction_from_the_shell_moves_a_value_between_two_shards(mongosh, data_cluster):
+    """mongosh's session.withTransaction moves a value between documents on two shards (two-phase
+    commit); a transaction the shell aborts leaves nothing; pymongo sees the outcome."""
+    client = data_cluster.mongo_client()
+    client.admin.command("shardCollection", "bank.acct", key={"k": 1})
+    client.admin.command("split", "bank.acct", middle={"k": 100})
+    primary = data_cluster.router.follower.catalog.databases["bank"].primary  # holds k < 100
+    other = next(s for s in data_cluster.shards if s != primary)
+    client.admin.command("moveRange", "bank.acct", min={"k": 100}, max={"k": MaxKey()}, toShard=other)
+    acct = client.bank.acct
+    acct.insert_many([{"_id": "a", "k": 1, "v": 100}, {"_id": "b", "k": 150, "v": 0}])
+    assert [s for _, _, s in chunk_bounds(data_cluster, "bank.acct")] == [primary, other]
+    out = run(
+        mongosh,
+        data_cluster,
+        """
+        const plain = db.getSiblingDB("bank").acct;
+        const values = (c) => c.find().sort({k: 1}).toArray().map(d => d.v);
+        const session = db.getMongo().startSession();
+        const acct = session.getDatabase("bank").acct;
+        session.withTransaction(() => {
+            acct.updateOne({k: 1}, {$inc: {v: -30}});
+            acct.updateOne({k: 150}, {$inc: {v: 30}});
+            print("inside", JSON.stringify(values(acct)), "outside", JSON.stringify(values(plain)));
+        });
+        session.startTransaction();
+        acct.updateOne({k: 1}, {$inc: {v: -1000}});
+        acct.insertOne({_id: "c", k: 199, v: 5});
+        print("before abort", JSON.stringify(values(acct)));
+        session.abortTransaction();
+        session.endSession();
+        print("after", JSON.stringify(values(plain)));
+        """,
+    )
+    lines = out.strip().splitlines()
+    assert lines == ["inside [70,30] outside [100,0]", "before abort [-930,30,5]", "after [70,30]"], out
+    assert sorted((d["_id"], d["v"]) for d in acct.find()) == [("a", 70), ("b", 30)]
+    acct.update_many({}, {"$inc": {"v": 1}})  # nothing left holding a document on either shard
+    assert sorted(d["v"] for d in acct.find()) == [31, 71]
