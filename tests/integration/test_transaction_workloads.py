@@ -1,7 +1,9 @@
 """Transactions under concurrency on three shards, through pymongo (issue 33 §3): a bank whose
 total never changes, audited inside transactions while a range moves; and Elle's list-append
 workload, its history checked by libs/listappend.py for what snapshot isolation forbids: G0, G1a,
-G1b, G1c, G-single, lost and duplicated appends (write skew, G2, it allows) (the short history CI runs; bench/bench_txn.py runs a long one)."""
+G1b, G1c, G-single, lost and duplicated appends (write skew, G2, it allows). This is the short
+history CI runs; bench/bench_txn.py runs a longer one, bench/bench_txn_faults.py 10,000
+transactions under kill -9, SIGSTOP, router kills and moves."""
 
 from __future__ import annotations
 
