@@ -4,7 +4,7 @@ read_committed, no auto-commit), behind the seam's interface."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -82,9 +82,14 @@ class KafkaBus:
         self, topic: str, partition: int = 0, *, client_id: str, fetch_wait_ms: int | None = None
     ) -> KafkaReader:
         extra: dict[str, Any] = {} if fetch_wait_ms is None else {"fetch_max_wait_ms": fetch_wait_ms}
-        ends = kafka.consumer(self.bootstrap, client_id=f"{client_id}-ends") if fetch_wait_ms is not None else None
+
+        def ends() -> AIOKafkaConsumer:
+            return kafka.consumer(self.bootstrap, client_id=f"{client_id}-ends")
+
         return KafkaReader(
-            kafka.consumer(self.bootstrap, client_id=client_id, **extra), TopicPartition(topic, partition), ends
+            kafka.consumer(self.bootstrap, client_id=client_id, **extra),
+            TopicPartition(topic, partition),
+            ends if fetch_wait_ms is not None else None,
         )
 
     def tail(self, topic: str, *, client_id: str) -> KafkaTail:
@@ -161,13 +166,19 @@ class KafkaTransactionalProducer(KafkaProducer):
 
 
 class KafkaReader:
-    def __init__(self, consumer: AIOKafkaConsumer, tp: TopicPartition, ends: AIOKafkaConsumer | None = None) -> None:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        ends: Callable[[], AIOKafkaConsumer] | None = None,
+    ) -> None:
         self.c, self.tp = consumer, tp
         # A second connection for the log's end, for readers that long-poll: on the reader's own,
         # a ListOffsets request waits behind the fetch in flight (up to its fetch_max_wait_ms),
-        # and a router asks for config.events' end at every snapshot it picks.
-        self._ends, self._ends_ready = ends, asyncio.Lock()
-        self._ends_started = False
+        # and a router asks for config.events' end at every snapshot it picks.  Made at first use.
+        self._make_ends, self._ends_lock = ends, asyncio.Lock()
+        self._ends: AIOKafkaConsumer | None = None
+        self._stopped = False
 
     async def start(self) -> None:
         await self.c.start()
@@ -175,9 +186,14 @@ class KafkaReader:
         self.c.seek(self.tp, 0)
 
     async def stop(self) -> None:
-        await self.c.stop()
-        if self._ends is not None and self._ends_started:
-            await self._ends.stop()
+        try:
+            await self.c.stop()
+        finally:
+            async with self._ends_lock:
+                self._stopped = True
+                if self._ends is not None:
+                    await self._ends.stop()
+                    self._ends = None
 
     def seek(self, offset: int) -> None:
         self.c.seek(self.tp, offset)
@@ -191,13 +207,21 @@ class KafkaReader:
         return starts[self.tp]
 
     async def log_end(self) -> int:
-        if self._ends is None:
+        if self._make_ends is None:
             return await kafka.log_end(self.c, self.tp)
-        async with self._ends_ready:  # (started at first use: most readers never ask)
-            if not self._ends_started:
-                await self._ends.start()
-                self._ends_started = True
-        return await kafka.log_end(self._ends, self.tp)
+        async with self._ends_lock:
+            if self._stopped:
+                raise RuntimeError(f"the reader of {self.tp} is stopped")
+            if self._ends is None:
+                ends = self._make_ends()
+                try:
+                    await ends.start()
+                except BaseException:
+                    await ends.stop()
+                    raise
+                self._ends = ends
+            ends = self._ends
+        return await kafka.log_end(ends, self.tp)
 
     async def offset_for_time(self, timestamp_ms: int) -> int | None:
         found = (await self.c.offsets_for_times({self.tp: timestamp_ms}))[self.tp]

@@ -251,11 +251,14 @@ class OperationRouter:
         if isinstance(req, s.AbortTransaction):
             return await self.transactions.abort(req.lsid, req.txnNumber)
         rc = None if req.readConcern is None else check_read_concern(req.readConcern)
-        if (again := resent_start(self.transactions.sessions.get(req.lsid), req.txnNumber)) is not None:
-            return {"readAt": again}
-        args = TxnArgs(req.txnNumber, start=True, read_concern=rc)
-        statement = await self.transactions.begin(req.lsid, args, self.snapshot_time)
-        return {"readAt": statement.txn.readAt}
+        # One start of a session at a time: a resend that arrives while the first is still
+        # picking its snapshot then finds it, rather than starting it again at another.
+        async with self.transactions.starting(req.lsid):
+            if (again := resent_start(self.transactions.sessions.get(req.lsid), req.txnNumber)) is not None:
+                return {"readAt": again}
+            args = TxnArgs(req.txnNumber, start=True, read_concern=rc)
+            statement = await self.transactions.begin(req.lsid, args, self.snapshot_time)
+            return {"readAt": statement.txn.readAt}
 
     # ------------------------------------------------------------ the clock
 
@@ -420,7 +423,8 @@ class OperationRouter:
             pass
 
     async def _ask_past_critical_sections(self, shard: str, req) -> dict:
-        """A transaction's commit, prepare or abort, which no retargeting changes: asked again
+        """A transaction's commit, abort or ask for two-phase commit's decision, which no
+        retargeting changes: asked again
         once a migration's critical section it met has ended (the commit then finds whether the
         range moved)."""
         for attempt in range(1, MAX_STALE_RETRIES + 1):

@@ -22,11 +22,12 @@ transaction) asks the recoveryToken's shard for the outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -138,7 +139,12 @@ def resent_start(current: SessionTxn | None, txn_number: int) -> int | None:
     because its answer was lost: the snapshot it was given (the client has run nothing in it
     yet, so the same one serves).  None: not a resend.  (The wire's second startTransaction is
     refused: drivers never resend one.)"""
-    if current is not None and current.txn_number == txn_number and current.state is TxnState.IN_PROGRESS:
+    if (
+        current is not None
+        and current.txn_number == txn_number
+        and current.state is TxnState.IN_PROGRESS
+        and not current.participants
+    ):
         return current.read_at
     return None
 
@@ -298,6 +304,21 @@ class TransactionRouter:
 
     ask: Ask
     sessions: dict[str, SessionTxn] = field(default_factory=dict)
+    # sessions being started: their lock and how many starts hold or wait for it
+    _starts: dict[str, tuple[asyncio.Lock, list[int]]] = field(default_factory=dict)
+
+    @contextlib.asynccontextmanager
+    async def starting(self, lsid: str) -> AsyncIterator[None]:
+        """Hold the session's start: the client library's starts of one session one at a time."""
+        lock, users = self._starts.setdefault(lsid, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._starts[lsid]
 
     async def begin(self, lsid: str, args: TxnArgs, snapshot: Callable[[dict], Awaitable[int]]) -> Statement:
         """Check a statement and open its transaction if it starts one (`snapshot(rc)`: the

@@ -50,7 +50,7 @@ class CoordinatorDeps:
     # The shard's clock: the votes' prepare stamps reach it (so the decision's commitAt is not
     # ahead of what this shard gossips to the router answering the commit), and the commit
     # carries it to every participant.
-    clock: Gossip | None = None
+    clock: Gossip
 
 
 class TxnCoordinatorDriver:

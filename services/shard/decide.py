@@ -553,7 +553,7 @@ class ShardDecider:
         if (at := vclock.parse_at_cluster_time(req.readConcern)) is not None:
             return self._find_at(req, at)
         self._read_after(req)
-        transactions.refuse_if_prepared(self, req.ns)
+        transactions.refuse_read_if_prepared(self, req.ns)
         coll = self._placement(req.ns, req.routing)
         try:
             if req.projection is not None:
@@ -599,7 +599,7 @@ class ShardDecider:
             self._stale(req.ns, req.routing, coll)
         if (held := self.ddl.critical_section_wait(req.ns)) is not None:
             raise held
-        transactions.refuse_if_prepared(self, req.ns, at)
+        transactions.refuse_read_if_prepared(self, req.ns, at)
         if self.clock is not None:
             self.clock.advance(at)
         try:

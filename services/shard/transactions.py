@@ -130,9 +130,10 @@ def refuse_if_held(d: ShardDecider, events: Iterable[Record]) -> None:
 
 def commit(d: ShardDecider, req: s.CommitTransaction) -> Decision:
     """Every write of the transaction stamped with one tick (a prepared one's: the coordinator's
-    commitAt), if the shard may still apply them all: it owns each document's range, no critical
-    section holds one, no drop came after the snapshot.  Otherwise an error, the transaction
-    still open: the router aborts it.  (A prepared one was checked when it voted.)"""
+    commitAt), if the shard may still apply them all: no written document's range migrated and
+    no namespace it wrote was dropped or renamed since the snapshot, and no critical section
+    holds one.  Otherwise an error, the transaction still open: the router aborts it.  (A
+    prepared one was checked when it voted.)"""
     if req.commitAt is not None:
         fault_point("txn.participant.committing")
     current, ts = _stamp_if_applicable(d, req.lsid, req.txnNumber)
@@ -177,10 +178,17 @@ def refuse_if_prepared(d: ShardDecider, ns: str, at: int | None = None) -> None:
     """A read that could meet a prepared transaction's documents waits for its decision (the
     router asks again): read now, it could see the documents before the commit at a time
     after the commit's stamp."""
-    if d.documents.prepared_in(ns, at) and not reintroduced("txn-reads-past-prepare"):
+    if d.documents.prepared_in(ns, at):
         raise CommandError(
             ErrorCode.PrepareConflict, f"a prepared transaction holds documents of {ns}: waiting for its decision"
         )
+
+
+def refuse_read_if_prepared(d: ShardDecider, ns: str, at: int | None = None) -> None:
+    """A find's wait for prepared transactions (the mutation `txn-reads-past-prepare` skips it:
+    reads only, writes and critical sections still wait)."""
+    if not reintroduced("txn-reads-past-prepare"):
+        refuse_if_prepared(d, ns, at)
 
 
 def _check_still_applicable(d: ShardDecider, record: s.TxnRecorded) -> None:

@@ -157,39 +157,40 @@ def test_the_router_killed_while_its_coordinator_is_at_a_step(bank, step):
     coll.update_one({"k": 150}, {"$set": {"v": 100}}, upsert=True)
     coordinator = bank.start("donor", env={"SHARDLOG_FAULTS": f"{step}=stop"})
     outcomes: list[str] = []
-    with mc.start_session() as session:
-        session.start_transaction()
-        coll.update_one({"k": 1}, {"$inc": {"v": -10}}, session=session)  # s0 first: it coordinates
-        coll.update_one({"k": 150}, {"$inc": {"v": 10}}, session=session)
-        done = threading.Event()
+    try:
+        with mc.start_session() as session:
+            session.start_transaction()
+            coll.update_one({"k": 1}, {"$inc": {"v": -10}}, session=session)  # s0 first: it coordinates
+            coll.update_one({"k": 150}, {"$inc": {"v": 10}}, session=session)
+            done = threading.Event()
 
-        def commit() -> None:
-            try:
-                session.commit_transaction()
-                outcomes.append("ok")
-            except PyMongoError as e:
-                outcomes.append(f"error: {e}")
-            finally:
-                done.set()
+            def commit() -> None:
+                try:
+                    session.commit_transaction()
+                    outcomes.append("ok")
+                except PyMongoError as e:
+                    outcomes.append(f"error: {e}")
+                finally:
+                    done.set()
 
-        threading.Thread(target=commit, daemon=True).start()
-        assert wait_until(lambda: _frozen(coordinator.proc.pid), 120, f"the coordinator to freeze at {step}")
-        bank.procs["router"].kill9()
-        coordinator.signal(signal.SIGCONT)
-        bank.start("router", env=router_env)  # it never saw the transaction
-        assert done.wait(180), "the commit never answered"
-        if outcomes[-1] != "ok":
-            try:  # retried with the recoveryToken: the coordinator's shard tells the outcome
-                session.commit_transaction()
-                outcomes.append("ok")
-            except OperationFailure as e:
-                assert e.code == 251, e  # NoSuchTransaction: aborted everywhere
-                outcomes.append("aborted")
-    moved = balances(coll)
-    assert sum(moved) == 200 and moved in ((90, 110), (100, 100)), (moved, outcomes)
-    # Every vote was yes and the coordinator lived: it committed, and the retried commit says so.
-    assert moved == (90, 110) and outcomes[-1] == "ok", (moved, outcomes)
-    coll.update_one({"k": 1}, {"$inc": {"v": 0}})
-    coll.update_one({"k": 150}, {"$inc": {"v": 0}})
-    mc.close()
-    bank.start("donor")  # unarmed, for the next case
+            threading.Thread(target=commit, daemon=True).start()
+            assert wait_until(lambda: _frozen(coordinator.proc.pid), 120, f"the coordinator to freeze at {step}")
+            bank.procs["router"].kill9()
+            coordinator.signal(signal.SIGCONT)
+            bank.start("router", env=router_env)  # it never saw the transaction
+            assert done.wait(180), "the commit never answered"
+            if outcomes[-1] != "ok":
+                try:  # retried with the recoveryToken: the coordinator's shard tells the outcome
+                    session.commit_transaction()
+                    outcomes.append("ok")
+                except OperationFailure as e:
+                    assert e.code == 251, e  # NoSuchTransaction: aborted everywhere
+                    outcomes.append("aborted")
+        # Every vote was yes and the coordinator lived on: it committed, and the commit says so.
+        assert balances(coll) == (90, 110) and outcomes[-1] == "ok", (balances(coll), outcomes)
+        coll.update_one({"k": 1}, {"$inc": {"v": 0}})  # nothing left prepared
+        coll.update_one({"k": 150}, {"$inc": {"v": 0}})
+    finally:
+        mc.close()
+        coordinator.signal(signal.SIGCONT)  # (a failed case leaves no frozen, armed shard to the next)
+        bank.start("donor")  # unarmed, for the next case

@@ -189,6 +189,7 @@ def spec(bootstrap, tmp_path_factory):
     data = tmp_path_factory.mktemp("spec") / "data"
     cluster = InProcessCluster(ServiceSettings(bootstrap, name, data, session_timeout_ms=6000))
     sys.path.insert(0, str(SDIST))
+    saved_env = {k: os.environ.get(k) for k in ("DB_IP", "DB_PORT")}
     try:
         assert cluster.router.wire is not None
         classes, ctx, knobs = load_runner(cluster.router.wire_host, cluster.router.wire.port)
@@ -200,6 +201,13 @@ def spec(bootstrap, tmp_path_factory):
             ctx.client.close()
     finally:
         sys.path.remove(str(SDIST))
+        for k, v in saved_env.items():  # pymongo's `test` package, and what it read, go with the module
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        for mod in [m for m in sys.modules if m == "test" or m.startswith("test.")]:
+            del sys.modules[mod]
         cluster.stop()
         asyncio.run(asyncio.wait_for(kafka.delete_cluster_topics(bootstrap, name), 20))
 

@@ -66,6 +66,26 @@ def test_the_client_librarys_start_sent_again_gets_the_same_snapshot():
     assert t.resent_start(_open(5), 6) is None  # a new transaction
     assert t.resent_start(t.ended(_open(5), TxnState.ABORTED), 5) is None  # over: begins refuses it
     assert t.resent_start(None, 1) is None
+    assert t.resent_start(_open(5, Participant("sh1")), 5) is None  # it ran a statement: a real conflict
+
+
+def test_starts_of_one_session_take_turns():
+    router = t.TransactionRouter(ask=None)  # type: ignore[arg-type]
+    order: list[str] = []
+
+    async def start(name: str, lsid: str) -> None:
+        async with router.starting(lsid):
+            order.append(f"{name}+")
+            await asyncio.sleep(0.01)
+            order.append(f"{name}-")
+
+    async def go() -> None:
+        await asyncio.gather(start("a", LSID), start("b", LSID), start("c", "other"))
+
+    asyncio.run(go())
+    assert order.index("a-") < order.index("b+"), order  # one session: one after the other
+    assert order.index("c+") < order.index("a-"), order  # another session: meanwhile
+    assert router._starts == {}  # nothing kept once done
 
 
 def test_a_continuation_of_the_open_transaction_is_fine():
