@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 import services.router.wire  # noqa: F401  (registers every command)
+from domain.protocol import ErrorCode
 from libs.errors import CommandError
 from services.router.wire.commands import SERVER_COMMANDS, CommandTable, Connection
-from services.router.wire.options import Fields, check_write_concern
+from services.router.wire.options import Fields, check_write_concern, write_concern_error
 
 REACHED_HANDLER = 59  # CommandNotFound: the handler ran and found no cluster attached
 
@@ -124,6 +125,14 @@ def test_write_concern_shapes() -> None:
     for bad in (5, {"w": True}, {"w": -1}, {"j": "yes"}, {"wtimeout": "x"}):
         with pytest.raises(CommandError):
             check_write_concern("insert", bad)
+    # Malformed beats unsatisfiable: a decision with {w: 10, wtimeout: "x"} is refused, not applied.
+    with pytest.raises(CommandError) as e:
+        check_write_concern("commitTransaction", {"w": 10, "wtimeout": "x"})
+    assert e.value.code == ErrorCode.FailedToParse
+    assert write_concern_error("commitTransaction", {"writeConcern": {"w": 10, "wtimeout": "x"}}) is None
+    assert write_concern_error("commitTransaction", {"writeConcern": {"w": 10}}).code == (
+        ErrorCode.UnsatisfiableWriteConcern
+    )
 
 
 def test_max_time_ms_is_enforced() -> None:

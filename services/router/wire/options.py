@@ -202,23 +202,24 @@ def check_write_concern(name: str, wc: Any) -> None:
     w = wc.get("w", 1)
     if isinstance(w, bool) or not isinstance(w, (int, float, str)):
         raise CommandError(ErrorCode.FailedToParse, f"w has to be a number or string; found: {type_name(w)}")
-    if isinstance(w, (int, float)):
-        if w < 0 or w > 50:
-            raise CommandError(
-                ErrorCode.FailedToParse, f"w has to be a non-negative number and not greater than 50; found: {w}"
-            )
-        if w > 1:
-            raise CommandError(
-                ErrorCode.UnsatisfiableWriteConcern, f"Not enough data-bearing nodes to satisfy w:{int(w)}"
-            )
-    elif w != "majority":
-        raise CommandError(ErrorCode.UnknownReplWriteConcern, f"Unrecognized write concern mode: {w}")
+    if isinstance(w, (int, float)) and (w < 0 or w > 50):
+        raise CommandError(
+            ErrorCode.FailedToParse, f"w has to be a non-negative number and not greater than 50; found: {w}"
+        )
     for key in ("j", "fsync"):
         if key in wc and not isinstance(wc[key], (bool, int, float)):
             raise CommandError(ErrorCode.FailedToParse, f"{key} must be numeric or a boolean value")
     for key in ("wtimeout", "wtimeoutMS"):
         if key in wc and (isinstance(wc[key], bool) or not isinstance(wc[key], (int, float))):
             raise CommandError(ErrorCode.FailedToParse, f"{key} must be a number")
+    # Well formed; what one node cannot satisfy last (for a decision, a writeConcernError after it).
+    if isinstance(w, (int, float)):
+        if w > 1:
+            raise CommandError(
+                ErrorCode.UnsatisfiableWriteConcern, f"Not enough data-bearing nodes to satisfy w:{int(w)}"
+            )
+    elif w != "majority":
+        raise CommandError(ErrorCode.UnknownReplWriteConcern, f"Unrecognized write concern mode: {w}")
 
 
 # The commands that decide a transaction: MongoDB applies the decision, then waits for the write
