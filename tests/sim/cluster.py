@@ -271,9 +271,10 @@ class SimCluster:
         return reply
 
     async def seen(self, reply: Reply, timeout: float = WAIT_S) -> None:
-        """Until every running shard and router has seen the effect of a config command."""
+        """Until every running shard and router has seen the effect of a config command (one
+        crashed meanwhile sees it by replay when it restarts)."""
         for name, service in list(self.services.items()):
-            if name.startswith("shard-") or name == "router":
+            if (name.startswith("shard-") or name == "router") and self.alive(name):
                 await service.follower.wait_for(reply.configTime, timeout)
 
     def client(self, **kw: Any) -> AsyncCluster:
