@@ -22,6 +22,7 @@ import typer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from bson.errors import InvalidDocument
 from rich.console import Console
+from rich.markup import escape
 
 from domain.bsonvalues import RecordFormError, from_record, to_record, type_name
 from domain.catalog import Catalog
@@ -75,7 +76,8 @@ class CliContext:
         if self.json:
             print(json.dumps({"ok": False, "code": code, "error": message, **to_record(details or {})}))
         else:
-            self.err.print(f"[red]error[/red]: {code}: {message}", highlight=False, soft_wrap=True)
+            # (escaped: a message quoting the input, e.g. `[`, is text, not rich markup)
+            self.err.print(f"[red]error[/red]: {escape(code)}: {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(exit_code)
 
     def bad_value(self, message: str) -> NoReturn:
