@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,19 @@ def _set_up(client: MongoClient) -> None:
     client[NS_DB][NS_COLL].insert_many([{"_id": k, "k": k, "l": []} for k in KEYS])
 
 
+def _in_threads(worker: Callable[[int, Iterator[int]], None], workers: int, jobs: int) -> float:
+    """`jobs` shared among `workers` threads, each `worker(w, todo)` taking from one iterator;
+    the seconds until all are done."""
+    todo = iter(range(jobs))
+    began = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(w, todo)) for w in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - began
+
+
 class Workload:
     """Workers running list-append transactions; the history they saw."""
 
@@ -144,14 +158,7 @@ class Workload:
     def run(self, txns: int) -> float:
         """`txns` more transactions shared among the workers; the seconds they took."""
         self.runs += 1
-        todo = iter(range(txns))
-        began = time.perf_counter()
-        threads = [threading.Thread(target=self._worker, args=(w, todo)) for w in range(self.workers)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        return time.perf_counter() - began
+        return _in_threads(self._worker, self.workers, txns)
 
     def _worker(self, w: int, todo) -> None:
         rng = random.Random(self.seed * 1000 + self.runs * 100 + w)
@@ -204,14 +211,7 @@ class Bank:
         return 100 * len(KEYS)
 
     def run(self, transfers: int) -> float:
-        todo = iter(range(transfers))
-        began = time.perf_counter()
-        threads = [threading.Thread(target=self._worker, args=(w, todo)) for w in range(self.workers)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        return time.perf_counter() - began
+        return _in_threads(self._worker, self.workers, transfers)
 
     def _worker(self, w: int, todo) -> None:
         rng = random.Random(self.seed * 7919 + w)

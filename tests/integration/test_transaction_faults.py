@@ -75,6 +75,35 @@ def balances(coll) -> tuple[int, int]:
     return docs[1], docs[150]
 
 
+def commit_in_background(session, outcomes: list[str]) -> threading.Event:
+    """commitTransaction in a thread (its victim dies meanwhile): "ok" or the error in `outcomes`;
+    the event is set once it answered."""
+    done = threading.Event()
+
+    def commit() -> None:
+        try:
+            session.commit_transaction()
+            outcomes.append("ok")
+        except PyMongoError as e:
+            outcomes.append(f"error: {e}")
+        finally:
+            done.set()
+
+    threading.Thread(target=commit, daemon=True).start()
+    return done
+
+
+def retried_commit(session) -> str:
+    """The drivers' retry of an unknown commit result (same lsid and txnNumber; pymongo adds the
+    recoveryToken): "ok", or "aborted" if it was aborted everywhere (NoSuchTransaction)."""
+    try:
+        session.commit_transaction()
+        return "ok"
+    except OperationFailure as e:
+        assert e.code == 251, e
+        return "aborted"
+
+
 @pytest.mark.parametrize("service, fault", CASES)
 def test_kill9_during_two_phase_commit_ends_all_or_nothing(bank, service, fault):
     mc = client(bank)
@@ -87,18 +116,7 @@ def test_kill9_during_two_phase_commit_ends_all_or_nothing(bank, service, fault)
         session.start_transaction()
         coll.update_one({"k": 1}, {"$inc": {"v": -10}}, session=session)  # s0 first: it coordinates
         coll.update_one({"k": 150}, {"$inc": {"v": 10}}, session=session)
-        done = threading.Event()
-
-        def commit() -> None:
-            try:
-                session.commit_transaction()
-                outcomes.append("ok")
-            except PyMongoError as e:
-                outcomes.append(f"error: {e}")
-            finally:
-                done.set()
-
-        threading.Thread(target=commit, daemon=True).start()
+        done = commit_in_background(session, outcomes)
         assert wait_until(
             lambda: victim.proc.poll() is not None, 120, f"{service} to die at {fault}", detail=lambda: str(outcomes)
         )
@@ -106,12 +124,7 @@ def test_kill9_during_two_phase_commit_ends_all_or_nothing(bank, service, fault)
         bank.start(service)  # back, unarmed
         assert done.wait(180), "the commit never answered"
         if outcomes[-1] != "ok":
-            try:  # the drivers' retry of an unknown commit result: same lsid and txnNumber
-                session.commit_transaction()
-                outcomes.append("ok")
-            except OperationFailure as e:
-                assert e.code == 251, e  # NoSuchTransaction: it was aborted everywhere
-                outcomes.append("aborted")
+            outcomes.append(retried_commit(session))
     moved = balances(coll)
     assert sum(moved) == 200 and moved in ((90, 110), (100, 100)), (moved, outcomes)
     if "ok" in outcomes:
@@ -162,30 +175,14 @@ def test_the_router_killed_while_its_coordinator_is_at_a_step(bank, step):
             session.start_transaction()
             coll.update_one({"k": 1}, {"$inc": {"v": -10}}, session=session)  # s0 first: it coordinates
             coll.update_one({"k": 150}, {"$inc": {"v": 10}}, session=session)
-            done = threading.Event()
-
-            def commit() -> None:
-                try:
-                    session.commit_transaction()
-                    outcomes.append("ok")
-                except PyMongoError as e:
-                    outcomes.append(f"error: {e}")
-                finally:
-                    done.set()
-
-            threading.Thread(target=commit, daemon=True).start()
+            done = commit_in_background(session, outcomes)
             assert wait_until(lambda: _frozen(coordinator.proc.pid), 120, f"the coordinator to freeze at {step}")
             bank.procs["router"].kill9()
             coordinator.signal(signal.SIGCONT)
             bank.start("router", env=router_env)  # it never saw the transaction
             assert done.wait(180), "the commit never answered"
             if outcomes[-1] != "ok":
-                try:  # retried with the recoveryToken: the coordinator's shard tells the outcome
-                    session.commit_transaction()
-                    outcomes.append("ok")
-                except OperationFailure as e:
-                    assert e.code == 251, e  # NoSuchTransaction: aborted everywhere
-                    outcomes.append("aborted")
+                outcomes.append(retried_commit(session))
         # Every vote was yes and the coordinator lived on: it committed, and the commit says so.
         assert balances(coll) == (90, 110) and outcomes[-1] == "ok", (balances(coll), outcomes)
         coll.update_one({"k": 1}, {"$inc": {"v": 0}})  # nothing left prepared
